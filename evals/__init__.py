@@ -1,0 +1,3 @@
+"""Evaluation: the batched generation engine at served decoding, one scorer per file, paired
+statistics, the noise floor and pre-registered promotion bars.
+"""
