@@ -1,0 +1,158 @@
+"""Notebook schema and its versioned migrations.
+
+`MIGRATIONS[i]` takes a notebook from version i to i+1; the applied version lives in SQLite's
+`PRAGMA user_version`, so opening an older notebook upgrades it in one transaction and opening a
+newer one is refused. Append migrations; never edit one that has shipped.
+"""
+
+from __future__ import annotations
+
+V1 = """
+CREATE TABLE session (
+    name         TEXT PRIMARY KEY,
+    lab          TEXT NOT NULL,
+    budget_gpuh  REAL NOT NULL,
+    reserve_gpuh REAL NOT NULL,
+    planner      TEXT NOT NULL,
+    executor     TEXT NOT NULL,
+    config       TEXT NOT NULL,            -- canonical JSON snapshot of the lab config
+    status       TEXT NOT NULL,            -- open | done | failed | stopped
+    started_at   TEXT NOT NULL,
+    ended_at     TEXT
+);
+
+-- Append-only, hash-chained: hash = sha256(prev_hash + canonical record). See memory/chain.py.
+CREATE TABLE decision (
+    seq        INTEGER PRIMARY KEY,
+    session    TEXT NOT NULL,
+    at         TEXT NOT NULL,
+    kind       TEXT NOT NULL,
+    rationale  TEXT NOT NULL,
+    payload    TEXT NOT NULL,              -- canonical JSON
+    prev_hash  TEXT NOT NULL,
+    hash       TEXT NOT NULL
+);
+CREATE INDEX decision_session ON decision(session, seq);
+CREATE TRIGGER decision_no_update BEFORE UPDATE ON decision
+    BEGIN SELECT RAISE(ABORT, 'decisions are append-only'); END;
+CREATE TRIGGER decision_no_delete BEFORE DELETE ON decision
+    BEGIN SELECT RAISE(ABORT, 'decisions are append-only'); END;
+
+CREATE TABLE tool_call (
+    id           INTEGER PRIMARY KEY,
+    session      TEXT NOT NULL,
+    tool         TEXT NOT NULL,
+    args         TEXT NOT NULL,            -- canonical JSON
+    args_hash    TEXT NOT NULL,            -- idempotency key: sha256(tool + canonical args)
+    decision_seq INTEGER,
+    job_key      TEXT,
+    status       TEXT NOT NULL,            -- open | done | failed | refused
+    result       TEXT,                     -- canonical JSON
+    started_at   TEXT NOT NULL,
+    ended_at     TEXT,
+    UNIQUE (session, args_hash)
+);
+
+-- One row per attempt: retries and requeues keep their own cost in the ledger.
+CREATE TABLE job (
+    id             INTEGER PRIMARY KEY,
+    key            TEXT NOT NULL,          -- idempotency key (tool + canonical args hash)
+    attempt        INTEGER NOT NULL,
+    session        TEXT NOT NULL,
+    kind           TEXT NOT NULL,          -- sft | dpo | klce | rft | merge | eval | ...
+    executor       TEXT NOT NULL,          -- local | slurm
+    external_id    TEXT,                   -- Slurm job id or local pid-based id
+    folder         TEXT,                   -- submitit folder
+    resources      TEXT NOT NULL,          -- canonical JSON
+    forecast_gpuh  REAL NOT NULL,
+    gpu_hours      REAL,                   -- settled cost; NULL while reserved
+    state          TEXT NOT NULL,          -- pending | running | completed | failed
+    failure_class  TEXT,
+    failure_detail TEXT,
+    log_path       TEXT,
+    result         TEXT,                   -- canonical JSON of the job's result
+    submitted_at   TEXT NOT NULL,
+    started_at     TEXT,
+    ended_at       TEXT,
+    UNIQUE (key, attempt)
+);
+CREATE INDEX job_session ON job(session, state);
+
+CREATE TABLE artifact (
+    id         INTEGER PRIMARY KEY,
+    session    TEXT,
+    kind       TEXT NOT NULL,              -- checkpoint | dataset | bundle | split | ...
+    name       TEXT NOT NULL,
+    path       TEXT NOT NULL,
+    sha256     TEXT NOT NULL,
+    parents    TEXT NOT NULL,              -- JSON list of artifact ids
+    recipe     TEXT NOT NULL,              -- canonical JSON (config, manifest)
+    job_key    TEXT,
+    created_at TEXT NOT NULL
+);
+CREATE INDEX artifact_sha ON artifact(sha256);
+
+CREATE TABLE eval (
+    id              INTEGER PRIMARY KEY,
+    session         TEXT NOT NULL,
+    artifact_id     INTEGER NOT NULL REFERENCES artifact(id),
+    suite           TEXT NOT NULL,
+    replicate       INTEGER NOT NULL,
+    decoding        TEXT NOT NULL,         -- canonical JSON of evals.decoding.Decoding
+    decoding_sha256 TEXT NOT NULL,
+    served          INTEGER NOT NULL,      -- 1 if evaluated at the candidate's served decoding
+    metrics         TEXT NOT NULL,         -- canonical JSON {metric: value}
+    items           TEXT NOT NULL,         -- canonical JSON list of per-item outcomes
+    job_key         TEXT,
+    created_at      TEXT NOT NULL
+);
+CREATE INDEX eval_artifact ON eval(artifact_id, suite);
+
+CREATE TABLE noise_floor (
+    id             INTEGER PRIMARY KEY,
+    session        TEXT NOT NULL,
+    suite          TEXT NOT NULL,
+    metric         TEXT NOT NULL,
+    k              INTEGER NOT NULL,
+    spread         REAL NOT NULL,
+    mean_abs_delta REAL NOT NULL,
+    max_abs_t      REAL NOT NULL,
+    source_evals   TEXT NOT NULL,          -- JSON list of eval ids
+    created_at     TEXT NOT NULL
+);
+
+CREATE TABLE bars (
+    id            INTEGER PRIMARY KEY,
+    session       TEXT NOT NULL,
+    spec          TEXT NOT NULL,           -- canonical JSON of the parsed bars file
+    sha256        TEXT NOT NULL,
+    registered_at TEXT NOT NULL
+);
+
+CREATE TABLE comparison (
+    id         INTEGER PRIMARY KEY,
+    session    TEXT NOT NULL,
+    candidate  INTEGER NOT NULL REFERENCES artifact(id),
+    incumbent  INTEGER NOT NULL REFERENCES artifact(id),
+    bars_id    INTEGER NOT NULL REFERENCES bars(id),
+    verdicts   TEXT NOT NULL,              -- JSON list, one per bar: statistic, value, threshold, holds
+    promoted   INTEGER NOT NULL,
+    adjustment TEXT NOT NULL,              -- JSON: multiple-comparison method and adjusted p-values
+    created_at TEXT NOT NULL
+);
+
+CREATE TABLE feedback_split (
+    id            INTEGER PRIMARY KEY,
+    session       TEXT,
+    source_path   TEXT NOT NULL,
+    source_sha256 TEXT NOT NULL,
+    config        TEXT NOT NULL,           -- canonical JSON: fractions, stratification, salt
+    sha256        TEXT NOT NULL,           -- sha256 of the canonical assignment
+    counts        TEXT NOT NULL,           -- JSON {split: {vote: n}}
+    assignment    TEXT NOT NULL,           -- JSON {battle id: split}
+    created_at    TEXT NOT NULL
+);
+"""
+
+MIGRATIONS: list[str] = [V1]
+SCHEMA_VERSION = len(MIGRATIONS)
