@@ -1,0 +1,156 @@
+"""The one command line of the lab.
+
+    python run_agent.py --budget 60gpuh [--lab DIR] [--session NAME] [--planner playbook|openai]
+                        [--executor local|slurm]        run a research session (the default command)
+    python run_agent.py verify [--lab DIR] [--expect-head HASH]
+                                                        re-walk the notebook's decision hash chain
+
+Exit status: 0 on success, 1 when a check fails (verify), 2 on bad input (flags, lab.toml, files);
+bad input writes nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+from agent.config import LAB_FILE, BudgetError, LabConfig, LabConfigError, load_lab_config, parse_budget
+from memory.notebook import Notebook, NotebookError
+
+NOTEBOOK_FILE = "notebook.db"
+SESSION_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+class UsageError(Exception):
+    """Bad input from the command line; exit status 2, nothing written."""
+
+
+# ---- run (default) -------------------------------------------------------------------------------
+
+
+def add_run_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--budget", required=True, help="GPU budget: 60gpuh, 0.5gpuh (GPU-hours) or 90gpum (GPU-minutes)")
+    p.add_argument("--lab", type=Path, default=Path("lab"), help="lab directory (holds lab.toml and notebook.db)")
+    p.add_argument("--session", help="session name (default: s-<UTC timestamp>)")
+    p.add_argument("--planner", choices=["playbook", "openai"], help="override [planner] kind of lab.toml")
+    p.add_argument("--executor", choices=["local", "slurm"], help="override [executor] kind of lab.toml")
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    budget = parse_budget(args.budget)
+    session = args.session or datetime.now(UTC).strftime("s-%Y%m%d-%H%M%S")
+    if not SESSION_NAME_RE.match(session):
+        raise UsageError(f"--session {session!r}: use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit")
+    config = _lab_config(args)
+    planner = args.planner or (config.planner.kind if config else "playbook")
+    executor = args.executor or (config.executor.kind if config else "local")
+    if config is None and (planner, executor) != ("playbook", "local"):
+        raise UsageError(f"{args.lab / LAB_FILE}: --planner openai and --executor slurm need a lab.toml that configures them")
+    if config and planner == "openai" and not (config.planner.base_url and config.planner.model):
+        raise UsageError(f"{args.lab / LAB_FILE}: --planner openai needs [planner] base_url and model")
+    if config and executor == "slurm" and config.executor.slurm is None:
+        raise UsageError(f"{args.lab / LAB_FILE}: --executor slurm needs an [executor.slurm] section")
+    path = args.lab / NOTEBOOK_FILE
+    if path.exists() and session in _session_names(path):
+        raise UsageError(f"session {session!r} already exists in {path}; pick another --session name")
+    snapshot = config.model_dump(mode="json") if config else {"world": "toy"}
+    reserve = budget * (config.budget.reserve_fraction if config else 0.05)
+    with Notebook.open(path) as nb:
+        nb.open_session(session, lab=str(args.lab), budget_gpuh=budget, reserve_gpuh=reserve, planner=planner,
+                        executor=executor, config=snapshot)
+        nb.end_session(session, "stopped", "no planner is wired in yet: nothing planned")
+    print(f"session {session} opened in {path}: budget {budget:g} GPU-hours ({reserve:g} reserved for the "
+          f"nomination), planner {planner}, executor {executor}.")
+    print("Nothing is planned yet: the agent loop is not part of this release; the session was closed as 'stopped'.")
+    return 0
+
+
+def _lab_config(args: argparse.Namespace) -> LabConfig | None:
+    """The lab's config, or None for the embedded toy world (no lab.toml in the lab directory)."""
+    if args.lab.exists() and not args.lab.is_dir():
+        raise UsageError(f"--lab {args.lab}: not a directory")
+    if not (args.lab / LAB_FILE).exists():
+        return None
+    return load_lab_config(args.lab)
+
+
+def _open_readonly(path: Path) -> Notebook:
+    return Notebook.open(path, readonly=True)
+
+
+def _session_names(path: Path) -> set[str]:
+    with _open_readonly(path) as nb:
+        return {s.name for s in nb.sessions()}
+
+
+# ---- verify --------------------------------------------------------------------------------------
+
+
+def add_verify_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--lab", type=Path, default=Path("lab"), help="lab directory (holds notebook.db)")
+    p.add_argument("--expect-head", help="hash the chain must end at (pins the tail against truncation)")
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    path = args.lab / NOTEBOOK_FILE
+    if not path.exists():
+        raise UsageError(f"{path}: no notebook here (run a session first, or pass --lab DIR)")
+    with _open_readonly(path) as nb:
+        report = nb.verify()
+    if not report.ok:
+        print(f"{path}: verify FAILED after {report.count} good decisions: {report.problem}", file=sys.stderr)
+        return 1
+    if args.expect_head and args.expect_head != report.head:
+        print(f"{path}: verify FAILED: the chain ends at {report.head}, expected {args.expect_head} "
+              "(decisions were removed from the end, or this is another notebook)", file=sys.stderr)
+        return 1
+    print(f"{path}: {report.count} decisions verified; head {report.head}")
+    return 0
+
+
+# ---- dispatch ------------------------------------------------------------------------------------
+
+SUBCOMMANDS = {
+    "run": (add_run_args, cmd_run, "run a research session (the default command)"),
+    "verify": (add_verify_args, cmd_verify, "re-walk the notebook's decision hash chain"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="run_agent.py", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (add_args, handler, help_text) in SUBCOMMANDS.items():
+        p = sub.add_parser(name, help=help_text)
+        add_args(p)
+        p.set_defaults(handler=handler)
+    return parser
+
+
+def _glue_budget(argv: list[str]) -> list[str]:
+    # `--budget -1gpuh` would read as a flag to argparse; glue the value so the budget parser explains.
+    out = list(argv)
+    for i, arg in enumerate(out[:-1]):
+        if arg == "--budget":
+            out[i : i + 2] = [f"--budget={out[i + 1]}"]
+            break
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in SUBCOMMANDS and argv[0] not in ("-h", "--help"):
+        argv = ["run", *argv]  # the default command: `run_agent.py --budget 60gpuh`
+    argv = _glue_budget(argv)
+    args = build_parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except (UsageError, BudgetError, LabConfigError, NotebookError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
