@@ -1,0 +1,77 @@
+"""Math scorer: final-answer equivalence with math-verify, time-bounded by a process pool.
+
+`verify(gold, pred)` is not symmetric (the gold side drives assignment and interval handling), so
+the gold answer always goes first. math-verify's own timeouts use SIGALRM, which only works on the
+main thread of the main interpreter and breaks inside job runners and threads; they are disabled
+(`parsing_timeout=None`, `timeout_seconds=None`) and each item instead runs in a worker process
+that is killed when it overruns `timeout_s` (sympy can hang on adversarial expressions).
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+from multiprocessing.pool import Pool
+
+from evals.types import Completion, Item, Outcome, check_aligned
+
+
+def verify_answer(gold: str, text: str) -> tuple[str, str]:
+    """(label, extracted prediction) for one answer; runs inside a pool worker."""
+    import logging
+
+    from math_verify import parse, verify
+
+    # math-verify warns once per process that timeouts are off; the pool is the timeout here.
+    logging.getLogger("math_verify").setLevel(logging.ERROR)
+    gold_latex = gold if "$" in gold else f"${gold}$"
+    gold_parsed = parse(gold_latex, parsing_timeout=None)
+    if not gold_parsed:
+        raise ValueError(f"gold answer {gold!r} does not parse")
+    pred = parse(text, parsing_timeout=None)
+    if not pred:
+        return "no_answer", ""
+    ok = verify(gold_parsed, pred, timeout_seconds=None)
+    return ("correct" if ok else "wrong"), str(pred[-1])
+
+
+def _outcome(item_id: str, label: str, pred: str) -> Outcome:
+    values = {"correct": float(label == "correct"), "no_answer": float(label == "no_answer")}
+    reasons = (f"extracted {pred!r}",) if pred else ()
+    return Outcome(item_id=item_id, label=label, values=values, reasons=reasons)
+
+
+def _run(pool: Pool, jobs: list[tuple[str, str, str]], timeout_s: float) -> tuple[dict[str, Outcome], list]:
+    """Collect results in order; on the first overrun return the outcomes so far and the rest."""
+    pending = [(item_id, pool.apply_async(verify_answer, (gold, text))) for item_id, gold, text in jobs]
+    done: dict[str, Outcome] = {}
+    for k, (item_id, result) in enumerate(pending):
+        try:
+            label, pred = result.get(timeout=timeout_s)
+        except mp.TimeoutError:
+            # Items before k are done, so k had a worker for at least timeout_s: it overran.
+            done[item_id] = Outcome(item_id=item_id, label="timeout", values={"correct": 0.0, "no_answer": 0.0},
+                                    reasons=(f"verification exceeded {timeout_s}s",))
+            return done, jobs[k + 1:]
+        done[item_id] = _outcome(item_id, label, pred)
+    return done, []
+
+
+def score(items: list[Item], completions: list[Completion], timeout_s: float = 10.0,
+          workers: int = 2) -> list[Outcome]:
+    """Per item: correct / wrong / no_answer / timeout, `correct` and `no_answer` as 0/1 values."""
+    check_aligned(items, completions)
+    missing = [item.id for item in items if item.gold is None]
+    if missing:
+        raise ValueError(f"math items without a gold answer: {missing[:5]}")
+    jobs = [(item.id, item.gold, comp.text) for item, comp in zip(items, completions, strict=True)]
+    done: dict[str, Outcome] = {}
+    ctx = mp.get_context("spawn")  # no fork of a process that may hold torch threads
+    while jobs:
+        pool = ctx.Pool(processes=max(1, min(workers, len(jobs))))
+        try:
+            batch, jobs = _run(pool, jobs, timeout_s)
+        finally:
+            pool.terminate()  # kills a hung sympy worker; a fresh pool takes the remaining items
+            pool.join()
+        done.update(batch)
+    return [done[item.id] for item in items]
