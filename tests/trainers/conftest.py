@@ -1,0 +1,30 @@
+"""Fixtures for the trainer tests: the offline tokenizer and tiny models, built once per test session."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from trainers import tiny
+
+
+@pytest.fixture(autouse=True)
+def _few_threads():
+    # The test machine is shared: tiny models gain nothing from more than two threads.
+    torch.set_num_threads(2)
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("tiny")
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dir(tiny_dir) -> Path:
+    return tiny.build_tokenizer(tiny_dir / "tokenizer")
+
+
+@pytest.fixture(scope="session")
+def model_dirs(tiny_dir, tokenizer_dir) -> dict[str, Path]:
+    """kind -> a freshly built tiny model directory (nemotron_h, llama, qwen2)."""
+    return {kind: tiny.build_model(kind, tokenizer_dir, tiny_dir / kind, seed=0) for kind in tiny.MODEL_KINDS}
