@@ -29,7 +29,7 @@ def test_round_trip(tmp_path):
         ({"messages": [U, {"role": "bot", "content": "4"}]}, SFTRow, "field messages.1.role"),
         ({"messages": [U, A], "extra": 1}, SFTRow, "field extra: Extra inputs"),
         ({"prompt": [U], "chosen": "4", "rejected": "4"}, PreferenceRow, "chosen and rejected are the same"),
-        ({"prompt": [U, A], "chosen": "4", "rejected": "5"}, PreferenceRow, "last turn must be the user's"),
+        ({"prompt": [U, A], "chosen": "4", "rejected": "5"}, PreferenceRow, "prompt: the last turn must be the user's"),
     ],
 )
 def test_bad_row_names_line_and_field(tmp_path, row, row_type, message):
