@@ -4,6 +4,7 @@
                         [--executor local|slurm]        run a research session (the default command)
     python run_agent.py verify [--lab DIR] [--expect-head HASH]
                                                         re-walk the notebook's decision hash chain
+    python run_agent.py check-feedback FILE             validate a feedback file and print its summary
 
 Exit status: 0 on success, 1 when a check fails (verify), 2 on bad input (flags, lab.toml, files);
 bad input writes nothing.
@@ -111,11 +112,25 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---- check-feedback ------------------------------------------------------------------------------
+
+
+def add_check_feedback_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("file", type=Path, help="feedback file: JSONL, or Parquet with the same columns")
+
+
+def cmd_check_feedback(args: argparse.Namespace) -> int:
+    from tools.feedback import check_feedback_command
+
+    return check_feedback_command(args.file)
+
+
 # ---- dispatch ------------------------------------------------------------------------------------
 
 SUBCOMMANDS = {
     "run": (add_run_args, cmd_run, "run a research session (the default command)"),
     "verify": (add_verify_args, cmd_verify, "re-walk the notebook's decision hash chain"),
+    "check-feedback": (add_check_feedback_args, cmd_check_feedback, "validate a feedback file and summarize it"),
 }
 
 

@@ -1,0 +1,344 @@
+"""Human side-by-side feedback: the battle format, its validation and the `check-feedback` summary.
+
+A feedback file holds one battle per line (JSONL), or one per row (Parquet with the same columns):
+
+    {"id": "b-0001",
+     "messages": [{"role": "user", "content": "How many r's are in strawberry?"}],
+     "own": "There are 3 r's in strawberry.",
+     "other": "Strawberry has 2 r's.",
+     "vote": "own",
+     "meta": {"lang": "en", "category": "counting", "web": false}}
+
+`messages` is the conversation up to the answered turn (roles system/user/assistant, the last one
+from the user); `own` is our model's answer, `other` the opponent's; `vote` is own, other, tie or
+both_bad; `meta` is optional and free-form. Blank lines are skipped.
+
+Validation reports every bad line (all of them are collected; the first 20 are listed) and a file
+with any bad line is rejected as a whole: ingestion is all or nothing (DESIGN.md section 8).
+
+    python run_agent.py check-feedback FILE
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import statistics
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from tools.leak import normalized_hash, prompt_text
+
+MAX_LISTED = 20
+Vote = Literal["own", "other", "tie", "both_bad"]
+DECISIVE: tuple[Vote, ...] = ("own", "other")
+
+
+class Message(BaseModel):
+    """One chat turn."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    role: Literal["system", "user", "assistant"] = Field(description="Who spoke: system, user or assistant.")
+    content: str = Field(description="What was said; non-empty.")
+
+    @field_validator("content")
+    @classmethod
+    def _non_empty(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("must be a non-empty string")
+        return v
+
+
+class Battle(BaseModel):
+    """One side-by-side vote: a conversation, our answer, the opponent's answer and the human's verdict."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str = Field(description="Unique battle id within the file; the split is derived from its hash.")
+    messages: list[Message] = Field(description="The conversation up to the answered turn; the last turn is the user's.")
+    own: str = Field(description="Our model's final answer; non-empty.")
+    other: str = Field(description="The opponent's final answer; non-empty.")
+    vote: Vote = Field(description="The human's verdict: own, other, tie or both_bad.")
+    meta: dict[str, Any] | None = Field(None, description="Free-form tags (e.g. web, lang, category).")
+
+    @field_validator("id", "own", "other")
+    @classmethod
+    def _non_empty(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("must be a non-empty string")
+        return v
+
+    @field_validator("messages")
+    @classmethod
+    def _ends_with_user(cls, v: list[Message]) -> list[Message]:
+        if not v:
+            raise ValueError("must hold at least one message")
+        if v[-1].role != "user":
+            raise ValueError(f"the last message must be from the user, got role '{v[-1].role}'")
+        return v
+
+    @property
+    def preferred(self) -> str | None:
+        """The human-preferred answer of a decisive battle; None for ties and both-bad."""
+        return {"own": self.own, "other": self.other}.get(self.vote)
+
+    @property
+    def rejected(self) -> str | None:
+        """The answer the human voted against in a decisive battle; None otherwise."""
+        return {"own": self.other, "other": self.own}.get(self.vote)
+
+    def prompt(self) -> str:
+        """The battle's prompt text as the leak audit sees it (its user turns)."""
+        return prompt_text([m.model_dump() for m in self.messages])
+
+
+class Problem(BaseModel):
+    """One thing wrong with one line (JSONL) or row (Parquet) of a feedback file."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    line: int = Field(description="1-based line (JSONL) or row (Parquet) number.")
+    field: str = Field(description="The offending field ('-' when the whole line is unreadable).")
+    message: str = Field(description="What is wrong and what was expected.")
+
+    def render(self, unit: str) -> str:
+        return f"{unit} {self.line}: {self.field}: {self.message}"
+
+
+class FeedbackError(ValueError):
+    """A feedback file with at least one bad line; nothing from it was ingested."""
+
+    def __init__(self, path: Path, unit: str, problems: list[Problem]):
+        self.path, self.unit, self.problems = path, unit, problems
+        super().__init__(f"{path}: {len(problems)} problem(s), nothing ingested:\n" + render_problems(problems, unit))
+
+
+def render_problems(problems: list[Problem], unit: str) -> str:
+    lines = [f"  {p.render(unit)}" for p in problems[:MAX_LISTED]]
+    if len(problems) > MAX_LISTED:
+        lines.append(f"  ... and {len(problems) - MAX_LISTED} more")
+    return "\n".join(lines)
+
+
+class Parsed(BaseModel):
+    """The result of reading a feedback file: the valid battles and every problem found."""
+
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+
+    path: Path = Field(description="The file read.")
+    sha256: str = Field(description="sha256 of the file's bytes.")
+    unit: Literal["line", "row"] = Field(description="'line' for JSONL, 'row' for Parquet: how problems are located.")
+    battles: list[Battle] = Field(description="Battles that validated, in file order.")
+    problems: list[Problem] = Field(description="Every problem, in file order.")
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _validate(obj: Any, line: int) -> tuple[Battle | None, list[Problem]]:
+    if not isinstance(obj, dict):
+        return None, [Problem(line=line, field="-", message=f"expected a JSON object, got {type(obj).__name__}")]
+    try:
+        return Battle.model_validate(obj), []
+    except ValidationError as e:
+        return None, [
+            Problem(line=line, field=".".join(str(p) for p in err["loc"]) or "-", message=_message(err))
+            for err in e.errors()
+        ]
+
+
+def _message(err: dict) -> str:
+    msg = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "missing":
+        return "missing required field"
+    if err["type"] == "extra_forbidden":
+        return "unknown field (expected id, messages, own, other, vote, meta)"
+    if err["type"] == "literal_error":
+        return f"unknown {err['loc'][-1]} {err['input']!r}; expected {err['ctx']['expected']}"
+    return msg
+
+
+def _jsonl_records(data: bytes) -> list[tuple[int, Any, Problem | None]]:
+    out = []
+    for number, raw in enumerate(data.split(b"\n"), start=1):
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            out.append((number, None, Problem(line=number, field="-",
+                                              message=f"not valid UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1})")))
+            continue
+        if not text.strip():
+            continue
+        try:
+            out.append((number, json.loads(text), None))
+        except json.JSONDecodeError as e:
+            out.append((number, None, Problem(line=number, field="-", message=f"invalid JSON: {e.msg} at column {e.colno}")))
+    return out
+
+
+def _parquet_records(path: Path) -> list[tuple[int, Any, Problem | None]]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        rows = pq.read_table(path).to_pylist()
+    except pa.ArrowException as e:
+        return [(1, None, Problem(line=1, field="-", message=f"not a readable Parquet file: {e}"))]
+    return [(i, _clean_parquet_row(r), None) for i, r in enumerate(rows, start=1)]
+
+
+def _clean_parquet_row(row: dict) -> dict:
+    # Parquet has no optional keys: a missing column value reads as None, and a struct column gives
+    # every row every key of the union; drop those Nones so the row reads like its JSONL twin.
+    row = {k: v for k, v in row.items() if v is not None}
+    meta = row.get("meta")
+    if isinstance(meta, list):  # a Parquet map column reads as a list of (key, value) pairs
+        row["meta"] = dict(meta)
+    elif isinstance(meta, dict):
+        row["meta"] = {k: v for k, v in meta.items() if v is not None}
+    return row
+
+
+def parse_feedback(path: Path) -> Parsed:
+    """Read and validate a feedback file, collecting every problem instead of stopping at the first."""
+    path = Path(path)
+    is_parquet = path.suffix == ".parquet"
+    records = _parquet_records(path) if is_parquet else _jsonl_records(path.read_bytes())
+    unit: Literal["line", "row"] = "row" if is_parquet else "line"
+    battles: list[Battle] = []
+    problems: list[Problem] = []
+    seen: dict[str, int] = {}
+    for line, obj, problem in records:
+        if problem is not None:
+            problems.append(problem)
+            continue
+        battle, found = _validate(obj, line)
+        problems += found
+        # Duplicates are checked on every line that has an id, valid or not, so all of them get reported.
+        battle_id = obj.get("id") if isinstance(obj, dict) else None
+        if isinstance(battle_id, str) and battle_id.strip():
+            if battle_id in seen:
+                problems.append(Problem(line=line, field="id", message=f"duplicate id {battle_id!r} (first on {unit} {seen[battle_id]})"))
+                continue
+            seen[battle_id] = line
+        if battle is not None:
+            battles.append(battle)
+    return Parsed(path=path, sha256=file_sha256(path), unit=unit, battles=battles, problems=problems)
+
+
+def load_feedback(path: Path) -> Parsed:
+    """Read a feedback file for ingestion: every battle, or FeedbackError and nothing."""
+    parsed = parse_feedback(path)
+    if parsed.problems:
+        raise FeedbackError(parsed.path, parsed.unit, parsed.problems)
+    if not parsed.battles:
+        raise FeedbackError(parsed.path, parsed.unit, [Problem(line=1, field="-", message="the file holds no battles")])
+    return parsed
+
+
+class Quartiles(BaseModel):
+    """Five-number summary of a length distribution (characters)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    min: float = Field(description="Shortest.")
+    q1: float = Field(description="First quartile.")
+    median: float = Field(description="Median.")
+    q3: float = Field(description="Third quartile.")
+    max: float = Field(description="Longest.")
+
+    @classmethod
+    def of(cls, values: list[int]) -> Quartiles:
+        if len(values) == 1:
+            v = float(values[0])
+            return cls(min=v, q1=v, median=v, q3=v, max=v)
+        q1, med, q3 = statistics.quantiles(values, n=4, method="inclusive")
+        return cls(min=min(values), q1=q1, median=med, q3=q3, max=max(values))
+
+
+class FeedbackSummary(BaseModel):
+    """What `check-feedback` reports about the valid battles of a file."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    battles: int = Field(description="Number of valid battles.")
+    by_vote: dict[str, int] = Field(description="Battles per vote.")
+    by_meta: dict[str, dict[str, int]] = Field(description="Per meta key, battles per value (list values count each element).")
+    multi_turn: int = Field(description="Battles whose conversation has more than one user turn.")
+    multi_turn_share: float = Field(description="multi_turn / battles.")
+    own_chars: Quartiles | None = Field(description="Length quartiles of our answers, in characters.")
+    other_chars: Quartiles | None = Field(description="Length quartiles of the opponent's answers, in characters.")
+    duplicate_ids: int = Field(description="Lines rejected because their id repeats an earlier line's.")
+    duplicate_prompts: int = Field(description="Battles whose normalized prompt equals an earlier battle's (they share a split).")
+
+
+def _meta_counts(battles: list[Battle]) -> dict[str, dict[str, int]]:
+    counts: dict[str, Counter] = {}
+    for b in battles:
+        for key, value in (b.meta or {}).items():
+            values = value if isinstance(value, list) else [value]
+            counts.setdefault(key, Counter()).update(json.dumps(v) if isinstance(v, dict | list) else str(v) for v in values)
+    return {k: dict(sorted(c.items())) for k, c in sorted(counts.items())}
+
+
+def summarize(parsed: Parsed) -> FeedbackSummary:
+    battles = parsed.battles
+    n = len(battles)
+    multi = sum(1 for b in battles if sum(m.role == "user" for m in b.messages) > 1)
+    prompts = Counter(normalized_hash(b.prompt()) for b in battles)
+    return FeedbackSummary(
+        battles=n,
+        by_vote={v: sum(b.vote == v for b in battles) for v in ("own", "other", "tie", "both_bad")},
+        by_meta=_meta_counts(battles),
+        multi_turn=multi,
+        multi_turn_share=multi / n if n else 0.0,
+        own_chars=Quartiles.of([len(b.own) for b in battles]) if n else None,
+        other_chars=Quartiles.of([len(b.other) for b in battles]) if n else None,
+        duplicate_ids=sum(p.message.startswith("duplicate id") for p in parsed.problems),
+        duplicate_prompts=sum(c - 1 for c in prompts.values()),
+    )
+
+
+def render_summary(parsed: Parsed, summary: FeedbackSummary) -> str:
+    def q(x: Quartiles | None) -> str:
+        return "-" if x is None else f"min {x.min:g} / q1 {x.q1:g} / median {x.median:g} / q3 {x.q3:g} / max {x.max:g}"
+
+    lines = [
+        f"{parsed.path} (sha256 {parsed.sha256[:16]}...): {summary.battles} valid battles",
+        "votes: " + ", ".join(f"{k} {v}" for k, v in summary.by_vote.items()),
+        f"multi-turn: {summary.multi_turn} ({summary.multi_turn_share:.1%})",
+        f"own answer chars: {q(summary.own_chars)}",
+        f"other answer chars: {q(summary.other_chars)}",
+        f"duplicate ids: {summary.duplicate_ids}, duplicate prompts: {summary.duplicate_prompts}",
+    ]
+    for key, values in summary.by_meta.items():
+        lines.append(f"meta.{key}: " + ", ".join(f"{v} {c}" for v, c in values.items()))
+    return "\n".join(lines)
+
+
+def check_feedback_command(path: Path) -> int:
+    """`python run_agent.py check-feedback FILE`: print the summary and any problems; 0 iff the file is valid."""
+    path = Path(path)
+    if not path.is_file():
+        print(f"check-feedback: {path}: no such file", file=sys.stderr)
+        return 2
+    parsed = parse_feedback(path)
+    print(render_summary(parsed, summarize(parsed)))
+    if parsed.problems:
+        print(f"{path}: {len(parsed.problems)} problem(s); a lab would ingest nothing from this file:", file=sys.stderr)
+        print(render_problems(parsed.problems, parsed.unit), file=sys.stderr)
+        return 1
+    if not parsed.battles:
+        print(f"{path}: the file holds no battles", file=sys.stderr)
+        return 1
+    return 0

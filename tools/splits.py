@@ -1,0 +1,155 @@
+"""Feedback splits: train, dev holdout (selection) and sealed confirmation (DESIGN.md invariant 1).
+
+The split is a pure function of the battles' content, never of file order:
+
+1. Battles whose prompts are the same after normalization, or share a word 13-gram, are joined into
+   one *unit* (union-find), so a repeated prompt can never sit on both sides of the split and make
+   every later build fail its leak audit.
+2. Each unit belongs to the stratum of its representative (the battle with the smallest id):
+   the vote, and the value of the `stratify_by` meta tag when one is given (missing -> "").
+3. Within a stratum, units are ordered by sha256 of the representative id; the first
+   round(n * sealed_fraction) battles go to sealed, the next round(n * dev_fraction) to dev, the
+   rest to train. With singleton units each stratum's holdout counts are within half a battle of
+   their targets; a unit larger than one battle can overshoot by its size minus one.
+
+Re-splitting the same battles, in any order, gives the same assignment and the same sha256.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import defaultdict
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from memory.chain import canonical_json
+from memory.notebook import FeedbackSplit, Notebook
+from tools.feedback import Battle, load_feedback
+from tools.leak import DEFAULT_NGRAM, ngrams, normalized_hash
+
+SplitName = Literal["train", "dev", "sealed"]
+SPLITS: tuple[SplitName, ...] = ("train", "dev", "sealed")
+
+
+class SplitConfig(BaseModel):
+    """How feedback is split (lab.toml [feedback]: dev_fraction, sealed_fraction, stratify_by)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    dev_fraction: float = Field(gt=0, lt=1, description="Share of battles in the dev holdout (selection).")
+    sealed_fraction: float = Field(gt=0, lt=1, description="Share of battles in the sealed confirmation set.")
+    stratify_by: str | None = Field(None, description="Meta tag to stratify by on top of the vote.")
+    ngram: int = Field(DEFAULT_NGRAM, ge=1, description="Battles sharing a word n-gram of this length stay together.")
+
+    @model_validator(mode="after")
+    def _leaves_train(self) -> SplitConfig:
+        if self.dev_fraction + self.sealed_fraction >= 1:
+            raise ValueError("dev_fraction + sealed_fraction must be below 1 (some battles must train)")
+        return self
+
+
+class Split(BaseModel):
+    """A split of one feedback file: battle id -> split, with counts and its sha256."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    source_sha256: str = Field(description="sha256 of the feedback file's bytes.")
+    config: SplitConfig = Field(description="The configuration that produced this split.")
+    assignment: dict[str, SplitName] = Field(description="Battle id -> train / dev / sealed, sorted by id.")
+    counts: dict[str, dict[str, int]] = Field(description="Per split, battles per vote.")
+
+    @property
+    def sha256(self) -> str:
+        """sha256 of the canonical assignment (the notebook's feedback_split.sha256 is the same value)."""
+        return hashlib.sha256(canonical_json(self.assignment).encode()).hexdigest()
+
+    def ids(self, split: SplitName) -> set[str]:
+        return {i for i, s in self.assignment.items() if s == split}
+
+
+def _id_hash(battle_id: str) -> str:
+    return hashlib.sha256(battle_id.encode()).hexdigest()
+
+
+def _units(battles: list[Battle], n: int) -> list[list[Battle]]:
+    """Battles joined when their prompts collide (normalized hash or a shared n-gram); order-free."""
+    parent = list(range(len(battles)))
+
+    def find(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    first: dict[str, int] = {}
+    for i, b in enumerate(battles):
+        text = b.prompt()
+        for key in {"#" + normalized_hash(text)} | ngrams(text, n):
+            j = first.setdefault(key, i)
+            parent[find(i)] = find(j)
+    groups: dict[int, list[Battle]] = defaultdict(list)
+    for i, b in enumerate(battles):
+        groups[find(i)].append(b)
+    return [sorted(g, key=lambda b: b.id) for g in groups.values()]
+
+
+def _stratum(battle: Battle, stratify_by: str | None) -> tuple[str, str]:
+    tag = "" if stratify_by is None else str((battle.meta or {}).get(stratify_by, ""))
+    return battle.vote, tag
+
+
+def split_battles(battles: list[Battle], source_sha256: str, config: SplitConfig) -> Split:
+    """Assign every battle to train, dev or sealed; see the module docstring for the rule."""
+    strata: dict[tuple[str, str], list[list[Battle]]] = defaultdict(list)
+    for unit in _units(battles, config.ngram):
+        strata[_stratum(unit[0], config.stratify_by)].append(unit)
+    assignment: dict[str, SplitName] = {}
+    for units in strata.values():
+        units.sort(key=lambda u: _id_hash(u[0].id))
+        n = sum(len(u) for u in units)
+        n_sealed = round(n * config.sealed_fraction)
+        n_dev = round(n * config.dev_fraction)
+        placed = 0
+        for unit in units:
+            name: SplitName = "sealed" if placed < n_sealed else "dev" if placed < n_sealed + n_dev else "train"
+            assignment.update((b.id, name) for b in unit)
+            placed += len(unit)
+    votes = {b.id: b.vote for b in battles}
+    counts = {s: {v: 0 for v in ("own", "other", "tie", "both_bad")} for s in SPLITS}
+    for battle_id, name in assignment.items():
+        counts[name][votes[battle_id]] += 1
+    return Split(source_sha256=source_sha256, config=config,
+                 assignment=dict(sorted(assignment.items())), counts=counts)
+
+
+def split_file(path: Path, config: SplitConfig) -> tuple[list[Battle], Split]:
+    """Load a feedback file (all or nothing) and split it."""
+    parsed = load_feedback(path)
+    return parsed.battles, split_battles(parsed.battles, parsed.sha256, config)
+
+
+def ingest_feedback(
+    notebook: Notebook, path: Path, config: SplitConfig, split_dir: Path, session: str | None = None
+) -> tuple[Path, FeedbackSplit]:
+    """Validate, split and record a feedback file; all or nothing (a bad file raises FeedbackError and
+    writes nothing). Writes the split to `split_dir/split-<sha256[:16]>.json` (what builders read) and
+    records it in the notebook; re-ingesting the same file with the same config returns the existing record.
+    """
+    _, split = split_file(path, config)
+    out = Path(split_dir) / f"split-{split.sha256[:16]}.json"
+    known = notebook.latest_split(split.source_sha256)
+    if known is not None and known.sha256 == split.sha256 and known.config == config.model_dump(mode="json") and out.is_file():
+        return out, known
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(split.model_dump_json(indent=1) + "\n", encoding="utf-8")
+    tmp.replace(out)
+    record = notebook.record_split(
+        source_path=str(path), source_sha256=split.source_sha256, config=config.model_dump(mode="json"),
+        counts=split.counts, assignment=dict(split.assignment), session=session,
+    )
+    if record.sha256 != split.sha256:  # the notebook and this module must hash the same canonical JSON
+        raise RuntimeError(f"split sha256 mismatch: notebook {record.sha256}, splits {split.sha256}")
+    return out, record
