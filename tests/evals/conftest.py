@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from evals.types import Completion, Item, Message, completion_from_text
+from evals.types import Completion, Item, completion_from_text
+from trainers.chat import Message
 
 
 def make_item(item_id: str, prompt: str = "q", **fields) -> Item:
@@ -23,3 +26,26 @@ def item():
 @pytest.fixture
 def completion():
     return make_completion
+
+
+@pytest.fixture(autouse=True)
+def _few_threads():
+    # The test machine is shared: tiny models gain nothing from more than two threads.
+    import torch
+
+    torch.set_num_threads(2)
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory) -> dict[str, Path]:
+    """The offline tokenizer and tiny models (llama, nemotron_h, reward), built once per session."""
+    from trainers import tiny
+
+    root = tmp_path_factory.mktemp("evals-tiny")
+    tok = tiny.build_tokenizer(root / "tokenizer")
+    return {
+        "tokenizer": tok,
+        "llama": tiny.build_model("llama", tok, root / "llama", seed=0),
+        "nemotron_h": tiny.build_model("nemotron_h", tok, root / "nemotron_h", seed=0),
+        "reward": tiny.build_reward_model(tok, root / "reward", seed=0),
+    }

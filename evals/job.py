@@ -1,0 +1,281 @@
+"""The eval job: load a checkpoint once, generate every suite at the served decoding, score it.
+
+`run(EvalJobConfig) -> EvalResult` is a plain function: it runs in-process in tests, as a local
+subprocess or on a Slurm node through submitit. Everything it produces goes under `output_dir`:
+`config.json` (the full config), one `completions-<suite>-r<k>.jsonl` per generated replicate,
+`judgments-<suite>.jsonl` for judged suites, and `result.json`. The agent's tools record the result
+in the notebook; the job itself never touches it.
+
+Replicates (for the noise floor): with sampling, replicate k regenerates with seed `seed + k`;
+under greedy decoding regeneration would repeat itself, so replicate 0 is the full suite and
+replicate k >= 1 is a seeded bootstrap resample of its items (the item-sampling noise).
+
+Command (a config JSON written by the evaluate tool):
+
+    .venv/bin/python -m evals.job CONFIG.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib
+import json
+import os
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from evals import battle_margin, constraints, judge, length_stop, loops, math, mcq, reward_proxy
+from evals.decoding import Decoding
+from evals.generate import Loaded, generate, load
+from evals.judge import JudgeRecord
+from evals.types import Completion, Item, Outcome, suite_metrics
+
+ScorerName = Literal["math", "mcq", "constraints", "loops", "length_stop", "battle_margin", "reward_proxy", "judge"]
+# Scorers that read the model's answers (battle_margin reads its likelihoods instead).
+_GENERATING = {"math", "mcq", "constraints", "loops", "length_stop", "reward_proxy", "judge"}
+
+
+class OpenAIJudgeSpec(BaseModel):
+    """A judge behind an OpenAI-compatible endpoint."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    kind: Literal["openai"] = Field(description="Judge through the openai client.")
+    base_url: str = Field(description="Endpoint base URL, e.g. http://host:8000/v1.")
+    model: str = Field(description="Judge model name at the endpoint.")
+    api_key_env: str = Field(description="Environment variable holding the API key (never the key itself).")
+
+
+class CallableJudgeSpec(BaseModel):
+    """A local judge function `(prompt, answer_a, answer_b) -> reply`, e.g. the toy world's oracle."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    kind: Literal["callable"] = Field(description="Judge through an importable function.")
+    target: str = Field(pattern=r"^[\w.]+:\w+$", description="'module:function' of the judge function.")
+
+
+@dataclass(frozen=True)
+class Tools:
+    """What some scorers read besides answers, loaded once per job."""
+
+    reward_model: reward_proxy.RewardModel | None
+    judge: judge.Judge | None
+
+
+class SuiteSpec(BaseModel):
+    """One suite of a job: its items file and the scorer that reads it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: str = Field(pattern=r"^[\w.-]+$", description="Suite name (file-name safe), as recorded in the notebook.")
+    scorer: ScorerName = Field(description="Which scorer (one per file in evals/) scores the suite.")
+    items_path: Path = Field(description="JSONL file, one evals.types.Item per line.")
+    sealed: bool = Field(False, description="Sealed confirmation suite: scored once per session, nominee only.")
+    incumbent_completions: Path | None = Field(
+        None, description="For judge suites: the incumbent's completions JSONL on the same items.")
+
+    @model_validator(mode="after")
+    def _judge_needs_incumbent(self) -> SuiteSpec:
+        if (self.scorer == "judge") != (self.incumbent_completions is not None):
+            raise ValueError(f"suite {self.name}: incumbent_completions is required for judge suites and only for them")
+        return self
+
+
+class EvalJobConfig(BaseModel):
+    """Everything one eval job needs."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    checkpoint: Path = Field(description="Checkpoint directory (weights, config, tokenizer).")
+    decoding: Decoding = Field(description="The decoding to evaluate at (the candidate's served one to promote).")
+    served: bool = Field(True, description="Whether `decoding` is the candidate's served decoding; if not, diagnostic only.")
+    suites: tuple[SuiteSpec, ...] = Field(min_length=1, description="Suites to run on the one loaded model.")
+    replicates: int = Field(1, ge=1, le=32, description="Replicates per suite (K >= 3 for a noise floor).")
+    seed: int = Field(0, ge=0, description="Base seed: sampling seed of replicate k is seed + k.")
+    batch_size: int = Field(64, ge=1, description="Prompts generated together.")
+    device: str = Field("cpu", description="torch device, e.g. cpu or cuda.")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Weights dtype.")
+    output_dir: Path = Field(description="Directory for config, completions, judgments and result.")
+    reward_model: Path | None = Field(None, description="Sequence-classification reward model for reward_proxy suites.")
+    judge: OpenAIJudgeSpec | CallableJudgeSpec | None = Field(
+        None, discriminator="kind", description="Judge for judge suites.")
+    math_timeout_s: float = Field(10.0, gt=0, description="Per-item time bound of math verification.")
+
+    @model_validator(mode="after")
+    def _scorer_inputs(self) -> EvalJobConfig:
+        scorers = {s.scorer for s in self.suites}
+        if "reward_proxy" in scorers and self.reward_model is None:
+            raise ValueError("reward_proxy suites need reward_model")
+        if "judge" in scorers and self.judge is None:
+            raise ValueError("judge suites need judge")
+        names = [s.name for s in self.suites]
+        if len(set(names)) != len(names):
+            raise ValueError(f"suite names repeat: {names}")
+        return self
+
+
+class SuiteResult(BaseModel):
+    """One replicate of one suite."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    suite: str = Field(description="Suite name.")
+    scorer: ScorerName = Field(description="Scorer used.")
+    sealed: bool = Field(description="Whether the suite is a sealed confirmation suite.")
+    replicate: int = Field(description="Replicate index k.")
+    seed: int = Field(description="Sampling seed (or resample seed under greedy) of this replicate.")
+    resampled: bool = Field(description="True if this replicate is a bootstrap resample of items (greedy).")
+    metrics: dict[str, float] = Field(description="Suite metrics: means of per-item values, plus counts.")
+    outcomes: list[Outcome] = Field(description="Per-item outcomes, in item order.")
+    completions_path: str | None = Field(description="Completions JSONL (None for likelihood-only suites).")
+    judge: JudgeRecord | None = Field(None, description="Judge seed, key hash and judgments file for judge suites.")
+
+
+class EvalResult(BaseModel):
+    """What the eval job returns (and writes as result.json)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    checkpoint: str = Field(description="Checkpoint evaluated.")
+    decoding: Decoding = Field(description="Decoding used.")
+    decoding_sha256: str = Field(description="Decoding fingerprint.")
+    served: bool = Field(description="Whether the decoding is the candidate's served one.")
+    suites: list[SuiteResult] = Field(description="One entry per suite and replicate.")
+    generated_tokens: int = Field(description="Tokens generated over the whole job.")
+    generation_s: float = Field(description="Seconds spent generating.")
+    load_s: float = Field(description="Seconds spent loading the model (once per job).")
+
+
+def read_items(path: Path) -> list[Item]:
+    """Items of a JSONL file; a bad line is reported with its file and line number."""
+    items = []
+    for lineno, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            items.append(Item.model_validate_json(line))
+        except ValidationError as err:
+            raise ValueError(f"{path}:{lineno}: not a valid eval item: {err}") from err
+    ids = [item.id for item in items]
+    if len(set(ids)) != len(ids) or not items:
+        raise ValueError(f"{path}: item ids must be unique and the file non-empty")
+    return items
+
+
+def write_jsonl(path: Path, records: list[BaseModel]) -> str:
+    path.write_text("".join(r.model_dump_json() + "\n" for r in records))
+    return str(path)
+
+
+def read_completions(path: Path, items: list[Item]) -> list[Completion]:
+    by_id = {}
+    for lineno, line in enumerate(path.read_text().splitlines(), start=1):
+        try:
+            comp = Completion.model_validate_json(line)
+        except ValidationError as err:
+            raise ValueError(f"{path}:{lineno}: not a completion record: {err}") from err
+        by_id[comp.item_id] = comp
+    missing = [item.id for item in items if item.id not in by_id]
+    if missing:
+        raise ValueError(f"{path}: no completion for items {missing[:5]}")
+    return [by_id[item.id] for item in items]
+
+
+def make_judge(spec: OpenAIJudgeSpec | CallableJudgeSpec) -> judge.Judge:
+    if isinstance(spec, OpenAIJudgeSpec):
+        if spec.api_key_env not in os.environ:
+            raise ValueError(f"judge.api_key_env: environment variable {spec.api_key_env} is not set")
+        return judge.OpenAIJudge(spec.base_url, spec.model, os.environ[spec.api_key_env])
+    module, name = spec.target.split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def score(cfg: EvalJobConfig, spec: SuiteSpec, items: list[Item], comps: list[Completion] | None,
+          loaded: Loaded, tools: Tools) -> tuple[list[Outcome], JudgeRecord | None]:
+    """Dispatch to the suite's scorer (scorers differ in what besides items and answers they read)."""
+    match spec.scorer:
+        case "math":
+            return math.score(items, comps, timeout_s=cfg.math_timeout_s), None
+        case "mcq" | "constraints" | "loops" | "length_stop":
+            module = {"mcq": mcq, "constraints": constraints, "loops": loops, "length_stop": length_stop}
+            return module[spec.scorer].score(items, comps), None
+        case "battle_margin":
+            return battle_margin.score(items, battle_margin.measure(loaded, items, cfg.decoding)), None
+        case "reward_proxy":
+            return reward_proxy.score(items, comps, tools.reward_model), None
+        case "judge":
+            incumbent = read_completions(spec.incumbent_completions, items)
+            path = cfg.output_dir / f"judgments-{spec.name}.jsonl"
+            return judge.score(items, comps, incumbent, tools.judge, seed=cfg.seed, judgments_path=path)
+
+
+def resample(outcomes: list[Outcome], seed: int) -> list[Outcome]:
+    """A bootstrap resample of items (with replacement), for greedy-decoding replicates."""
+    rng = random.Random(seed)
+    return [outcomes[rng.randrange(len(outcomes))] for _ in outcomes]
+
+
+def run_suite(cfg: EvalJobConfig, spec: SuiteSpec, loaded: Loaded, tools: Tools, stats: dict) -> list[SuiteResult]:
+    items = read_items(spec.items_path)
+    results: list[SuiteResult] = []
+    base: list[Outcome] = []
+    for k in range(cfg.replicates):
+        seed = cfg.seed + k
+        if k > 0 and cfg.decoding.greedy:
+            outs = resample(base, seed)
+            results.append(SuiteResult(suite=spec.name, scorer=spec.scorer, sealed=spec.sealed, replicate=k,
+                                       seed=seed, resampled=True, metrics=suite_metrics(outs), outcomes=outs,
+                                       completions_path=results[0].completions_path))
+            continue
+        comps, path = None, None
+        if spec.scorer in _GENERATING:
+            start = time.perf_counter()
+            comps = generate(loaded, items, cfg.decoding, seed=seed, batch_size=cfg.batch_size)
+            stats["generation_s"] += time.perf_counter() - start
+            stats["generated_tokens"] += sum(c.n_tokens for c in comps)
+            path = write_jsonl(cfg.output_dir / f"completions-{spec.name}-r{k}.jsonl", comps)
+        outs, record = score(cfg, spec, items, comps, loaded, tools)
+        base = outs
+        results.append(SuiteResult(suite=spec.name, scorer=spec.scorer, sealed=spec.sealed, replicate=k, seed=seed,
+                                   resampled=False, metrics=suite_metrics(outs), outcomes=outs,
+                                   completions_path=path, judge=record))
+    return results
+
+
+def run(cfg: EvalJobConfig) -> EvalResult:
+    """Load the checkpoint once, run every suite and replicate on it, write and return the result."""
+    cfg.output_dir.mkdir(parents=True, exist_ok=True)
+    (cfg.output_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
+    start = time.perf_counter()
+    loaded = load(cfg.checkpoint, device=cfg.device, dtype=cfg.dtype)
+    load_s = time.perf_counter() - start
+    tools = Tools(
+        reward_model=None if cfg.reward_model is None else reward_proxy.load(cfg.reward_model, cfg.device, cfg.dtype),
+        judge=None if cfg.judge is None else make_judge(cfg.judge),
+    )
+    stats = {"generation_s": 0.0, "generated_tokens": 0}
+    suites = [r for spec in cfg.suites for r in run_suite(cfg, spec, loaded, tools, stats)]
+    result = EvalResult(checkpoint=str(cfg.checkpoint), decoding=cfg.decoding,
+                        decoding_sha256=cfg.decoding.fingerprint(), served=cfg.served, suites=suites,
+                        generated_tokens=stats["generated_tokens"], generation_s=stats["generation_s"], load_s=load_s)
+    (cfg.output_dir / "result.json").write_text(result.model_dump_json(indent=2))
+    return result
+
+
+def main() -> None:
+    """`python -m evals.job CONFIG.json`: run one eval job from its config file."""
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("config", type=Path)
+    args = parser.parse_args()
+    try:
+        cfg = EvalJobConfig.model_validate_json(args.config.read_text())
+    except ValidationError as err:
+        raise SystemExit(f"{args.config}: invalid eval job config: {err}") from err
+    run(cfg)
+    digest = hashlib.sha256((cfg.output_dir / "result.json").read_bytes()).hexdigest()
+    print(json.dumps({"result": str(cfg.output_dir / "result.json"), "sha256": digest}))
+
+
+if __name__ == "__main__":
+    main()
