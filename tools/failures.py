@@ -1,0 +1,114 @@
+"""Failure classes of jobs, how a failed run is classified, and what the launcher does about it.
+
+A run that did not complete is classified from three observations, in this order of trust: the
+executor's final state (Slurm `sacct` State, or the local process outcome), the exit code, and the
+tail of the job's own error text (the exception trace submitit pickled, else the stderr tail).
+
+    classify(state="FAILED", exit_code=1, text="...torch.OutOfMemoryError: CUDA out of memory...")
+    # Failure(failure_class='oom', detail='torch.OutOfMemoryError: CUDA out of memory...')
+
+Policy (DESIGN.md invariant 6): preempted -> requeue from the last checkpoint; timeout -> requeue
+from the last checkpoint up to a limit; oom -> one retry with half the micro-batch and twice the
+gradient accumulation (same tokens per optimizer step); everything else is a recorded failure.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+FailureClass = Literal[
+    "oom", "preempted", "timeout", "nccl_timeout", "nan_loss", "node_failure", "cancelled", "error"
+]
+Action = Literal["requeue", "retry_smaller_batch", "record"]
+
+# Message prefixes raised inside a job by the launcher's own wrapper (tools/launcher.py) when an
+# in-place requeue is no longer allowed; the classifier reads them back from the trace.
+TIMEOUT_PREFIX = "timeout:"
+PREEMPTED_PREFIX = "preempted:"
+# Trainers raise an exception whose message starts with this when the loss stops being finite.
+NAN_PREFIX = "nan_loss:"
+
+_OOM = re.compile(r"CUDA out of memory|OutOfMemoryError|\bMemoryError\b|CUBLAS_STATUS_ALLOC_FAILED")
+# torch.distributed's watchdog and NCCL's own messages when a collective hangs past its timeout.
+_NCCL = re.compile(r"Watchdog caught collective operation timeout|NCCL.{0,80}(timed out|[Tt]imeout)")
+
+
+class Failure(BaseModel):
+    """Why a run did not complete."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    failure_class: FailureClass = Field(description="One of the classes the planner and the policy act on.")
+    detail: str = Field(description="The line of evidence: executor state or the last exception line.")
+
+
+def classify(state: str, exit_code: int | None, text: str) -> Failure:
+    """Classify a run that did not complete; `state` is the executor's final state, upper case."""
+    state = state.upper()
+    if state.startswith("CANCELLED"):
+        return Failure(failure_class="cancelled", detail=state)
+    if state in {"NODE_FAIL", "BOOT_FAIL"}:
+        return Failure(failure_class="node_failure", detail=state)
+    if state == "OUT_OF_MEMORY":
+        return Failure(failure_class="oom", detail=state)
+    # The job's own words come before the generic TIMEOUT/PREEMPTED states: a NaN or an OOM is what
+    # needs fixing even when the job then ran out of time.
+    line = _last_exception_line(text)
+    for pattern, klass in ((_OOM, "oom"), (_NCCL, "nccl_timeout")):
+        match = pattern.search(text)
+        if match:
+            return Failure(failure_class=klass, detail=_line_with(text, match.start()))
+    for prefix, klass in ((NAN_PREFIX, "nan_loss"), (TIMEOUT_PREFIX, "timeout"), (PREEMPTED_PREFIX, "preempted")):
+        match = re.search(rf"(^|: ){re.escape(prefix)}", text, re.MULTILINE)
+        if match:
+            return Failure(failure_class=klass, detail=_line_with(text, match.end()))
+    if state == "TIMEOUT":
+        return Failure(failure_class="timeout", detail=state)
+    if state == "PREEMPTED":
+        return Failure(failure_class="preempted", detail=state)
+    code = "" if exit_code is None else f" (exit code {exit_code})"
+    return Failure(failure_class="error", detail=(line or f"{state}: no error text") + code)
+
+
+def _line_with(text: str, pos: int) -> str:
+    start = text.rfind("\n", 0, pos) + 1
+    end = text.find("\n", pos)
+    return text[start : end if end >= 0 else len(text)].strip()[:500]
+
+
+def _last_exception_line(text: str) -> str:
+    """The last 'SomeError: message' line of a trace, else the last non-empty line."""
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip() and not ln.startswith("-----")]
+    for ln in reversed(lines):
+        if re.match(r"^[\w.]+(Error|Exception|Interrupt)\b", ln):
+            return ln[:500]
+    return lines[-1][:500] if lines else ""
+
+
+class BatchShape(Protocol):
+    """What a job config exposes so that an OOM can be retried at the same effective batch.
+
+    A pydantic config with integer fields `micro_batch_size` and `grad_accum` qualifies; the retry
+    is `config.model_copy(update=halved_batch(config))`.
+    """
+
+    micro_batch_size: int
+    grad_accum: int
+
+
+def halved_batch(config: BatchShape) -> dict[str, int]:
+    """Half the micro-batch, twice the accumulation: the optimizer sees the same tokens per step."""
+    return {"micro_batch_size": config.micro_batch_size // 2, "grad_accum": config.grad_accum * 2}
+
+
+def decide(failure_class: FailureClass, *, oom_retries: int, requeues: int, max_requeues: int,
+           can_halve_batch: bool) -> Action:
+    """What to do after a run ended with `failure_class` (counts are over earlier attempts of the job)."""
+    if failure_class in {"preempted", "timeout"} and requeues < max_requeues:
+        return "requeue"
+    if failure_class == "oom" and oom_retries == 0 and can_halve_batch:
+        return "retry_smaller_batch"
+    return "record"

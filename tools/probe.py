@@ -1,0 +1,109 @@
+"""Probe jobs: small plain functions that exercise the job engine end to end without a model.
+
+They check a cluster and the launcher (submit, requeue, resume, OOM retry, accounting) and measure
+its overhead (`bench/job_overhead.py`). Like every job, each takes one pydantic config and returns a
+pydantic result, so the same call runs in-process, as a local subprocess or on a Slurm node:
+
+    from tools.probe import CountConfig, count
+    count(CountConfig(steps=3, step_seconds=0.1, output_dir=Path("/tmp/p")))
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import resource
+import time
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class EmptyConfig(_Model):
+    tag: str = Field(description="Distinguishes otherwise identical probes (the launcher keys jobs by args).")
+
+
+class EmptyResult(_Model):
+    started_at: float = Field(description="Epoch seconds when the job function began.")
+    ended_at: float = Field(description="Epoch seconds when the job function returned.")
+    pid: int = Field(description="Process id of the worker.")
+
+
+def empty(config: EmptyConfig) -> EmptyResult:
+    """Do nothing; the timestamps bound the executor's overhead from outside."""
+    t = time.time()
+    return EmptyResult(started_at=t, ended_at=time.time(), pid=os.getpid())
+
+
+class CountConfig(_Model):
+    steps: int = Field(ge=1, description="Number of steps; each adds step*step to the running total.")
+    step_seconds: float = Field(ge=0, description="Sleep per step, standing in for a training step.")
+    output_dir: Path = Field(description="Where the checkpoint (state.json) and metrics.jsonl are written.")
+    micro_batch_size: int = Field(8, ge=1, description="Items per step; with `item_mb` it sets the memory a step needs.")
+    grad_accum: int = Field(1, ge=1, description="Accumulation steps; the OOM retry doubles it.")
+    item_mb: int = Field(0, ge=0, description="MiB allocated per micro-batch item each step (0: none).")
+    nan_at_step: int | None = Field(None, ge=1, description="Step whose loss turns NaN; the job stops the way trainers do.")
+    memory_limit_mb: int | None = Field(
+        None, gt=0, description="Address-space headroom in MiB for the step's allocation; over it the step raises MemoryError.",
+    )
+
+
+class CountResult(_Model):
+    total: int = Field(description="Sum of step*step over all steps: the same however often the run was interrupted.")
+    resumed_from: int = Field(description="Step this process started from (0 unless it resumed a checkpoint).")
+    micro_batch_size: int = Field(description="Micro-batch the finishing process ran with.")
+    grad_accum: int = Field(description="Accumulation the finishing process ran with.")
+
+
+def count(config: CountConfig) -> CountResult:
+    """A resumable 'training loop': checkpoints after every step and resumes from the last one."""
+    config.output_dir.mkdir(parents=True, exist_ok=True)
+    state_file = config.output_dir / "state.json"
+    state = json.loads(state_file.read_text()) if state_file.exists() else {"step": 0, "total": 0}
+    start = state["step"]
+    for step in range(start, config.steps):
+        _allocate(config.micro_batch_size * config.item_mb, config.memory_limit_mb)
+        time.sleep(config.step_seconds)
+        loss = math.nan if step + 1 == config.nan_at_step else 1.0 / (step + 1)
+        if not math.isfinite(loss):
+            # The trainers' contract: a non-finite loss stops the job with a message starting "nan_loss:".
+            raise FloatingPointError(f"nan_loss: loss is {loss} at step {step + 1}")
+        state = {"step": step + 1, "total": state["total"] + step * step}
+        _write_atomic(state_file, json.dumps(state))
+        with open(config.output_dir / "metrics.jsonl", "a") as f:
+            f.write(json.dumps({"step": step + 1, "of": config.steps, "loss": loss}) + "\n")
+    return CountResult(total=state["total"], resumed_from=start,
+                       micro_batch_size=config.micro_batch_size, grad_accum=config.grad_accum)
+
+
+def _allocate(mb: int, limit_mb: int | None) -> None:
+    """Touch `mb` MiB; under `limit_mb` of extra address space a too-large step fails for real."""
+    if mb == 0:
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    if limit_mb is not None:
+        resource.setrlimit(resource.RLIMIT_AS, (_address_space() + limit_mb * 2**20, hard))
+    try:
+        block = bytearray(mb * 2**20)
+        del block
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+def _address_space() -> int:
+    """Bytes of virtual address space this process maps now (VmSize)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmSize:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("/proc/self/status has no VmSize line")
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
