@@ -1,0 +1,162 @@
+"""Compare a candidate with the incumbent against registered bars; promote only if all hold.
+
+Refusals (recorded as `refuse` decisions, nothing else written) when:
+- the bars were registered after any of the candidate's evals on the bars' suites began
+  (invariant 2: bars before scores);
+- a candidate eval used a decoding other than the candidate's served one (invariant 4);
+- a bar is written in noise-floor units and the suite/metric has no noise floor (invariant 3);
+- an eval the bars need is missing, or candidate and incumbent scored different items.
+
+p-value bars are Holm-adjusted over every p-value of the session's comparisons so far plus this
+one's (Holm 1979); the raw and adjusted values and the family are stored with the comparison.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from evals import stats
+from evals.bars import Bar, Bars
+from evals.decoding import Decoding
+from evals.records import item_values, started_at
+from memory.notebook import EvalRecord, Notebook
+
+_OPS = {">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operator.lt}
+_TESTS = {"mcnemar_exact": stats.mcnemar_exact, "paired_t": stats.paired_t, "wilcoxon": stats.wilcoxon}
+
+
+class BarVerdict(BaseModel):
+    """One bar's statistic, threshold and verdict."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    bar: dict[str, Any] = Field(description="The bar, canonical form.")
+    n: int = Field(description="Items paired.")
+    value: float | str = Field(description="The statistic (Holm-adjusted for p bars); 'inf'/'-inf' when infinite.")
+    raw_p: float | None = Field(None, description="Unadjusted p-value for p bars.")
+    threshold: float = Field(description="Threshold after converting noise-floor units.")
+    holds: bool = Field(description="Whether the bar is cleared.")
+
+
+class CompareOutcome(BaseModel):
+    """The result of compare: refused with reasons, or per-bar verdicts and the decision."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    refused: bool = Field(description="True when the comparison was refused.")
+    reasons: list[str] = Field(description="Why it was refused (empty otherwise).")
+    verdicts: list[BarVerdict] = Field(description="Per-bar verdicts (empty when refused).")
+    promoted: bool = Field(description="True only if every bar holds.")
+    comparison_id: int | None = Field(description="Notebook comparison row (None when refused).")
+
+
+class _Refused(Exception):
+    pass
+
+
+def _latest(nb: Notebook, session: str, artifact_id: int, suite: str) -> EvalRecord:
+    evs = [e for e in nb.evals(artifact_id=artifact_id, suite=suite, session=session) if e.replicate == 0]
+    if not evs:
+        raise _Refused(f"artifact {artifact_id} has no eval of suite {suite} in session {session}")
+    return evs[-1]
+
+
+def _check_candidate(nb: Notebook, session: str, candidate: int, bars: Bars, registered_at: str,
+                     served: Decoding) -> list[str]:
+    """Reasons to refuse found in the candidate's evals on the bars' suites."""
+    reasons = []
+    for suite in sorted({b.suite for b in bars.bar}):
+        for ev in nb.evals(artifact_id=candidate, suite=suite, session=session):
+            if started_at(nb, ev) < registered_at:
+                reasons.append(f"bars registered at {registered_at}, after eval {ev.id} ({suite}) began")
+            if ev.decoding_sha256 != served.fingerprint() or not ev.served:
+                reasons.append(f"eval {ev.id} ({suite}) used decoding {ev.decoding_sha256[:12]}, "
+                               f"not the candidate's served decoding {served.fingerprint()[:12]}")
+    return reasons
+
+
+def _pairs(nb: Notebook, session: str, candidate: int, incumbent: int, bar: Bar) -> tuple[list[float], list[float]]:
+    cand = item_values(_latest(nb, session, candidate, bar.suite), bar.metric)
+    inc = item_values(_latest(nb, session, incumbent, bar.suite), bar.metric)
+    if not cand or set(cand) != set(inc):
+        raise _Refused(f"suite {bar.suite}: candidate and incumbent have different items with metric {bar.metric}")
+    ids = sorted(cand)
+    return [cand[i] for i in ids], [inc[i] for i in ids]
+
+
+def _statistic(bar: Bar, cand: list[float], inc: list[float]) -> float:
+    match bar.statistic:
+        case "delta":
+            return sum(c - i for c, i in zip(cand, inc, strict=True)) / len(cand)
+        case "t":
+            return stats.paired_t(cand, inc).statistic
+        case "p":
+            return _TESTS[bar.test](cand, inc).p_value
+        case "ci_low" | "ci_high":
+            res = stats.paired_bootstrap(cand, inc, confidence=bar.confidence)
+            return res.ci_low if bar.statistic == "ci_low" else res.ci_high
+
+
+def _threshold(nb: Notebook, session: str, bar: Bar) -> float:
+    if not bar.in_noise_units:
+        return bar.value
+    floor = nb.noise_floor(session, bar.suite, bar.metric)
+    if floor is None:
+        raise _Refused(f"bar on {bar.suite}/{bar.metric} is in noise-floor units but no noise floor was calibrated")
+    return bar.value * floor.mean_abs_delta
+
+
+def _holm(nb: Notebook, session: str, raw: list[float]) -> tuple[list[float], dict[str, Any]]:
+    """Adjust this comparison's p-values within the session's whole family of p-values."""
+    prior = [(c.id, p) for c in nb.comparisons(session) for p in c.adjustment.get("raw_p", [])]
+    family = [p for _, p in prior] + raw
+    adjusted = stats.holm(family)[len(prior):] if raw else []
+    record = {"method": "holm", "family_size": len(family), "raw_p": raw, "adjusted_p": adjusted,
+              "prior_comparisons": sorted({cid for cid, _ in prior})}
+    return adjusted, record
+
+
+def _json_float(x: float) -> float | str:
+    return x if math.isfinite(x) else ("inf" if x > 0 else "-inf")
+
+
+def _refuse(nb: Notebook, session: str, candidate: int, incumbent: int, bars_id: int, reasons: list[str]) -> CompareOutcome:
+    nb.record_decision(session, "refuse", "comparison refused: " + "; ".join(reasons),
+                       {"candidate": candidate, "incumbent": incumbent, "bars_id": bars_id, "reasons": reasons})
+    return CompareOutcome(refused=True, reasons=reasons, verdicts=[], promoted=False, comparison_id=None)
+
+
+def compare(nb: Notebook, session: str, candidate: int, incumbent: int, bars_id: int,
+            served: Decoding) -> CompareOutcome:
+    """Judge `candidate` against `incumbent` by the registered bars `bars_id`, recording the outcome."""
+    record = nb.bars(bars_id)
+    bars = Bars.from_canonical(record.spec)
+    try:
+        reasons = _check_candidate(nb, session, candidate, bars, record.registered_at, served)
+        if record.session != session:
+            reasons.append(f"bars {bars_id} belong to session {record.session}, not {session}")
+        if reasons:
+            raise _Refused(*reasons)
+        rows = []
+        for bar in bars.bar:
+            cand, inc = _pairs(nb, session, candidate, incumbent, bar)
+            rows.append((bar, len(cand), _statistic(bar, cand, inc), _threshold(nb, session, bar)))
+    except _Refused as refusal:
+        return _refuse(nb, session, candidate, incumbent, bars_id, list(refusal.args))
+    adjusted, adjustment = _holm(nb, session, [value for bar, _, value, _ in rows if bar.statistic == "p"])
+    verdicts, p_index = [], 0
+    for bar, n, value, threshold in rows:
+        raw_p = None
+        if bar.statistic == "p":
+            raw_p, value, p_index = value, adjusted[p_index], p_index + 1
+        verdicts.append(BarVerdict(bar=bar.canonical(), n=n, value=_json_float(value), raw_p=raw_p,
+                                   threshold=threshold, holds=_OPS[bar.op](value, threshold)))
+    promoted = all(v.holds for v in verdicts)
+    failed = [f"{v.bar['suite']}/{v.bar['metric']} {v.bar['statistic']}" for v in verdicts if not v.holds]
+    rationale = "all bars hold" if promoted else "bars failed: " + ", ".join(failed)
+    row = nb.add_comparison(session=session, candidate=candidate, incumbent=incumbent, bars_id=bars_id,
+                            verdicts=[v.model_dump(mode="json") for v in verdicts], promoted=promoted,
+                            adjustment=adjustment, rationale=rationale)
+    return CompareOutcome(refused=False, reasons=[], verdicts=verdicts, promoted=promoted, comparison_id=row.id)

@@ -1,0 +1,185 @@
+"""Noise floor, promotion bars, compare and sealed suites on a real notebook file."""
+
+from __future__ import annotations
+
+import pytest
+
+from evals import bars as bars_mod
+from evals import noise, sealed
+from evals.compare import compare
+from evals.decoding import Decoding
+from evals.job import EvalResult, SuiteResult
+from evals.records import record_result
+from evals.types import Outcome, suite_metrics
+from memory.notebook import Notebook
+
+SERVED = Decoding(temperature=0.7, top_p=0.95, max_new_tokens=64, stop_token_ids=(3,))
+GREEDY = Decoding(max_new_tokens=64, stop_token_ids=(3,))
+
+BARS = """
+[[bar]]
+suite = "math"
+metric = "correct"
+rule = "delta >= -1.0 * noise_floor"
+
+[[bar]]
+suite = "math"
+metric = "correct"
+rule = "ci_low > -0.05"
+"""
+
+
+def _result(values: list[float], decoding: Decoding = SERVED, replicate: int = 0, suite: str = "math") -> EvalResult:
+    outs = [Outcome(item_id=f"i{k}", label="x", values={"correct": v}) for k, v in enumerate(values)]
+    suite_result = SuiteResult(suite=suite, scorer="math", sealed=False, replicate=replicate, seed=replicate,
+                               resampled=False, metrics=suite_metrics(outs), outcomes=outs, completions_path=None)
+    return EvalResult(checkpoint="ckpt", decoding=decoding, decoding_sha256=decoding.fingerprint(), served=True,
+                      suites=[suite_result], generated_tokens=0, generation_s=0.0, load_s=0.0)
+
+
+@pytest.fixture
+def lab(tmp_path):
+    nb = Notebook.open(tmp_path / "notebook.db")
+    nb.open_session("s1", lab="test", budget_gpuh=10, reserve_gpuh=1, planner="playbook", executor="local", config={})
+    inc = nb.add_artifact(kind="checkpoint", name="incumbent", path="/inc", sha256="a" * 64, session="s1").id
+    cand = nb.add_artifact(kind="checkpoint", name="candidate", path="/cand", sha256="b" * 64, session="s1").id
+    yield nb, inc, cand
+    nb.close()
+
+
+BASE = [1, 0, 1, 0, 1, 1, 0, 1, 0, 1] * 4  # 40 items, 24 correct
+BETTER = [1] * 36 + [0] * 4  # 14 wins, 2 losses against BASE: delta 0.3
+
+
+def _calibrate(nb, inc):
+    # 24/40, item 0 flipped to wrong (23/40), item 1 flipped to right (25/40).
+    reps = [BASE, [0, *BASE[1:]], [1, 1, *BASE[2:]]]
+    evs = [record_result(nb, "s1", inc, _result(r, replicate=k))[0] for k, r in enumerate(reps)]
+    return noise.calibrate(nb, "s1", evs)
+
+
+def test_floor_stats_hand_values():
+    reps = [[("a", 0.5), ("b", 0.5)], [("a", 0.6), ("b", 0.6)], [("a", 0.7), ("b", 0.7)]]
+    fs = noise.floor_stats(reps, "m")
+    assert fs.spread == pytest.approx(0.2)
+    assert fs.mean_abs_delta == pytest.approx((0.1 + 0.2 + 0.1) / 3)
+    assert fs.max_abs_t == float("inf")  # a constant shift on every item is infinitely sharp
+    with pytest.raises(ValueError, match="at least 3"):
+        noise.floor_stats(reps[:2], "m")
+    # Item resamples (different item sequences) use Welch's t: 0/1 samples 3/4 vs 1/4 correct.
+    welch = noise.floor_stats([[("a", 1), ("b", 1), ("c", 1), ("d", 0)], [("a", 1), ("a", 0), ("c", 0), ("c", 0)],
+                               [("b", 1), ("b", 1), ("d", 0), ("d", 0)]], "m")
+    # means .75 vs .25, variances 1/4 each, se = sqrt(1/16 + 1/16): t = 0.5 / 0.35355 = 1.4142
+    assert welch.max_abs_t == pytest.approx(1.41421, abs=1e-4)
+
+
+def test_calibrate_records_floor(lab):
+    nb, inc, _ = lab
+    floors = _calibrate(nb, inc)
+    assert [f.metric for f in floors] == ["correct"] and floors[0].k == 3
+    assert floors[0].spread == pytest.approx(0.05)
+    assert floors[0].mean_abs_delta == pytest.approx((0.025 + 0.025 + 0.05) / 3)
+    # Replicates 1 vs 2 differ on two items by -1: mean -0.05, sd sqrt(1.9/39), t = -1.4327.
+    assert floors[0].max_abs_t == pytest.approx(1.4327, abs=1e-4)
+    assert nb.decisions("s1", kind="calibrate")
+
+
+def test_bars_file_parsing(tmp_path):
+    path = tmp_path / "bars.toml"
+    path.write_text(BARS)
+    parsed = bars_mod.load(path)
+    assert parsed.bar[0].in_noise_units and parsed.bar[0].value == -1.0
+    assert bars_mod.Bars.from_canonical(parsed.canonical()).canonical() == parsed.canonical()
+    path.write_text(BARS + '\n[[bar]]\nsuite = "math"\nmetric = "correct"\nrule = "delta ~ 3"\n')
+    with pytest.raises(ValueError, match=r"bars.toml: bar\[2\]: Value error, rule 'delta ~ 3'"):
+        bars_mod.load(path)
+    path.write_text('[[bar]]\nsuite = "m"\nmetric = "c"\nrule = "p <= 0.05"\n')
+    with pytest.raises(ValueError, match="a p bar needs `test`"):
+        bars_mod.load(path)
+    path.write_text("[[bar]\n")
+    with pytest.raises(ValueError, match="not valid TOML"):
+        bars_mod.load(path)
+
+
+def _register(nb, text=BARS):
+    return bars_mod.register(nb, "s1", bars_mod.Bars.model_validate(__import__("tomllib").loads(text)))
+
+
+def test_candidate_clearing_all_bars_is_promoted(lab):
+    nb, inc, cand = lab
+    _calibrate(nb, inc)
+    reg = _register(nb)
+    record_result(nb, "s1", cand, _result(BETTER))
+    out = compare(nb, "s1", cand, inc, reg.id, SERVED)
+    assert not out.refused and out.promoted, out
+    assert [v.holds for v in out.verdicts] == [True, True]
+    assert nb.comparisons("s1")[0].promoted and nb.decisions("s1", kind="promote")
+
+
+def test_one_failing_bar_blocks(lab):
+    nb, inc, cand = lab
+    _calibrate(nb, inc)
+    reg = _register(nb, BARS + '\n[[bar]]\nsuite = "math"\nmetric = "correct"\nrule = "delta >= 0.5"\n')
+    record_result(nb, "s1", cand, _result(BETTER))
+    out = compare(nb, "s1", cand, inc, reg.id, SERVED)
+    assert not out.refused and not out.promoted
+    assert [v.holds for v in out.verdicts] == [True, True, False]
+    assert nb.decisions("s1", kind="reject")[0].rationale == "bars failed: math/correct delta"
+
+
+def test_bars_registered_after_eval_refused(lab):
+    nb, inc, cand = lab
+    _calibrate(nb, inc)
+    record_result(nb, "s1", cand, _result([1] * 40))
+    reg = _register(nb)
+    out = compare(nb, "s1", cand, inc, reg.id, SERVED)
+    assert out.refused and "after eval" in out.reasons[0]
+    assert nb.comparisons("s1") == [] and nb.decisions("s1", kind="refuse")
+
+
+def test_wrong_decoding_refused(lab):
+    nb, inc, cand = lab
+    _calibrate(nb, inc)
+    reg = _register(nb)
+    record_result(nb, "s1", cand, _result([1] * 40, decoding=GREEDY))
+    out = compare(nb, "s1", cand, inc, reg.id, SERVED)
+    assert out.refused and "not the candidate's served decoding" in out.reasons[0]
+
+
+def test_noise_units_without_floor_refused(lab):
+    nb, inc, cand = lab
+    record_result(nb, "s1", inc, _result(BASE))
+    reg = _register(nb)
+    record_result(nb, "s1", cand, _result([1] * 40))
+    out = compare(nb, "s1", cand, inc, reg.id, SERVED)
+    assert out.refused and "no noise floor" in out.reasons[0]
+
+
+def test_holm_across_session(lab):
+    nb, inc, cand = lab
+    p_bar = '[[bar]]\nsuite = "math"\nmetric = "correct"\nrule = "p <= 0.05"\ntest = "mcnemar_exact"\n'
+    reg = _register(nb, p_bar)
+    record_result(nb, "s1", inc, _result(BASE))
+    # 10 discordant pairs all in the candidate's favour: raw p = 2 / 2^10.
+    record_result(nb, "s1", cand, _result([1 if k < 25 else b for k, b in enumerate(BASE)]))
+    first = compare(nb, "s1", cand, inc, reg.id, SERVED)
+    assert first.verdicts[0].raw_p == pytest.approx(2 / 1024) and first.verdicts[0].value == pytest.approx(2 / 1024)
+    second = compare(nb, "s1", cand, inc, reg.id, SERVED)
+    # Family of two equal p-values: Holm multiplies the smallest by 2.
+    assert second.verdicts[0].value == pytest.approx(4 / 1024)
+    adj = nb.comparisons("s1")[1].adjustment
+    assert adj["family_size"] == 2 and adj["prior_comparisons"] == [first.comparison_id]
+
+
+def test_sealed_once_for_nominee(lab):
+    nb, inc, cand = lab
+    with pytest.raises(sealed.SealedRefused, match="nominee only"):
+        sealed.open_sealed(nb, "s1", "confirm", cand)
+    nb.record_decision("s1", "nominate", "nominee chosen", {"artifact_id": cand})
+    with pytest.raises(sealed.SealedRefused, match="nominee only"):
+        sealed.open_sealed(nb, "s1", "confirm", inc)
+    assert sealed.open_sealed(nb, "s1", "confirm", cand).kind == "confirm"
+    with pytest.raises(sealed.SealedRefused, match="already opened"):
+        sealed.open_sealed(nb, "s1", "confirm", cand)
+    assert len(nb.decisions("s1", kind="refuse")) == 3
+    assert nb.verify().ok
