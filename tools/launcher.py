@@ -220,6 +220,9 @@ class LocalBackend:
         elif not runs or runs[-1].state == "REQUEUED":  # died before the function started
             runs.append(Run(state=self._death_state(job_id, folder, 0.0, resources), started=None, ended=None,
                             elapsed_s=0.0, devices=devices, exit_code=None))
+        elif runs[-1].state == "FAILED" and (folder / f"{job_id}_cancelled").exists():
+            # The cancel interrupted the function, which logged its end as a failure.
+            runs[-1] = runs[-1].model_copy(update={"state": "CANCELLED"})
         return runs
 
     def _death_state(self, job_id: str, folder: Path, elapsed_s: float, resources: Resources) -> str:

@@ -1,0 +1,197 @@
+"""The launcher end to end, the same tests on the local executor and on the loopback Slurm cluster:
+cost settlement, cancel, timeout, preemption with resume, OOM retry, NaN loss, and an agent killed
+mid-job that re-attaches on resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from memory.notebook import Notebook
+from tools.launcher import JobFailed, Launcher, Resources, _controller_alive
+from tools.probe import CountConfig, count
+
+SESSION = "s1"  # the session the conftest's notebook fixture opens
+
+EXPECTED_TOTAL = {n: sum(i * i for i in range(n)) for n in (3, 10, 16)}
+
+
+def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.1)
+
+
+def _sacct(job_id: str, fields: str) -> list[list[str]]:
+    out = subprocess.run(["sacct", "-j", job_id, "-D", "-X", "-P", "-n", "-o", fields],
+                         check=True, capture_output=True, text=True).stdout
+    return [line.split("|") for line in out.splitlines() if line.strip()]
+
+
+def _steps_done(out: Path) -> int:
+    metrics = out / "metrics.jsonl"
+    return len(metrics.read_text().splitlines()) if metrics.exists() else 0
+
+
+def test_success_settles_cost(launcher: Launcher, notebook: Notebook, tmp_path: Path) -> None:
+    config = CountConfig(steps=3, step_seconds=0.4, output_dir=tmp_path / "out")
+    t0 = time.time()
+    job = launcher.submit("probe", count, config, Resources(time_limit_min=2, signal_delay_s=10))
+    result = job.result(timeout_s=60)
+    wall = time.time() - t0
+    assert result.total == EXPECTED_TOTAL[3] and result.resumed_from == 0
+    (attempt,) = job.attempts()
+    assert attempt.state == "completed" and attempt.result == result.model_dump(mode="json")
+    if launcher.backend.name == "slurm":
+        ((elapsed, tres),) = _sacct(attempt.external_id, "ElapsedRaw,AllocTRES")
+        assert "gres/gpu=1" in tres
+        assert attempt.gpu_hours == pytest.approx(int(elapsed) * 1 / 3600)
+    else:
+        # Local: wall time of the worker on one device (CPU-only counts as one).
+        assert 1.2 <= attempt.gpu_hours * 3600 <= wall
+    ledger = notebook.ledger(SESSION)
+    assert ledger.spent_gpuh == pytest.approx(attempt.gpu_hours) and ledger.reserved_gpuh == 0
+
+
+def test_resubmission_reads_back_and_never_submits_twice(launcher: Launcher, notebook: Notebook, tmp_path: Path) -> None:
+    config = CountConfig(steps=3, step_seconds=0.0, output_dir=tmp_path / "out")
+    resources = Resources(time_limit_min=2, signal_delay_s=10)
+    first = launcher.submit("probe", count, config, resources).result(timeout_s=60)
+    again = launcher.submit("probe", count, config, resources)
+    assert again.result(timeout_s=5) == first
+    assert len(notebook.jobs(session=SESSION)) == 1
+    assert len(notebook.decisions(SESSION, kind="launch")) == 1
+    assert len(list((tmp_path / "jobs").glob("*/*_submitted.pkl"))) == 1
+
+
+def test_cancelled_job_is_recorded_cancelled(launcher: Launcher, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    job = launcher.submit("probe", count, CountConfig(steps=200, step_seconds=0.2, output_dir=out),
+                          Resources(time_limit_min=2, signal_delay_s=10))
+    wait_until(lambda: _steps_done(out) >= 1, 30, "the job to start stepping")
+    job.cancel()
+    with pytest.raises(JobFailed) as failed:
+        job.result(timeout_s=60)
+    assert failed.value.record.failure_class == "cancelled"
+    assert failed.value.record.gpu_hours > 0
+    assert len(job.attempts()) == 1  # a cancel is final: no retry
+
+
+def test_job_over_its_time_limit_is_recorded_timeout(launcher: Launcher, tmp_path: Path) -> None:
+    # The checkpoint signal comes `signal_delay_s` before the limit; with no requeue allowed the
+    # run ends there, as a timeout. (Slurm's limit is whole minutes, so its signal comes earlier.)
+    slurm = launcher.backend.name == "slurm"
+    resources = Resources(time_limit_min=1 if slurm else 0.1, signal_delay_s=55 if slurm else 3, max_requeues=0)
+    job = launcher.submit("probe", count, CountConfig(steps=200, step_seconds=0.2, output_dir=tmp_path / "out"),
+                          resources)
+    with pytest.raises(JobFailed) as failed:
+        job.result(timeout_s=90)
+    record = failed.value.record
+    assert record.failure_class == "timeout", record.failure_detail
+    assert len(job.attempts()) == 1 and record.gpu_hours > 0
+
+
+def _preempt(launcher: Launcher, external_id: str, folder: Path) -> None:
+    """Send the preemption signal the way the executor does: Slurm to the job, locally to the worker."""
+    if launcher.backend.name == "slurm":
+        subprocess.run(["scancel", "--signal", "USR2", external_id], check=True)
+        return
+    events = [json.loads(line) for line in (folder / f"{external_id}_events.jsonl").read_text().splitlines()]
+    os.kill(events[-1]["pid"], signal.SIGUSR2)
+
+
+def _release_requeue_hold(launcher: Launcher, external_id: str, out: Path, steps_before: int) -> None:
+    """Slurm holds a requeued job ~120 s; release it until the job steps again."""
+    def resumed() -> bool:
+        if launcher.backend.name == "slurm":
+            subprocess.run(["scontrol", "update", f"JobId={external_id}", "StartTime=now"], capture_output=True)
+        return _steps_done(out) > steps_before
+    wait_until(resumed, 90, "the requeued job to step again")
+
+
+def test_preempted_job_resumes_from_checkpoint(launcher: Launcher, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    config = CountConfig(steps=10, step_seconds=0.4, output_dir=out)
+    job = launcher.submit("probe", count, config, Resources(time_limit_min=3, signal_delay_s=10))
+    wait_until(lambda: _steps_done(out) >= 2, 60, "two steps before the preemption")
+    record = job.record
+    _preempt(launcher, record.external_id, Path(record.folder))
+    wait_until(lambda: len(job.attempts()) == 2 or job.done(), 30, "the preempted run to be closed")
+    steps_before = _steps_done(out)
+    _release_requeue_hold(launcher, record.external_id, out, steps_before)
+    result = job.result(timeout_s=90)
+
+    uninterrupted = count(config.model_copy(update={"output_dir": tmp_path / "clean", "step_seconds": 0.0}))
+    assert result.total == uninterrupted.total == EXPECTED_TOTAL[10]
+    assert 2 <= result.resumed_from < 10  # resumed from the checkpoint, not from scratch
+    first, second = job.attempts()
+    assert (first.state, first.failure_class, second.state) == ("failed", "preempted", "completed")
+    assert first.external_id == second.external_id  # requeued in place, not submitted again
+    assert first.gpu_hours > 0 and second.gpu_hours > 0
+
+
+def test_oom_retries_once_with_half_the_micro_batch(launcher: Launcher, tmp_path: Path) -> None:
+    # 8 x 64 MiB does not fit in 300 MiB of headroom: a real MemoryError; 4 x 64 MiB does.
+    config = CountConfig(steps=2, step_seconds=0.0, output_dir=tmp_path / "out", micro_batch_size=8,
+                         grad_accum=2, item_mb=64, memory_limit_mb=300)
+    job = launcher.submit("probe", count, config, Resources(time_limit_min=2, signal_delay_s=10))
+    result = job.result(timeout_s=90)
+    assert (result.micro_batch_size, result.grad_accum) == (4, 4)
+    first, second = job.attempts()
+    assert first.failure_class == "oom" and second.state == "completed"
+    assert second.resources["args"]["micro_batch_size"] == 4
+    assert first.external_id != second.external_id
+
+
+def test_nan_loss_is_classified_and_not_retried(launcher: Launcher, notebook: Notebook, tmp_path: Path) -> None:
+    config = CountConfig(steps=5, step_seconds=0.0, output_dir=tmp_path / "out", nan_at_step=2)
+    job = launcher.submit("probe", count, config, Resources(time_limit_min=2, signal_delay_s=10))
+    with pytest.raises(JobFailed) as failed:
+        job.result(timeout_s=60)
+    assert failed.value.record.failure_class == "nan_loss"
+    assert failed.value.record.failure_detail.startswith("FloatingPointError: nan_loss: loss is nan at step 2")
+    (fail,) = notebook.decisions(SESSION, kind="fail")
+    assert fail.payload["failure_class"] == "nan_loss"
+
+
+def _job_alive(kind: str, external_id: str, folder: Path) -> bool:
+    if kind == "slurm":
+        return _sacct(external_id, "State")[-1][0] in {"RUNNING", "PENDING"}
+    return _controller_alive(int(external_id), folder)
+
+
+def test_killed_agent_reattaches_on_resume(launcher: Launcher, notebook: Notebook, tmp_path: Path) -> None:
+    kind = launcher.backend.name
+    argv = [sys.executable, str(Path(__file__).with_name("agent_proc.py")), str(notebook.path),
+            str(tmp_path / "jobs"), str(tmp_path / "out"), kind]
+    agent = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    try:
+        line = agent.stdout.readline().split()
+        assert line[0] == "submitted", line
+        wait_until(lambda: _steps_done(tmp_path / "out") >= 2, 60, "the job to run")
+    finally:
+        agent.kill()
+        agent.wait()
+    record = notebook.jobs(session=SESSION)[0]
+    assert record.external_id == line[1] and _job_alive(kind, line[1], Path(record.folder))
+
+    resumed = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert resumed.returncode == 0, resumed.stderr
+    outputs = dict(ln.split(" ", 1) for ln in resumed.stdout.splitlines())
+    assert outputs["submitted"] == line[1]
+    assert json.loads(outputs["result"])["total"] == EXPECTED_TOTAL[16]
+    assert json.loads(outputs["result"])["resumed_from"] == 0  # the job itself was never interrupted
+    (only,) = notebook.jobs(session=SESSION)
+    assert only.state == "completed" and only.external_id == line[1]
+    assert len(notebook.decisions(SESSION, kind="launch")) == 1
+    assert len(list((tmp_path / "jobs").glob("*/*_submitted.pkl"))) == 1
