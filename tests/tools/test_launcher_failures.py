@@ -1,0 +1,125 @@
+"""Failure classification from state, exit code and log text; the policy; admission and forecasts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from agent.config import ExecutorSection
+from memory.notebook import Notebook
+from tools.failures import classify, decide, halved_batch
+from tools.launcher import BudgetRefused, Launcher, Resources, _sbatch_lines
+from tools.probe import CountConfig, EmptyConfig, count, empty
+
+TRACE = "Traceback (most recent call last):\n  File \"x.py\", line 3, in step\n{}\n"
+
+
+@pytest.mark.parametrize(("state", "code", "text", "expected", "detail"), [
+    ("FAILED", 1, TRACE.format("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"),
+     "oom", "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"),
+    ("OUT_OF_MEMORY", 0, "", "oom", "OUT_OF_MEMORY"),
+    ("FAILED", 1, TRACE.format("MemoryError"), "oom", "MemoryError"),
+    ("FAILED", 1, "[rank3]:[E ProcessGroupNCCL.cpp:616] Watchdog caught collective operation timeout: "
+     "WorkNCCL(SeqNum=77, OpType=ALLREDUCE) ran for 600012 milliseconds before timing out.",
+     "nccl_timeout", None),
+    ("FAILED", 1, TRACE.format("FloatingPointError: nan_loss: loss is nan at step 40"), "nan_loss",
+     "FloatingPointError: nan_loss: loss is nan at step 40"),
+    ("FAILED", 1, TRACE.format("tools.launcher.RunInterrupted: timeout: after 170 s of a 180 s limit"),
+     "timeout", None),
+    ("TIMEOUT", 0, "slurmstepd: error: *** JOB 12 ON n1 CANCELLED AT 2026-01-01T00:00:00 DUE TO TIME LIMIT ***",
+     "timeout", "TIMEOUT"),
+    ("PREEMPTED", 0, "", "preempted", "PREEMPTED"),
+    ("NODE_FAIL", 1, "", "node_failure", "NODE_FAIL"),
+    ("CANCELLED by 0", 0, TRACE.format("KeyboardInterrupt"), "cancelled", "CANCELLED BY 0"),
+    ("FAILED", 2, TRACE.format("ValueError: dataset row 7 has no messages"), "error",
+     "ValueError: dataset row 7 has no messages (exit code 2)"),
+    ("FAILED", 137, "", "error", "FAILED: no error text (exit code 137)"),
+])
+def test_classify(state: str, code: int, text: str, expected: str, detail: str | None) -> None:
+    failure = classify(state, code, text)
+    assert failure.failure_class == expected
+    if detail is not None:
+        assert failure.detail == detail
+
+
+def test_a_loss_that_mentions_nan_elsewhere_is_not_nan_loss() -> None:
+    assert classify("FAILED", 1, TRACE.format("KeyError: 'nan_loss_weight'")).failure_class == "error"
+
+
+def test_policy() -> None:
+    kw = {"oom_retries": 0, "requeues": 0, "max_requeues": 2, "can_halve_batch": True}
+    assert decide("preempted", **kw) == "requeue"
+    assert decide("timeout", **{**kw, "requeues": 2}) == "record"
+    assert decide("oom", **kw) == "retry_smaller_batch"
+    assert decide("oom", **{**kw, "oom_retries": 1}) == "record"
+    assert decide("oom", **{**kw, "can_halve_batch": False}) == "record"
+    for klass in ("nan_loss", "nccl_timeout", "node_failure", "cancelled", "error"):
+        assert decide(klass, **kw) == "record"
+
+
+def test_halved_batch_keeps_tokens_per_step() -> None:
+    config = CountConfig(steps=1, step_seconds=0, output_dir=Path("x"), micro_batch_size=6, grad_accum=3)
+    halved = config.model_copy(update=halved_batch(config))
+    assert (halved.micro_batch_size, halved.grad_accum) == (3, 6)
+    assert halved.micro_batch_size * halved.grad_accum == config.micro_batch_size * config.grad_accum
+
+
+def _launcher(tmp_path: Path, budget: float, reserve: float) -> tuple[Notebook, Launcher]:
+    nb = Notebook.open(tmp_path / "notebook.db")
+    nb.open_session("s1", lab=str(tmp_path), budget_gpuh=budget, reserve_gpuh=reserve, planner="playbook",
+                    executor="local", config={})
+    return nb, Launcher(nb, "s1", ExecutorSection(kind="local"), tmp_path / "jobs")
+
+
+def test_refusal_is_recorded_and_nothing_runs(tmp_path: Path) -> None:
+    nb, launcher = _launcher(tmp_path, budget=1.0, reserve=0.25)
+    with pytest.raises(BudgetRefused, match="does not fit"):
+        launcher.submit("probe", empty, EmptyConfig(tag="big"), Resources(time_limit_min=1, estimate_gpuh=0.8))
+    (refusal,) = nb.decisions("s1", kind="refuse")
+    assert refusal.payload["forecast_gpuh"] == 0.8 and refusal.payload["forecast_source"] == "declared"
+    assert nb.jobs() == [] and not (tmp_path / "jobs").exists()
+    # 0.75 fits exactly: forecast + spent + reserved + reserve == budget.
+    job = launcher.submit("probe", empty, EmptyConfig(tag="fits"), Resources(time_limit_min=1, estimate_gpuh=0.75))
+    assert nb.ledger("s1").reserved_gpuh == 0.75
+    job.result(timeout_s=60)
+    ledger = nb.ledger("s1")
+    assert ledger.reserved_gpuh == 0 and 0 < ledger.spent_gpuh < 0.01
+
+
+def test_forecast_sources(tmp_path: Path) -> None:
+    nb, launcher = _launcher(tmp_path, budget=100.0, reserve=0.0)
+    bound = launcher.forecast("sft", Resources(time_limit_min=30, gpus=4, model="m", work_units=1000))
+    assert (bound.source, bound.gpuh) == ("time_limit", 2.0)
+    # An earlier completed sft on model m: 2000 units in 0.5 + 0.5 GPU-h over two attempts.
+    for attempt, hours, state in ((1, 0.5, "failed"), (2, 0.5, "completed")):
+        nb.start_job("k1", session="s1", kind="sft", executor="local", attempt=attempt, forecast_gpuh=1.0,
+                     resources={"model": "m", "work_units": 2000})
+        nb.update_job("k1", attempt, gpu_hours=hours, state=state)
+    measured = launcher.forecast("sft", Resources(time_limit_min=30, gpus=4, model="m", work_units=1000))
+    assert (measured.source, measured.gpuh) == ("throughput", 0.5)
+    other_model = launcher.forecast("sft", Resources(time_limit_min=30, model="other", work_units=1000))
+    assert other_model.source == "time_limit"
+    declared = launcher.forecast("sft", Resources(time_limit_min=30, estimate_gpuh=3.0, model="m", work_units=1))
+    assert (declared.source, declared.gpuh) == ("declared", 3.0)
+
+
+def test_bad_inputs_are_refused_with_the_field_named(tmp_path: Path) -> None:
+    with pytest.raises(ValidationError, match="signal_delay_s must be shorter"):
+        Resources(time_limit_min=0.5, signal_delay_s=30)
+    with pytest.raises(ValidationError, match="time_limit_min"):
+        Resources(time_limit_min=0)
+    with pytest.raises(ValueError, match="extra_sbatch: 'constraint=h100' is not a long option"):
+        _sbatch_lines(["constraint=h100"])
+    assert _sbatch_lines(["#SBATCH --constraint=h100", "--exclusive"]) == {"constraint": "h100", "exclusive": True}
+    _, launcher = _launcher(tmp_path, budget=1.0, reserve=0.0)
+    with pytest.raises(TypeError, match="must be annotated to return a pydantic model"):
+        launcher.submit("probe", lambda c: c, EmptyConfig(tag="x"), Resources(time_limit_min=1))
+
+
+def test_count_probe_resumes_in_process(tmp_path: Path) -> None:
+    config = CountConfig(steps=4, step_seconds=0, output_dir=tmp_path)
+    (tmp_path / "state.json").write_text('{"step": 2, "total": 1}')
+    result = count(config)
+    assert (result.resumed_from, result.total) == (2, 1 + 4 + 9)
