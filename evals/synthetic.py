@@ -110,7 +110,7 @@ def _long_division(rng: random.Random) -> tuple[str, str, str]:
 _OPS: dict[str, tuple[str, Callable[[int, int], int], str]] = {
     "add": ("add {k}", lambda x, k: x + k, "+"),
     "sub": ("subtract {k}", lambda x, k: x - k, "-"),
-    "mul": ("multiply by {k}", lambda x, k: x * k, "×"),
+    "mul": ("times {k}", lambda x, k: x * k, "×"),
 }
 
 
@@ -119,13 +119,14 @@ def _arithmetic_chain(rng: random.Random) -> tuple[str, str, str]:
     start, steps, lines = x, [], []
     for _ in range(rng.randint(3, 6)):
         op = rng.choice(list(_OPS))
-        k = rng.randint(2, 9) if op == "mul" else rng.randint(1, 99)
+        k = rng.randint(2, 12) if op == "mul" else rng.randint(1, 99)
         words, fn, sym = _OPS[op]
         steps.append(words.format(k=k))
         y = fn(x, k)
         lines.append(f"{x} {sym} {k} = {y}")
         x = y
-    prompt = f"Start with {start}, then {', then '.join(steps)}. What is the result?"
+    # Two words per step: every 13-gram of the prompt then holds the start or four drawn steps.
+    prompt = f"Start with {start}. {', '.join(steps).capitalize()}."
     return prompt, str(x), "\n".join(lines) + f"\nAnswer: {x}"
 
 

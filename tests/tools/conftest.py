@@ -1,9 +1,11 @@
 """Fixtures for the launcher tests: the same tests run on the local executor and on the loopback
 Slurm cluster (scripts/slurm-up). Slurm cases are skipped, with the reason, when `sinfo` cannot
-reach a cluster with an idle node."""
+reach a cluster with an idle node. The data tests (feedback, splits, builders) share the battle and
+JSONL helpers and the tiny tokenizer at the end."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -12,6 +14,7 @@ import pytest
 from agent.config import ExecutorSection, SlurmSection
 from memory.notebook import Notebook
 from tools.launcher import Launcher
+from trainers import tiny
 
 SESSION = "s1"
 
@@ -63,3 +66,38 @@ def notebook(tmp_path: Path) -> Notebook:
 def launcher(notebook: Notebook, executor: ExecutorSection, tmp_path: Path) -> Launcher:
     # A fresh submitit folder per test: Slurm job ids restart at 1 when its state is wiped.
     return Launcher(notebook, SESSION, executor, tmp_path / "jobs", poll_s=0.2)
+
+
+# ---- data tests (feedback, splits, builders, leak audit) ------------------------------------------
+
+
+def make_battle(bid: str, prompt: str = "q", vote: str = "own", own: str = "own answer",
+                other: str = "other answer", meta: dict | None = None, messages: list | None = None) -> dict:
+    row = {"id": bid, "messages": messages or [{"role": "user", "content": prompt}],
+           "own": own, "other": other, "vote": vote}
+    if meta is not None:
+        row["meta"] = meta
+    return row
+
+
+def write_jsonl(path: Path, rows: list) -> Path:
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def battle():
+    """Factory of one feedback battle row (a dict in the documented format)."""
+    return make_battle
+
+
+@pytest.fixture
+def jsonl():
+    """Writes rows (dicts, or raw strings for broken lines) as a JSONL file and returns its path."""
+    return write_jsonl
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dir(tmp_path_factory) -> Path:
+    """The offline tiny tokenizer (trainers/tiny.py), built once per test session."""
+    return tiny.build_tokenizer(tmp_path_factory.mktemp("tok") / "tokenizer")

@@ -1,0 +1,252 @@
+"""Dataset builders on a small hand-made lab: exact expected rows, manifests, leak audit, notebook records."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from transformers import AutoTokenizer
+
+from evals.synthetic import check, generate
+from memory.notebook import Notebook
+from tools.datasets import (
+    BattlePairsConfig,
+    DatasetError,
+    MixConfig,
+    MixPart,
+    ReplayMixConfig,
+    ReplaySource,
+    SyntheticVerifiedConfig,
+    WinnerSFTConfig,
+    build_battle_pairs,
+    build_mix,
+    build_replay_mix,
+    build_synthetic_verified,
+    build_winner_sft,
+    clean_answer,
+    manifest_path,
+    record_dataset,
+)
+from tools.feedback import file_sha256
+from tools.leak import LeakError
+from tools.splits import Split, SplitConfig
+from trainers.chat import render
+
+SYS = "You are a careful assistant."
+DEV = "Explain why the sky looks blue during the day but red and orange at sunset in simple words"
+SEALED = "Write a short story about a lighthouse keeper who finds a message in a bottle on the beach"
+EVAL = "List three prime numbers greater than one hundred and explain how you checked that each is prime"
+T1_OWN = ("Boil it for 9 minutes [1]. See [the guide](https://example.com/eggs).\n\n"
+          "Sources:\n- https://example.com/eggs")
+
+
+@pytest.fixture
+def lab(tmp_path, battle, jsonl, tokenizer_dir) -> dict:
+    battles = [
+        battle("t1", "How do I boil an egg?", "own", own=T1_OWN, other="Fry it."),
+        battle("t2", "Capital of Italy?", "other", own="Milan", other="Rome【3†source】."),
+        battle("t3", "Tell a joke", "tie"),
+        battle("t4", "Write a poem", "both_bad"),
+        battle("t5", vote="own", own="Ahoy!", other="Hello.", messages=[
+            {"role": "system", "content": "Talk like a pirate."}, {"role": "user", "content": "Say hello"}]),
+        battle("d1", DEV, "own"),
+        battle("s1", SEALED, "other"),
+    ]
+    fb = jsonl(tmp_path / "feedback.jsonl", battles)
+    assignment = {b["id"]: {"d": "dev", "s": "sealed"}.get(b["id"][0], "train") for b in battles}
+    split = Split(source_sha256=file_sha256(fb), config=SplitConfig(dev_fraction=0.15, sealed_fraction=0.15),
+                  assignment=assignment, counts={})
+    (tmp_path / "split.json").write_text(split.model_dump_json())
+    suite = jsonl(tmp_path / "suite.jsonl", [{"id": "e1", "messages": [{"role": "user", "content": EVAL}]}])
+    base = {"tokenizer": tokenizer_dir, "feedback": fb, "split": tmp_path / "split.json", "eval_suites": [suite]}
+    return {"dir": tmp_path, "base": base}
+
+
+def _rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines()]
+
+
+def _user(text: str) -> dict:
+    return {"role": "user", "content": text}
+
+
+def test_winner_sft_rows_and_manifest(lab, tokenizer_dir):
+    out = lab["dir"] / "out" / "winner.jsonl"
+    m = build_winner_sft(WinnerSFTConfig(out=out, system_prompt=SYS, repeat=2, cleanup=True, **lab["base"]))
+    system = {"role": "system", "content": SYS}
+    expected = [
+        [system, _user("How do I boil an egg?"), {"role": "assistant", "content": "Boil it for 9 minutes. See the guide."}],
+        [system, _user("Capital of Italy?"), {"role": "assistant", "content": "Rome."}],
+        [system, _user("Say hello"), {"role": "assistant", "content": "Ahoy!"}],  # the pirate system turn is replaced
+    ]
+    assert _rows(out) == [{"messages": e} for e in expected for _ in range(2)]
+    assert (m.rows, m.row_kind, m.sha256) == (6, "sft", file_sha256(out))
+    assert m.stats["excluded_tie_or_both_bad"] == 2 and m.stats["holdout_battles_excluded"] == 2
+    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    assert m.tokens == sum(len(render(tok, r["messages"]).input_ids) for r in _rows(out)) > 0
+    assert {s.role: s.sha256 for s in m.sources} == {
+        "feedback": file_sha256(lab["base"]["feedback"]), "split": file_sha256(lab["base"]["split"]),
+        "eval_suite": file_sha256(lab["base"]["eval_suites"][0])}
+    assert m.audit.passed and m.audit.references == {"dev": 1, "eval:suite.jsonl": 1, "sealed": 1}
+    on_disk = json.loads(manifest_path(out).read_text())
+    assert on_disk["audit_sha256"] == m.audit.sha256() and on_disk["sha256"] == file_sha256(out)
+    assert on_disk["config"]["repeat"] == 2
+
+
+def test_battle_pairs_exclude_ties_and_both_bad(lab):
+    out = lab["dir"] / "pairs.jsonl"
+    m = build_battle_pairs(BattlePairsConfig(out=out, system_prompt="", **lab["base"]))
+    assert _rows(out) == [
+        {"prompt": [_user("How do I boil an egg?")], "chosen": T1_OWN, "rejected": "Fry it."},
+        {"prompt": [_user("Capital of Italy?")], "chosen": "Rome【3†source】.", "rejected": "Milan"},
+        {"prompt": [_user("Say hello")], "chosen": "Ahoy!", "rejected": "Hello."},
+    ]
+    assert m.row_kind == "pairs" and m.rows == 3 and m.sha256 == file_sha256(out)
+
+
+def test_clean_answer_keeps_code_and_real_brackets():
+    text = "Use `a[1]` here [2][3].\n```python\nx = a[1]  # [1]\n```\nMore at [docs](http://d.io/x) and [a note]."
+    assert clean_answer(text) == "Use `a[1]` here.\n```python\nx = a[1]  # [1]\n```\nMore at docs and [a note]."
+    assert clean_answer("Answer.\n\n**References**\n1. Smith 2020\n[2] https://x.org") == "Answer."
+    # a "Sources" heading followed by prose is not a trailing source list
+    assert clean_answer("A.\nSources:\n- one\nThen more text.") == "A.\nSources:\n- one\nThen more text."
+
+
+def _replay_sources(d: Path, extra_a: list | None = None) -> tuple[Path, Path, list, list]:
+    a = [{"messages": [_user(f"a question {i}"), {"role": "assistant", "content": f"a answer {i}"}]} for i in range(5)]
+    a[2]["messages"].insert(0, {"role": "system", "content": "old system prompt"})
+    a += extra_a or []
+    b = [{"messages": [_user(f"b question {i}"), {"role": "assistant", "content": f"b answer {i}"}], "other": i}
+         for i in range(4)]
+    (d / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in a))
+    pq.write_table(pa.Table.from_pylist(b), d / "b.parquet")
+    return d / "a.jsonl", d / "b.parquet", a, b
+
+
+def test_replay_mix_caps_and_seed(lab):
+    pa_, pb, a, b = _replay_sources(lab["dir"])
+    srcs = [ReplaySource(name="a", path=pa_), ReplaySource(name="b", path=pb, cap=2)]
+    picks = set()
+    for seed in range(6):
+        out = lab["dir"] / f"replay{seed}.jsonl"
+        m = build_replay_mix(ReplayMixConfig(out=out, system_prompt=SYS, sources=srcs, seed=seed, **lab["base"]))
+        rows = _rows(out)
+        assert m.rows == 7 and m.stats == {"a.available": 5, "a.taken": 5, "b.available": 4, "b.taken": 2}
+        assert rows[:5] == [{"messages": [{"role": "system", "content": SYS}, *(t for t in r["messages"] if t["role"] != "system")]}
+                            for r in a]
+        b_rows = [r["messages"][1:] for r in rows[5:]]
+        assert all(x in [r["messages"] for r in b] for x in b_rows)
+        picks.add(json.dumps(b_rows))
+        if seed == 0:
+            again = build_replay_mix(ReplayMixConfig(out=lab["dir"] / "again.jsonl", system_prompt=SYS, sources=srcs,
+                                                     seed=0, **lab["base"]))
+            assert again.sha256 == m.sha256
+    assert len(picks) > 1  # the seed picks the sample
+
+
+def test_replay_bad_rows_are_listed_and_nothing_written(lab):
+    bad = [{"messages": [_user("q"), {"role": "user", "content": "no answer"}]}, {"messages": "text"}]
+    pa_, _, _, _ = _replay_sources(lab["dir"], extra_a=bad)
+    out = lab["dir"] / "replay.jsonl"
+    with pytest.raises(DatasetError) as err:
+        build_replay_mix(ReplayMixConfig(out=out, system_prompt=SYS, sources=[ReplaySource(name="a", path=pa_)], **lab["base"]))
+    assert "row 6: messages: the last turn must be the assistant's" in str(err.value)
+    assert "row 7: messages: expected a non-empty list" in str(err.value)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("planted", [
+    DEV,
+    "  explain WHY the sky looks blue during the day, but red and orange at sunset   IN SIMPLE WORDS",
+    "My kid asks: " + " ".join(SEALED.split()[1:14]) + "? Any ideas?",
+    "Two tasks. First " + EVAL.lower() + ". Second, be brief.",
+])
+def test_planted_holdout_or_eval_prompt_fails_the_build(lab, planted):
+    extra = [{"messages": [_user(planted), {"role": "assistant", "content": "x"}]}]
+    pa_, _, _, _ = _replay_sources(lab["dir"], extra_a=extra)
+    out = lab["dir"] / "out" / "replay.jsonl"
+    with pytest.raises(LeakError) as err:
+        build_replay_mix(ReplayMixConfig(out=out, system_prompt=SYS, sources=[ReplaySource(name="a", path=pa_)], **lab["base"]))
+    assert "row 5 vs" in str(err.value) and "1 training prompt(s)" in str(err.value)
+    assert not out.parent.exists() or list(out.parent.iterdir()) == []
+
+
+def test_winner_sft_refuses_a_train_battle_that_quotes_a_holdout(lab, battle, jsonl):
+    fb = lab["base"]["feedback"]
+    rows = [json.loads(x) for x in fb.read_text().splitlines()]
+    rows[0]["messages"][0]["content"] = "Quick one: " + " ".join(DEV.split()[3:17])
+    jsonl(fb, rows)
+    split = Split.model_validate_json(lab["base"]["split"].read_text())
+    lab["base"]["split"].write_text(split.model_copy(update={"source_sha256": file_sha256(fb)}).model_dump_json())
+    out = lab["dir"] / "w.jsonl"
+    with pytest.raises(LeakError, match="ngram match: row 0 vs dev d1"):
+        build_winner_sft(WinnerSFTConfig(out=out, system_prompt=SYS, **lab["base"]))
+    assert not out.exists() and not manifest_path(out).exists()
+
+
+def test_split_of_another_file_is_refused(lab, jsonl, battle):
+    jsonl(lab["base"]["feedback"], [battle("t1")])
+    with pytest.raises(DatasetError, match="re-ingest the feedback"):
+        build_winner_sft(WinnerSFTConfig(out=lab["dir"] / "w.jsonl", system_prompt=SYS, **lab["base"]))
+
+
+def test_synthetic_verified_rows_pass_the_checker_and_avoid_eval_items(lab, jsonl):
+    taken = generate("digit_sum", 4, seed=7)
+    # plant the first generated digit-sum item in the eval suite: the builder must draw around it
+    jsonl(lab["base"]["eval_suites"][0], [taken[0].item.model_dump(mode="json")])
+    out = lab["dir"] / "synth.jsonl"
+    m = build_synthetic_verified(SyntheticVerifiedConfig(out=out, system_prompt=SYS, seed=7,
+                                                         counts={"digit_sum": 4, "string_edit": 3}, **lab["base"]))
+    rows = _rows(out)
+    assert m.rows == 7 and m.stats == {"digit_sum": 4, "string_edit": 3} and m.audit.passed
+    prompts = [r["messages"][1]["content"] for r in rows]
+    assert taken[0].item.messages[0].content not in prompts
+    assert prompts[:3] == [t.item.messages[0].content for t in taken[1:4]]
+    tasks = {t.item.messages[0].content: t for f in ("digit_sum", "string_edit") for t in generate(f, 8, seed=7)}
+    for r in rows:
+        assert r["messages"][0] == {"role": "system", "content": SYS}
+        assert check(tasks[r["messages"][1]["content"]].item, r["messages"][2]["content"])
+
+
+def test_mix_weights_kinds_and_tamper_check(lab):
+    w = lab["dir"] / "w.jsonl"
+    build_winner_sft(WinnerSFTConfig(out=w, system_prompt=SYS, repeat=2, **lab["base"]))
+    pa_, pb, _, _ = _replay_sources(lab["dir"])
+    r = lab["dir"] / "r.jsonl"
+    build_replay_mix(ReplayMixConfig(out=r, system_prompt=SYS, sources=[ReplaySource(name="a", path=pa_),
+                                                                        ReplaySource(name="b", path=pb)], **lab["base"]))
+    out = lab["dir"] / "mix.jsonl"
+    m = build_mix(MixConfig(out=out, parts=[MixPart(path=w, weight=2), MixPart(path=r, weight=0.4)], seed=3, **lab["base"]))
+    rows = [json.dumps(x, sort_keys=True) for x in _rows(out)]
+    assert m.rows == len(rows) == 6 * 2 + round(0.4 * 9)
+    counts = Counter(rows)
+    assert all(counts[json.dumps(x, sort_keys=True)] == 4 for x in _rows(w))  # 2 repeats x weight 2
+    replay = {json.dumps(x, sort_keys=True) for x in _rows(r)}
+    assert sum(counts[x] for x in replay) == 4 and all(counts[x] <= 1 for x in replay)
+    assert {s.sha256 for s in m.sources if s.role == "dataset"} == {file_sha256(w), file_sha256(r)}
+
+    p = lab["dir"] / "p.jsonl"
+    build_battle_pairs(BattlePairsConfig(out=p, system_prompt=SYS, **lab["base"]))
+    with pytest.raises(DatasetError, match="mix row kinds"):
+        build_mix(MixConfig(out=lab["dir"] / "bad.jsonl", parts=[MixPart(path=w, weight=1), MixPart(path=p, weight=1)], **lab["base"]))
+    with open(r, "a") as f:
+        f.write(json.dumps({"messages": [_user("sneaked in"), {"role": "assistant", "content": "x"}]}) + "\n")
+    with pytest.raises(DatasetError, match="changed after the build"):
+        build_mix(MixConfig(out=lab["dir"] / "bad.jsonl", parts=[MixPart(path=r, weight=1)], **lab["base"]))
+
+
+def test_artifacts_are_immutable_and_recorded_in_the_notebook(lab):
+    out = lab["dir"] / "w.jsonl"
+    m = build_winner_sft(WinnerSFTConfig(out=out, system_prompt=SYS, **lab["base"]))
+    assert build_winner_sft(WinnerSFTConfig(out=out, system_prompt=SYS, **lab["base"])).sha256 == m.sha256
+    with pytest.raises(DatasetError, match="exists with different content"):
+        build_winner_sft(WinnerSFTConfig(out=out, system_prompt=SYS, repeat=3, **lab["base"]))
+    assert file_sha256(out) == m.sha256
+    with Notebook.open(lab["dir"] / "nb.db") as nb:
+        art = record_dataset(nb, m)
+        assert nb.artifacts(kind="dataset") == [art]
+    assert (art.sha256, art.path, art.recipe["audit_sha256"]) == (m.sha256, str(out), m.audit.sha256())
