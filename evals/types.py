@@ -6,20 +6,10 @@ means over items of each per-item value, so paired statistics can line two model
 
 from __future__ import annotations
 
-from typing import Literal
-
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from evals.constraint_rules import Constraint
-
-
-class Message(BaseModel):
-    """One chat turn."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    role: Literal["system", "user", "assistant"] = Field(description="Who speaks this turn.")
-    content: str = Field(description="The turn's text.")
+from trainers.chat import Message
 
 
 class Battle(BaseModel):
