@@ -416,6 +416,15 @@ class Job(Generic[R]):
         assert record is not None, "a Job handle exists only for a recorded key"
         return record
 
+    @property
+    def metrics_path(self) -> Path | None:
+        """The run's metrics.jsonl: declared in the resources, else `<output_dir>/metrics.jsonl` of the config."""
+        if self.resources.metrics_file is not None:
+            return self.resources.metrics_file
+        if "output_dir" in type(self.args).model_fields:
+            return Path(typing.cast(Any, self.args).output_dir) / "metrics.jsonl"
+        return None
+
     def attempts(self) -> list[JobRecord]:
         return [j for j in self.launcher.nb.jobs(session=self.launcher.session) if j.key == self.key]
 
