@@ -51,8 +51,9 @@ from tools.leak import (
     prompt_text,
 )
 from tools.splits import Split
+from trainers.rows import PreferenceRow, SFTRow
 
-RowKind = Literal["sft", "pairs"]
+RowKind = Literal["sft", "pairs", "items"]
 MAX_LISTED = 20
 
 
@@ -103,6 +104,8 @@ class ReplayMixConfig(_BuildConfig):
 
 class SyntheticVerifiedConfig(_BuildConfig):
     system_prompt: str = Field(description="The serving system prompt the rows are rendered under ('' for none).")
+    rows: Literal["sft", "items"] = Field(
+        "sft", description="'sft': prompt + verified reference answer; 'items': eval items (RFT prompt rows, gold kept).")
     counts: dict[Family, int] = Field(min_length=1, description="Tasks generated per family.")
     seed: int = Field(0, description="Generation seed (use a different one from any synthetic eval suite).")
 
@@ -138,7 +141,7 @@ class DatasetManifest(BaseModel):
     builder: str = Field(description="winner_sft, battle_pairs, replay_mix, synthetic_verified or mix.")
     path: str = Field(description="The dataset file.")
     format: Literal["jsonl"] = Field(description="File format.")
-    row_kind: RowKind = Field(description="'sft' rows ({messages}) or 'pairs' rows ({prompt, chosen, rejected}).")
+    row_kind: RowKind = Field(description="'sft' (trainers.rows.SFTRow), 'pairs' (PreferenceRow) or 'items' (evals Item).")
     sha256: str = Field(description="sha256 of the dataset file's bytes.")
     rows: int = Field(description="Number of rows.")
     tokens: int = Field(description="Tokens of all rendered rows (pairs: chosen and rejected conversations).")
@@ -202,8 +205,20 @@ def _battle_turns(battle: Battle) -> list[dict]:
     return [m.model_dump() for m in battle.messages]
 
 
+ROW_MODELS: dict[RowKind, type[BaseModel]] = {"sft": SFTRow, "pairs": PreferenceRow, "items": Item}
+
+
 def _row_prompt(row: dict, kind: RowKind) -> str:
     return prompt_text(row["prompt"] if kind == "pairs" else row["messages"])
+
+
+def _check_rows(builder: str, rows: list[dict], kind: RowKind) -> None:
+    """Every row must parse as what the trainers read (trainers/rows.py); a failure is a builder bug."""
+    for i, row in enumerate(rows):
+        try:
+            ROW_MODELS[kind].model_validate(row)
+        except ValidationError as e:
+            raise DatasetError(f"{builder}: row {i} ({row.get('id')}) is not a valid {kind} row: {e.errors()[0]['msg']}") from e
 
 
 def _load_split(cfg: _BuildConfig) -> tuple[list[Battle], Split]:
@@ -254,7 +269,7 @@ def count_tokens(tokenizer_dir: Path, rows: list[dict], kind: RowKind) -> int:
     from trainers.chat import render
 
     tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
-    if kind == "sft":
+    if kind != "pairs":
         return sum(len(render(tok, r["messages"]).input_ids) for r in rows)
     return sum(len(render(tok, [*r["prompt"], {"role": "assistant", "content": r[side]}]).input_ids)
                for r in rows for side in ("chosen", "rejected"))
@@ -275,7 +290,8 @@ def _write_atomic(path: Path, data: bytes) -> None:
 def _finish(builder: str, kind: RowKind, cfg: _BuildConfig, rows: list[dict], refs: list[Reference],
             extra_sources: list[SourceFile], stats: dict[str, int]) -> DatasetManifest:
     """Audit, count, write rows and manifest (only if the audit passes), return the manifest."""
-    result = audit((_row_prompt(r, kind) for r in rows), refs, cfg.ngram)
+    _check_rows(builder, rows, kind)
+    result = audit([_row_prompt(r, kind) for r in rows], refs, cfg.ngram, ids=[r.get("id") for r in rows])
     if not result.passed:
         raise LeakError(f"{builder} -> {cfg.out}", result)
     data = "".join(canonical_json(r) + "\n" for r in rows).encode()
@@ -316,8 +332,8 @@ def build_winner_sft(cfg: WinnerSFTConfig) -> DatasetManifest:
         answer = clean_answer(b.preferred) if cfg.cleanup else b.preferred
         if not answer:
             raise DatasetError(f"{cfg.feedback}: battle {b.id}: the preferred answer is empty after cleanup")
-        row = {"messages": [*served(_battle_turns(b), cfg.system_prompt), {"role": "assistant", "content": answer}]}
-        rows += [row] * cfg.repeat
+        turns = [*served(_battle_turns(b), cfg.system_prompt), {"role": "assistant", "content": answer}]
+        rows += [{"id": f"{b.id}#{k}", "messages": turns} for k in range(cfg.repeat)]
     stats |= {"own_wins": sum(b.vote == "own" for b in decisive), "other_wins": sum(b.vote == "other" for b in decisive)}
     return _finish("winner_sft", "sft", cfg, rows, refs, [], stats)
 
@@ -332,7 +348,7 @@ def build_battle_pairs(cfg: BattlePairsConfig) -> DatasetManifest:
         if chosen == rejected:  # no preference signal left to learn from
             same += 1
             continue
-        rows.append({"prompt": served(_battle_turns(b), cfg.system_prompt), "chosen": chosen, "rejected": rejected})
+        rows.append({"id": b.id, "prompt": served(_battle_turns(b), cfg.system_prompt), "chosen": chosen, "rejected": rejected})
     return _finish("battle_pairs", "pairs", cfg, rows, refs, [], stats | {"identical_pairs_dropped": same})
 
 
@@ -386,14 +402,15 @@ def build_replay_mix(cfg: ReplayMixConfig) -> DatasetManifest:
         pool = _read_chat_rows(src.path)
         k = len(pool) if src.cap is None else min(src.cap, len(pool))
         picked = sorted(random.Random(f"{cfg.seed}:{src.name}").sample(range(len(pool)), k))
-        rows += [{"messages": served(pool[i]["messages"], cfg.system_prompt)} for i in picked]
+        rows += [{"id": f"{src.name}:{i + 1}", "messages": served(pool[i]["messages"], cfg.system_prompt)} for i in picked]
         stats |= {f"{src.name}.available": len(pool), f"{src.name}.taken": k}
         files.append(SourceFile(role="replay", path=str(src.path), sha256=file_sha256(src.path)))
     return _finish("replay_mix", "sft", cfg, rows, refs, files, stats)
 
 
 def build_synthetic_verified(cfg: SyntheticVerifiedConfig) -> DatasetManifest:
-    """SFT rows of generated tasks answered by reference answers that the eval checker accepts.
+    """SFT rows of generated tasks answered by reference answers that the eval checker accepts, or
+    (rows='items') the tasks as eval items: the prompt rows of rejection-sampling fine-tuning.
 
     Generated items whose prompt would hit the leak audit are redrawn (this is generated data, so
     steering clear of the eval and holdout prompts is the point); the audit still runs on the result.
@@ -412,10 +429,13 @@ def build_synthetic_verified(cfg: SyntheticVerifiedConfig) -> DatasetManifest:
         for t in tasks:
             if not check(t.item, t.reference):  # the verification that gives the builder its name
                 raise DatasetError(f"synthetic_verified: the checker rejects the reference answer of {t.item.id}")
+            if cfg.rows == "items":
+                rows.append(t.item.model_dump(mode="json", exclude_defaults=True))
+                continue
             turns = served([m.model_dump() for m in t.item.messages], cfg.system_prompt)
-            rows.append({"messages": [*turns, {"role": "assistant", "content": t.reference}]})
+            rows.append({"id": t.item.id, "messages": [*turns, {"role": "assistant", "content": t.reference}]})
         stats[family] = len(tasks)
-    return _finish("synthetic_verified", "sft", cfg, rows, refs, [], stats)
+    return _finish("synthetic_verified", cfg.rows, cfg, rows, refs, [], stats)
 
 
 def _weighted(rows: list[dict], weight: float, rng: random.Random) -> list[dict]:

@@ -65,6 +65,7 @@ class LeakHit(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     row: int = Field(description="0-based index of the offending training row in the built dataset.")
+    row_id: str | None = Field(None, description="The offending row's id, when rows carry one.")
     kind: str = Field(description="'exact' (normalized-text hash equality) or 'ngram' (a shared word n-gram).")
     source: str = Field(description="The reference's source ('dev', 'sealed', 'eval:...').")
     key: str = Field(description="The reference's id within its source.")
@@ -96,7 +97,8 @@ class LeakError(ValueError):
 
     def __init__(self, what: str, result: AuditResult):
         self.result = result
-        lines = [f"{h.kind} match: row {h.row} vs {h.source} {h.key}" + (f" ('{h.ngram}')" if h.ngram else "")
+        lines = [f"{h.kind} match: row {h.row}" + (f" ({h.row_id})" if h.row_id else "") + f" vs {h.source} {h.key}"
+                 + (f" ('{h.ngram}')" if h.ngram else "")
                  for h in result.hits[:_MAX_LISTED]]
         more = len(result.hits) - len(lines)
         tail = [f"... and {more} more"] if more > 0 else []
@@ -131,15 +133,16 @@ class ReferenceIndex:
         return None
 
 
-def audit(prompts: Iterable[str], references: Sequence[Reference], n: int = DEFAULT_NGRAM) -> AuditResult:
-    """Check every training prompt (in row order) against every reference prompt."""
+def audit(prompts: Iterable[str], references: Sequence[Reference], n: int = DEFAULT_NGRAM,
+          ids: Sequence[str | None] | None = None) -> AuditResult:
+    """Check every training prompt (in row order; `ids` names the rows in hits) against every reference."""
     index = ReferenceIndex(references, n)
     hits, rows = [], 0
     for row, text in enumerate(prompts):
         rows += 1
         hit = index.match(row, text)
         if hit is not None:
-            hits.append(hit)
+            hits.append(hit.model_copy(update={"row_id": ids[row] if ids is not None else None}))
     ref_hashes = sorted(normalized_hash(r.text) for r in references)
     return AuditResult(
         ngram=n,

@@ -12,6 +12,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from evals.synthetic import check, generate
+from evals.types import Item
 from memory.notebook import Notebook
 from tools.datasets import (
     BattlePairsConfig,
@@ -35,6 +36,7 @@ from tools.feedback import file_sha256
 from tools.leak import LeakError
 from tools.splits import Split, SplitConfig
 from trainers.chat import render
+from trainers.rows import PreferenceRow, SFTRow, read_rows
 
 SYS = "You are a careful assistant."
 DEV = "Explain why the sky looks blue during the day but red and orange at sunset in simple words"
@@ -83,7 +85,7 @@ def test_winner_sft_rows_and_manifest(lab, tokenizer_dir):
         [system, _user("Capital of Italy?"), {"role": "assistant", "content": "Rome."}],
         [system, _user("Say hello"), {"role": "assistant", "content": "Ahoy!"}],  # the pirate system turn is replaced
     ]
-    assert _rows(out) == [{"messages": e} for e in expected for _ in range(2)]
+    assert _rows(out) == [{"id": f"{b}#{k}", "messages": e} for b, e in zip(("t1", "t2", "t5"), expected, strict=True) for k in range(2)]
     assert (m.rows, m.row_kind, m.sha256) == (6, "sft", file_sha256(out))
     assert m.stats["excluded_tie_or_both_bad"] == 2 and m.stats["holdout_battles_excluded"] == 2
     tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
@@ -101,9 +103,9 @@ def test_battle_pairs_exclude_ties_and_both_bad(lab):
     out = lab["dir"] / "pairs.jsonl"
     m = build_battle_pairs(BattlePairsConfig(out=out, system_prompt="", **lab["base"]))
     assert _rows(out) == [
-        {"prompt": [_user("How do I boil an egg?")], "chosen": T1_OWN, "rejected": "Fry it."},
-        {"prompt": [_user("Capital of Italy?")], "chosen": "Rome【3†source】.", "rejected": "Milan"},
-        {"prompt": [_user("Say hello")], "chosen": "Ahoy!", "rejected": "Hello."},
+        {"id": "t1", "prompt": [_user("How do I boil an egg?")], "chosen": T1_OWN, "rejected": "Fry it."},
+        {"id": "t2", "prompt": [_user("Capital of Italy?")], "chosen": "Rome【3†source】.", "rejected": "Milan"},
+        {"id": "t5", "prompt": [_user("Say hello")], "chosen": "Ahoy!", "rejected": "Hello."},
     ]
     assert m.row_kind == "pairs" and m.rows == 3 and m.sha256 == file_sha256(out)
 
@@ -136,8 +138,9 @@ def test_replay_mix_caps_and_seed(lab):
         m = build_replay_mix(ReplayMixConfig(out=out, system_prompt=SYS, sources=srcs, seed=seed, **lab["base"]))
         rows = _rows(out)
         assert m.rows == 7 and m.stats == {"a.available": 5, "a.taken": 5, "b.available": 4, "b.taken": 2}
-        assert rows[:5] == [{"messages": [{"role": "system", "content": SYS}, *(t for t in r["messages"] if t["role"] != "system")]}
-                            for r in a]
+        assert rows[:5] == [{"id": f"a:{i + 1}", "messages": [{"role": "system", "content": SYS},
+                                                              *(t for t in r["messages"] if t["role"] != "system")]}
+                            for i, r in enumerate(a)]
         b_rows = [r["messages"][1:] for r in rows[5:]]
         assert all(x in [r["messages"] for r in b] for x in b_rows)
         picks.add(json.dumps(b_rows))
@@ -171,7 +174,7 @@ def test_planted_holdout_or_eval_prompt_fails_the_build(lab, planted):
     out = lab["dir"] / "out" / "replay.jsonl"
     with pytest.raises(LeakError) as err:
         build_replay_mix(ReplayMixConfig(out=out, system_prompt=SYS, sources=[ReplaySource(name="a", path=pa_)], **lab["base"]))
-    assert "row 5 vs" in str(err.value) and "1 training prompt(s)" in str(err.value)
+    assert "row 5 (a:6) vs" in str(err.value) and "1 training prompt(s)" in str(err.value)
     assert not out.parent.exists() or list(out.parent.iterdir()) == []
 
 
@@ -183,7 +186,7 @@ def test_winner_sft_refuses_a_train_battle_that_quotes_a_holdout(lab, battle, js
     split = Split.model_validate_json(lab["base"]["split"].read_text())
     lab["base"]["split"].write_text(split.model_copy(update={"source_sha256": file_sha256(fb)}).model_dump_json())
     out = lab["dir"] / "w.jsonl"
-    with pytest.raises(LeakError, match="ngram match: row 0 vs dev d1"):
+    with pytest.raises(LeakError, match=r"ngram match: row 0 \(t1#0\) vs dev d1"):
         build_winner_sft(WinnerSFTConfig(out=out, system_prompt=SYS, **lab["base"]))
     assert not out.exists() and not manifest_path(out).exists()
 
@@ -224,7 +227,7 @@ def test_mix_weights_kinds_and_tamper_check(lab):
     rows = [json.dumps(x, sort_keys=True) for x in _rows(out)]
     assert m.rows == len(rows) == 6 * 2 + round(0.4 * 9)
     counts = Counter(rows)
-    assert all(counts[json.dumps(x, sort_keys=True)] == 4 for x in _rows(w))  # 2 repeats x weight 2
+    assert all(counts[json.dumps(x, sort_keys=True)] == 2 for x in _rows(w))  # weight 2: every row twice
     replay = {json.dumps(x, sort_keys=True) for x in _rows(r)}
     assert sum(counts[x] for x in replay) == 4 and all(counts[x] <= 1 for x in replay)
     assert {s.sha256 for s in m.sources if s.role == "dataset"} == {file_sha256(w), file_sha256(r)}
@@ -250,3 +253,16 @@ def test_artifacts_are_immutable_and_recorded_in_the_notebook(lab):
         art = record_dataset(nb, m)
         assert nb.artifacts(kind="dataset") == [art]
     assert (art.sha256, art.path, art.recipe["audit_sha256"]) == (m.sha256, str(out), m.audit.sha256())
+
+
+def test_outputs_parse_as_the_trainers_rows(lab):
+    w, p, items = lab["dir"] / "w.jsonl", lab["dir"] / "p.jsonl", lab["dir"] / "items.jsonl"
+    build_winner_sft(WinnerSFTConfig(out=w, system_prompt=SYS, **lab["base"]))
+    build_battle_pairs(BattlePairsConfig(out=p, system_prompt=SYS, **lab["base"]))
+    m = build_synthetic_verified(SyntheticVerifiedConfig(out=items, system_prompt=SYS, rows="items", seed=1,
+                                                         counts={"long_division": 3}, **lab["base"]))
+    assert [r.id for r in read_rows(w, SFTRow)] == ["t1#0", "t2#0", "t5#0"]
+    assert [r.chosen for r in read_rows(p, PreferenceRow)] == [T1_OWN, "Rome【3†source】.", "Ahoy!"]
+    rft = read_rows(items, Item)  # the RFT trainer's prompt rows: eval items, gold kept for the checker
+    assert m.row_kind == "items" and [i.id for i in rft] == [t.item.id for t in generate("long_division", 3, seed=1)]
+    assert all(i.gold and "remainder" in i.gold for i in rft)
