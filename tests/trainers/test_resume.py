@@ -1,0 +1,94 @@
+"""Checkpoint/resume: a run stopped by SIGTERM or SIGUSR2 resumes to the same weights as an uninterrupted one."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from trainer_testkit import metric_series
+
+from trainers.common import LoRASettings, Preempted
+from trainers.sft import SFTConfig, train
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _config(model_dir, data, out, **kw) -> SFTConfig:
+    base = dict(model_path=model_dir, data_path=data, output_dir=out, lr=1e-2, steps=24, batch_size=8,
+                micro_batch_size=2, warmup_steps=5, system_prompt="Be brief.")
+    return SFTConfig(**(base | kw))
+
+
+def _wait_for_lines(path: Path, n: int, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.is_file() and len(path.read_text().splitlines()) >= n:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"{path} never reached {n} lines")
+
+
+def _assert_same_weights(a: Path, b: Path) -> None:
+    wa, wb = load_file(a), load_file(b)
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        torch.testing.assert_close(wa[k], wb[k], rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.slow
+def test_sigterm_in_a_subprocess_then_resume_matches_uninterrupted(model_dirs, sft_data, tmp_path):
+    config = _config(model_dirs["llama"], sft_data, tmp_path / "run")
+    (tmp_path / "config.json").write_text(config.model_dump_json())
+    script = ("import sys, torch; torch.set_num_threads(1); from pathlib import Path; "
+              "from trainers.sft import SFTConfig, train; "
+              "train(SFTConfig.model_validate_json(Path(sys.argv[1]).read_text()))")
+    proc = subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "config.json")], cwd=REPO,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for_lines(tmp_path / "run" / "metrics.jsonl", 3)
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode != 0
+    assert "Preempted: preempted: step " in stderr
+    stopped_at = int(stderr.split("preempted: step ")[1].split(":")[0])
+    assert 3 <= stopped_at < 24 and (tmp_path / "run" / "resume" / "state.pt").is_file()
+    assert not (tmp_path / "run" / "result.json").exists()
+
+    resumed = train(config)  # what the launcher does on requeue: the same call again
+    assert resumed.resumed_at_steps == [stopped_at] and resumed.steps == 24
+    straight = train(_config(model_dirs["llama"], sft_data, tmp_path / "straight"))
+    _assert_same_weights(resumed.model_dir / "model.safetensors", straight.model_dir / "model.safetensors")
+    assert [s for s in (json.loads(x)["step"] for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines())] \
+        == list(range(1, 25))
+    assert metric_series(tmp_path / "run")[-1] == pytest.approx(metric_series(tmp_path / "straight")[-1], rel=1e-5)
+
+
+def test_sigusr2_in_process_lora_nemotron_h_resumes_to_same_adapter(model_dirs, sft_data, tmp_path):
+    lora = LoRASettings(r=4, alpha=8)
+    config = _config(model_dirs["nemotron_h"], sft_data, tmp_path / "run", lora=lora, steps=8, micro_batch_size=8,
+                     warmup_steps=0)
+
+    def interrupt():
+        _wait_for_lines(tmp_path / "run" / "metrics.jsonl", 2)
+        os.kill(os.getpid(), signal.SIGUSR2)
+
+    killer = threading.Thread(target=interrupt)
+    killer.start()
+    with pytest.raises(Preempted, match=r"^preempted: step \d+: resume state saved to"):
+        train(config)
+    killer.join()
+    resumed = train(config)
+    assert len(resumed.resumed_at_steps) == 1 and resumed.steps == 8
+    straight = train(_config(model_dirs["nemotron_h"], sft_data, tmp_path / "straight", lora=lora, steps=8,
+                             micro_batch_size=8, warmup_steps=0))
+    _assert_same_weights(resumed.model_dir / "adapter_model.safetensors", straight.model_dir / "adapter_model.safetensors")
+    assert signal.getsignal(signal.SIGUSR2) is signal.SIG_DFL  # the trainer's handler is gone after the run

@@ -1,0 +1,264 @@
+"""What every trainer shares: the base config, typed failures, run paths, model and LoRA loading, results.
+
+- `TrainConfig`: fields common to SFT, DPO, KL-CE and RFT (model, data, output dir, optimiser,
+  LoRA). Each trainer's config extends it in its own file.
+- `NonFiniteLoss` (message starts with `nan_loss:` and names the step) and `Preempted` (message
+  starts with `preempted:`): the job launcher classifies failures by these prefixes.
+- `RunPaths`: every path of a run directory, in one place.
+- `load_policy`: a causal LM from a local path, full fine-tuning or LoRA through peft.
+- `TrainResult`: what a finished run returns and writes to `result.json`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+
+# LoRA targets that work on Nemotron-H: peft refuses the Mamba mixer's out_proj and conv1d.
+NEMOTRON_H_LORA_TARGETS = ["in_proj", "q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj"]
+# Routed experts are 3-D parameters, not nn.Linear modules: peft reaches them only by parameter name.
+NEMOTRON_H_EXPERT_PARAMETERS = ["mixer.experts.up_proj", "mixer.experts.down_proj"]
+DENSE_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+# Model types whose layers carry recurrent (Mamba) state: packed sequences would leak state across rows.
+RECURRENT_MODEL_TYPES = {"nemotron_h", "mamba", "mamba2", "jamba", "zamba", "zamba2", "falcon_h1", "bamba"}
+
+
+class NonFiniteLoss(RuntimeError):
+    """The loss became NaN or inf; the message starts with 'nan_loss:' and names the step."""
+
+    def __init__(self, step: int, value: float):
+        super().__init__(f"nan_loss: step {step}: loss is {value}")
+        self.step = step
+
+
+class Preempted(RuntimeError):
+    """The run got SIGTERM/SIGUSR2 and saved its resume state; calling train() again continues it."""
+
+    def __init__(self, step: int, resume_dir: Path):
+        super().__init__(f"preempted: step {step}: resume state saved to {resume_dir}")
+        self.step = step
+
+
+class ConfigError(ValueError):
+    """A config that cannot run (found before any compute); the message names the field."""
+
+
+class LoRASettings(BaseModel):
+    """LoRA adapter settings (peft). Targets default to the working set for the model's architecture."""
+
+    model_config = ConfigDict(extra="forbid")
+    r: int = Field(16, gt=0, description="LoRA rank.")
+    alpha: float = Field(32.0, gt=0, description="LoRA alpha (the update is scaled by alpha / r).")
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the LoRA input.")
+    target_modules: list[str] | None = Field(
+        None, description="Module name suffixes to adapt; None = the architecture's default list."
+    )
+    target_parameters: list[str] | None = Field(
+        None,
+        description="Parameter name suffixes adapted directly (Nemotron-H routed experts); "
+        "None = the architecture's default ([] for dense models).",
+    )
+    train_lm_head: bool = Field(False, description="Also train lm_head in full (peft modules_to_save), kept in FP32.")
+
+
+class TrainConfig(BaseModel):
+    """Fields every trainer shares. Trainers extend this with their own fields."""
+
+    model_config = ConfigDict(extra="forbid")
+    model_path: Path = Field(description="Local directory of the starting causal LM (config.json, safetensors, tokenizer).")
+    data_path: Path = Field(description="JSONL training rows (format in trainers/rows.py).")
+    output_dir: Path = Field(description="Run directory: config, metrics.jsonl, model/, resume/, result.json.")
+    system_prompt: str | None = Field(None, description="Serving system prompt, added to rows without a system turn.")
+    lora: LoRASettings | None = Field(None, description="LoRA settings; None = full fine-tuning.")
+    lr: float = Field(1e-4, gt=0, description="Peak learning rate (AdamW).")
+    steps: int = Field(100, gt=0, description="Optimizer steps.")
+    batch_size: int = Field(8, gt=0, description="Rows per optimizer step.")
+    micro_batch_size: int = Field(8, gt=0, description="Rows per forward pass (gradient accumulation up to batch_size).")
+    max_len: int = Field(1024, gt=8, description="Token limit per row; longer rows are cut on the right and counted.")
+    warmup_steps: int = Field(0, ge=0, description="Linear warm-up steps, then linear decay to zero.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    grad_clip: float = Field(1.0, gt=0, description="Max global gradient norm.")
+    seed: int = Field(0, description="Seed for LoRA init, data order and sampling.")
+    log_every: int = Field(1, gt=0, description="Write a metrics.jsonl line every this many steps.")
+    save_every: int | None = Field(None, gt=0, description="Also save resume state every this many steps (None: only on signal).")
+    dtype: Literal["float32", "bfloat16"] = Field("float32", description="Weight dtype of the loaded model.")
+
+    @field_validator("model_path")
+    @classmethod
+    def _model_exists(cls, v: Path) -> Path:
+        if not (v / "config.json").is_file():
+            raise ValueError(f"{v}: no config.json (expected a local model directory)")
+        return v
+
+    @field_validator("data_path")
+    @classmethod
+    def _data_exists(cls, v: Path) -> Path:
+        if not v.is_file():
+            raise ValueError(f"{v}: data file does not exist")
+        return v
+
+    @model_validator(mode="after")
+    def _cross_fields(self) -> TrainConfig:
+        if self.warmup_steps >= self.steps:
+            raise ValueError(f"warmup_steps ({self.warmup_steps}) must be below steps ({self.steps})")
+        if self.batch_size % self.micro_batch_size:
+            raise ValueError(f"batch_size ({self.batch_size}) must be a multiple of micro_batch_size ({self.micro_batch_size})")
+        return self
+
+
+class TrainResult(BaseModel):
+    """What a finished run returns; also written to the run directory's result.json."""
+
+    model_config = ConfigDict(extra="forbid")
+    run_dir: Path = Field(description="The run directory.")
+    model_dir: Path = Field(description="The saved model: full weights, or a peft adapter when `adapter`.")
+    adapter: bool = Field(description="model_dir holds a LoRA adapter over `base_model_path`.")
+    base_model_path: Path = Field(description="The model the run started from.")
+    steps: int = Field(description="Optimizer steps taken.")
+    tokens_seen: int = Field(description="Input tokens processed by forward passes (padding excluded).")
+    supervised_tokens: int = Field(description="Tokens that carried loss.")
+    truncated_rows: int = Field(description="Rows cut at max_len (counted once per row).")
+    wall_time_s: float = Field(description="Wall time of the optimizer steps over all sessions of the run (resumes included).")
+    data_sha256: str = Field(description="sha256 of the training data file.")
+    final_loss: float = Field(description="Loss of the last optimizer step.")
+    resumed_at_steps: list[int] = Field(description="Steps at which the run was resumed from saved state.")
+    metrics: dict[str, float] = Field(default_factory=dict, description="Trainer-specific final metrics.")
+
+
+class RunPaths(BaseModel):
+    """Every path inside a run directory."""
+
+    root: Path = Field(description="The run directory.")
+
+    @property
+    def config(self) -> Path:
+        return self.root / "config.json"
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / "metrics.jsonl"
+
+    @property
+    def model(self) -> Path:
+        return self.root / "model"
+
+    @property
+    def resume(self) -> Path:
+        return self.root / "resume"
+
+    @property
+    def result(self) -> Path:
+        return self.root / "result.json"
+
+
+def write_json_atomic(path: Path, payload: dict) -> None:
+    """Write-then-rename, so a killed job never leaves half a JSON file."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def start_run(config: TrainConfig) -> RunPaths:
+    """Creates the run dir and writes config.json; a dir holding a different config is refused."""
+    paths = RunPaths(root=config.output_dir)
+    payload = json.loads(config.model_dump_json())
+    if paths.config.is_file() and json.loads(paths.config.read_text()) != payload:
+        raise ConfigError(f"{paths.config}: the run directory holds a different config; use a new output_dir")
+    paths.root.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(paths.config, payload)
+    return paths
+
+
+def finished_result(config: TrainConfig) -> TrainResult | None:
+    """The stored result when this exact run already finished (a requeue of a done job is a no-op)."""
+    paths = RunPaths(root=config.output_dir)
+    if not paths.result.is_file():
+        return None
+    start_run(config)  # refuses a different config in the same directory
+    return TrainResult.model_validate_json(paths.result.read_text())
+
+
+def is_recurrent(model_path: Path) -> bool:
+    """True when the model has Mamba/recurrent layers (sequence packing is unsafe for them)."""
+    return AutoConfig.from_pretrained(model_path).model_type in RECURRENT_MODEL_TYPES
+
+
+def lora_defaults(model_path: Path, lora: LoRASettings) -> tuple[list[str], list[str]]:
+    """(target_modules, target_parameters) with the architecture's defaults filled in."""
+    nemotron = AutoConfig.from_pretrained(model_path).model_type == "nemotron_h"
+    modules = lora.target_modules or (NEMOTRON_H_LORA_TARGETS if nemotron else DENSE_LORA_TARGETS)
+    params = lora.target_parameters
+    if params is None:
+        params = NEMOTRON_H_EXPERT_PARAMETERS if nemotron else []
+    return modules, params
+
+
+def check_lora_targets(model_path: Path, lora: LoRASettings) -> None:
+    """Refuses LoRA targets that match nothing, by building the model on the meta device (no weights)."""
+    modules, params = lora_defaults(model_path, lora)
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_path))
+    module_names = [n for n, _ in skeleton.named_modules()]
+    param_names = [n for n, _ in skeleton.named_parameters()]
+    for target in modules:
+        if not any(n == target or n.endswith("." + target) for n in module_names):
+            raise ConfigError(f"lora.target_modules: {target!r} matches no module of {model_path}")
+    for target in params:
+        if not any(n == target or n.endswith("." + target) for n in param_names):
+            raise ConfigError(f"lora.target_parameters: {target!r} matches no parameter of {model_path}")
+
+
+def load_tokenizer(model_path: Path) -> PreTrainedTokenizerBase:
+    return AutoTokenizer.from_pretrained(model_path)
+
+
+def load_frozen(model_path: Path, dtype: str) -> PreTrainedModel:
+    """A model in eval mode with gradients off (reference / parent models)."""
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))
+    model.eval().requires_grad_(False)
+    return model
+
+
+def load_policy(model_path: Path, dtype: str, lora: LoRASettings | None, seed: int) -> PreTrainedModel:
+    """The trainable model: all weights (lora None) or a peft LoRA adapter over frozen weights."""
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))
+    model.config.use_cache = False
+    if lora is None:
+        return model.train()
+    from peft import LoraConfig, get_peft_model
+
+    modules, params = lora_defaults(model_path, lora)
+    torch.manual_seed(seed)  # LoRA A matrices are random: same seed, same adapter init
+    peft_model = get_peft_model(model, LoraConfig(
+        r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=modules,
+        target_parameters=params or None, modules_to_save=["lm_head"] if lora.train_lm_head else None,
+    ))
+    if lora.train_lm_head:
+        _fp32_trainable_head(peft_model)
+    return peft_model.train()
+
+
+def _fp32_trainable_head(peft_model) -> None:
+    """Keeps the trainable lm_head copy in FP32 (small updates to a BF16 head round away)."""
+    head = peft_model.get_output_embeddings()
+    trainable = head.modules_to_save["default"]
+    trainable.float()
+    # The hidden states arrive in the model dtype: cast them to the head's FP32 on the way in.
+    trainable.register_forward_pre_hook(lambda _m, args: (args[0].float(),))
+
+
+def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Name -> tensor of every trainable parameter (what resume state stores)."""
+    return {n: p.detach().contiguous() for n, p in model.named_parameters() if p.requires_grad}

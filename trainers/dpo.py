@@ -1,0 +1,215 @@
+"""DPO with an NLL term on the chosen answer: `DPOConfig` and the `train` job.
+
+Per pair, with summed token log-probs of the assistant answer (content + `<|im_end|>`) under the
+policy (pi) and the frozen reference (ref):
+
+    L = -log sigmoid(beta * ((pi_c - ref_c) - (pi_r - ref_r)))  +  nll_weight * (-pi_c / n_c)
+
+The first term is sigmoid DPO (Rafailov et al. 2023, "Direct Preference Optimization", eq. 7); the
+second is the chosen answer's per-token negative log-likelihood (Pang et al. 2024, "Iterative
+Reasoning Preference Optimization", eq. 3). The step loss is the mean over pairs.
+
+Reference log-probs are computed once and cached to `<ref_cache_dir>/<key>.json`, the key hashing
+the data file, the reference weights, the tokenizer and the rendering settings, so a rerun on the
+same data and reference does not recompute them. A held-out split of pairs (chosen by row hash,
+independent of file order) never trains; the result reports reward accuracy and mean reward margin
+(reward = beta * (pi - ref)) on it.
+
+Why not TRL's DPOTrainer (which has loss_type=["sigmoid","sft"]): its reference log-probs are
+recomputed per run (no cache keyed by reference weights), and its resume contract differs from the
+one all trainers here share (`trainers/loop.py`).
+
+Command:
+
+    .venv/bin/python -m trainers.dpo CONFIG.json
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from pydantic import Field, model_validator
+
+from trainers.batch import Encoded, check_supervised, encode, pad_batch, sequence_logprobs
+from trainers.common import (
+    ConfigError,
+    TrainConfig,
+    TrainResult,
+    check_lora_targets,
+    finished_result,
+    load_frozen,
+    load_tokenizer,
+    write_json_atomic,
+)
+from trainers.loop import MicroLoss, run_job
+from trainers.rows import PreferenceRow, file_sha256, read_rows
+
+CACHE_FORMAT = 1  # bump when the rendering or the cached quantity changes
+
+
+class DPOConfig(TrainConfig):
+    """DPO + NLL; data rows are `trainers.rows.PreferenceRow`."""
+
+    beta: float = Field(0.1, gt=0, description="DPO inverse temperature on the log-ratio margin.")
+    nll_weight: float = Field(1.0, ge=0, description="Weight of the chosen answer's per-token NLL term.")
+    reference_path: Path | None = Field(None, description="Frozen reference model directory; None = model_path.")
+    ref_cache_dir: Path | None = Field(
+        None, description="Where reference log-probs are cached; None = <data dir>/ref_logp_cache."
+    )
+    heldout_fraction: float = Field(0.1, ge=0, lt=1, description="Share of pairs held out for reward accuracy/margin.")
+
+    @model_validator(mode="after")
+    def _reference_exists(self) -> DPOConfig:
+        if self.reference_path is not None and not (self.reference_path / "config.json").is_file():
+            raise ValueError(f"reference_path: {self.reference_path} has no config.json")
+        return self
+
+    @property
+    def reference(self) -> Path:
+        return self.reference_path or self.model_path
+
+    @property
+    def cache_dir(self) -> Path:
+        return self.ref_cache_dir or self.data_path.parent / "ref_logp_cache"
+
+
+def split_heldout(rows: list[PreferenceRow], fraction: float) -> tuple[list[int], list[int]]:
+    """(train, heldout) row indices: the ceil(fraction*n) rows with the smallest content hash are held out."""
+    digests = [hashlib.sha256(r.model_dump_json().encode()).hexdigest() for r in rows]
+    by_hash = sorted(range(len(rows)), key=lambda i: digests[i])
+    k = math.ceil(fraction * len(rows))
+    heldout = sorted(by_hash[:k])
+    return [i for i in range(len(rows)) if i not in set(heldout)], heldout
+
+
+def weights_sha256(model_dir: Path) -> str:
+    """sha256 over the model's safetensors files (names and bytes), in name order."""
+    digest = hashlib.sha256()
+    for f in sorted(model_dir.glob("*.safetensors")):
+        digest.update(f.name.encode())
+        digest.update(file_sha256(f).encode())
+    return digest.hexdigest()
+
+
+def cache_key(config: DPOConfig) -> str:
+    parts = {
+        "format": CACHE_FORMAT, "data": file_sha256(config.data_path), "ref": weights_sha256(config.reference),
+        "tokenizer": file_sha256(config.model_path / "tokenizer.json"), "system_prompt": config.system_prompt,
+        "max_len": config.max_len,
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+def encode_pairs(tokenizer, rows: list[PreferenceRow], config: DPOConfig) -> list[tuple[Encoded, Encoded]]:
+    def one(prompt, answer):
+        return encode(tokenizer, [*prompt, {"role": "assistant", "content": answer}], config.system_prompt, config.max_len)
+
+    return [(one(r.prompt, r.chosen), one(r.prompt, r.rejected)) for r in rows]
+
+
+@torch.no_grad()
+def pair_logprobs(model, pairs: list[tuple[Encoded, Encoded]], pad_id: int, micro: int) -> list[tuple[float, float]]:
+    out = []
+    for start in range(0, len(pairs), micro):
+        chunk = pairs[start : start + micro]
+        logp = sequence_logprobs(model, pad_batch([c for c, _ in chunk] + [r for _, r in chunk], pad_id))
+        out += list(zip(logp[: len(chunk)].tolist(), logp[len(chunk):].tolist(), strict=True))
+    return out
+
+
+def reference_logprobs(config: DPOConfig, pairs, pad_id: int) -> tuple[list[tuple[float, float]], bool]:
+    """Cached reference log-probs per pair, and whether they came from the cache."""
+    path = config.cache_dir / f"{cache_key(config)}.json"
+    if path.is_file():
+        return [tuple(x) for x in json.loads(path.read_text())["logps"]], True
+    ref = load_frozen(config.reference, config.dtype)
+    logps = pair_logprobs(ref, pairs, pad_id, config.micro_batch_size)
+    config.cache_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(path, {"reference": str(config.reference), "logps": logps})
+    return logps, False
+
+
+class DPOObjective:
+    """Sigmoid DPO + chosen NLL over the training pairs (loop rows index `train_ids`)."""
+
+    def __init__(self, pairs, ref, train_ids: list[int], pad_id: int, beta: float, nll_weight: float):
+        self.pairs, self.ref, self.train_ids = pairs, ref, train_ids
+        self.pad_id, self.beta, self.nll_weight = pad_id, beta, nll_weight
+        self.n_rows = len(train_ids)
+
+    def normalizer(self, rows: list[int]) -> float:
+        return float(len(rows))
+
+    def loss(self, model, rows: list[int], normalizer: float) -> MicroLoss:
+        ids = [self.train_ids[i] for i in rows]
+        chosen, rejected = [self.pairs[i][0] for i in ids], [self.pairs[i][1] for i in ids]
+        batch = pad_batch(chosen + rejected, self.pad_id)
+        logp = sequence_logprobs(model, batch)
+        pi_c, pi_r = logp[: len(ids)], logp[len(ids):]
+        ref = torch.tensor([self.ref[i] for i in ids])
+        margin = self.beta * ((pi_c - ref[:, 0]) - (pi_r - ref[:, 1]))
+        n_c = torch.tensor([c.supervised for c in chosen], dtype=torch.float32)
+        dpo = -F.logsigmoid(margin)
+        nll = -pi_c / n_c
+        loss = (dpo + self.nll_weight * nll).sum() / normalizer
+        metrics = {"dpo": float(dpo.sum()) / normalizer, "nll": float(nll.sum()) / normalizer,
+                   "reward_accuracy": float((margin > 0).float().sum()) / normalizer,
+                   "reward_margin": float(margin.sum()) / normalizer}
+        return MicroLoss(loss, batch.tokens, int(batch.loss_mask.sum()), metrics)
+
+
+def heldout_metrics(model, pairs, ref, heldout: list[int], pad_id: int, beta: float, micro: int) -> dict[str, float]:
+    """Reward accuracy and mean margin on held-out pairs (reward = beta * (pi - ref))."""
+    if not heldout:
+        return {}
+    logps = pair_logprobs(model, [pairs[i] for i in heldout], pad_id, micro)
+    margins = [beta * ((c - ref[i][0]) - (r - ref[i][1])) for i, (c, r) in zip(heldout, logps, strict=True)]
+    return {"heldout_reward_accuracy": sum(m > 0 for m in margins) / len(margins),
+            "heldout_reward_margin": sum(margins) / len(margins), "heldout_pairs": float(len(margins))}
+
+
+def validate(config: DPOConfig) -> list[PreferenceRow]:
+    """Every check that can fail before compute: data rows, the split, LoRA targets."""
+    rows = read_rows(config.data_path, PreferenceRow)
+    if not split_heldout(rows, config.heldout_fraction)[0]:
+        raise ConfigError(f"heldout_fraction: {config.heldout_fraction} leaves no training pairs of {len(rows)}")
+    if config.lora is not None:
+        check_lora_targets(config.model_path, config.lora)
+    return rows
+
+
+def train(config: DPOConfig) -> TrainResult:
+    """Runs (or resumes, or returns the finished result of) one DPO + NLL run."""
+    rows = validate(config)
+    done = finished_result(config)  # a requeued finished job does no compute
+    if done is not None:
+        return done
+    tokenizer = load_tokenizer(config.model_path)
+    pairs = encode_pairs(tokenizer, rows, config)
+    check_supervised([e for pair in pairs for e in pair], config.data_path, config.max_len)
+    train_ids, heldout = split_heldout(rows, config.heldout_fraction)
+    ref, cached = reference_logprobs(config, pairs, tokenizer.pad_token_id)
+    objective = DPOObjective(pairs, ref, train_ids, tokenizer.pad_token_id, config.beta, config.nll_weight)
+
+    def final(model) -> dict[str, float]:
+        extra = heldout_metrics(model, pairs, ref, heldout, tokenizer.pad_token_id, config.beta, config.micro_batch_size)
+        return {**extra, "ref_logps_cached": float(cached)}
+
+    truncated = sum(c.truncated or r.truncated for c, r in pairs)
+    return run_job(config, lambda _m, _t: objective, final_metrics=final, truncated_rows=truncated)
+
+
+def main() -> None:
+    """`python -m trainers.dpo CONFIG.json`: runs DPO + NLL with the config file's settings."""
+    config = DPOConfig.model_validate_json(Path(sys.argv[1]).read_text())
+    print(train(config).model_dump_json(indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,117 @@
+"""Cross-entropy with a KL leash to the frozen parent: `KLCEConfig` and the `train` job.
+
+Over the supervised positions S of an optimizer step (assistant content + `<|im_end|>` of every
+row), with C the positions of rows that are not replay (`kl_only` false):
+
+    L = ( sum_{t in C} -log pi(y_t | x_<t)  +  kl_coef * sum_{t in S} KL(p_parent(. | x_<t) || pi(. | x_<t)) ) / |S|
+
+The KL is the full-distribution forward KL from the parent (all vocabulary entries, not a sampled
+token), the distillation term of Hinton et al. 2015 ("Distilling the Knowledge in a Neural
+Network") used here as a leash: replay rows (the parent's own answers, `kl_only`) carry only it,
+so they hold the policy near the parent without one-hot targets.
+
+Why in-house: TRL has no trainer for per-row CE/KL masks against a frozen parent; this is the
+`compute_loss` override the issue mentions, written as an objective of the shared loop.
+
+Command:
+
+    .venv/bin/python -m trainers.klce CONFIG.json
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from pydantic import Field, model_validator
+
+from trainers.batch import Encoded, check_supervised, encode, logits, pad_batch
+from trainers.common import (
+    TrainConfig,
+    TrainResult,
+    check_lora_targets,
+    finished_result,
+    load_frozen,
+    load_tokenizer,
+)
+from trainers.loop import MicroLoss, run_job
+from trainers.rows import KLCERow, read_rows
+
+
+class KLCEConfig(TrainConfig):
+    """KL-leashed cross-entropy; data rows are `trainers.rows.KLCERow`."""
+
+    kl_coef: float = Field(0.1, ge=0, description="Weight of the forward KL to the parent on all supervised tokens.")
+    parent_path: Path | None = Field(None, description="Frozen parent model directory; None = model_path.")
+
+    @model_validator(mode="after")
+    def _parent_exists(self) -> KLCEConfig:
+        if self.parent_path is not None and not (self.parent_path / "config.json").is_file():
+            raise ValueError(f"parent_path: {self.parent_path} has no config.json")
+        return self
+
+
+def forward_kl(parent_logits: torch.Tensor, policy_logits: torch.Tensor) -> torch.Tensor:
+    """KL(parent || policy) per position over the full vocabulary: [B, T]."""
+    parent_logp = F.log_softmax(parent_logits, dim=-1)
+    policy_logp = F.log_softmax(policy_logits, dim=-1)
+    return (parent_logp.exp() * (parent_logp - policy_logp)).sum(-1)
+
+
+class KLCEObjective:
+    """CE on non-replay rows' assistant tokens + kl_coef * KL to the parent on all of them."""
+
+    def __init__(self, encoded: list[Encoded], kl_only: list[bool], parent, pad_id: int, kl_coef: float):
+        self.encoded, self.kl_only, self.parent = encoded, kl_only, parent
+        self.pad_id, self.kl_coef = pad_id, kl_coef
+        self.n_rows = len(encoded)
+
+    def normalizer(self, rows: list[int]) -> float:
+        return float(sum(self.encoded[i].supervised for i in rows))
+
+    def loss(self, model, rows: list[int], normalizer: float) -> MicroLoss:
+        batch = pad_batch([self.encoded[i] for i in rows], self.pad_id)
+        policy = logits(model, batch)
+        with torch.no_grad():
+            parent = logits(self.parent, batch)
+        ce_rows = torch.tensor([0.0 if self.kl_only[i] else 1.0 for i in rows])[:, None]
+        ce = F.cross_entropy(policy.transpose(1, 2), batch.input_ids[:, 1:], reduction="none")
+        ce_sum = (ce * batch.loss_mask * ce_rows).sum()
+        kl_sum = (forward_kl(parent, policy) * batch.loss_mask).sum()
+        loss = (ce_sum + self.kl_coef * kl_sum) / normalizer
+        metrics = {"ce": float(ce_sum) / normalizer, "kl": float(kl_sum) / normalizer}
+        return MicroLoss(loss, batch.tokens, int(batch.loss_mask.sum()), metrics)
+
+
+def validate(config: KLCEConfig) -> list[KLCERow]:
+    """Every check that can fail before compute: data rows and LoRA targets."""
+    rows = read_rows(config.data_path, KLCERow)
+    if config.lora is not None:
+        check_lora_targets(config.model_path, config.lora)
+    return rows
+
+
+def train(config: KLCEConfig) -> TrainResult:
+    """Runs (or resumes, or returns the finished result of) one KL-leashed CE run."""
+    rows = validate(config)
+    done = finished_result(config)  # a requeued finished job does no compute
+    if done is not None:
+        return done
+    tokenizer = load_tokenizer(config.model_path)
+    encoded = [encode(tokenizer, r.messages, config.system_prompt, config.max_len) for r in rows]
+    check_supervised(encoded, config.data_path, config.max_len)
+    parent = load_frozen(config.parent_path or config.model_path, config.dtype)
+    objective = KLCEObjective(encoded, [r.kl_only for r in rows], parent, tokenizer.pad_token_id, config.kl_coef)
+    return run_job(config, lambda _m, _t: objective, truncated_rows=sum(e.truncated for e in encoded))
+
+
+def main() -> None:
+    """`python -m trainers.klce CONFIG.json`: runs KL-leashed CE with the config file's settings."""
+    config = KLCEConfig.model_validate_json(Path(sys.argv[1]).read_text())
+    print(train(config).model_dump_json(indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,117 @@
+"""Supervised fine-tuning on assistant turns: `SFTConfig` and the `train` job.
+
+Loss: token-level cross-entropy over the assistant tokens (content + `<|im_end|>`) of all rows of an
+optimizer step, divided by the number of those tokens (so micro-batching does not change it).
+
+Packing (optional) concatenates rows into sequences of at most `max_len` tokens with position ids
+restarting per row; transformers turns that into a block-diagonal causal mask for attention layers.
+The Mamba mixers' PyTorch path takes no per-sequence boundaries (no `seq_idx`), so state would
+flow from one row into the next: packing is refused for models with recurrent layers.
+
+Why not TRL's SFTTrainer: its packing does not know about Mamba state either, and the resume
+contract (signal-time checkpoint, same final weights) lives in `trainers/loop.py` for all trainers.
+
+Command:
+
+    .venv/bin/python -m trainers.sft CONFIG.json
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+from pydantic import Field
+
+from trainers.batch import (
+    Encoded,
+    check_supervised,
+    encode,
+    logits,
+    pack_batch,
+    pack_rows,
+    pad_batch,
+    token_logprobs,
+)
+from trainers.common import (
+    ConfigError,
+    TrainConfig,
+    TrainResult,
+    check_lora_targets,
+    is_recurrent,
+    load_tokenizer,
+)
+from trainers.loop import MicroLoss, run_job
+from trainers.rows import SFTRow, read_rows
+
+
+class SFTConfig(TrainConfig):
+    """Supervised fine-tuning; data rows are `trainers.rows.SFTRow`."""
+
+    packing: bool = Field(False, description="Pack rows into max_len sequences (refused for Mamba/recurrent models).")
+
+
+class SFTObjective:
+    """Assistant-only cross-entropy; with packing, a 'row' of the loop is one pack of rows."""
+
+    def __init__(self, encoded: list[Encoded], pad_id: int, packs: list[list[int]] | None):
+        self.encoded = encoded
+        self.pad_id = pad_id
+        self.packs = packs
+        self.n_rows = len(packs) if packs is not None else len(encoded)
+
+    def _rows(self, rows: list[int]) -> list[Encoded]:
+        if self.packs is None:
+            return [self.encoded[i] for i in rows]
+        return [self.encoded[j] for i in rows for j in self.packs[i]]
+
+    def normalizer(self, rows: list[int]) -> float:
+        return float(sum(r.supervised for r in self._rows(rows)))
+
+    def batch(self, rows: list[int]):
+        if self.packs is None:
+            return pad_batch(self._rows(rows), self.pad_id)
+        return pack_batch([[self.encoded[j] for j in self.packs[i]] for i in rows], self.pad_id)
+
+    def loss(self, model: torch.nn.Module, rows: list[int], normalizer: float) -> MicroLoss:
+        batch = self.batch(rows)
+        nll = -(token_logprobs(logits(model, batch), batch.input_ids) * batch.loss_mask).sum()
+        return MicroLoss(nll / normalizer, batch.tokens, int(batch.loss_mask.sum()))
+
+
+def encode_rows(tokenizer, rows: list[SFTRow], system_prompt: str | None, max_len: int) -> list[Encoded]:
+    return [encode(tokenizer, r.messages, system_prompt, max_len) for r in rows]
+
+
+def validate(config: SFTConfig) -> list[SFTRow]:
+    """Every check that can fail before compute: data rows, LoRA targets, packing on recurrent models."""
+    rows = read_rows(config.data_path, SFTRow)
+    if config.lora is not None:
+        check_lora_targets(config.model_path, config.lora)
+    if config.packing and is_recurrent(config.model_path):
+        raise ConfigError(
+            f"packing: refused for {config.model_path}: its Mamba layers would carry state across packed rows"
+        )
+    return rows
+
+
+def train(config: SFTConfig) -> TrainResult:
+    """Runs (or resumes, or returns the finished result of) one SFT run."""
+    rows = validate(config)
+    tokenizer = load_tokenizer(config.model_path)
+    encoded = encode_rows(tokenizer, rows, config.system_prompt, config.max_len)
+    check_supervised(encoded, config.data_path, config.max_len)
+    packs = pack_rows(encoded, config.max_len) if config.packing else None
+    objective = SFTObjective(encoded, tokenizer.pad_token_id, packs)
+    return run_job(config, lambda _model, _tok: objective, truncated_rows=sum(e.truncated for e in encoded))
+
+
+def main() -> None:
+    """`python -m trainers.sft CONFIG.json`: runs SFT with the config file's settings."""
+    config = SFTConfig.model_validate_json(Path(sys.argv[1]).read_text())
+    print(train(config).model_dump_json(indent=2))
+
+
+if __name__ == "__main__":
+    main()
