@@ -18,17 +18,21 @@ holdouts of the feedback split and against every eval suite prompt. A hit raises
 nothing; on success the rows and the manifest (content sha256, rows, tokens, source files and their
 sha256, config, audit result and its sha256) are written to temporary files and renamed into place.
 
-    .venv/bin/python -c "from tools.datasets import *; build_winner_sft(WinnerSFTConfig.model_validate_json(open('cfg.json').read()))"
+Command (CONFIG is the builder's config as JSON; exit 1 when the leak audit fails, 2 on bad input):
+
+    .venv/bin/python -m tools.datasets {winner_sft,battle_pairs,replay_mix,synthetic_verified,mix} CONFIG.json
 """
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import math
 import os
 import random
 import re
+import sys
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
@@ -40,7 +44,7 @@ from evals.synthetic import FAMILIES, Family, check, generate
 from evals.types import Item
 from memory.chain import canonical_json
 from memory.notebook import Artifact, Notebook
-from tools.feedback import Battle, Message, file_sha256, load_feedback
+from tools.feedback import Battle, FeedbackError, Message, file_sha256, load_feedback
 from tools.leak import (
     DEFAULT_NGRAM,
     AuditResult,
@@ -470,3 +474,35 @@ def record_dataset(notebook: Notebook, manifest: DatasetManifest, *, session: st
         kind="dataset", name=Path(manifest.path).stem, path=manifest.path, sha256=manifest.sha256,
         parents=parents, recipe=manifest.model_dump(mode="json"), job_key=job_key, session=session,
     )
+
+
+BUILDERS = {
+    "winner_sft": (WinnerSFTConfig, build_winner_sft),
+    "battle_pairs": (BattlePairsConfig, build_battle_pairs),
+    "replay_mix": (ReplayMixConfig, build_replay_mix),
+    "synthetic_verified": (SyntheticVerifiedConfig, build_synthetic_verified),
+    "mix": (MixConfig, build_mix),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tools.datasets", description="Build one audited dataset.")
+    parser.add_argument("builder", choices=sorted(BUILDERS))
+    parser.add_argument("config", type=Path, help="the builder's config as a JSON file")
+    args = parser.parse_args(argv)
+    config_type, build = BUILDERS[args.builder]
+    try:
+        manifest = build(config_type.model_validate_json(args.config.read_bytes()))
+    except LeakError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except (ValidationError, DatasetError, FeedbackError, OSError) as e:
+        print(f"error: {args.config}: {e}", file=sys.stderr)
+        return 2
+    print(f"{manifest.path}: {manifest.rows} rows, {manifest.tokens} tokens, sha256 {manifest.sha256}, "
+          f"audit passed ({manifest.audit.rows_checked} prompts vs {sum(manifest.audit.references.values())} references)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

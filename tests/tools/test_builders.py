@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -266,3 +268,25 @@ def test_outputs_parse_as_the_trainers_rows(lab):
     rft = read_rows(items, Item)  # the RFT trainer's prompt rows: eval items, gold kept for the checker
     assert m.row_kind == "items" and [i.id for i in rft] == [t.item.id for t in generate("long_division", 3, seed=1)]
     assert all(i.gold and "remainder" in i.gold for i in rft)
+
+
+def test_command_line_builds_and_refuses_a_leak(lab, tmp_path):
+    repo = Path(__file__).resolve().parents[2]
+    base = {k: (str(v) if isinstance(v, Path) else [str(x) for x in v]) for k, v in lab["base"].items()}
+    cfg = tmp_path / "cfg.json"
+    cfg.write_text(json.dumps(base | {"out": str(tmp_path / "w.jsonl"), "system_prompt": SYS}))
+    run = [sys.executable, "-m", "tools.datasets", "winner_sft", str(cfg)]
+    res = subprocess.run(run, cwd=repo, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "3 rows" in res.stdout and file_sha256(tmp_path / "w.jsonl") in res.stdout
+
+    (tmp_path / "a.jsonl").write_text(json.dumps({"messages": [_user(DEV.upper()), {"role": "assistant", "content": "x"}]}) + "\n")
+    cfg.write_text(json.dumps(base | {"out": str(tmp_path / "r.jsonl"), "system_prompt": SYS,
+                                      "sources": [{"name": "a", "path": str(tmp_path / "a.jsonl")}]}))
+    res = subprocess.run([*run[:3], "replay_mix", str(cfg)], cwd=repo, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 1 and "exact match: row 0 (a:1) vs dev d1" in res.stderr
+    assert not (tmp_path / "r.jsonl").exists()
+
+    cfg.write_text(json.dumps(base | {"out": str(tmp_path / "x.jsonl"), "system_prompt": SYS, "repeat": 0}))
+    res = subprocess.run(run, cwd=repo, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "repeat" in res.stderr
