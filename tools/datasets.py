@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from transformers import AutoTokenizer
 
 from evals.synthetic import FAMILIES, Family, check, generate
 from evals.types import Item
@@ -55,6 +56,7 @@ from tools.leak import (
     prompt_text,
 )
 from tools.splits import Split
+from trainers.chat import render
 from trainers.rows import PreferenceRow, SFTRow
 
 RowKind = Literal["sft", "pairs", "items"]
@@ -132,7 +134,7 @@ class MixConfig(_BuildConfig):
 class SourceFile(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    role: str = Field(description="feedback, split, eval_suite, replay, dataset or tokenizer.")
+    role: str = Field(description="feedback, split, eval_suite, replay or dataset.")
     path: str = Field(description="Path of the file as given.")
     sha256: str = Field(description="sha256 of its bytes at build time.")
 
@@ -174,7 +176,8 @@ def read_manifest(dataset: Path) -> DatasetManifest:
 
 # ---- shared pieces ---------------------------------------------------------------------------------
 
-_CITATION = re.compile(r"\s?(?:【[^】]*】|\[\^?\d+(?:\s*[,–-]\s*\d+)*\])")
+# One number per bracket ([1][2] strips twice): a list such as [0, 1] in an answer is content, not a citation.
+_CITATION = re.compile(r"\s?(?:【[^】]*】|\[\^?\d{1,3}\])")
 _MD_LINK = re.compile(r"\[([^\]\n]+)\]\((?:https?://|www\.)[^)\s]*\)")
 _SOURCES_HEAD = re.compile(r"^\s*(?:#+\s*)?\**(?:sources|references|citations)\**\s*:?\s*\**\s*$", re.IGNORECASE)
 _LIST_OR_LINK = re.compile(r"^\s*(?:[-*•]|\d+[.)]|\[\d+\])\s+\S|^\s*(?:https?://|www\.)\S+\s*$")
@@ -268,10 +271,6 @@ def _input_files(cfg: _BuildConfig) -> list[SourceFile]:
 
 def count_tokens(tokenizer_dir: Path, rows: list[dict], kind: RowKind) -> int:
     """Tokens of every rendered row under the one chat renderer (pairs count both conversations)."""
-    from transformers import AutoTokenizer
-
-    from trainers.chat import render
-
     tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
     if kind != "pairs":
         return sum(len(render(tok, r["messages"]).input_ids) for r in rows)
@@ -320,7 +319,7 @@ def _decisive_train(battles: list[Battle], split: Split) -> tuple[list[Battle], 
     decisive = [b for b in train if b.preferred is not None]
     stats = {"train_battles": len(train), "decisive": len(decisive), "excluded_tie_or_both_bad": len(train) - len(decisive),
              "holdout_battles_excluded": len(battles) - len(train),
-             "system_turns_replaced": sum(any(m.role == "system" for m in b.messages) for b in decisive)}
+             "battle_system_turns_overridden": sum(any(m.role == "system" for m in b.messages) for b in decisive)}
     return decisive, stats
 
 

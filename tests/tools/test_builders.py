@@ -113,8 +113,8 @@ def test_battle_pairs_exclude_ties_and_both_bad(lab):
 
 
 def test_clean_answer_keeps_code_and_real_brackets():
-    text = "Use `a[1]` here [2][3].\n```python\nx = a[1]  # [1]\n```\nMore at [docs](http://d.io/x) and [a note]."
-    assert clean_answer(text) == "Use `a[1]` here.\n```python\nx = a[1]  # [1]\n```\nMore at docs and [a note]."
+    text = "Use `a[1]` on [0, 1] here [2][3].\n```python\nx = a[1]  # [1]\n```\nMore at [docs](http://d.io/x) and [a note]."
+    assert clean_answer(text) == "Use `a[1]` on [0, 1] here.\n```python\nx = a[1]  # [1]\n```\nMore at docs and [a note]."
     assert clean_answer("Answer.\n\n**References**\n1. Smith 2020\n[2] https://x.org") == "Answer."
     # a "Sources" heading followed by prose is not a trailing source list
     assert clean_answer("A.\nSources:\n- one\nThen more text.") == "A.\nSources:\n- one\nThen more text."
