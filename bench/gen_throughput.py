@@ -1,0 +1,181 @@
+"""Generation throughput: the eval engine (batched, left-padded) vs one prompt at a time.
+
+Same model, same prompts, same served decoding (greedy, same max new tokens and stop id): generated
+tokens per second of `evals.generate.generate` at batch >= 64, and of a loop calling
+`model.generate` on one prompt at a time (what the seeds did), plus each as a fraction of the
+memory-bandwidth bound for decode: every decode step must read all weights once and the KV cache
+of every sequence, so tokens/s <= batch * bandwidth / (weight bytes + batch * KV bytes per sequence).
+The bandwidth is measured in the same run with a device-to-device copy (bytes read + written).
+
+Nothing is downloaded: the tokenizer is built offline (trainers.tiny) and the model is randomly
+initialised from a config: `tiny` (the tiny Llama of trainers.tiny) or `llama-1b` (Llama-3.2-1B
+shaped: hidden 2048, 16 layers, 32 heads, 8 KV heads, MLP 8192; ~0.97B parameters without the
+small offline vocabulary's embeddings). The one-at-a-time loop runs on the first
+`--baseline-prompts` prompts only (it is slow); rates, not totals, are compared.
+
+CPU smoke (about a minute on 2 cores):
+
+    .venv/bin/python bench/gen_throughput.py --device cpu --model tiny --prompts 64 --batch-size 64 --max-new-tokens 32 --baseline-prompts 8
+
+GPU (one H200; writes bench/results/gen_throughput-cuda-llama-1b.json):
+
+    python3 bench/gen_throughput.py --device cuda --model llama-1b --dtype bfloat16 --prompts 256 --batch-size 128 --max-new-tokens 256 --baseline-prompts 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import random
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from any directory
+
+from evals.decoding import Decoding  # noqa: E402
+from evals.generate import Loaded, generate, generation_config  # noqa: E402
+from evals.types import Item  # noqa: E402
+from trainers import tiny  # noqa: E402
+from trainers.chat import Message, eot_id, render_prompt  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def build(model_name: str, device: str, dtype: torch.dtype, workdir: Path) -> Loaded:
+    """Offline tokenizer plus a randomly initialised model on `device`."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tok_dir = tiny.build_tokenizer(workdir / "tokenizer")
+    tokenizer = AutoTokenizer.from_pretrained(tok_dir)
+    if model_name == "tiny":
+        path = tiny.build_model("llama", tok_dir, workdir / "model")
+        model = LlamaForCausalLM.from_pretrained(path, dtype=dtype)
+    else:
+        config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=2048, intermediate_size=8192,
+                             num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
+                             max_position_embeddings=4096, tie_word_embeddings=False,
+                             pad_token_id=tokenizer.pad_token_id, eos_token_id=eot_id(tokenizer))
+        torch.manual_seed(0)
+        with torch.device(device):
+            model = LlamaForCausalLM(config).to(dtype)
+    return Loaded(model=model.to(device).eval(), tokenizer=tokenizer, device=torch.device(device))
+
+
+def make_items(n: int, seed: int = 0) -> list[Item]:
+    """Prompts of 10..120 words from the offline vocabulary (varied lengths exercise padding)."""
+    rng = random.Random(seed)
+    return [Item(id=f"p{i}", messages=(Message(role="user", content=" ".join(
+        rng.choice(tiny._WORDS) for _ in range(rng.randint(10, 120)))),)) for i in range(n)]
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def copy_bandwidth(device: str, mib: int) -> float:
+    """Bytes/s of a device-to-device copy, counting bytes read and written."""
+    src = torch.empty(mib * 2**20, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    sync(device)
+    start, reps = time.perf_counter(), 10
+    for _ in range(reps):
+        dst.copy_(src)
+    sync(device)
+    return 2 * src.numel() * reps / (time.perf_counter() - start)
+
+
+def one_at_a_time(loaded: Loaded, items: list[Item], decoding: Decoding) -> tuple[int, float]:
+    """The seeds' loop: model.generate on each prompt alone; returns (new tokens, seconds)."""
+    tok = loaded.tokenizer
+    stops = list(decoding.stop_token_ids)
+    config = generation_config(decoding, stops, tok.pad_token_id)
+    total, start = 0, time.perf_counter()
+    for item in items:
+        ids = torch.tensor([render_prompt(tok, item.messages)], device=loaded.device)
+        with torch.inference_mode():
+            out = loaded.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=config)
+        new = out[0, ids.shape[1]:].tolist()
+        total += next((i + 1 for i, t in enumerate(new) if t in stops), len(new))
+    sync(str(loaded.device))
+    return total, time.perf_counter() - start
+
+
+def decode_bound(loaded: Loaded, batch: int, context: float, bandwidth: float) -> float:
+    """Upper bound on tokens/s of decode: per step, read all weights plus each sequence's KV cache."""
+    cfg = loaded.model.config
+    elem = next(loaded.model.parameters()).element_size()
+    weight_bytes = sum(p.numel() * p.element_size() for p in loaded.model.parameters())
+    head_dim = cfg.hidden_size // cfg.num_attention_heads
+    kv_per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * elem
+    return batch * bandwidth / (weight_bytes + batch * context * kv_per_token)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--model", choices=["tiny", "llama-1b"], default="tiny")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    parser.add_argument("--prompts", type=int, default=64, help="prompts generated by the engine")
+    parser.add_argument("--batch-size", type=int, default=64, help="engine batch size (>= 64 for the goal)")
+    parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--baseline-prompts", type=int, default=8, help="prompts for the one-at-a-time loop")
+    parser.add_argument("--copy-mib", type=int, default=0, help="copy size for bandwidth (0: 1024 on cuda, 256 on cpu)")
+    parser.add_argument("--out", type=Path, default=None, help="result JSON (default bench/results/...)")
+    args = parser.parse_args()
+    if args.device == "cpu":
+        torch.set_num_threads(2)
+    with tempfile.TemporaryDirectory() as tmp:
+        loaded = build(args.model, args.device, getattr(torch, args.dtype), Path(tmp))
+    items = make_items(args.prompts)
+    decoding = Decoding(max_new_tokens=args.max_new_tokens, stop_token_ids=(eot_id(loaded.tokenizer),))
+    bandwidth = copy_bandwidth(args.device, args.copy_mib or (1024 if args.device.startswith("cuda") else 256))
+    generate(loaded, items[:4], decoding.model_copy(update={"max_new_tokens": 4}), seed=0, batch_size=4)  # warm-up
+
+    sync(args.device)
+    start = time.perf_counter()
+    comps = generate(loaded, items, decoding, seed=0, batch_size=args.batch_size)
+    sync(args.device)
+    engine_s = time.perf_counter() - start
+    engine_tokens = sum(c.n_tokens for c in comps)
+    base_tokens, base_s = one_at_a_time(loaded, items[: args.baseline_prompts], decoding)
+
+    prompt_len = sum(len(render_prompt(loaded.tokenizer, i.messages)) for i in items) / len(items)
+    context = prompt_len + args.max_new_tokens / 2
+    engine_tps, base_tps = engine_tokens / engine_s, base_tokens / base_s
+    engine_bound = decode_bound(loaded, min(args.batch_size, args.prompts), context, bandwidth)
+    base_bound = decode_bound(loaded, 1, context, bandwidth)
+    result = {
+        "bench": "gen_throughput",
+        "command": " ".join(["python", *sys.argv]),
+        "at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "hardware": {"device": torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.processor() or "cpu",
+                     "torch": torch.__version__, "threads": torch.get_num_threads()},
+        "model": {"name": args.model, "dtype": args.dtype,
+                  "parameters": sum(p.numel() for p in loaded.model.parameters())},
+        "config": vars(args) | {"out": str(args.out), "mean_prompt_tokens": prompt_len},
+        "copy_bandwidth_gbs": bandwidth / 1e9,
+        "engine": {"tokens": engine_tokens, "seconds": engine_s, "tokens_per_s": engine_tps,
+                   "stopped": sum(c.stopped for c in comps), "bound_tokens_per_s": engine_bound,
+                   "fraction_of_bound": engine_tps / engine_bound},
+        "one_at_a_time": {"prompts": args.baseline_prompts, "tokens": base_tokens, "seconds": base_s,
+                          "tokens_per_s": base_tps, "bound_tokens_per_s": base_bound,
+                          "fraction_of_bound": base_tps / base_bound},
+        "speedup": engine_tps / base_tps,
+    }
+    out = args.out or RESULTS / f"gen_throughput-{args.device.split(':')[0]}-{args.model}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps({k: result[k] for k in ("engine", "one_at_a_time", "speedup", "copy_bandwidth_gbs")}, indent=2))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
