@@ -36,7 +36,7 @@ from tools.datasets import (
 )
 from tools.feedback import file_sha256
 from tools.leak import LeakError
-from tools.splits import Split, SplitConfig
+from tools.splits import Split, SplitConfig, ingest_feedback
 from trainers.chat import render
 from trainers.rows import PreferenceRow, SFTRow, read_rows
 
@@ -290,3 +290,20 @@ def test_command_line_builds_and_refuses_a_leak(lab, tmp_path):
     cfg.write_text(json.dumps(base | {"out": str(tmp_path / "x.jsonl"), "system_prompt": SYS, "repeat": 0}))
     res = subprocess.run(run, cwd=repo, capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and "repeat" in res.stderr
+
+
+def test_ingested_split_of_feedback_with_repeated_prompts_builds_clean(tmp_path, battle, jsonl, tokenizer_dir):
+    # Real feedback repeats prompts (exactly, re-cased, or quoted in longer ones). The split keeps such
+    # battles together, so a winner-SFT build from an ingested split never trips its own audit.
+    long = "compare the causes of the first and the second world war in five short bullet points for a student"
+    prompts = ["hi", "Hi!", "HI", long, f"Please: {long.upper()}. Thanks!", f"{long}, then add a summary"]
+    prompts += [f"unrelated question {i} about cooking and travel" for i in range(30)]
+    rows = [battle(f"b{i:02d}", p, ("own", "other")[i % 2], own=f"answer {i}") for i, p in enumerate(prompts)]
+    fb = jsonl(tmp_path / "fb.jsonl", rows)
+    with Notebook.open(tmp_path / "nb.db") as nb:
+        split_path, record = ingest_feedback(nb, fb, SplitConfig(dev_fraction=0.3, sealed_fraction=0.3), tmp_path / "splits")
+    assert len({record.assignment[f"b{i:02d}"] for i in range(3)}) == 1
+    assert len({record.assignment[f"b{i:02d}"] for i in range(3, 6)}) == 1
+    m = build_winner_sft(WinnerSFTConfig(out=tmp_path / "w.jsonl", tokenizer=tokenizer_dir, feedback=fb,
+                                         split=split_path, system_prompt=SYS))
+    assert m.audit.passed and m.rows == sum(s == "train" for s in record.assignment.values())

@@ -76,12 +76,17 @@ def test_non_utf8_line_is_reported(tmp_path, battle, jsonl):
 
 
 def _assert_ingests_nothing(tmp_path: Path, path: Path, where: str) -> None:
-    nb_path, split_dir = tmp_path / "notebook.db", tmp_path / "splits"
-    with Notebook.open(nb_path) as nb:
+    """A lab that already holds a split is left exactly as it was: same record, same split files."""
+    split_dir, cfg = tmp_path / "splits", SplitConfig(dev_fraction=0.25, sealed_fraction=0.25)
+    earlier = tmp_path / "earlier.jsonl"
+    earlier.write_text("".join(json.dumps(GOOD | {"id": f"e{i}", "vote": v}) + "\n" for i, v in enumerate(["own", "tie"] * 4)))
+    with Notebook.open(tmp_path / "notebook.db") as nb:
+        _, before = ingest_feedback(nb, earlier, cfg, split_dir)
+        files = sorted(split_dir.iterdir())
         with pytest.raises(FeedbackError, match=where):
-            ingest_feedback(nb, path, SplitConfig(dev_fraction=0.25, sealed_fraction=0.25), split_dir)
-        assert nb.latest_split() is None
-    assert not split_dir.exists()
+            ingest_feedback(nb, path, cfg, split_dir)
+        assert nb.latest_split() == before
+    assert sorted(split_dir.iterdir()) == files
 
 
 def test_every_problem_is_collected_and_the_first_20_listed(tmp_path, battle, jsonl):
