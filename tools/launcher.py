@@ -23,7 +23,6 @@ What happens, in order (DESIGN.md invariants 5 and 6):
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -43,6 +42,7 @@ from submitit.core.utils import FailedJobError, UncompletedJobError
 from agent.config import ExecutorSection
 from memory.notebook import JobRecord, Notebook, now, tool_call_key
 from tools.failures import Failure, classify, decide, halved_batch
+from tools.jobrun import Resumable, read_events
 
 R = TypeVar("R", bound=BaseModel)
 C = TypeVar("C", bound=BaseModel)
@@ -53,7 +53,7 @@ _SLURM_FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "PREEMPTED", "NOD
 # submitit requeues in place on the preemption signal; our own wrapper enforces the limits, so
 # submitit's countdown (which counts every signal of a job under 10 minutes as a timeout) is off.
 _NO_SUBMITIT_LIMIT = 1000
-_SLACK_S = 5.0
+_SLACK_S = 5.0  # seconds: a killed local run this close to its limit was stopped by the limit
 
 
 class BudgetRefused(Exception):
@@ -90,64 +90,6 @@ class Resources(BaseModel):
         if self.signal_delay_s >= self.time_limit_min * 60:
             raise ValueError("signal_delay_s must be shorter than the time limit")
         return self
-
-
-# ---- the wrapper every job runs in -------------------------------------------------------------
-
-class RunInterrupted(Exception):
-    """Raised inside a job when a preemption/timeout signal arrives and no requeue is left."""
-
-
-class Resumable(submitit.helpers.Checkpointable):
-    """Runs `fn(config)` and logs each run to `<job folder>/<job id>_events.jsonl`.
-
-    On the checkpoint signal it decides whether this is a timeout (the run is near its time
-    limit) or a preemption, and requeues the same call unless the job used up `max_requeues`.
-    """
-
-    def __init__(self, fn: Callable[[Any], Any], time_limit_s: float, signal_delay_s: float, max_requeues: int):
-        self.fn, self.time_limit_s, self.signal_delay_s = fn, time_limit_s, signal_delay_s
-        self.max_requeues = max_requeues
-        self._started = 0.0
-
-    def __call__(self, config: Any) -> Any:
-        self._started = time.time()
-        _append_event({"event": "start", "t": self._started, "pid": os.getpid()})
-        try:
-            result = self.fn(config)
-        except BaseException as err:
-            _append_event({"event": "end", "t": time.time(), "ok": False, "error": repr(err)[:300]})
-            raise
-        _append_event({"event": "end", "t": time.time(), "ok": True})
-        return result
-
-    def checkpoint(self, config: Any) -> submitit.helpers.DelayedSubmission:
-        elapsed = time.time() - self._started
-        # Slurm may send the time-limit signal up to a minute early (its event resolution).
-        slack = min(65.0, 0.1 * self.time_limit_s) + 1.0
-        reason = "timeout" if elapsed >= self.time_limit_s - self.signal_delay_s - slack else "preempted"
-        earlier = sum(1 for e in _read_events(_events_path()) if e["event"] == "checkpoint")
-        if earlier >= self.max_requeues:
-            raise RunInterrupted(f"{reason}: after {elapsed:.0f} s of a {self.time_limit_s:.0f} s limit, "
-                                 f"{earlier} requeue(s) already used of {self.max_requeues}")
-        _append_event({"event": "checkpoint", "t": time.time(), "reason": reason})
-        return submitit.helpers.DelayedSubmission(self, config)
-
-
-def _events_path() -> Path:
-    env = submitit.JobEnvironment()
-    return env.paths.folder / f"{env.job_id}_events.jsonl"
-
-
-def _append_event(event: dict[str, Any]) -> None:
-    with open(_events_path(), "a") as f:
-        f.write(json.dumps(event) + "\n")
-
-
-def _read_events(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 # ---- what an executor reports about a job ------------------------------------------------------
@@ -202,7 +144,7 @@ class LocalBackend:
 
     def runs(self, job_id: str, folder: Path, resources: Resources) -> list[Run]:
         devices = self.devices(resources)
-        runs, start = _runs_from_events(_read_events(folder / f"{job_id}_events.jsonl"), devices)
+        runs, start = _runs_from_events(read_events(folder / f"{job_id}_events.jsonl"), devices)
         if self._alive(job_id, folder):
             if start is not None:
                 runs.append(Run(state="RUNNING", started=start, ended=None, elapsed_s=time.time() - start,
@@ -526,7 +468,7 @@ class Job(Generic[R]):
         """Runs before the last one were requeued: each gets (or already has) its own attempt row."""
         nb = self.launcher.nb
         same = [a for a in self.attempts() if a.external_id == record.external_id]
-        events = _read_events(Path(record.folder or "") / f"{record.external_id}_events.jsonl")
+        events = read_events(Path(record.folder or "") / f"{record.external_id}_events.jsonl")
         reasons = [e["reason"] for e in events if e["event"] == "checkpoint"]
         for i in range(len(same) - 1, len(runs) - 1):
             run, reason = runs[i], reasons[i] if i < len(reasons) else "preempted"

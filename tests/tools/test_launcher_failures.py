@@ -26,7 +26,7 @@ TRACE = "Traceback (most recent call last):\n  File \"x.py\", line 3, in step\n{
      "nccl_timeout", None),
     ("FAILED", 1, TRACE.format("FloatingPointError: nan_loss: loss is nan at step 40"), "nan_loss",
      "FloatingPointError: nan_loss: loss is nan at step 40"),
-    ("FAILED", 1, TRACE.format("tools.launcher.RunInterrupted: timeout: after 170 s of a 180 s limit"),
+    ("FAILED", 1, TRACE.format("tools.jobrun.RunInterrupted: timeout: after 170 s of a 180 s limit"),
      "timeout", None),
     ("TIMEOUT", 0, "slurmstepd: error: *** JOB 12 ON n1 CANCELLED AT 2026-01-01T00:00:00 DUE TO TIME LIMIT ***",
      "timeout", "TIMEOUT"),

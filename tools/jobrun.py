@@ -1,0 +1,76 @@
+"""What runs on the worker around every job function: the `Resumable` wrapper and its events file.
+
+Kept apart from tools/launcher.py so that a worker unpickling a job imports only submitit and this
+module (the launcher's notebook imports cost about a second per job start).
+
+Each run of a job appends to `<job folder>/<job id>_events.jsonl`: `start` (time, pid), then
+`checkpoint` (time, reason preempted|timeout) when requeued, or `end` (time, ok). The launcher
+turns these into attempt rows and local wall-time costs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import submitit
+
+
+class RunInterrupted(Exception):
+    """Raised inside a job when a preemption/timeout signal arrives and no requeue is left."""
+
+
+class Resumable(submitit.helpers.Checkpointable):
+    """Runs `fn(config)` and logs each run to `<job folder>/<job id>_events.jsonl`.
+
+    On the checkpoint signal it decides whether this is a timeout (the run is near its time
+    limit) or a preemption, and requeues the same call unless the job used up `max_requeues`.
+    """
+
+    def __init__(self, fn: Callable[[Any], Any], time_limit_s: float, signal_delay_s: float, max_requeues: int):
+        self.fn, self.time_limit_s, self.signal_delay_s = fn, time_limit_s, signal_delay_s
+        self.max_requeues = max_requeues
+        self._started = 0.0
+
+    def __call__(self, config: Any) -> Any:
+        self._started = time.time()
+        _append_event({"event": "start", "t": self._started, "pid": os.getpid()})
+        try:
+            result = self.fn(config)
+        except BaseException as err:
+            _append_event({"event": "end", "t": time.time(), "ok": False, "error": repr(err)[:300]})
+            raise
+        _append_event({"event": "end", "t": time.time(), "ok": True})
+        return result
+
+    def checkpoint(self, config: Any) -> submitit.helpers.DelayedSubmission:
+        elapsed = time.time() - self._started
+        # Slurm may send the time-limit signal up to a minute early (its event resolution).
+        slack = min(65.0, 0.1 * self.time_limit_s) + 1.0
+        reason = "timeout" if elapsed >= self.time_limit_s - self.signal_delay_s - slack else "preempted"
+        earlier = sum(1 for e in read_events(_events_path()) if e["event"] == "checkpoint")
+        if earlier >= self.max_requeues:
+            raise RunInterrupted(f"{reason}: after {elapsed:.0f} s of a {self.time_limit_s:.0f} s limit, "
+                                 f"{earlier} requeue(s) already used of {self.max_requeues}")
+        _append_event({"event": "checkpoint", "t": time.time(), "reason": reason})
+        return submitit.helpers.DelayedSubmission(self, config)
+
+
+def _events_path() -> Path:
+    env = submitit.JobEnvironment()
+    return env.paths.folder / f"{env.job_id}_events.jsonl"
+
+
+def _append_event(event: dict[str, Any]) -> None:
+    with open(_events_path(), "a") as f:
+        f.write(json.dumps(event) + "\n")
+
+
+def read_events(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
