@@ -158,9 +158,10 @@ class DPOObjective:
         dpo = -F.logsigmoid(margin)
         nll = -pi_c / n_c
         loss = (dpo + self.nll_weight * nll).sum() / normalizer
-        metrics = {"dpo": float(dpo.sum()) / normalizer, "nll": float(nll.sum()) / normalizer,
-                   "reward_accuracy": float((margin > 0).float().sum()) / normalizer,
-                   "reward_margin": float(margin.sum()) / normalizer}
+        dpo_d, nll_d, margin_d = dpo.detach(), nll.detach(), margin.detach()
+        metrics = {"dpo": float(dpo_d.sum()) / normalizer, "nll": float(nll_d.sum()) / normalizer,
+                   "reward_accuracy": float((margin_d > 0).float().sum()) / normalizer,
+                   "reward_margin": float(margin_d.sum()) / normalizer}
         return MicroLoss(loss, batch.tokens, int(batch.loss_mask.sum()), metrics)
 
 

@@ -81,7 +81,7 @@ class KLCEObjective:
         ce_sum = (ce * batch.loss_mask * ce_rows).sum()
         kl_sum = (forward_kl(parent, policy) * batch.loss_mask).sum()
         loss = (ce_sum + self.kl_coef * kl_sum) / normalizer
-        metrics = {"ce": float(ce_sum) / normalizer, "kl": float(kl_sum) / normalizer}
+        metrics = {"ce": float(ce_sum.detach()) / normalizer, "kl": float(kl_sum.detach()) / normalizer}
         return MicroLoss(loss, batch.tokens, int(batch.loss_mask.sum()), metrics)
 
 
