@@ -57,9 +57,9 @@ from tools.leak import (
 )
 from tools.splits import Split
 from trainers.chat import render
-from trainers.rows import PreferenceRow, SFTRow
+from trainers.rows import KLCERow, PreferenceRow, SFTRow
 
-RowKind = Literal["sft", "pairs", "items"]
+RowKind = Literal["sft", "pairs", "items", "klce"]
 MAX_LISTED = 20
 
 
@@ -121,6 +121,8 @@ class MixPart(BaseModel):
 
     path: Path = Field(description="A built dataset (JSONL with its manifest beside it).")
     weight: float = Field(gt=0, description="Row multiplier: floor(w) full copies plus a seeded sample of the fraction.")
+    kl_only: bool = Field(False, description="Replay part for KL-leashed CE: its rows carry only the KL term. Any "
+                                             "kl_only part makes the output KL-CE rows (trainers.rows.KLCERow).")
 
 
 class MixConfig(_BuildConfig):
@@ -147,7 +149,8 @@ class DatasetManifest(BaseModel):
     builder: str = Field(description="winner_sft, battle_pairs, replay_mix, synthetic_verified or mix.")
     path: str = Field(description="The dataset file.")
     format: Literal["jsonl"] = Field(description="File format.")
-    row_kind: RowKind = Field(description="'sft' (trainers.rows.SFTRow), 'pairs' (PreferenceRow) or 'items' (evals Item).")
+    row_kind: RowKind = Field(
+        description="'sft' (trainers.rows.SFTRow), 'pairs' (PreferenceRow), 'klce' (KLCERow) or 'items' (evals Item).")
     sha256: str = Field(description="sha256 of the dataset file's bytes.")
     rows: int = Field(description="Number of rows.")
     tokens: int = Field(description="Tokens of all rendered rows (pairs: chosen and rejected conversations).")
@@ -212,7 +215,7 @@ def _battle_turns(battle: Battle) -> list[dict]:
     return [m.model_dump() for m in battle.messages]
 
 
-ROW_MODELS: dict[RowKind, type[BaseModel]] = {"sft": SFTRow, "pairs": PreferenceRow, "items": Item}
+ROW_MODELS: dict[RowKind, type[BaseModel]] = {"sft": SFTRow, "pairs": PreferenceRow, "items": Item, "klce": KLCERow}
 
 
 def _row_prompt(row: dict, kind: RowKind) -> str:
@@ -447,23 +450,36 @@ def _weighted(rows: list[dict], weight: float, rng: random.Random) -> list[dict]
     return rows * whole + [rows[i] for i in sorted(rng.sample(range(len(rows)), extra))]
 
 
-def build_mix(cfg: MixConfig) -> DatasetManifest:
-    """A weighted concatenation of built datasets of one row kind, shuffled with the seed."""
-    refs, _, _ = references(cfg)
-    manifests = [read_manifest(p.path) for p in cfg.parts]
+def _mix_kind(cfg: MixConfig, manifests: list[DatasetManifest]) -> RowKind:
     kinds = {m.row_kind for m in manifests}
     if len(kinds) != 1:
         raise DatasetError(f"mix: parts mix row kinds {sorted(kinds)}; SFT rows and preference pairs cannot be mixed")
+    kind = kinds.pop()
+    if not any(p.kl_only for p in cfg.parts):
+        return kind
+    if kind != "sft":
+        raise DatasetError(f"mix: kl_only parts need SFT rows to build KL-CE rows, got {kind} rows")
+    return "klce"
+
+
+def build_mix(cfg: MixConfig) -> DatasetManifest:
+    """A weighted concatenation of built datasets of one row kind, shuffled with the seed; with kl_only
+    parts, KL-CE rows whose replay rows (kl_only true) only anchor the model to its parent."""
+    refs, _, _ = references(cfg)
+    manifests = [read_manifest(p.path) for p in cfg.parts]
+    kind = _mix_kind(cfg, manifests)
     rng = random.Random(cfg.seed)
     rows, stats = [], {}
     for part in cfg.parts:
         part_rows = [json.loads(line) for line in Path(part.path).read_text(encoding="utf-8").splitlines()]
+        if kind == "klce":
+            part_rows = [r | {"kl_only": part.kl_only} for r in part_rows]
         taken = _weighted(part_rows, part.weight, rng)
         rows += taken
         stats[Path(part.path).stem] = len(taken)
     rng.shuffle(rows)
     files = [SourceFile(role="dataset", path=str(p.path), sha256=m.sha256) for p, m in zip(cfg.parts, manifests, strict=True)]
-    return _finish("mix", kinds.pop(), cfg, rows, refs, files, stats)
+    return _finish("mix", kind, cfg, rows, refs, files, stats)
 
 
 def record_dataset(notebook: Notebook, manifest: DatasetManifest, *, session: str | None = None,

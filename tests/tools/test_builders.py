@@ -38,7 +38,7 @@ from tools.feedback import file_sha256
 from tools.leak import LeakError
 from tools.splits import Split, SplitConfig, ingest_feedback
 from trainers.chat import render
-from trainers.rows import PreferenceRow, SFTRow, read_rows
+from trainers.rows import KLCERow, PreferenceRow, SFTRow, read_rows
 
 SYS = "You are a careful assistant."
 DEV = "Explain why the sky looks blue during the day but red and orange at sunset in simple words"
@@ -307,3 +307,20 @@ def test_ingested_split_of_feedback_with_repeated_prompts_builds_clean(tmp_path,
     m = build_winner_sft(WinnerSFTConfig(out=tmp_path / "w.jsonl", tokenizer=tokenizer_dir, feedback=fb,
                                          split=split_path, system_prompt=SYS))
     assert m.audit.passed and m.rows == sum(s == "train" for s in record.assignment.values())
+
+
+def test_mix_with_a_kl_only_replay_part_gives_klce_rows(lab):
+    w, r = lab["dir"] / "w.jsonl", lab["dir"] / "r.jsonl"
+    build_winner_sft(WinnerSFTConfig(out=w, system_prompt=SYS, **lab["base"]))
+    pa_, _, _, _ = _replay_sources(lab["dir"])
+    build_replay_mix(ReplayMixConfig(out=r, system_prompt=SYS, sources=[ReplaySource(name="a", path=pa_)], **lab["base"]))
+    out = lab["dir"] / "klce.jsonl"
+    m = build_mix(MixConfig(out=out, parts=[MixPart(path=w, weight=1), MixPart(path=r, weight=1, kl_only=True)], **lab["base"]))
+    rows = read_rows(out, KLCERow)
+    assert m.row_kind == "klce" and len(rows) == 3 + 5
+    assert sorted((r.id, r.kl_only) for r in rows) == sorted(
+        [(i, False) for i in ("t1#0", "t2#0", "t5#0")] + [(f"a:{i}", True) for i in range(1, 6)])
+    p = lab["dir"] / "p.jsonl"
+    build_battle_pairs(BattlePairsConfig(out=p, system_prompt=SYS, **lab["base"]))
+    with pytest.raises(DatasetError, match="kl_only parts need SFT rows"):
+        build_mix(MixConfig(out=lab["dir"] / "x.jsonl", parts=[MixPart(path=p, weight=1, kl_only=True)], **lab["base"]))
