@@ -7,7 +7,8 @@ decision, submitit pickling, executor, result read back and cost settled). "subm
 from the call to `Launcher.submit` to the first line of the job function; "end -> result" is from
 the job function's return to `Job.result()` returning in the agent (on Slurm this includes waiting
 for `sacct` to report the final state the cost is settled from). Slurm runs on the loopback cluster
-of scripts/slurm-up (one node, slurmdbd accounting); the launcher polls every 0.25 s.
+of scripts/slurm-up (one node, slurmdbd accounting). The launcher polls every 0.25 s here (its
+Slurm default is 2 s, which adds up to 2 s to end -> result).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def measure(kind: str, jobs: int) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp, Notebook.open(Path(tmp) / "notebook.db") as nb:
         nb.open_session("bench", lab=tmp, budget_gpuh=100, reserve_gpuh=0, planner="playbook", executor=kind,
                         config={})
-        launcher = Launcher(nb, "bench", executor, Path(tmp) / "jobs")
+        launcher = Launcher(nb, "bench", executor, Path(tmp) / "jobs", poll_s=0.25)
         for i in range(jobs):
             t_submit = time.time()
             job = launcher.submit("empty", empty, EmptyConfig(tag=f"{kind}-{i}"),

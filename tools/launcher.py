@@ -299,9 +299,11 @@ class Launcher:
     """Submits jobs for one session of one notebook; see the module docstring."""
 
     def __init__(self, notebook: Notebook, session: str, executor: ExecutorSection, root: Path,
-                 poll_s: float = 0.25):
-        self.nb, self.session, self.root, self.poll_s = notebook, session, Path(root), poll_s
+                 poll_s: float | None = None):
+        self.nb, self.session, self.root = notebook, session, Path(root)
         self.backend = make_backend(executor)
+        # Each Slurm poll is one sacct call through slurmdbd: keep it gentle on a shared cluster.
+        self.poll_s = poll_s if poll_s is not None else (2.0 if executor.kind == "slurm" else 0.25)
 
     def submit(self, kind: str, fn: Callable[[C], R], args: C, resources: Resources) -> Job[R]:
         """Submit `fn(args)` once per (kind, fn, session, args); later calls re-attach to it."""
