@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -25,6 +26,8 @@ from transformers import (
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
+
+from trainers.rows import file_sha256
 
 # LoRA targets that work on Nemotron-H: peft refuses the Mamba mixer's out_proj and conv1d.
 NEMOTRON_H_LORA_TARGETS = ["in_proj", "q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj"]
@@ -161,6 +164,15 @@ class RunPaths(BaseModel):
     @property
     def result(self) -> Path:
         return self.root / "result.json"
+
+
+def weights_sha256(model_dir: Path) -> str:
+    """sha256 over the model's safetensors files (names and bytes), in name order."""
+    digest = hashlib.sha256()
+    for f in sorted(model_dir.glob("*.safetensors")):
+        digest.update(f.name.encode())
+        digest.update(file_sha256(f).encode())
+    return digest.hexdigest()
 
 
 def write_json_atomic(path: Path, payload: dict) -> None:

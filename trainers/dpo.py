@@ -45,6 +45,7 @@ from trainers.common import (
     finished_result,
     load_frozen,
     load_tokenizer,
+    weights_sha256,
     write_json_atomic,
 )
 from trainers.loop import MicroLoss, run_job
@@ -86,15 +87,6 @@ def split_heldout(rows: list[PreferenceRow], fraction: float) -> tuple[list[int]
     k = math.ceil(fraction * len(rows))
     heldout = sorted(by_hash[:k])
     return [i for i in range(len(rows)) if i not in set(heldout)], heldout
-
-
-def weights_sha256(model_dir: Path) -> str:
-    """sha256 over the model's safetensors files (names and bytes), in name order."""
-    digest = hashlib.sha256()
-    for f in sorted(model_dir.glob("*.safetensors")):
-        digest.update(f.name.encode())
-        digest.update(file_sha256(f).encode())
-    return digest.hexdigest()
 
 
 def cache_key(config: DPOConfig) -> str:

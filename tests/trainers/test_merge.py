@@ -1,0 +1,117 @@
+"""Merges: dose endpoints bit-exact, midpoint is the mean, sharded streaming, refusals, LoRA merge-back."""
+
+import json
+
+import pytest
+import torch
+from pydantic import ValidationError
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
+
+from trainers import tiny
+from trainers.common import LoRASettings
+from trainers.merge import (
+    INDEX,
+    DoseConfig,
+    LoRAMergeConfig,
+    MergeError,
+    SoupConfig,
+    dose,
+    merge_lora,
+    shard_map,
+    soup,
+)
+from trainers.sft import SFTConfig, train
+
+
+def _all_tensors(model_dir):
+    out = {}
+    for shard in set(shard_map(model_dir).values()):
+        out |= load_file(model_dir / shard)
+    return out
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory, tokenizer_dir):
+    """Two Llamas with different weights, saved in several small shards (exercises streaming)."""
+    root = tmp_path_factory.mktemp("merge")
+    dirs = []
+    for seed in (0, 1):
+        path = tiny.build_model("llama", tokenizer_dir, root / f"src{seed}", seed=seed)
+        model = AutoModelForCausalLM.from_pretrained(path)
+        sharded = root / f"m{seed}"
+        model.save_pretrained(sharded, max_shard_size="200KB")
+        for f in path.iterdir():
+            if not f.name.endswith("safetensors") and not (sharded / f.name).exists():
+                (sharded / f.name).write_bytes(f.read_bytes())
+        dirs.append(sharded)
+    assert len(set(shard_map(dirs[0]).values())) > 1
+    return dirs
+
+
+def test_dose_endpoints_are_bit_exact_and_midpoint_is_the_mean(pair, tmp_path):
+    a, b = _all_tensors(pair[0]), _all_tensors(pair[1])
+    at0 = _all_tensors(dose(DoseConfig(a=pair[0], b=pair[1], alpha=0.0, output_dir=tmp_path / "d0")).output_dir)
+    at1 = _all_tensors(dose(DoseConfig(a=pair[0], b=pair[1], alpha=1.0, output_dir=tmp_path / "d1")).output_dir)
+    mid = _all_tensors(dose(DoseConfig(a=pair[0], b=pair[1], alpha=0.5, output_dir=tmp_path / "dh")).output_dir)
+    for k in a:
+        assert torch.equal(at0[k], a[k]) and torch.equal(at1[k], b[k])
+        torch.testing.assert_close(mid[k], (a[k] + b[k]) / 2, rtol=0, atol=1e-7)
+
+
+def test_extrapolation_and_soup(pair, tmp_path):
+    a, b = _all_tensors(pair[0]), _all_tensors(pair[1])
+    far = _all_tensors(dose(DoseConfig(a=pair[0], b=pair[1], alpha=1.5, output_dir=tmp_path / "x")).output_dir)
+    result = soup(SoupConfig(models=pair, weights=[0.25, 0.75], output_dir=tmp_path / "s"))
+    souped = _all_tensors(result.output_dir)
+    for k in a:
+        torch.testing.assert_close(far[k], a[k] + 1.5 * (b[k] - a[k]), rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(souped[k], 0.25 * a[k] + 0.75 * b[k], rtol=1e-6, atol=1e-7)
+    # Fresh index, copied config/tokenizer: the output loads the way a server loads it.
+    index = json.loads((result.output_dir / INDEX).read_text())
+    assert set(index["weight_map"]) == set(a) and result.shards == len(set(index["weight_map"].values()))
+    assert (result.output_dir / "tokenizer.json").is_file() and (result.output_dir / "config.json").is_file()
+    AutoModelForCausalLM.from_pretrained(result.output_dir)
+
+
+def test_mismatches_are_refused_without_output(pair, tokenizer_dir, tmp_path):
+    nemo = tiny.build_model("nemotron_h", tokenizer_dir, tmp_path / "nemo")
+    with pytest.raises(MergeError, match="model_type 'nemotron_h' differs"):
+        dose(DoseConfig(a=pair[0], b=nemo, alpha=0.5, output_dir=tmp_path / "out"))
+    qwen = tiny.build_model("qwen2", tokenizer_dir, tmp_path / "qwen")
+    cfg = json.loads((qwen / "config.json").read_text()) | {"model_type": "llama"}
+    (qwen / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(MergeError, match="tensor names differ"):  # Qwen2 has q/k/v biases
+        dose(DoseConfig(a=pair[0], b=qwen, alpha=0.5, output_dir=tmp_path / "out"))
+    half = tmp_path / "half"
+    AutoModelForCausalLM.from_pretrained(pair[1], dtype=torch.bfloat16).save_pretrained(half)
+    with pytest.raises(MergeError, match=r"is BF16\[.*F32"):
+        soup(SoupConfig(models=[pair[0], half], weights=[0.5, 0.5], output_dir=tmp_path / "out"))
+    assert not (tmp_path / "out").exists() and not (tmp_path / "out.partial").exists()
+
+
+def test_bad_merge_configs(pair, tmp_path):
+    with pytest.raises(ValidationError, match="weights: must sum to 1"):
+        SoupConfig(models=pair, weights=[0.5, 0.6], output_dir=tmp_path / "o")
+    with pytest.raises(ValidationError, match="output directory already exists"):
+        DoseConfig(a=pair[0], b=pair[1], alpha=0.5, output_dir=tmp_path)
+    with pytest.raises(ValidationError, match="no config.json"):
+        DoseConfig(a=tmp_path, b=pair[1], alpha=0.5, output_dir=tmp_path / "o")
+
+
+def test_lora_merge_back_matches_adapter_output(model_dirs, sft_data, tmp_path):
+    from peft import PeftModel
+
+    run = train(SFTConfig(model_path=model_dirs["nemotron_h"], data_path=sft_data, output_dir=tmp_path / "run",
+                          lr=1e-2, steps=4, batch_size=8, micro_batch_size=8,
+                          lora=LoRASettings(r=4, alpha=8, train_lm_head=True)))
+    merged = merge_lora(LoRAMergeConfig(base=model_dirs["nemotron_h"], adapter=run.model_dir,
+                                        output_dir=tmp_path / "merged"))
+    ids = torch.randint(4, 1000, (2, 12), generator=torch.Generator().manual_seed(0))
+    base = AutoModelForCausalLM.from_pretrained(model_dirs["nemotron_h"])
+    with torch.no_grad():
+        plain = base(ids).logits
+        expected = PeftModel.from_pretrained(base, run.model_dir).eval()(ids).logits
+        got = AutoModelForCausalLM.from_pretrained(merged.output_dir).eval()(ids).logits
+    assert (expected - plain).abs().max() > 1e-3  # the adapter really changes the output
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
