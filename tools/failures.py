@@ -15,14 +15,16 @@ gradient accumulation (same tokens per optimizer step); everything else is a rec
 from __future__ import annotations
 
 import re
-from typing import Literal, Protocol
+from pathlib import Path
+from typing import Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 FailureClass = Literal[
     "oom", "preempted", "timeout", "nccl_timeout", "nan_loss", "node_failure", "cancelled", "error"
 ]
 Action = Literal["requeue", "retry_smaller_batch", "record"]
+C = TypeVar("C", bound=BaseModel)
 
 # Message prefixes raised inside a job by the launcher's own wrapper (tools/launcher.py) when an
 # in-place requeue is no longer allowed; the classifier reads them back from the trace.
@@ -88,20 +90,30 @@ def _last_exception_line(text: str) -> str:
     return lines[-1][:500] if lines else ""
 
 
-class BatchShape(Protocol):
-    """What a job config exposes so that an OOM can be retried at the same effective batch.
+def smaller_batch_config(config: C) -> C | None:
+    """The OOM retry's config, or None when the config cannot be made smaller.
 
-    A pydantic config with integer fields `micro_batch_size` and `grad_accum` qualifies; the retry
-    is `config.model_copy(update=halved_batch(config))`.
+    The protocol a job config follows to be retried after an OOM: an integer `micro_batch_size`
+    (rows per forward pass), halved here. Accumulation doubles so the optimizer sees the same rows
+    per step: a `grad_accum` field is doubled; with a `batch_size` field (rows per optimizer step,
+    as in trainers.common.TrainConfig) accumulation is batch_size / micro_batch_size and doubles by
+    itself. An `output_dir` moves to a sibling `<name>-mb<k>`, because a trainer refuses a run
+    directory that holds a different config. The result is validated like any config.
     """
-
-    micro_batch_size: int
-    grad_accum: int
-
-
-def halved_batch(config: BatchShape) -> dict[str, int]:
-    """Half the micro-batch, twice the accumulation: the optimizer sees the same tokens per step."""
-    return {"micro_batch_size": config.micro_batch_size // 2, "grad_accum": config.grad_accum * 2}
+    fields = type(config).model_fields
+    micro = getattr(config, "micro_batch_size", 0) if "micro_batch_size" in fields else 0
+    if micro < 2:
+        return None
+    update: dict[str, object] = {"micro_batch_size": micro // 2}
+    if "grad_accum" in fields:
+        update["grad_accum"] = config.grad_accum * 2  # type: ignore[attr-defined]
+    if "output_dir" in fields:
+        out = Path(config.output_dir)  # type: ignore[attr-defined]
+        update["output_dir"] = out.with_name(f"{out.name}-mb{micro // 2}")
+    try:
+        return type(config).model_validate({**config.model_dump(), **update})
+    except ValidationError:
+        return None
 
 
 def decide(failure_class: FailureClass, *, oom_retries: int, requeues: int, max_requeues: int,

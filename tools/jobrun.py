@@ -49,15 +49,21 @@ class Resumable(submitit.helpers.Checkpointable):
 
     def checkpoint(self, config: Any) -> submitit.helpers.DelayedSubmission:
         elapsed = time.time() - self._started
-        # Slurm may send the time-limit signal up to a minute early (its event resolution).
-        slack = min(65.0, 0.1 * self.time_limit_s) + 1.0
-        reason = "timeout" if elapsed >= self.time_limit_s - self.signal_delay_s - slack else "preempted"
+        reason = "timeout" if near_time_limit(elapsed, self.time_limit_s, self.signal_delay_s) else "preempted"
         earlier = sum(1 for e in read_events(_events_path()) if e["event"] == "checkpoint")
         if earlier >= self.max_requeues:
             raise RunInterrupted(f"{reason}: after {elapsed:.0f} s of a {self.time_limit_s:.0f} s limit, "
                                  f"{earlier} requeue(s) already used of {self.max_requeues}")
         _append_event({"event": "checkpoint", "t": time.time(), "reason": reason})
         return submitit.helpers.DelayedSubmission(self, config)
+
+
+def near_time_limit(elapsed_s: float, time_limit_s: float, signal_delay_s: float) -> bool:
+    """Whether a signal after `elapsed_s` is the time-limit warning rather than a preemption.
+
+    Slurm may send the warning up to a minute before `signal_delay_s` (its event resolution)."""
+    slack = min(65.0, 0.1 * time_limit_s) + 1.0
+    return elapsed_s >= time_limit_s - signal_delay_s - slack
 
 
 def _events_path() -> Path:

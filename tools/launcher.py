@@ -41,8 +41,8 @@ from submitit.core.utils import FailedJobError, UncompletedJobError
 
 from agent.config import ExecutorSection
 from memory.notebook import JobRecord, Notebook, now, tool_call_key
-from tools.failures import Failure, classify, decide, halved_batch
-from tools.jobrun import Resumable, read_events
+from tools.failures import Failure, classify, decide, smaller_batch_config
+from tools.jobrun import Resumable, near_time_limit, read_events
 
 R = TypeVar("R", bound=BaseModel)
 C = TypeVar("C", bound=BaseModel)
@@ -439,9 +439,11 @@ class Job(Generic[R]):
             self._submit(folder, record.attempt, self._attempt_args())
 
     def _attempt_args(self) -> BaseModel:
-        """The config of the next attempt: halved micro-batch once an earlier attempt ran out of memory."""
+        """The config of the next attempt: the smaller-batch config once an earlier attempt ran out of memory."""
         if any(a.failure_class == "oom" for a in self.attempts()):
-            return self.args.model_copy(update=halved_batch(typing.cast(Any, self.args)))
+            smaller = smaller_batch_config(self.args)
+            assert smaller is not None, "an OOM retry is only decided when the config can shrink"
+            return smaller
         return self.args
 
     # -- observing -------------------------------------------------------------------------------
@@ -499,6 +501,10 @@ class Job(Generic[R]):
                                  result=outcome.model_dump(mode="json"), **cost)
         text = outcome if isinstance(outcome, str) else _tail(sub.paths.stderr)
         failure = classify(run.state, run.exit_code, text)
+        if failure.failure_class == "preempted" and near_time_limit(
+                run.elapsed_s, self.resources.time_limit_min * 60, self.resources.signal_delay_s):
+            # A job that handles the signal itself (trainers/loop.py) reports any signal as a preemption.
+            failure = failure.model_copy(update={"failure_class": "timeout"})
         record = nb.update_job(self.key, record.attempt, state="failed", failure_class=failure.failure_class,
                                failure_detail=failure.detail, **cost)
         self._apply_policy(record, failure)
@@ -511,7 +517,7 @@ class Job(Generic[R]):
             oom_retries=sum(1 for a in earlier[:-1] if a.failure_class == "oom"),
             requeues=sum(1 for a in earlier[:-1] if a.failure_class in {"preempted", "timeout"}),
             max_requeues=self.resources.max_requeues,
-            can_halve_batch=_has_batch_shape(self.args) and typing.cast(Any, self._attempt_args()).micro_batch_size > 1,
+            can_halve_batch=smaller_batch_config(self.args) is not None,
         )
         nb, session = self.launcher.nb, self.launcher.session
         if action == "record":
@@ -531,11 +537,6 @@ class Job(Generic[R]):
         if isinstance(self.launcher.backend, SlurmBackend):
             return submitit.SlurmJob(folder=folder, job_id=job_id)
         return submitit.local.local.LocalJob(folder=folder, job_id=job_id)
-
-
-def _has_batch_shape(args: BaseModel) -> bool:
-    fields = type(args).model_fields
-    return "micro_batch_size" in fields and "grad_accum" in fields
 
 
 def _outcome(sub: submitit.Job[Any]) -> BaseModel | str | None:

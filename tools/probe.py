@@ -14,8 +14,10 @@ import json
 import math
 import os
 import resource
+import signal
 import time
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -47,6 +49,10 @@ class CountConfig(_Model):
     micro_batch_size: int = Field(8, ge=1, description="Items per step; with `item_mb` it sets the memory a step needs.")
     grad_accum: int = Field(1, ge=1, description="Accumulation steps; the OOM retry doubles it.")
     item_mb: int = Field(0, ge=0, description="MiB allocated per micro-batch item each step (0: none).")
+    on_signal: Literal["requeue", "raise"] = Field(
+        "requeue", description="On SIGUSR2: let submitit checkpoint and requeue in place, or raise 'preempted:' "
+        "after the current step like trainers/loop.py does (the launcher then resubmits).",
+    )
     nan_at_step: int | None = Field(None, ge=1, description="Step whose loss turns NaN; the job stops the way trainers do.")
     memory_limit_mb: int | None = Field(
         None, gt=0, description="Address-space headroom in MiB for the step's allocation; over it the step raises MemoryError.",
@@ -66,7 +72,13 @@ def count(config: CountConfig) -> CountResult:
     state_file = config.output_dir / "state.json"
     state = json.loads(state_file.read_text()) if state_file.exists() else {"step": 0, "total": 0}
     start = state["step"]
+    signalled: list[int] = []
+    if config.on_signal == "raise":
+        # Only meant for a job process (it replaces submitit's handler for the rest of the run).
+        signal.signal(signal.SIGUSR2, lambda signum, _frame: signalled.append(signum))
     for step in range(start, config.steps):
+        if signalled:
+            raise RuntimeError(f"preempted: step {step}: state saved to {state_file}")
         _allocate(config.micro_batch_size * config.item_mb, config.memory_limit_mb)
         time.sleep(config.step_seconds)
         loss = math.nan if step + 1 == config.nan_at_step else 1.0 / (step + 1)

@@ -119,9 +119,12 @@ def _release_requeue_hold(launcher: Launcher, external_id: str, out: Path, steps
     wait_until(resumed, 90, "the requeued job to step again")
 
 
-def test_preempted_job_resumes_from_checkpoint(launcher: Launcher, tmp_path: Path) -> None:
+@pytest.mark.parametrize("on_signal", ["requeue", "raise"])
+def test_preempted_job_resumes_from_checkpoint(launcher: Launcher, tmp_path: Path, on_signal: str) -> None:
+    # requeue: submitit checkpoints and requeues the same job in place (Slurm holds it ~120 s).
+    # raise: the job saves and raises 'preempted:' like trainers/loop.py; the launcher resubmits.
     out = tmp_path / "out"
-    config = CountConfig(steps=10, step_seconds=0.4, output_dir=out)
+    config = CountConfig(steps=10, step_seconds=0.4, output_dir=out, on_signal=on_signal)
     job = launcher.submit("probe", count, config, Resources(time_limit_min=3, signal_delay_s=10))
     wait_until(lambda: _steps_done(out) >= 2, 60, "two steps before the preemption")
     record = job.record
@@ -136,7 +139,8 @@ def test_preempted_job_resumes_from_checkpoint(launcher: Launcher, tmp_path: Pat
     assert 2 <= result.resumed_from < 10  # resumed from the checkpoint, not from scratch
     first, second = job.attempts()
     assert (first.state, first.failure_class, second.state) == ("failed", "preempted", "completed")
-    assert first.external_id == second.external_id  # requeued in place, not submitted again
+    # In place: the same external job; raised: a new submission of the same config.
+    assert (first.external_id == second.external_id) == (on_signal == "requeue")
     assert first.gpu_hours > 0 and second.gpu_hours > 0
 
 

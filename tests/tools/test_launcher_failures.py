@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError, model_validator
 
 from agent.config import ExecutorSection
 from memory.notebook import Notebook
-from tools.failures import classify, decide, halved_batch
+from tools.failures import classify, decide, smaller_batch_config
 from tools.launcher import BudgetRefused, Launcher, Resources, _sbatch_lines
 from tools.probe import CountConfig, EmptyConfig, count, empty
 
@@ -59,11 +59,31 @@ def test_policy() -> None:
         assert decide(klass, **kw) == "record"
 
 
-def test_halved_batch_keeps_tokens_per_step() -> None:
-    config = CountConfig(steps=1, step_seconds=0, output_dir=Path("x"), micro_batch_size=6, grad_accum=3)
-    halved = config.model_copy(update=halved_batch(config))
-    assert (halved.micro_batch_size, halved.grad_accum) == (3, 6)
-    assert halved.micro_batch_size * halved.grad_accum == config.micro_batch_size * config.grad_accum
+def test_smaller_batch_config_keeps_rows_per_step(tmp_path: Path) -> None:
+    config = CountConfig(steps=1, step_seconds=0, output_dir=tmp_path / "run", micro_batch_size=6, grad_accum=3)
+    smaller = smaller_batch_config(config)
+    assert (smaller.micro_batch_size, smaller.grad_accum) == (3, 6)
+    assert smaller.output_dir == tmp_path / "run-mb3"  # a fresh run directory for the changed config
+    assert smaller_batch_config(config.model_copy(update={"micro_batch_size": 1})) is None
+    assert smaller_batch_config(EmptyConfig(tag="no batch")) is None
+
+
+class _Trainer(BaseModel):
+    batch_size: int
+    micro_batch_size: int
+
+    @model_validator(mode="after")
+    def _divides(self) -> _Trainer:
+        if self.batch_size % self.micro_batch_size:
+            raise ValueError("batch_size must be a multiple of micro_batch_size")
+        return self
+
+
+def test_smaller_batch_config_with_implied_accumulation() -> None:
+    # batch_size stays: accumulation (batch_size / micro_batch_size) doubles by itself.
+    assert smaller_batch_config(_Trainer(batch_size=8, micro_batch_size=4)) == _Trainer(batch_size=8, micro_batch_size=2)
+    # 15 rows per step cannot be cut into micro-batches of 2: no valid smaller config.
+    assert smaller_batch_config(_Trainer(batch_size=15, micro_batch_size=5)) is None
 
 
 def _launcher(tmp_path: Path, budget: float, reserve: float) -> tuple[Notebook, Launcher]:
