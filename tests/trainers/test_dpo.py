@@ -4,7 +4,7 @@ import json
 
 import pytest
 from pydantic import ValidationError
-from trainer_testkit import MEMO, metric_series, reload_and_generate, user, write_jsonl
+from trainer_testkit import MEMO, assert_trained, metric_series, reload_and_generate, user, write_jsonl
 
 from trainers.common import ConfigError, LoRASettings
 from trainers.dpo import DPOConfig, cache_key, split_heldout, train
@@ -37,6 +37,7 @@ def test_dpo_learns_preference_and_reloads(kind, lora, model_dirs, pairs, tmp_pa
     assert metric_series(tmp_path / "run", "reward_accuracy")[-1] > 0.5
     assert result.metrics["heldout_pairs"] == 2 and 0 <= result.metrics["heldout_reward_accuracy"] <= 1
     assert "heldout_reward_margin" in result.metrics and result.metrics["ref_logps_cached"] == 0.0
+    assert_trained(result)
     reload_and_generate(result)
 
 

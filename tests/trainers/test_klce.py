@@ -4,7 +4,15 @@ import json
 
 import pytest
 import torch
-from trainer_testkit import MEMO, assistant, metric_series, reload_and_generate, user, write_jsonl
+from trainer_testkit import (
+    MEMO,
+    assert_trained,
+    assistant,
+    metric_series,
+    reload_and_generate,
+    user,
+    write_jsonl,
+)
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from trainers.batch import encode
@@ -28,6 +36,7 @@ def test_klce_learns_and_reloads(kind, lora, model_dirs, klce_data, tmp_path):
     assert losses[-1] < 0.5 * losses[0]
     assert kls[0] == pytest.approx(0.0, abs=1e-5) and kls[-1] > 0  # starts at the parent, then drifts
     assert json.loads((tmp_path / "run" / "result.json").read_text())["steps"] == 20
+    assert_trained(result)
     reload_and_generate(result)
 
 

@@ -48,3 +48,17 @@ def reload_and_generate(result) -> torch.nn.Module:
     out = model.generate(input_ids=prompt, max_new_tokens=4, do_sample=False, eos_token_id=chat.eot_id(tok))
     assert out.shape[1] > prompt.shape[1]
     return model
+
+
+def assert_trained(result) -> None:
+    """Parameters changed: every saved weight of a full run differs from the base (MoE router buffers
+    aside), or an adapter's LoRA B matrices (zero at init) are non-zero."""
+    if result.adapter:
+        adapter = load_file(result.model_dir / "adapter_model.safetensors")
+        b = [v for k, v in adapter.items() if "lora_B" in k]
+        assert b and all(v.abs().sum() > 0 for v in b)
+        return
+    before, after = weights(result.base_model_path), weights(result.model_dir)
+    unchanged = [k for k in before if torch.equal(before[k], after[k])]
+    # The MoE router's score-correction bias is a buffer (load balancing), not a trained parameter.
+    assert all(k.endswith("e_score_correction_bias") for k in unchanged), unchanged
