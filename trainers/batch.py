@@ -42,6 +42,12 @@ class Batch:
     position_ids: torch.Tensor | None
     loss_mask: torch.Tensor
 
+    def to(self, device: torch.device) -> Batch:
+        def move(t):
+            return None if t is None else t.to(device)
+
+        return Batch(move(self.input_ids), move(self.attention_mask), move(self.position_ids), move(self.loss_mask))
+
     @property
     def tokens(self) -> int:
         if self.attention_mask is None:

@@ -236,16 +236,21 @@ def load_tokenizer(model_path: Path) -> PreTrainedTokenizerBase:
     return AutoTokenizer.from_pretrained(model_path)
 
 
+def device() -> torch.device:
+    """The job's device: the first GPU Slurm (or the user) made visible, else the CPU."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
 def load_frozen(model_path: Path, dtype: str) -> PreTrainedModel:
     """A model in eval mode with gradients off (reference / parent models)."""
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype)).to(device())
     model.eval().requires_grad_(False)
     return model
 
 
 def load_policy(model_path: Path, dtype: str, lora: LoRASettings | None, seed: int) -> PreTrainedModel:
     """The trainable model: all weights (lora None) or a peft LoRA adapter over frozen weights."""
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype)).to(device())
     model.config.use_cache = False
     if lora is None:
         return model.train()

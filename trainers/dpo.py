@@ -110,7 +110,8 @@ def pair_logprobs(model, pairs: list[tuple[Encoded, Encoded]], pad_id: int, micr
     out = []
     for start in range(0, len(pairs), micro):
         chunk = pairs[start : start + micro]
-        logp = sequence_logprobs(model, pad_batch([c for c, _ in chunk] + [r for _, r in chunk], pad_id))
+        batch = pad_batch([c for c, _ in chunk] + [r for _, r in chunk], pad_id).to(model.device)
+        logp = sequence_logprobs(model, batch)
         out += list(zip(logp[: len(chunk)].tolist(), logp[len(chunk):].tolist(), strict=True))
     return out
 
@@ -141,12 +142,12 @@ class DPOObjective:
     def loss(self, model, rows: list[int], normalizer: float) -> MicroLoss:
         ids = [self.train_ids[i] for i in rows]
         chosen, rejected = [self.pairs[i][0] for i in ids], [self.pairs[i][1] for i in ids]
-        batch = pad_batch(chosen + rejected, self.pad_id)
+        batch = pad_batch(chosen + rejected, self.pad_id).to(model.device)
         logp = sequence_logprobs(model, batch)
         pi_c, pi_r = logp[: len(ids)], logp[len(ids):]
-        ref = torch.tensor([self.ref[i] for i in ids])
+        ref = torch.tensor([self.ref[i] for i in ids], device=logp.device)
         margin = self.beta * ((pi_c - ref[:, 0]) - (pi_r - ref[:, 1]))
-        n_c = torch.tensor([c.supervised for c in chosen], dtype=torch.float32)
+        n_c = torch.tensor([c.supervised for c in chosen], dtype=torch.float32, device=logp.device)
         dpo = -F.logsigmoid(margin)
         nll = -pi_c / n_c
         loss = (dpo + self.nll_weight * nll).sum() / normalizer

@@ -72,11 +72,11 @@ class KLCEObjective:
         return float(sum(self.encoded[i].supervised for i in rows))
 
     def loss(self, model, rows: list[int], normalizer: float) -> MicroLoss:
-        batch = pad_batch([self.encoded[i] for i in rows], self.pad_id)
+        batch = pad_batch([self.encoded[i] for i in rows], self.pad_id).to(model.device)
         policy = logits(model, batch)
         with torch.no_grad():
             parent = logits(self.parent, batch)
-        ce_rows = torch.tensor([0.0 if self.kl_only[i] else 1.0 for i in rows])[:, None]
+        ce_rows = torch.tensor([0.0 if self.kl_only[i] else 1.0 for i in rows], device=policy.device)[:, None]
         ce = F.cross_entropy(policy.transpose(1, 2), batch.input_ids[:, 1:], reduction="none")
         ce_sum = (ce * batch.loss_mask * ce_rows).sum()
         kl_sum = (forward_kl(parent, policy) * batch.loss_mask).sum()

@@ -15,6 +15,7 @@ The objective is the plug point: `Objective.normalizer(rows)` and `Objective.los
 from __future__ import annotations
 
 import json
+import math
 import random
 import shutil
 import signal
@@ -136,6 +137,7 @@ def save_resume(paths: RunPaths, model, optimizer, scheduler, state: LoopState) 
     torch.save({
         "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
         "torch_rng": torch.get_rng_state(), "python_rng": random.getstate(), "loop": state.__dict__,
+        "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
     }, tmp / "state.pt")
     old = paths.root / "resume.old"
     shutil.rmtree(old, ignore_errors=True)
@@ -158,6 +160,8 @@ def load_resume(paths: RunPaths, model, optimizer, scheduler) -> LoopState:
     optimizer.load_state_dict(blob["optimizer"])
     scheduler.load_state_dict(blob["scheduler"])
     torch.set_rng_state(blob["torch_rng"])
+    if blob["cuda_rng"]:
+        torch.cuda.set_rng_state_all(blob["cuda_rng"])
     random.setstate(blob["python_rng"])
     state = LoopState(**blob["loop"])
     state.resumed_at.append(state.step)
@@ -182,16 +186,17 @@ def _optimizer(model, config: TrainConfig):
 def _one_step(model, objective: Objective, rows: list[int], micro: int) -> tuple[float, MicroLoss]:
     """Forward/backward over the micro-batches of one step; returns (loss, summed counts)."""
     norm = objective.normalizer(rows)
+    loss = 0.0
     total = MicroLoss(torch.zeros(()), 0, 0, {})
     for start in range(0, len(rows), micro):
         part = objective.loss(model, rows[start : start + micro], norm)
         part.loss.backward()
-        total.loss = total.loss + part.loss.detach()
+        loss += float(part.loss.detach())
         total.tokens += part.tokens
         total.supervised += part.supervised
         for k, v in part.metrics.items():
             total.metrics[k] = total.metrics.get(k, 0.0) + v
-    return float(total.loss), total
+    return loss, total
 
 
 def run_loop(config: TrainConfig, paths: RunPaths, model, objective: Objective) -> LoopState:
@@ -206,7 +211,7 @@ def run_loop(config: TrainConfig, paths: RunPaths, model, objective: Objective) 
             t0 = time.perf_counter()
             rows = rows_for_step(state.step, config.batch_size, objective.n_rows, config.seed)
             loss, counts = _one_step(model, objective, rows, config.micro_batch_size)
-            if not torch.isfinite(torch.tensor(loss)):
+            if not math.isfinite(loss):
                 raise NonFiniteLoss(state.step + 1, loss)
             grad_norm = torch.nn.utils.clip_grad_norm_(
                 [p for p in model.parameters() if p.requires_grad], config.grad_clip

@@ -75,7 +75,7 @@ class SFTObjective:
         return pack_batch([[self.encoded[j] for j in self.packs[i]] for i in rows], self.pad_id)
 
     def loss(self, model: torch.nn.Module, rows: list[int], normalizer: float) -> MicroLoss:
-        batch = self.batch(rows)
+        batch = self.batch(rows).to(model.device)
         nll = -(token_logprobs(logits(model, batch), batch.input_ids) * batch.loss_mask).sum()
         return MicroLoss(nll / normalizer, batch.tokens, int(batch.loss_mask.sum()))
 
