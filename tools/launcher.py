@@ -47,9 +47,10 @@ from tools.jobrun import Resumable, near_time_limit, read_events
 R = TypeVar("R", bound=BaseModel)
 C = TypeVar("C", bound=BaseModel)
 
-# Slurm states after which a run will not change any more (sacct State column, first word).
-_SLURM_FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "BOOT_FAIL",
-                "OUT_OF_MEMORY", "DEADLINE", "REVOKED", "REQUEUED"}
+# States after which the last run will not change any more (sacct's State column, first word; the
+# local backend reports the same names). REQUEUED is not among them: the job runs again.
+_FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "BOOT_FAIL",
+                 "OUT_OF_MEMORY", "DEADLINE", "REVOKED"}
 # submitit requeues in place on the preemption signal; our own wrapper enforces the limits, so
 # submitit's countdown (which counts every signal of a job under 10 minutes as a timeout) is off.
 _NO_SUBMITIT_LIMIT = 1000
@@ -307,14 +308,18 @@ class Launcher:
 
     def submit(self, kind: str, fn: Callable[[C], R], args: C, resources: Resources) -> Job[R]:
         """Submit `fn(args)` once per (kind, fn, session, args); later calls re-attach to it."""
-        key = tool_call_key(f"{kind}:{fn.__module__}.{fn.__qualname__}",
-                            {"session": self.session, "args": args.model_dump(mode="json")})
+        key = self.key(kind, fn, args)
         job: Job[R] = Job(self, key, kind, fn, args, resources, _result_type(fn))
         if self.nb.get_job(key) is None:
             job._launch(attempt=1, reason="new job")
         else:
             job._recover_submission()
         return job
+
+    def key(self, kind: str, fn: Callable[..., Any], args: BaseModel) -> str:
+        """Idempotency key: the tool (kind and function) and the canonical args, within this session."""
+        return tool_call_key(f"{kind}:{fn.__module__}.{fn.__qualname__}",
+                             {"session": self.session, "args": args.model_dump(mode="json")})
 
     def forecast(self, kind: str, resources: Resources) -> Forecast:
         if resources.estimate_gpuh is not None:
@@ -433,7 +438,7 @@ class Job(Generic[R]):
         folder = Path(record.folder or "")
         found = sorted(folder.glob("*_submitted.pkl"))
         if found:
-            job_id = found[0].name.removesuffix("_submitted.pkl").removesuffix("_0")
+            job_id = found[0].name.removesuffix("_submitted.pkl")
             self.launcher.nb.update_job(self.key, record.attempt, external_id=job_id)
         else:
             self._submit(folder, record.attempt, self._attempt_args())
@@ -457,14 +462,10 @@ class Job(Generic[R]):
         runs = self.launcher.backend.runs(record.external_id, folder, self.resources)
         record = self._close_requeued_runs(record, runs)
         last = runs[-1]
-        if last.state in {"PENDING", "REQUEUED"}:
-            return record
-        if last.state == "RUNNING":
-            if record.state != "running":
-                record = self.launcher.nb.update_job(self.key, record.attempt, state="running",
-                                                     started_at=_iso(last.started))
-            return record
-        if last.state not in _SLURM_FINAL and last.state != "COMPLETED":
+        if last.state == "RUNNING" and record.state != "running":
+            return self.launcher.nb.update_job(self.key, record.attempt, state="running",
+                                               started_at=_iso(last.started))
+        if last.state not in _FINAL_STATES:  # pending, running, requeued, suspended, ...
             return record
         return self._settle(record, last, folder)
 

@@ -143,3 +143,17 @@ def test_count_probe_resumes_in_process(tmp_path: Path) -> None:
     (tmp_path / "state.json").write_text('{"step": 2, "total": 1}')
     result = count(config)
     assert (result.resumed_from, result.total) == (2, 1 + 4 + 9)
+
+
+def test_recorded_but_never_submitted_is_submitted_once_on_resume(tmp_path: Path) -> None:
+    # The agent died between writing the attempt row and calling the executor.
+    nb, launcher = _launcher(tmp_path, budget=1.0, reserve=0.0)
+    config = EmptyConfig(tag="crash window")
+    key = launcher.key("probe", empty, config)
+    nb.start_job(key, session="s1", kind="probe", executor="local", resources={}, forecast_gpuh=0.01,
+                 folder=str(tmp_path / "jobs" / "attempt-1"))
+    job = launcher.submit("probe", empty, config, Resources(time_limit_min=1, signal_delay_s=10))
+    assert job.result(timeout_s=60).pid > 0
+    assert len(list((tmp_path / "jobs" / "attempt-1").glob("*_submitted.pkl"))) == 1
+    again = launcher.submit("probe", empty, config, Resources(time_limit_min=1, signal_delay_s=10))
+    assert again.record.external_id == job.record.external_id and len(nb.jobs()) == 1
