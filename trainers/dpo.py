@@ -196,7 +196,7 @@ def train(config: DPOConfig) -> TrainResult:
         return {**extra, "ref_logps_cached": float(cached)}
 
     truncated = sum(c.truncated or r.truncated for c, r in pairs)
-    return run_job(config, lambda _m, _t: objective, final_metrics=final, truncated_rows=truncated)
+    return run_job(config, objective, final_metrics=final, truncated_rows=truncated)
 
 
 def main() -> None:

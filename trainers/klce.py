@@ -104,7 +104,7 @@ def train(config: KLCEConfig) -> TrainResult:
     check_supervised(encoded, config.data_path, config.max_len)
     parent = load_frozen(config.parent_path or config.model_path, config.dtype)
     objective = KLCEObjective(encoded, [r.kl_only for r in rows], parent, tokenizer.pad_token_id, config.kl_coef)
-    return run_job(config, lambda _m, _t: objective, truncated_rows=sum(e.truncated for e in encoded))
+    return run_job(config, objective, truncated_rows=sum(e.truncated for e in encoded))
 
 
 def main() -> None:

@@ -29,7 +29,6 @@ from typing import Protocol
 
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import PreTrainedTokenizerBase
 
 from trainers.common import (
     NonFiniteLoss,
@@ -248,13 +247,13 @@ def save_model(model, tokenizer, out_dir) -> None:
 
 def run_job(
     config: TrainConfig,
-    build_objective: Callable[[torch.nn.Module, PreTrainedTokenizerBase], Objective],
+    objective: Objective,
     final_metrics: Callable[[torch.nn.Module], dict[str, float]] | None = None,
     truncated_rows: int = 0,
 ) -> TrainResult:
     """Setup, run, save, clean up: the body every trainer's `train(config)` shares.
 
-    The caller has validated config and data. A finished run returns its stored result; a run
+    The caller has validated config and data and built the objective. A finished run returns its stored result; a run
     directory with resume state continues from it.
     """
     done = finished_result(config)
@@ -263,7 +262,6 @@ def run_job(
     paths = start_run(config)
     tokenizer = load_tokenizer(config.model_path)
     model = load_policy(config.model_path, config.dtype, config.lora, config.seed)
-    objective = build_objective(model, tokenizer)
     state = run_loop(config, paths, model, objective)
     model.eval()
     metrics = {**state.last_metrics, **(final_metrics(model) if final_metrics else {})}

@@ -104,7 +104,7 @@ def train(config: SFTConfig) -> TrainResult:
     check_supervised(encoded, config.data_path, config.max_len)
     packs = pack_rows(encoded, config.max_len) if config.packing else None
     objective = SFTObjective(encoded, tokenizer.pad_token_id, packs)
-    return run_job(config, lambda _model, _tok: objective, truncated_rows=sum(e.truncated for e in encoded))
+    return run_job(config, objective, truncated_rows=sum(e.truncated for e in encoded))
 
 
 def main() -> None:
