@@ -4,7 +4,7 @@ import json
 
 import pytest
 from pydantic import ValidationError
-from trainer_testkit import reload_and_generate, write_jsonl
+from trainer_testkit import assert_trained, metric_series, reload_and_generate, write_jsonl
 
 from evals.synthetic import check, generate
 from evals.types import Completion, completion_from_text
@@ -33,7 +33,7 @@ def test_rft_samples_verifies_keeps_and_trains(kind, model_dirs, digit_sum, tmp_
     # A policy that sometimes gets these right: a short SFT on the reference answers.
     policy = sft_train(SFTConfig(model_path=model_dirs[kind], data_path=refs, output_dir=tmp_path / "pre",
                                  lr=1e-2, steps=40, batch_size=4, micro_batch_size=4)).model_dir
-    config = RFTConfig(model_path=policy, data_path=items, output_dir=tmp_path / "rft", lr=1e-3, steps=4,
+    config = RFTConfig(model_path=policy, data_path=items, output_dir=tmp_path / "rft", lr=1e-2, steps=8,
                        batch_size=2, micro_batch_size=2, k=4, temperature=1.0, max_new_tokens=40)
     result = train(config)
     samples = [json.loads(x) for x in (tmp_path / "rft" / "samples.jsonl").read_text().splitlines()]
@@ -49,7 +49,10 @@ def test_rft_samples_verifies_keeps_and_trains(kind, model_dirs, digit_sum, tmp_
     assert 0 < st.pass_at_1 <= st.pass_at_k and st.kept == round(st.pass_at_k * 4)
     for row in read_rows(st.sft_data_path, SFTRow):
         assert check(by_id[row.id], row.messages[-1].content)
-    assert result.train.steps == 4 and result.train.data_sha256
+    assert result.train.steps == 8 and result.train.data_sha256
+    losses = metric_series(tmp_path / "rft" / "sft")
+    assert losses[-1] < losses[0]
+    assert_trained(result.train)
     reload_and_generate(result.train)
     # A requeue of the finished job returns the stored result and resamples nothing.
     mtime = (tmp_path / "rft" / "samples.jsonl").stat().st_mtime_ns
