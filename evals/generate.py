@@ -6,6 +6,12 @@ length so each batch wastes little padding, left-padded (new tokens then line up
 edge) and decoded with exactly the served settings: greedy or temperature/top_p (top_k off, since
 a served decoding has none), repetition penalty, max new tokens and stop ids.
 
+`static_cache=True` (GPU) uses a preallocated KV cache, which transformers compiles with CUDA graphs
+("reduce-overhead"): decode then stops paying Python and kernel-launch overhead per step, the
+bottleneck of eager decoding (bench/gen_throughput.py). Prompt widths are rounded up to a
+multiple of `WIDTH_BUCKET` so a few compiled shapes serve a whole job. Outputs are the same
+tokens under greedy decoding up to floating-point reassociation.
+
 Seeding: the global torch generator is seeded once per call; with the same items, decoding, seed
 and batch size a replicate is reproducible. Different seeds give the sampling replicates of a
 noise floor.
@@ -55,17 +61,22 @@ def stop_ids(loaded: Loaded, decoding: Decoding) -> list[int]:
     return [eos] if isinstance(eos, int) else list(eos)
 
 
-def generation_config(decoding: Decoding, stops: list[int], pad_id: int) -> GenerationConfig:
+WIDTH_BUCKET = 64
+
+
+def generation_config(decoding: Decoding, stops: list[int], pad_id: int, static_cache: bool = False) -> GenerationConfig:
     # top_k=0: a served decoding has no top-k, and transformers would otherwise default it to 50.
     sampled = {} if decoding.greedy else {"temperature": decoding.temperature, "top_p": decoding.top_p, "top_k": 0}
     return GenerationConfig(
         do_sample=not decoding.greedy, repetition_penalty=decoding.repetition_penalty,
         max_new_tokens=decoding.max_new_tokens, eos_token_id=stops, pad_token_id=pad_id, **sampled,
+        **({"cache_implementation": "static"} if static_cache else {}),
     )
 
 
-def _left_pad(prompts: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(p) for p in prompts)
+def _left_pad(prompts: list[list[int]], pad_id: int, device: torch.device,
+              bucket: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    width = -(-max(len(p) for p in prompts) // bucket) * bucket
     ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(prompts), width), dtype=torch.long)
     for row, prompt in enumerate(prompts):
@@ -84,7 +95,7 @@ def _record(item_id: str, new_tokens: list[int], stops: list[int], tokenizer: To
 
 
 def generate(loaded: Loaded, items: Sequence[Item], decoding: Decoding, seed: int,
-             batch_size: int = 64) -> list[Completion]:
+             batch_size: int = 64, static_cache: bool = False) -> list[Completion]:
     """One completion per item, in item order, at `decoding` with sampling seed `seed`."""
     tok = loaded.tokenizer
     pad_id = tok.pad_token_id
@@ -93,13 +104,14 @@ def generate(loaded: Loaded, items: Sequence[Item], decoding: Decoding, seed: in
     system = decoding.system_prompt or None
     prompts = [render_prompt(tok, item.messages, system) for item in items]
     stops = stop_ids(loaded, decoding)
-    config = generation_config(decoding, stops, pad_id)
+    config = generation_config(decoding, stops, pad_id, static_cache)
     order = sorted(range(len(items)), key=lambda i: len(prompts[i]))
     out: dict[int, Completion] = {}
     torch.manual_seed(seed)
     for start in range(0, len(order), batch_size):
         batch = order[start:start + batch_size]
-        ids, mask = _left_pad([prompts[i] for i in batch], pad_id, loaded.device)
+        ids, mask = _left_pad([prompts[i] for i in batch], pad_id, loaded.device,
+                              WIDTH_BUCKET if static_cache else 1)
         with torch.inference_mode():
             seqs = loaded.model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
         for row, i in enumerate(batch):

@@ -29,6 +29,14 @@ def test_batched_left_padding_matches_one_at_a_time(tiny_models, item, kind):
     assert all(c.truncated and c.n_tokens == 10 for c in batched)  # untrained: never stops by itself
 
 
+def test_static_cache_matches_dynamic(tiny_models, item):
+    # The GPU fast path (static KV cache, bucketed widths) must produce the same greedy answers.
+    loaded = load(tiny_models["llama"])
+    items = _items(item)
+    dec = Decoding(max_new_tokens=6)
+    assert generate(loaded, items, dec, seed=0, static_cache=True) == generate(loaded, items, dec, seed=0)
+
+
 def test_stop_ids_cut_and_count(tiny_models, item):
     loaded = load(tiny_models["llama"])
     it = _items(item, 1)
