@@ -30,15 +30,16 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from evals import battle_margin, constraints, judge, length_stop, loops, math, mcq, reward_proxy
+from evals import battle_margin, constraints, judge, length_stop, loops, math, mcq, reward_proxy, synthetic
 from evals.decoding import Decoding
 from evals.generate import Loaded, generate, load
 from evals.judge import JudgeRecord
 from evals.types import Completion, Item, Outcome, suite_metrics
 
-ScorerName = Literal["math", "mcq", "constraints", "loops", "length_stop", "battle_margin", "reward_proxy", "judge"]
+ScorerName = Literal["math", "mcq", "constraints", "loops", "length_stop", "synthetic", "battle_margin",
+                     "reward_proxy", "judge"]
 # Scorers that read the model's answers (battle_margin reads its likelihoods instead).
-_GENERATING = {"math", "mcq", "constraints", "loops", "length_stop", "reward_proxy", "judge"}
+_GENERATING = {"math", "mcq", "constraints", "loops", "length_stop", "synthetic", "reward_proxy", "judge"}
 
 
 class OpenAIJudgeSpec(BaseModel):
@@ -96,6 +97,7 @@ class EvalJobConfig(BaseModel):
     replicates: int = Field(1, ge=1, le=32, description="Replicates per suite (K >= 3 for a noise floor).")
     seed: int = Field(0, ge=0, description="Base seed: sampling seed of replicate k is seed + k.")
     batch_size: int = Field(64, ge=1, description="Prompts generated together.")
+    static_cache: bool = Field(False, description="GPU: static KV cache compiled with CUDA graphs (see evals/generate.py).")
     device: str = Field("cpu", description="torch device, e.g. cpu or cuda.")
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Weights dtype.")
     output_dir: Path = Field(description="Directory for config, completions, judgments and result.")
@@ -197,8 +199,9 @@ def score(cfg: EvalJobConfig, spec: SuiteSpec, items: list[Item], comps: list[Co
     match spec.scorer:
         case "math":
             return math.score(items, comps, timeout_s=cfg.math_timeout_s), None
-        case "mcq" | "constraints" | "loops" | "length_stop":
-            module = {"mcq": mcq, "constraints": constraints, "loops": loops, "length_stop": length_stop}
+        case "mcq" | "constraints" | "loops" | "length_stop" | "synthetic":
+            module = {"mcq": mcq, "constraints": constraints, "loops": loops, "length_stop": length_stop,
+                      "synthetic": synthetic}
             return module[spec.scorer].score(items, comps), None
         case "battle_margin":
             return battle_margin.score(items, battle_margin.measure(loaded, items, cfg.decoding)), None
@@ -231,7 +234,8 @@ def run_suite(cfg: EvalJobConfig, spec: SuiteSpec, loaded: Loaded, tools: Tools,
         comps, path = None, None
         if spec.scorer in _GENERATING:
             start = time.perf_counter()
-            comps = generate(loaded, items, cfg.decoding, seed=seed, batch_size=cfg.batch_size)
+            comps = generate(loaded, items, cfg.decoding, seed=seed, batch_size=cfg.batch_size,
+                             static_cache=cfg.static_cache)
             stats["generation_s"] += time.perf_counter() - start
             stats["generated_tokens"] += sum(c.n_tokens for c in comps)
             path = write_jsonl(cfg.output_dir / f"completions-{spec.name}-r{k}.jsonl", comps)

@@ -7,7 +7,7 @@ import json
 import pytest
 import submitit
 
-from evals import battle_margin, reward_proxy
+from evals import battle_margin, reward_proxy, synthetic
 from evals.decoding import Decoding
 from evals.generate import answer_logprobs, generate, load
 from evals.job import EvalJobConfig, EvalResult, SuiteSpec, run
@@ -88,6 +88,7 @@ def test_eval_job_runs_every_suite_on_one_load(tiny_models, item, tmp_path, monk
     plain = _write_items(tmp_path / "plain.jsonl", _items(item))
     mcq = _write_items(tmp_path / "mcq.jsonl", [item(f"m{i}", "pick", gold="A", choices=("x", "y")) for i in range(3)])
     battles = _write_items(tmp_path / "battles.jsonl", _battle_items(item))
+    synth = _write_items(tmp_path / "synth.jsonl", [t.item for t in synthetic.generate("digit_sum", 3, seed=0)])
     incumbent = tmp_path / "incumbent.jsonl"
     incumbent.write_text("".join(json.dumps({"item_id": f"b{i}", "text": "", "n_tokens": 1, "stopped": True,
                                              "truncated": False, "empty": True, "has_replacement_char": False})
@@ -99,13 +100,14 @@ def test_eval_job_runs_every_suite_on_one_load(tiny_models, item, tmp_path, monk
         suites=[SuiteSpec(name="len", scorer="length_stop", items_path=plain),
                 SuiteSpec(name="loops", scorer="loops", items_path=plain),
                 SuiteSpec(name="mcq", scorer="mcq", items_path=mcq),
+                SuiteSpec(name="synth", scorer="synthetic", items_path=synth),
                 SuiteSpec(name="margin", scorer="battle_margin", items_path=battles),
                 SuiteSpec(name="rm", scorer="reward_proxy", items_path=battles),
                 SuiteSpec(name="judge", scorer="judge", items_path=battles, incumbent_completions=incumbent)],
     )
     result = run(cfg)
     assert EvalResult.model_validate_json((tmp_path / "out" / "result.json").read_text()) == result
-    assert len(result.suites) == 6 * 3
+    assert len(result.suites) == 7 * 3
     first = {r.suite: r for r in result.suites if r.replicate == 0}
     assert first["len"].metrics["truncated"] == 1.0 and first["len"].metrics["n_tokens"] == 8.0
     assert first["mcq"].metrics["n_unparsed"] == 3.0
@@ -114,7 +116,8 @@ def test_eval_job_runs_every_suite_on_one_load(tiny_models, item, tmp_path, monk
     assert (tmp_path / "out" / "judgments-judge.jsonl").is_file()
     resampled = [r for r in result.suites if r.replicate > 0]
     assert all(r.resampled for r in resampled)  # greedy: replicates are item resamples, not regenerations
-    assert result.generated_tokens == 8 * (6 + 6 + 3 + 4 + 4)
+    assert first["synth"].metrics["n_correct"] == 3.0
+    assert result.generated_tokens == 8 * (6 + 6 + 3 + 3 + 4 + 4)
     # The reward proxy agrees with the reward model called directly.
     rm = reward_proxy.load(tiny_models["reward"])
     items = [json.loads(line) for line in battles.read_text().splitlines()]
