@@ -163,9 +163,11 @@ class LocalBackend:
         elif not runs or runs[-1].state == "REQUEUED":  # died before the function started
             runs.append(Run(state=self._death_state(job_id, folder, 0.0, resources), started=None, ended=None,
                             elapsed_s=0.0, devices=devices, exit_code=None))
-        elif runs[-1].state == "FAILED" and (folder / f"{job_id}_cancelled").exists():
-            # The cancel interrupted the function, which logged its end as a failure.
-            runs[-1] = runs[-1].model_copy(update={"state": "CANCELLED"})
+        elif runs[-1].state == "FAILED" and not (folder / f"{job_id}_0_result.pkl").exists():
+            # Interrupted from outside (a cancel, or the controller's kill at the time limit): the
+            # function logged its end as a failure but the worker never got to pickle an outcome.
+            state = self._death_state(job_id, folder, runs[-1].elapsed_s, resources)
+            runs[-1] = runs[-1].model_copy(update={"state": state})
         return runs
 
     def _death_state(self, job_id: str, folder: Path, elapsed_s: float, resources: Resources) -> str:

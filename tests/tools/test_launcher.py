@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.config import ExecutorSection
 from memory.notebook import Notebook
 from tools.launcher import JobFailed, Launcher, Resources, _controller_alive
 from tools.probe import CountConfig, count
@@ -99,6 +100,25 @@ def test_job_over_its_time_limit_is_recorded_timeout(launcher: Launcher, tmp_pat
     record = failed.value.record
     assert record.failure_class == "timeout", record.failure_detail
     assert len(job.attempts()) == 1 and record.gpu_hours > 0
+
+
+def test_local_job_killed_at_its_time_limit_is_recorded_timeout(notebook: Notebook, tmp_path: Path) -> None:
+    # The job takes the signal but keeps sleeping through it (a step longer than the limit): the
+    # local controller kills it at the limit, with no result written.
+    launcher = Launcher(notebook, SESSION, ExecutorSection(kind="local"), tmp_path / "jobs", poll_s=0.2)
+    config = CountConfig(steps=2, step_seconds=30, output_dir=tmp_path / "out", on_signal="raise")
+    job = launcher.submit("probe", count, config, Resources(time_limit_min=0.1, signal_delay_s=3, max_requeues=1))
+    with pytest.raises(JobFailed) as failed:
+        job.result(timeout_s=60)
+    assert failed.value.record.failure_class == "timeout", failed.value.record.failure_detail
+    # One requeue (a new submission, as nothing requeued it in place), then a recorded failure.
+    first, second = job.attempts()
+    assert (first.failure_class, second.failure_class) == ("timeout", "timeout")
+    assert first.external_id != second.external_id
+    for attempt in (first, second):
+        assert attempt.gpu_hours * 3600 == pytest.approx(6, abs=1.5)
+    (fail,) = notebook.decisions(SESSION, kind="fail")
+    assert fail.payload["failure_class"] == "timeout"
 
 
 def _preempt(launcher: Launcher, external_id: str, folder: Path) -> None:
