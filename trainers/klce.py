@@ -61,7 +61,11 @@ def forward_kl(parent_logits: torch.Tensor, policy_logits: torch.Tensor) -> torc
 
 
 class KLCEObjective:
-    """CE on non-replay rows' assistant tokens + kl_coef * KL to the parent on all of them."""
+    """CE on non-replay rows' assistant tokens + kl_coef * KL to the parent on all of them.
+
+    `parent=None` means the parent is the policy's own base weights: a LoRA policy with its adapter
+    (and trainable lm_head copy) switched off, so no second copy of the model is held in memory.
+    """
 
     def __init__(self, encoded: list[Encoded], kl_only: list[bool], parent, pad_id: int, kl_coef: float):
         self.encoded, self.kl_only, self.parent = encoded, kl_only, parent
@@ -75,7 +79,7 @@ class KLCEObjective:
         batch = pad_batch([self.encoded[i] for i in rows], self.pad_id).to(model.device)
         policy = logits(model, batch)
         with torch.no_grad():
-            parent = logits(self.parent, batch)
+            parent = self._parent_logits(model, batch)
         ce_rows = torch.tensor([0.0 if self.kl_only[i] else 1.0 for i in rows], device=policy.device)[:, None]
         ce = F.cross_entropy(policy.transpose(1, 2), batch.input_ids[:, 1:], reduction="none")
         ce_sum = (ce * batch.loss_mask * ce_rows).sum()
@@ -83,6 +87,13 @@ class KLCEObjective:
         loss = (ce_sum + self.kl_coef * kl_sum) / normalizer
         metrics = {"ce": float(ce_sum.detach()) / normalizer, "kl": float(kl_sum.detach()) / normalizer}
         return MicroLoss(loss, batch.tokens, int(batch.loss_mask.sum()), metrics)
+
+
+    def _parent_logits(self, model, batch) -> torch.Tensor:
+        if self.parent is not None:
+            return logits(self.parent, batch)
+        with model.disable_adapter():
+            return logits(model, batch)
 
 
 def validate(config: KLCEConfig) -> list[KLCERow]:
@@ -102,7 +113,9 @@ def train(config: KLCEConfig) -> TrainResult:
     tokenizer = load_tokenizer(config.model_path)
     encoded = [encode(tokenizer, r.messages, config.system_prompt, config.max_len) for r in rows]
     check_supervised(encoded, config.data_path, config.max_len)
-    parent = load_frozen(config.parent_path or config.model_path, config.dtype)
+    # A LoRA policy over the parent's own weights reads the parent by switching its adapter off.
+    own_base = config.lora is not None and config.parent_path in (None, config.model_path)
+    parent = None if own_base else load_frozen(config.parent_path or config.model_path, config.dtype)
     objective = KLCEObjective(encoded, [r.kl_only for r in rows], parent, tokenizer.pad_token_id, config.kl_coef)
     return run_job(config, objective, truncated_rows=sum(e.truncated for e in encoded))
 

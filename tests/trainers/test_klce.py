@@ -62,3 +62,23 @@ def test_forward_kl_matches_definition():
     expected = torch.nn.functional.kl_div(q.log_softmax(-1), p.log_softmax(-1), log_target=True, reduction="none").sum(-1)
     torch.testing.assert_close(forward_kl(p, q), expected)
     assert torch.all(forward_kl(p, p).abs() < 1e-6)
+
+
+def test_lora_parent_by_disabled_adapter_equals_separate_parent(model_dirs):
+    from trainers.common import load_policy
+
+    tok = AutoTokenizer.from_pretrained(model_dirs["nemotron_h"])
+    parent = AutoModelForCausalLM.from_pretrained(model_dirs["nemotron_h"]).eval()
+    policy = load_policy(model_dirs["nemotron_h"], "float32", LoRASettings(r=4, alpha=8, train_lm_head=True), 0)
+    with torch.no_grad():  # move the adapter and head away from the parent
+        for p in policy.parameters():
+            if p.requires_grad:
+                p.add_(0.05 * torch.randn_like(p))
+    rows = [encode(tok, [user(q), assistant(a)], None, 256) for q, a in MEMO[:3]]
+    own = KLCEObjective(rows, [True, False, True], None, tok.pad_token_id, kl_coef=0.7)
+    separate = KLCEObjective(rows, [True, False, True], parent, tok.pad_token_id, kl_coef=0.7)
+    policy.eval()
+    a = own.loss(policy, [0, 1, 2], own.normalizer([0, 1, 2]))
+    b = separate.loss(policy, [0, 1, 2], separate.normalizer([0, 1, 2]))
+    assert a.metrics["kl"] > 1e-4
+    torch.testing.assert_close(a.loss, b.loss, rtol=1e-5, atol=1e-6)
