@@ -5,8 +5,10 @@ optimizer step, divided by the number of those tokens (so micro-batching does no
 
 Packing (optional) concatenates rows into sequences of at most `max_len` tokens with position ids
 restarting per row; transformers turns that into a block-diagonal causal mask for attention layers.
-The Mamba mixers' PyTorch path takes no per-sequence boundaries (no `seq_idx`), so state would
-flow from one row into the next: packing is refused for models with recurrent layers.
+The Mamba mixers' PyTorch path takes no per-sequence boundaries (transformers' reference
+implementation raises on `seq_idx`/`cu_seqlens` unless the `mamba_ssm` kernels are installed), so
+state would flow from one row into the next: packing is refused for models with recurrent layers.
+Packing there would need the CUDA kernels and a test on a machine that has them.
 
 Why not TRL's SFTTrainer: its packing does not know about Mamba state either, and the resume
 contract (signal-time checkpoint, same final weights) lives in `trainers/loop.py` for all trainers.
