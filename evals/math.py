@@ -10,19 +10,30 @@ that is killed when it overruns `timeout_s` (sympy can hang on adversarial expre
 from __future__ import annotations
 
 import multiprocessing as mp
+import time
 from multiprocessing.pool import Pool
 
 from evals.types import Completion, Item, Outcome, check_aligned
 
 
-def verify_answer(gold: str, text: str) -> tuple[str, str]:
-    """(label, extracted prediction) for one answer; runs inside a pool worker."""
+def _init_worker() -> None:
+    """Import math-verify once per worker, so its import time is not charged to an item's timeout."""
     import logging
 
-    from math_verify import parse, verify
+    import math_verify  # noqa: F401
 
     # math-verify warns once per process that timeouts are off; the pool is the timeout here.
     logging.getLogger("math_verify").setLevel(logging.ERROR)
+
+
+def _ready(_: int) -> None:
+    time.sleep(0.05)  # long enough that every worker takes one warm-up task
+
+
+def verify_answer(gold: str, text: str) -> tuple[str, str]:
+    """(label, extracted prediction) for one answer; runs inside a pool worker."""
+    from math_verify import parse, verify
+
     gold_latex = gold if "$" in gold else f"${gold}$"
     gold_parsed = parse(gold_latex, parsing_timeout=None)
     if not gold_parsed:
@@ -67,8 +78,10 @@ def score(items: list[Item], completions: list[Completion], timeout_s: float = 1
     done: dict[str, Outcome] = {}
     ctx = mp.get_context("spawn")  # no fork of a process that may hold torch threads
     while jobs:
-        pool = ctx.Pool(processes=max(1, min(workers, len(jobs))))
+        n = max(1, min(workers, len(jobs)))
+        pool = ctx.Pool(processes=n, initializer=_init_worker)
         try:
+            pool.map(_ready, range(n), chunksize=1)  # workers up and imported before any clock starts
             batch, jobs = _run(pool, jobs, timeout_s)
         finally:
             pool.terminate()  # kills a hung sympy worker; a fresh pool takes the remaining items

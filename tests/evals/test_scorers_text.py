@@ -32,6 +32,15 @@ def test_math_equivalences(item, completion):
     assert suite_metrics(outs)["correct"] == pytest.approx(4 / 6)
 
 
+def test_math_hang_is_killed_and_the_rest_scored(item, completion):
+    # sympy tries to evaluate the tower exactly and never returns; the pool kills that worker.
+    items = [item("hang", gold="1"), item("ok", gold="2")]
+    comps = [completion("hang", "$9^{9^{9^{9}}}$"), completion("ok", "The answer is 2")]
+    outs = math.score(items, comps, timeout_s=2)
+    assert [o.label for o in outs] == ["timeout", "correct"]
+    assert outs[0].values == {"correct": 0.0, "no_answer": 0.0}
+
+
 def test_math_misaligned_refused(item, completion):
     with pytest.raises(ValueError, match="paired with a completion for"):
         math.score([item("a", gold="1")], [completion("b", "1")])
