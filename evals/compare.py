@@ -3,7 +3,8 @@
 Refusals (recorded as `refuse` decisions, nothing else written) when:
 - the bars were registered after any of the candidate's evals on the bars' suites began
   (invariant 2: bars before scores);
-- a candidate eval used a decoding other than the candidate's served one (invariant 4);
+- a bar's suite was evaluated for the candidate only at a decoding other than its served one
+  (invariant 4: such evals are diagnostics; only served-decoding evals are ever used);
 - a bar is written in noise-floor units and the suite/metric has no noise floor (invariant 3);
 - an eval the bars need is missing, or candidate and incumbent scored different items.
 
@@ -56,10 +57,12 @@ class _Refused(Exception):
     pass
 
 
-def _latest(nb: Notebook, session: str, artifact_id: int, suite: str) -> EvalRecord:
-    evs = [e for e in nb.evals(artifact_id=artifact_id, suite=suite, session=session) if e.replicate == 0]
+def _latest(nb: Notebook, session: str, artifact_id: int, suite: str, fingerprint: str | None) -> EvalRecord:
+    """The latest full (replicate 0) eval of a suite at served decoding (`fingerprint`, if given)."""
+    evs = [e for e in nb.evals(artifact_id=artifact_id, suite=suite, session=session)
+           if e.replicate == 0 and e.served and fingerprint in (None, e.decoding_sha256)]
     if not evs:
-        raise _Refused(f"artifact {artifact_id} has no eval of suite {suite} in session {session}")
+        raise _Refused(f"artifact {artifact_id} has no eval of suite {suite} at its served decoding in session {session}")
     return evs[-1]
 
 
@@ -68,18 +71,22 @@ def _check_candidate(nb: Notebook, session: str, candidate: int, bars: Bars, reg
     """Reasons to refuse found in the candidate's evals on the bars' suites."""
     reasons = []
     for suite in sorted({b.suite for b in bars.bar}):
-        for ev in nb.evals(artifact_id=candidate, suite=suite, session=session):
+        evs = nb.evals(artifact_id=candidate, suite=suite, session=session)
+        for ev in evs:
+            # Any look at the candidate on a bar's suite before the bars existed taints them.
             if started_at(nb, ev) < registered_at:
                 reasons.append(f"bars registered at {registered_at}, after eval {ev.id} ({suite}) began")
-            if ev.decoding_sha256 != served.fingerprint() or not ev.served:
-                reasons.append(f"eval {ev.id} ({suite}) used decoding {ev.decoding_sha256[:12]}, "
-                               f"not the candidate's served decoding {served.fingerprint()[:12]}")
+        others = sorted({e.decoding_sha256[:12] for e in evs if e.decoding_sha256 != served.fingerprint()})
+        if others and not any(e.decoding_sha256 == served.fingerprint() and e.served for e in evs):
+            reasons.append(f"suite {suite} was evaluated only at decoding {', '.join(others)}, "
+                           f"not the candidate's served decoding {served.fingerprint()[:12]}")
     return reasons
 
 
-def _pairs(nb: Notebook, session: str, candidate: int, incumbent: int, bar: Bar) -> tuple[list[float], list[float]]:
-    cand = item_values(_latest(nb, session, candidate, bar.suite), bar.metric)
-    inc = item_values(_latest(nb, session, incumbent, bar.suite), bar.metric)
+def _pairs(nb: Notebook, session: str, candidate: int, incumbent: int, bar: Bar,
+           served: Decoding) -> tuple[list[float], list[float]]:
+    cand = item_values(_latest(nb, session, candidate, bar.suite, served.fingerprint()), bar.metric)
+    inc = item_values(_latest(nb, session, incumbent, bar.suite, None), bar.metric)
     if not cand or set(cand) != set(inc):
         raise _Refused(f"suite {bar.suite}: candidate and incumbent have different items with metric {bar.metric}")
     ids = sorted(cand)
@@ -141,7 +148,7 @@ def compare(nb: Notebook, session: str, candidate: int, incumbent: int, bars_id:
             raise _Refused(*reasons)
         rows = []
         for bar in bars.bar:
-            cand, inc = _pairs(nb, session, candidate, incumbent, bar)
+            cand, inc = _pairs(nb, session, candidate, incumbent, bar, served)
             rows.append((bar, len(cand), _statistic(bar, cand, inc), _threshold(nb, session, bar)))
     except _Refused as refusal:
         return _refuse(nb, session, candidate, incumbent, bars_id, list(refusal.args))

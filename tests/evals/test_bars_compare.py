@@ -144,6 +144,9 @@ def test_wrong_decoding_refused(lab):
     record_result(nb, "s1", cand, _result([1] * 40, decoding=GREEDY))
     out = compare(nb, "s1", cand, inc, reg.id, SERVED)
     assert out.refused and "not the candidate's served decoding" in out.reasons[0]
+    # A served-decoding eval makes the greedy one a diagnostic: it is ignored, not used.
+    record_result(nb, "s1", cand, _result(BETTER))
+    assert compare(nb, "s1", cand, inc, reg.id, SERVED).promoted
 
 
 def test_noise_units_without_floor_refused(lab):

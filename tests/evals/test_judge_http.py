@@ -119,3 +119,15 @@ def test_local_callable_judge(tmp_path, item, completion):
 
     outcomes, _ = judge.score(items, cand, inc, oracle, seed=3, judgments_path=tmp_path / "o.jsonl")
     assert all(o.label == "win" for o in outcomes)
+
+
+def test_job_builds_openai_judge_from_env(server, monkeypatch, item, completion, tmp_path):
+    from evals.job import OpenAIJudgeSpec, make_judge
+
+    spec = OpenAIJudgeSpec(kind="openai", base_url=server, model="judge-model", api_key_env="POSTLAB_TEST_JUDGE_KEY")
+    monkeypatch.delenv("POSTLAB_TEST_JUDGE_KEY", raising=False)
+    with pytest.raises(ValueError, match="POSTLAB_TEST_JUDGE_KEY is not set"):
+        make_judge(spec)
+    monkeypatch.setenv("POSTLAB_TEST_JUDGE_KEY", "k")
+    reply = make_judge(spec)("q1", "a good answer", "a poor answer")
+    assert judge.parse_verdict(reply) == "A"
