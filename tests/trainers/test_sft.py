@@ -169,6 +169,7 @@ def test_bf16_lora_keeps_a_trainable_fp32_head(model_dirs, sft_data, tmp_path):
 
 
 def test_command_line_entry_point(model_dirs, sft_data, tmp_path):
+    import os
     import subprocess
     import sys
     from pathlib import Path
@@ -176,6 +177,7 @@ def test_command_line_entry_point(model_dirs, sft_data, tmp_path):
     config = _config(model_dirs["llama"], sft_data, tmp_path / "run", steps=2)
     (tmp_path / "c.json").write_text(config.model_dump_json())
     proc = subprocess.run([sys.executable, "-m", "trainers.sft", str(tmp_path / "c.json")], capture_output=True,
-                          text=True, cwd=Path(__file__).resolve().parents[2], timeout=120)
+                          text=True, cwd=Path(__file__).resolve().parents[2], timeout=120,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["steps"] == 2 and (tmp_path / "run" / "result.json").is_file()
