@@ -113,6 +113,8 @@ class EvalJobConfig(BaseModel):
             raise ValueError("reward_proxy suites need reward_model")
         if "judge" in scorers and self.judge is None:
             raise ValueError("judge suites need judge")
+        if self.replicates > 1 and any(s.sealed for s in self.suites):
+            raise ValueError("sealed suites are scored once: run them in a job with replicates = 1")
         names = [s.name for s in self.suites]
         if len(set(names)) != len(names):
             raise ValueError(f"suite names repeat: {names}")

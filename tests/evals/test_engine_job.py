@@ -137,6 +137,12 @@ def test_bad_items_file_names_the_line(tiny_models, item, tmp_path):
         run(cfg)
 
 
+def test_sealed_suite_refuses_replicates(tiny_models, tmp_path):
+    with pytest.raises(ValueError, match="sealed suites are scored once"):
+        EvalJobConfig(checkpoint=tiny_models["llama"], decoding=Decoding(), output_dir=tmp_path, replicates=3,
+                      suites=[SuiteSpec(name="c", scorer="math", items_path=tmp_path / "c.jsonl", sealed=True)])
+
+
 def test_eval_job_through_submitit(tiny_models, item, tmp_path):
     plain = _write_items(tmp_path / "plain.jsonl", _items(item, 2))
     cfg = EvalJobConfig(checkpoint=tiny_models["llama"], decoding=Decoding(max_new_tokens=4),
