@@ -73,9 +73,19 @@ def count(config: CountConfig) -> CountResult:
     state = json.loads(state_file.read_text()) if state_file.exists() else {"step": 0, "total": 0}
     start = state["step"]
     signalled: list[int] = []
+    previous = signal.getsignal(signal.SIGUSR2)
     if config.on_signal == "raise":
-        # Only meant for a job process (it replaces submitit's handler for the rest of the run).
+        # Replaces submitit's handler for this run only; restored below so no caller keeps it.
         signal.signal(signal.SIGUSR2, lambda signum, _frame: signalled.append(signum))
+    try:
+        state = _count_steps(config, state, start, signalled, state_file)
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
+    return CountResult(total=state["total"], resumed_from=start,
+                       micro_batch_size=config.micro_batch_size, grad_accum=config.grad_accum)
+
+
+def _count_steps(config: CountConfig, state: dict, start: int, signalled: list[int], state_file: Path) -> dict:
     for step in range(start, config.steps):
         if signalled:
             raise RuntimeError(f"preempted: step {step}: state saved to {state_file}")
@@ -89,8 +99,7 @@ def count(config: CountConfig) -> CountResult:
         _write_atomic(state_file, json.dumps(state))
         with open(config.output_dir / "metrics.jsonl", "a") as f:
             f.write(json.dumps({"step": step + 1, "of": config.steps, "loss": loss}) + "\n")
-    return CountResult(total=state["total"], resumed_from=start,
-                       micro_batch_size=config.micro_batch_size, grad_accum=config.grad_accum)
+    return state
 
 
 def _allocate(mb: int, limit_mb: int | None) -> None:

@@ -79,7 +79,8 @@ def test_cancelled_job_is_recorded_cancelled(launcher: Launcher, tmp_path: Path)
     out = tmp_path / "out"
     job = launcher.submit("probe", count, CountConfig(steps=200, step_seconds=0.2, output_dir=out),
                           Resources(time_limit_min=2, signal_delay_s=10))
-    wait_until(lambda: _steps_done(out) >= 1, 30, "the job to start stepping")
+    # Run >= 1.6 s before cancelling: sacct counts whole seconds, and the cost must be positive.
+    wait_until(lambda: _steps_done(out) >= 8, 30, "the job to run a few steps")
     job.cancel()
     with pytest.raises(JobFailed) as failed:
         job.result(timeout_s=60)

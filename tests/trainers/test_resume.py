@@ -81,6 +81,7 @@ def test_sigusr2_in_process_lora_nemotron_h_resumes_to_same_adapter(model_dirs, 
         _wait_for_lines(tmp_path / "run" / "metrics.jsonl", 2)
         os.kill(os.getpid(), signal.SIGUSR2)
 
+    before = signal.getsignal(signal.SIGUSR2)
     killer = threading.Thread(target=interrupt)
     killer.start()
     with pytest.raises(Preempted, match=r"^preempted: step \d+: resume state saved to"):
@@ -91,4 +92,4 @@ def test_sigusr2_in_process_lora_nemotron_h_resumes_to_same_adapter(model_dirs, 
     straight = train(_config(model_dirs["nemotron_h"], sft_data, tmp_path / "straight", lora=lora, steps=8,
                              micro_batch_size=8, warmup_steps=0))
     _assert_same_weights(resumed.model_dir / "adapter_model.safetensors", straight.model_dir / "adapter_model.safetensors")
-    assert signal.getsignal(signal.SIGUSR2) is signal.SIG_DFL  # the trainer's handler is gone after the run
+    assert signal.getsignal(signal.SIGUSR2) is before  # the trainer's handler is gone after the run
