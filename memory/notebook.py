@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import sqlite_utils
 from pydantic import BaseModel, ConfigDict
@@ -452,6 +452,8 @@ class Notebook:
         unknown = set(fields) - allowed
         if unknown:
             raise NotebookError(f"update_job: unknown fields {sorted(unknown)}")
+        if "state" in fields and fields["state"] not in get_args(JobState):
+            raise NotebookError(f"update_job: state {fields['state']!r} is not one of {get_args(JobState)}")
         with self._tx():
             self._update("job", "key = ? AND attempt = ?", [key, attempt], fields)
         return self.get_job(key, attempt)

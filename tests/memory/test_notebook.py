@@ -187,6 +187,8 @@ def test_ledger_and_idempotent_tool_calls(tmp_path: Path):
         assert nb.ledger("s1").left_gpuh == 7.5
         with pytest.raises(NotebookError, match="unknown fields"):
             nb.update_job("k", 1, colour="red")
+        with pytest.raises(NotebookError, match="not one of"):
+            nb.update_job("k", 1, state="exploded")
         first = nb.record_tool_call("s1", "train", {"lr": 1e-4, "steps": 10})
         again = nb.record_tool_call("s1", "train", {"steps": 10, "lr": 1e-4})
         assert first.id == again.id
