@@ -11,3 +11,13 @@ statistics, the noise floor and pre-registered promotion bars.
   `bars`: the bars file and its registration; `compare`: bars verdicts and refusals;
   `sealed`: once-per-session confirmation suites for the nominee.
 """
+
+
+def __getattr__(name: str):
+    # `evals.run(EvalJobConfig)` is the eval job (DESIGN.md); imported on first use so that light
+    # imports such as `evals.decoding` do not pull in torch and transformers.
+    if name == "run":
+        from evals.job import run
+
+        return run
+    raise AttributeError(f"module 'evals' has no attribute {name!r}")

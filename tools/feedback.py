@@ -21,7 +21,6 @@ with any bad line is rejected as a whole: ingestion is all or nothing (DESIGN.md
 
 from __future__ import annotations
 
-import hashlib
 import json
 import statistics
 import sys
@@ -32,6 +31,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from tools.leak import normalized_hash, prompt_text
+from trainers.rows import file_sha256
 
 MAX_LISTED = 20
 Vote = Literal["own", "other", "tie", "both_bad"]
@@ -135,14 +135,6 @@ class Parsed(BaseModel):
     unit: Literal["line", "row"] = Field(description="'line' for JSONL, 'row' for Parquet: how problems are located.")
     battles: list[Battle] = Field(description="Battles that validated, in file order.")
     problems: list[Problem] = Field(description="Every problem, in file order.")
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _validate(obj: Any, line: int) -> tuple[Battle | None, list[Problem]]:
