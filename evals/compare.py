@@ -100,7 +100,9 @@ def _statistic(bar: Bar, cand: list[float], inc: list[float]) -> float:
         case "t":
             return stats.paired_t(cand, inc).statistic
         case "p":
-            return _TESTS[bar.test](cand, inc).p_value
+            # One-sided: a p bar asks "is the candidate better?"; a two-sided p would let a
+            # significantly worse candidate clear it.
+            return _TESTS[bar.test](cand, inc, alternative="greater").p_value
         case "ci_low" | "ci_high":
             res = stats.paired_bootstrap(cand, inc, confidence=bar.confidence)
             return res.ci_low if bar.statistic == "ci_low" else res.ci_high

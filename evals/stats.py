@@ -1,12 +1,15 @@
 """Paired statistics for two models scored on the same items.
 
 Every test takes two equal-length sequences of per-item values (candidate, incumbent) in item
-order. Conventions: deltas are candidate minus incumbent; p-values are two-sided.
+order. Conventions: deltas are candidate minus incumbent; p-values are two-sided unless
+`alternative="greater"` asks for the one-sided test of "the candidate is better" (what promotion
+bars use, so that a significantly worse candidate can never clear a p bar).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -22,7 +25,7 @@ class TestResult(BaseModel):
     n: int = Field(description="Number of paired items.")
     delta: float = Field(description="Mean per-item difference, candidate minus incumbent.")
     statistic: float = Field(description="The test statistic (t, W, discordant count, or delta).")
-    p_value: float | None = Field(None, description="Two-sided p-value; None for the bootstrap.")
+    p_value: float | None = Field(None, description="p-value (two-sided or one-sided 'greater'); None for the bootstrap.")
     ci_low: float | None = Field(None, description="Lower confidence bound of delta (bootstrap).")
     ci_high: float | None = Field(None, description="Upper confidence bound of delta (bootstrap).")
 
@@ -35,7 +38,11 @@ def _diffs(candidate: Sequence[float], incumbent: Sequence[float]) -> np.ndarray
     return np.asarray(candidate, dtype=float) - np.asarray(incumbent, dtype=float)
 
 
-def mcnemar_exact(candidate: Sequence[float], incumbent: Sequence[float]) -> TestResult:
+Alternative = Literal["two-sided", "greater"]
+
+
+def mcnemar_exact(candidate: Sequence[float], incumbent: Sequence[float],
+                  alternative: Alternative = "two-sided") -> TestResult:
     """Exact McNemar test on 0/1 outcomes.
 
     Under H0 the discordant pairs split 50/50, so the count of candidate-only successes among the
@@ -46,11 +53,12 @@ def mcnemar_exact(candidate: Sequence[float], incumbent: Sequence[float]) -> Tes
     if not np.isin(np.asarray(candidate), (0, 1)).all() or not np.isin(np.asarray(incumbent), (0, 1)).all():
         raise ValueError("McNemar's test needs 0/1 outcomes")
     wins, losses = int((d > 0).sum()), int((d < 0).sum())
-    p = 1.0 if wins + losses == 0 else stats.binomtest(wins, wins + losses, 0.5).pvalue
+    p = 1.0 if wins + losses == 0 else stats.binomtest(wins, wins + losses, 0.5, alternative=alternative).pvalue
     return TestResult(test="mcnemar_exact", n=len(d), delta=float(d.mean()), statistic=wins, p_value=float(p))
 
 
-def paired_t(candidate: Sequence[float], incumbent: Sequence[float]) -> TestResult:
+def paired_t(candidate: Sequence[float], incumbent: Sequence[float],
+             alternative: Alternative = "two-sided") -> TestResult:
     """Paired t-test: t = mean(d) / (sd(d) / sqrt(n)) on n-1 df (Student 1908; any stats text)."""
     d = _diffs(candidate, incumbent)
     if len(d) < 2:
@@ -59,18 +67,20 @@ def paired_t(candidate: Sequence[float], incumbent: Sequence[float]) -> TestResu
         # Zero variance: scipy returns NaN. Identical pairs carry no evidence (t=0, p=1); a constant
         # non-zero shift is an infinitely sharp difference (t=+-inf, p=0).
         t = 0.0 if d[0] == 0 else float(np.sign(d[0]) * np.inf)
-        return TestResult(test="paired_t", n=len(d), delta=float(d[0]), statistic=t, p_value=float(t == 0.0))
-    res = stats.ttest_rel(candidate, incumbent)
+        p = float(t == 0.0) if alternative == "two-sided" else float(t <= 0.0)
+        return TestResult(test="paired_t", n=len(d), delta=float(d[0]), statistic=t, p_value=p)
+    res = stats.ttest_rel(candidate, incumbent, alternative=alternative)
     return TestResult(test="paired_t", n=len(d), delta=float(d.mean()), statistic=float(res.statistic),
                       p_value=float(res.pvalue))
 
 
-def wilcoxon(candidate: Sequence[float], incumbent: Sequence[float]) -> TestResult:
+def wilcoxon(candidate: Sequence[float], incumbent: Sequence[float],
+             alternative: Alternative = "two-sided") -> TestResult:
     """Wilcoxon signed-rank test (Wilcoxon 1945), zero differences dropped (the original method)."""
     d = _diffs(candidate, incumbent)
     if not np.any(d != 0):
         return TestResult(test="wilcoxon", n=len(d), delta=0.0, statistic=0.0, p_value=1.0)
-    res = stats.wilcoxon(d, zero_method="wilcox")
+    res = stats.wilcoxon(d, zero_method="wilcox", alternative=alternative)
     return TestResult(test="wilcoxon", n=len(d), delta=float(d.mean()), statistic=float(res.statistic),
                       p_value=float(res.pvalue))
 

@@ -163,13 +163,13 @@ def test_holm_across_session(lab):
     p_bar = '[[bar]]\nsuite = "math"\nmetric = "correct"\nrule = "p <= 0.05"\ntest = "mcnemar_exact"\n'
     reg = _register(nb, p_bar)
     record_result(nb, "s1", inc, _result(BASE))
-    # 10 discordant pairs all in the candidate's favour: raw p = 2 / 2^10.
+    # 10 discordant pairs all in the candidate's favour: one-sided raw p = 1 / 2^10.
     record_result(nb, "s1", cand, _result([1 if k < 25 else b for k, b in enumerate(BASE)]))
     first = compare(nb, "s1", cand, inc, reg.id, SERVED)
-    assert first.verdicts[0].raw_p == pytest.approx(2 / 1024) and first.verdicts[0].value == pytest.approx(2 / 1024)
+    assert first.verdicts[0].raw_p == pytest.approx(1 / 1024) and first.verdicts[0].value == pytest.approx(1 / 1024)
     second = compare(nb, "s1", cand, inc, reg.id, SERVED)
     # Family of two equal p-values: Holm multiplies the smallest by 2.
-    assert second.verdicts[0].value == pytest.approx(4 / 1024)
+    assert second.verdicts[0].value == pytest.approx(2 / 1024)
     adj = nb.comparisons("s1")[1].adjustment
     assert adj["family_size"] == 2 and adj["prior_comparisons"] == [first.comparison_id]
 
@@ -186,3 +186,14 @@ def test_sealed_once_for_nominee(lab):
         sealed.open_sealed(nb, "s1", "confirm", cand)
     assert len(nb.decisions("s1", kind="refuse")) == 3
     assert nb.verify().ok
+
+
+def test_p_bar_is_one_sided_a_significantly_worse_candidate_fails(lab):
+    nb, inc, cand = lab
+    reg = _register(nb, '[[bar]]\nsuite = "math"\nmetric = "correct"\nrule = "p <= 0.05"\ntest = "mcnemar_exact"\n')
+    record_result(nb, "s1", inc, _result(BETTER))
+    record_result(nb, "s1", cand, _result(BASE))  # 2 wins, 14 losses: two-sided p = 0.0042
+    out = compare(nb, "s1", cand, inc, reg.id, SERVED)
+    assert not out.refused and not out.promoted
+    # One-sided: P(X >= 2), X ~ Binomial(16, 1/2) = 1 - (1 + 16) / 2^16.
+    assert out.verdicts[0].raw_p == pytest.approx(1 - 17 / 65536) and not out.verdicts[0].holds

@@ -23,6 +23,21 @@ def test_mcnemar_exact_hand_values():
     assert res.delta == pytest.approx(-6 / 15)
 
 
+def test_one_sided_greater_hand_values():
+    # 5 candidate-only successes of 5 discordant: one-sided p = (1/2)^5; reversed it is 1.
+    cand, inc = [1, 1, 1, 1, 1, 1, 0, 0], [0, 0, 0, 0, 0, 1, 0, 0]
+    assert stats.mcnemar_exact(cand, inc, alternative="greater").p_value == pytest.approx(1 / 32)
+    assert stats.mcnemar_exact(inc, cand, alternative="greater").p_value == pytest.approx(1.0)
+    # t = 4.2426 on 4 df: the one-sided p is half the two-sided 0.0132.
+    base = [10.0, 20.0, 30.0, 40.0, 50.0]
+    better = [x + d for x, d in zip(base, [1, 2, 3, 4, 5], strict=True)]
+    assert stats.paired_t(better, base, alternative="greater").p_value == pytest.approx(0.0066, abs=1e-4)
+    assert stats.paired_t(base, better, alternative="greater").p_value > 0.99
+    # Wilcoxon, all 5 differences positive: exact one-sided p = 1 / 2^5.
+    assert stats.wilcoxon(better, base, alternative="greater").p_value == pytest.approx(1 / 32)
+    assert stats.paired_t([1, 2], [2, 3], alternative="greater").p_value == 1.0
+
+
 def test_mcnemar_rejects_non_binary_and_ties_give_one():
     with pytest.raises(ValueError, match="0/1"):
         stats.mcnemar_exact([0.5, 1], [1, 0])
