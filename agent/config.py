@@ -239,6 +239,8 @@ def _key(loc: tuple[Any, ...]) -> str:
 
 def _expected(err: dict[str, Any]) -> str:
     kind, got = err["type"], err.get("input")
+    if kind == "extra_forbidden" and err["loc"][-1] in ("api_key", "key", "token"):
+        return "secrets never go in lab.toml: put the key in an environment variable and name it with `api_key_env`"
     if kind == "extra_forbidden":
         return "unknown key (not part of the lab.toml format; check its spelling)"
     if kind == "missing":

@@ -110,6 +110,7 @@ def test_valid_lab_opens_a_session(lab: Path):
         (("dev_fraction = 0.1", "dev_fraction = 0.1\nsealed = 3"), "feedback.sealed: unknown key"),
         (('base_url = "http://127.0.0.1:8000/v1"', ""), "planner: kind = 'openai' needs `base_url` and `model`"),
         (("[planner]", "[planner\n"), "not valid TOML"),
+        (('model = "planner-1"', 'model = "planner-1"\napi_key = "sk-123"'), "planner.api_key: secrets never go in lab.toml"),
     ],
 )
 def test_bad_lab_toml_is_refused_without_a_trace(lab: Path, edit: tuple[str, str], expected: str):
