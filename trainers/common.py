@@ -218,8 +218,15 @@ def lora_defaults(model_path: Path, lora: LoRASettings) -> tuple[list[str], list
 
 
 def check_lora_targets(model_path: Path, lora: LoRASettings) -> None:
-    """Refuses LoRA targets that match nothing, by building the model on the meta device (no weights)."""
+    """Refuses LoRA targets that match nothing (checked on a meta-device model, no weights), and dropout on
+    parameter targets."""
     modules, params = lora_defaults(model_path, lora)
+    if params and lora.dropout:
+        # peft's ParamWrapper raises on lora_dropout != 0 (dropout cannot be factored out of a weight delta).
+        raise ConfigError(
+            f"lora.dropout: {lora.dropout} cannot apply to target_parameters {params}; "
+            "set dropout to 0 or target_parameters to []"
+        )
     with torch.device("meta"):
         skeleton = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_path))
     module_names = [n for n, _ in skeleton.named_modules()]
