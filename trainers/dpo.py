@@ -85,15 +85,15 @@ def split_heldout(rows: list[PreferenceRow], fraction: float) -> tuple[list[int]
     digests = [hashlib.sha256(r.model_dump_json().encode()).hexdigest() for r in rows]
     by_hash = sorted(range(len(rows)), key=lambda i: digests[i])
     k = math.ceil(fraction * len(rows))
-    heldout = sorted(by_hash[:k])
-    return [i for i in range(len(rows)) if i not in set(heldout)], heldout
+    heldout = set(by_hash[:k])
+    return [i for i in range(len(rows)) if i not in heldout], sorted(heldout)
 
 
 def cache_key(config: DPOConfig) -> str:
     parts = {
         "format": CACHE_FORMAT, "data": file_sha256(config.data_path), "ref": weights_sha256(config.reference),
         "tokenizer": file_sha256(config.model_path / "tokenizer.json"), "system_prompt": config.system_prompt,
-        "max_len": config.max_len,
+        "max_len": config.max_len, "dtype": config.dtype,  # a BF16 reference gives other log-probs than FP32
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 

@@ -3,9 +3,12 @@
 import json
 
 import pytest
+import torch
 from pydantic import ValidationError
 from trainer_testkit import MEMO, assert_trained, metric_series, reload_and_generate, user, write_jsonl
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from trainers import chat
 from trainers.common import ConfigError, LoRASettings
 from trainers.dpo import DPOConfig, cache_key, split_heldout, train
 from trainers.rows import PreferenceRow, read_rows
@@ -17,6 +20,15 @@ def pairs(tmp_path):
             for i, (q, a) in enumerate(MEMO)]
     rows += [{"id": "h", "prompt": [user("What is 9 + 9?")], "chosen": "The answer is 18.", "rejected": "No."}]
     return write_jsonl(tmp_path / "pairs.jsonl", rows)
+
+
+@torch.no_grad()
+def _answer_logp(model, tok, prompt, answer) -> float:
+    """Summed log-probability of the answer's supervised tokens (content + <|im_end|>) after the prompt."""
+    r = chat.render(tok, [*prompt, {"role": "assistant", "content": answer}], "Be brief.")
+    ids = torch.tensor([r.input_ids])
+    logp = torch.log_softmax(model(input_ids=ids).logits[0, :-1].float(), -1).gather(-1, ids[0, 1:, None])[:, 0]
+    return float((logp * torch.tensor(r.loss_mask[1:])).sum())
 
 
 def _config(model_dir, data, out, **kw) -> DPOConfig:
@@ -35,10 +47,19 @@ def test_dpo_learns_preference_and_reloads(kind, lora, model_dirs, pairs, tmp_pa
     first = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
     assert first["dpo"] == pytest.approx(0.6931, abs=1e-3) and first["reward_margin"] == pytest.approx(0, abs=1e-4)
     assert metric_series(tmp_path / "run", "reward_accuracy")[-1] > 0.5
-    assert result.metrics["heldout_pairs"] == 2 and 0 <= result.metrics["heldout_reward_accuracy"] <= 1
-    assert "heldout_reward_margin" in result.metrics and result.metrics["ref_logps_cached"] == 0.0
+    assert result.metrics["heldout_pairs"] == 2 and result.metrics["ref_logps_cached"] == 0.0
     assert_trained(result)
-    reload_and_generate(result)
+    trained = reload_and_generate(result).eval()
+    # The held-out figures are those of the saved model against the reference, recomputed here from scratch.
+    rows = read_rows(pairs, PreferenceRow)
+    reference = AutoModelForCausalLM.from_pretrained(model_dirs[kind]).eval()
+    tok = AutoTokenizer.from_pretrained(model_dirs[kind])
+    margins = [0.5 * ((_answer_logp(trained, tok, r.prompt, r.chosen) - _answer_logp(reference, tok, r.prompt, r.chosen))
+                      - (_answer_logp(trained, tok, r.prompt, r.rejected) - _answer_logp(reference, tok, r.prompt, r.rejected)))
+               for r in (rows[i] for i in split_heldout(rows, 0.2)[1])]
+    assert result.metrics["heldout_reward_margin"] == pytest.approx(sum(margins) / 2, abs=1e-3)
+    assert result.metrics["heldout_reward_accuracy"] == sum(m > 0 for m in margins) / 2
+    assert max(abs(m) for m in margins) > 0.05, margins  # the policy moved away from the reference
 
 
 def test_reference_logprobs_are_cached_by_data_and_reference(model_dirs, pairs, tmp_path):
@@ -54,14 +75,19 @@ def test_reference_logprobs_are_cached_by_data_and_reference(model_dirs, pairs, 
     assert second.metrics["ref_logps_cached"] == 1.0
     first_margin = json.loads((tmp_path / "b" / "metrics.jsonl").read_text().splitlines()[0])["reward_margin"]
     assert first_margin == pytest.approx(-0.5 * 5.0, abs=1e-3)  # beta * (0 - 5): the cache was used
-    # Another reference (different weights) gets another key.
+    # Another reference (different weights), other data or another dtype gets another key.
     other = config.model_copy(update={"reference_path": model_dirs["qwen2"]})
     assert cache_key(other) != cache_key(config)
+    more = tmp_path / "more.jsonl"
+    more.write_text(pairs.read_text() + pairs.read_text().splitlines(keepends=True)[0])
+    assert cache_key(config.model_copy(update={"data_path": more})) != cache_key(config)
+    assert cache_key(config.model_copy(update={"dtype": "bfloat16"})) != cache_key(config)
 
 
 def test_heldout_split_is_independent_of_file_order(pairs):
     rows = read_rows(pairs, PreferenceRow)
-    _, held = split_heldout(rows, 0.2)
+    kept, held = split_heldout(rows, 0.2)
+    assert len(held) == 2 and sorted(kept + held) == list(range(len(rows)))  # held-out pairs never train
     _, held_rev = split_heldout(rows[::-1], 0.2)
     assert sorted(rows[i].id for i in held) == sorted(rows[::-1][i].id for i in held_rev)
 
