@@ -14,7 +14,8 @@ Each bar names a suite, a metric and a rule `<statistic> <op> <number> [* noise_
     test = "mcnemar_exact"
 
 Statistics (candidate minus incumbent, paired by item): `delta` (mean difference), `t` (paired t),
-`p` (two-sided p-value of `test`), `ci_low` / `ci_high` (percentile bootstrap bounds at
+`p` (one-sided p-value of `test` for "the candidate is better",
+Holm-adjusted), `ci_low` / `ci_high` (percentile bootstrap bounds at
 `confidence`). `noise_floor` is the suite/metric's mean absolute delta between incumbent replicates.
 Registering stores the canonical form, its sha256 and the time in the notebook (invariant 2).
 """

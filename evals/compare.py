@@ -5,8 +5,14 @@ Refusals (recorded as `refuse` decisions, nothing else written) when:
   (invariant 2: bars before scores);
 - a bar's suite was evaluated for the candidate only at a decoding other than its served one
   (invariant 4: such evals are diagnostics; only served-decoding evals are ever used);
-- a bar is written in noise-floor units and the suite/metric has no noise floor (invariant 3);
+- a bar is written in noise-floor units and the suite/metric has no noise floor, or its latest
+  floor was not calibrated on the incumbent at the decoding of the incumbent eval compared, or it
+  is zero while the bar demands a margin of k > 0 floors (the margin would vanish) (invariant 3);
 - an eval the bars need is missing, or candidate and incumbent scored different items.
+
+Each side is read from its FIRST replicate-0 eval of the suite at the relevant decoding: the first
+look is the one that counts, so re-running a sampled eval until a lucky draw buys nothing. Items
+are paired by item id, never by position.
 
 p-value bars are Holm-adjusted over every p-value of the session's comparisons so far plus this
 one's (Holm 1979); the raw and adjusted values and the family are stored with the comparison.
@@ -57,13 +63,17 @@ class _Refused(Exception):
     pass
 
 
-def _latest(nb: Notebook, session: str, artifact_id: int, suite: str, fingerprint: str | None) -> EvalRecord:
-    """The latest full (replicate 0) eval of a suite at served decoding (`fingerprint`, if given)."""
+def _first(nb: Notebook, session: str, artifact_id: int, suite: str, fingerprint: str | None) -> EvalRecord:
+    """The first full (replicate 0) eval of a suite at served decoding (`fingerprint`, if given).
+
+    The first, not the latest: with sampled decoding a re-run is a new draw, and picking the
+    latest would let an agent re-evaluate a candidate until chance favours it.
+    """
     evs = [e for e in nb.evals(artifact_id=artifact_id, suite=suite, session=session)
            if e.replicate == 0 and e.served and fingerprint in (None, e.decoding_sha256)]
     if not evs:
         raise _Refused(f"artifact {artifact_id} has no eval of suite {suite} at its served decoding in session {session}")
-    return evs[-1]
+    return evs[0]
 
 
 def _check_candidate(nb: Notebook, session: str, candidate: int, bars: Bars, registered_at: str,
@@ -84,13 +94,17 @@ def _check_candidate(nb: Notebook, session: str, candidate: int, bars: Bars, reg
 
 
 def _pairs(nb: Notebook, session: str, candidate: int, incumbent: int, bar: Bar,
-           served: Decoding) -> tuple[list[float], list[float]]:
-    cand = item_values(_latest(nb, session, candidate, bar.suite, served.fingerprint()), bar.metric)
-    inc = item_values(_latest(nb, session, incumbent, bar.suite, None), bar.metric)
+           served: Decoding) -> tuple[list[float], list[float], EvalRecord]:
+    """Per-item values of both sides lined up by item id, and the incumbent eval they came from."""
+    inc_eval = _first(nb, session, incumbent, bar.suite, None)
+    cand = item_values(_first(nb, session, candidate, bar.suite, served.fingerprint()), bar.metric)
+    inc = item_values(inc_eval, bar.metric)
     if not cand or set(cand) != set(inc):
-        raise _Refused(f"suite {bar.suite}: candidate and incumbent have different items with metric {bar.metric}")
+        only_cand, only_inc = sorted(set(cand) - set(inc))[:5], sorted(set(inc) - set(cand))[:5]
+        raise _Refused(f"suite {bar.suite}: candidate and incumbent have different items with metric {bar.metric} "
+                       f"(only candidate: {only_cand}, only incumbent: {only_inc})")
     ids = sorted(cand)
-    return [cand[i] for i in ids], [inc[i] for i in ids]
+    return [cand[i] for i in ids], [inc[i] for i in ids], inc_eval
 
 
 def _statistic(bar: Bar, cand: list[float], inc: list[float]) -> float:
@@ -108,12 +122,25 @@ def _statistic(bar: Bar, cand: list[float], inc: list[float]) -> float:
             return res.ci_low if bar.statistic == "ci_low" else res.ci_high
 
 
-def _threshold(nb: Notebook, session: str, bar: Bar) -> float:
+def _threshold(nb: Notebook, session: str, bar: Bar, inc_eval: EvalRecord) -> float:
+    """The bar's threshold; noise-floor units only from the incumbent's own calibration (invariant 3)."""
     if not bar.in_noise_units:
         return bar.value
     floor = nb.noise_floor(session, bar.suite, bar.metric)
     if floor is None:
         raise _Refused(f"bar on {bar.suite}/{bar.metric} is in noise-floor units but no noise floor was calibrated")
+    sources = [nb.eval(i) for i in floor.source_evals]
+    # A floor measured on another model or decoding (say a noisier, high-temperature one) would
+    # widen the bar at will; the unit is the incumbent's noise at the decoding it is compared at.
+    if any(e.artifact_id != inc_eval.artifact_id or e.decoding_sha256 != inc_eval.decoding_sha256 for e in sources):
+        raise _Refused(f"noise floor {floor.id} of {bar.suite}/{bar.metric} was not calibrated on the incumbent "
+                       f"(artifact {inc_eval.artifact_id}) at decoding {inc_eval.decoding_sha256[:12]}; recalibrate")
+    demands_margin = bar.value > 0 if bar.op in (">=", ">") else bar.value < 0
+    if floor.mean_abs_delta == 0 and demands_margin:
+        # A zero floor turns "beat the incumbent by k noise floors" into "do not lose", so no
+        # margin is demanded; bars that allow a loss of k floors only get stricter, and stand.
+        raise _Refused(f"noise floor {floor.id} of {bar.suite}/{bar.metric} is 0 (identical replicates): "
+                       f"the margin of {bar.value} noise floors would vanish")
     return bar.value * floor.mean_abs_delta
 
 
@@ -150,8 +177,8 @@ def compare(nb: Notebook, session: str, candidate: int, incumbent: int, bars_id:
             raise _Refused(*reasons)
         rows = []
         for bar in bars.bar:
-            cand, inc = _pairs(nb, session, candidate, incumbent, bar, served)
-            rows.append((bar, len(cand), _statistic(bar, cand, inc), _threshold(nb, session, bar)))
+            cand, inc, inc_eval = _pairs(nb, session, candidate, incumbent, bar, served)
+            rows.append((bar, len(cand), _statistic(bar, cand, inc), _threshold(nb, session, bar, inc_eval)))
     except _Refused as refusal:
         return _refuse(nb, session, candidate, incumbent, bars_id, list(refusal.args))
     adjusted, adjustment = _holm(nb, session, [value for bar, _, value, _ in rows if bar.statistic == "p"])

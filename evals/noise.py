@@ -59,6 +59,12 @@ def calibrate(nb: Notebook, session: str, evals: list[EvalRecord]) -> list[Noise
     """Store the noise floor of every metric of one suite from K evals of one artifact."""
     if len({(e.artifact_id, e.suite, e.decoding_sha256) for e in evals}) != 1:
         raise ValueError("a noise floor needs replicates of one artifact, one suite and one decoding")
+    # The same eval twice, or two jobs' replicate 0 (a greedy re-run repeats itself; a re-run with
+    # the same base seed draws the same samples), would measure zero noise and shrink every bar
+    # written in noise-floor units: the K replicates must be distinct replicate indices.
+    ids, reps = [e.id for e in evals], [e.replicate for e in evals]
+    if len(set(ids)) != len(ids) or len(set(reps)) != len(reps):
+        raise ValueError(f"a noise floor needs K distinct replicates; got evals {ids} with replicate indices {reps}")
     metrics = sorted(name for name in evals[0].metrics if not name.startswith("n_"))
     floors = []
     for metric in metrics:

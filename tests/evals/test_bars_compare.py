@@ -29,8 +29,10 @@ rule = "ci_low > -0.05"
 """
 
 
-def _result(values: list[float], decoding: Decoding = SERVED, replicate: int = 0, suite: str = "math") -> EvalResult:
-    outs = [Outcome(item_id=f"i{k}", label="x", values={"correct": v}) for k, v in enumerate(values)]
+def _result(values: list[float], decoding: Decoding = SERVED, replicate: int = 0, suite: str = "math",
+            ids: list[str] | None = None) -> EvalResult:
+    ids = ids or [f"i{k}" for k in range(len(values))]
+    outs = [Outcome(item_id=i, label="x", values={"correct": v}) for i, v in zip(ids, values, strict=True)]
     suite_result = SuiteResult(suite=suite, scorer="math", sealed=False, replicate=replicate, seed=replicate,
                                resampled=False, metrics=suite_metrics(outs), outcomes=outs, completions_path=None)
     return EvalResult(checkpoint="ckpt", decoding=decoding, decoding_sha256=decoding.fingerprint(), served=True,
@@ -197,3 +199,88 @@ def test_p_bar_is_one_sided_a_significantly_worse_candidate_fails(lab):
     assert not out.refused and not out.promoted
     # One-sided: P(X >= 2), X ~ Binomial(16, 1/2) = 1 - (1 + 16) / 2^16.
     assert out.verdicts[0].raw_p == pytest.approx(1 - 17 / 65536) and not out.verdicts[0].holds
+
+
+P_BAR = '[[bar]]\nsuite = "math"\nmetric = "correct"\nrule = "p <= 0.05"\ntest = "mcnemar_exact"\n'
+
+
+def test_items_paired_by_id_not_position(lab):
+    nb, inc, cand = lab
+    reg = _register(nb, P_BAR)
+    record_result(nb, "s1", inc, _result([1] * 20 + [0] * 20))
+    # The candidate's outcomes arrive in reverse item order; by id it is BETTER: 16 wins, no loss
+    # (by position it would be 20 wins and 4 losses).
+    ids = [f"i{k}" for k in range(40)]
+    record_result(nb, "s1", cand, _result(BETTER[::-1], ids=ids[::-1]))
+    out = compare(nb, "s1", cand, inc, reg.id, SERVED)
+    # One-sided P(X >= 16), X ~ Binomial(16, 1/2) = 1 / 2^16.
+    assert out.verdicts[0].n == 40 and out.verdicts[0].raw_p == pytest.approx(1 / 65536)
+
+
+def test_different_item_sets_refused(lab):
+    nb, inc, cand = lab
+    reg = _register(nb, P_BAR)
+    record_result(nb, "s1", inc, _result(BASE))
+    record_result(nb, "s1", cand, _result(BETTER, ids=[f"i{k}" for k in range(39)] + ["extra"]))
+    out = compare(nb, "s1", cand, inc, reg.id, SERVED)
+    assert out.refused and "different items" in out.reasons[0] and "['extra']" in out.reasons[0]
+    assert nb.comparisons("s1") == []
+
+
+def test_first_served_eval_counts_not_a_later_rerun(lab):
+    nb, inc, cand = lab
+    reg = _register(nb, '[[bar]]\nsuite = "math"\nmetric = "correct"\nrule = "delta >= 0.2"\n')
+    record_result(nb, "s1", inc, _result(BASE))
+    record_result(nb, "s1", cand, _result(BASE))  # first look: no better
+    record_result(nb, "s1", cand, _result(BETTER))  # a luckier re-run of a sampled eval
+    out = compare(nb, "s1", cand, inc, reg.id, SERVED)
+    assert not out.refused and not out.promoted and out.verdicts[0].value == 0.0
+
+
+def test_floor_must_be_the_incumbents_at_its_decoding(lab):
+    nb, inc, cand = lab
+    other = nb.add_artifact(kind="checkpoint", name="noisy", path="/noisy", sha256="c" * 64, session="s1").id
+    _calibrate(nb, other)  # a floor measured on another model
+    reg = _register(nb)
+    record_result(nb, "s1", inc, _result(BASE))
+    record_result(nb, "s1", cand, _result(BETTER))
+    out = compare(nb, "s1", cand, inc, reg.id, SERVED)
+    assert out.refused and "not calibrated on the incumbent" in out.reasons[0]
+    # The incumbent's own floor, but at a decoding other than the one of its compared eval.
+    reps = [BASE, [0, *BASE[1:]], [1, 1, *BASE[2:]]]
+    hot = Decoding(temperature=1.5, max_new_tokens=64, stop_token_ids=(3,))
+    noise.calibrate(nb, "s1", [record_result(nb, "s1", inc, _result(r, decoding=hot, replicate=k))[0]
+                               for k, r in enumerate(reps)])
+    out = compare(nb, "s1", cand, inc, reg.id, SERVED)
+    assert out.refused and "not calibrated on the incumbent" in out.reasons[0]
+    _calibrate(nb, inc)
+    assert compare(nb, "s1", cand, inc, reg.id, SERVED).promoted
+
+
+def test_zero_floor_refused(lab):
+    nb, inc, cand = lab
+    noise.calibrate(nb, "s1", [record_result(nb, "s1", inc, _result(BASE, replicate=k))[0] for k in range(3)])
+    reg = _register(nb, '[[bar]]\nsuite = "math"\nmetric = "correct"\nrule = "delta >= 1.0 * noise_floor"\n')
+    record_result(nb, "s1", cand, _result(BASE))  # no better at all: would clear 'delta >= 1 * 0'
+    out = compare(nb, "s1", cand, inc, reg.id, SERVED)
+    assert out.refused and "is 0" in out.reasons[0]
+    # Allowing a loss of one floor only gets stricter at zero (delta >= 0): that bar stands.
+    lenient = _register(nb, '[[bar]]\nsuite = "math"\nmetric = "correct"\nrule = "delta >= -1.0 * noise_floor"\n')
+    out = compare(nb, "s1", cand, inc, lenient.id, SERVED)
+    assert out.refused and "after eval" in out.reasons[0]  # registered after the candidate's eval
+    other = nb.add_artifact(kind="checkpoint", name="c2", path="/c2", sha256="d" * 64, session="s1").id
+    record_result(nb, "s1", other, _result([0] + BASE[1:]))
+    out = compare(nb, "s1", other, inc, lenient.id, SERVED)
+    assert not out.refused and out.verdicts[0].threshold == 0.0 and not out.promoted
+
+
+def test_calibrate_refuses_repeated_replicates(lab):
+    nb, inc, _ = lab
+    ev = record_result(nb, "s1", inc, _result(BASE))[0]
+    with pytest.raises(ValueError, match="distinct replicates"):
+        noise.calibrate(nb, "s1", [ev, ev, ev])
+    # Three jobs' replicate 0 (a greedy re-run repeats itself): the same index three times.
+    reruns = [record_result(nb, "s1", inc, _result(BASE))[0] for _ in range(3)]
+    with pytest.raises(ValueError, match="replicate indices"):
+        noise.calibrate(nb, "s1", reruns)
+    assert nb.decisions("s1", kind="calibrate") == []
