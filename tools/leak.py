@@ -7,6 +7,9 @@ whitespace, case and punctuation do not hide a copy):
 - n-gram: the prompt shares any word n-gram (default n = 13) with a reference prompt, which catches a
   holdout prompt pasted inside a longer one. 13-grams follow the contamination checks of GPT-3
   (Brown et al., 2020, appendix C).
+- short reference inside: a reference of SHORT_MIN..n-1 words has no n-gram at all, so the whole
+  of its word sequence is the gram (GPT-3 appendix C likewise shortens N to the task's prompt
+  length, with a minimum of 8 words against spurious collisions). Chat prompts are often this short.
 
 A prompt's text is its user turns only: system prompts and earlier assistant turns are shared
 boilerplate or model output, and would make every conversation collide with every other one.
@@ -24,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from memory.chain import canonical_json
 
 DEFAULT_NGRAM = 13
+SHORT_MIN = 8  # shortest reference matched inside longer prompts (GPT-3 appendix C's minimum N)
 _WORD = re.compile(r"\w+")
 _MAX_LISTED = 20
 
@@ -42,6 +46,12 @@ def ngrams(text: str, n: int = DEFAULT_NGRAM) -> set[str]:
     """Every word n-gram of the normalized text, as space-joined strings (none if shorter than n)."""
     ws = words(text)
     return {" ".join(ws[i : i + n]) for i in range(len(ws) - n + 1)}
+
+
+def short_sequence(text: str, n: int = DEFAULT_NGRAM) -> str | None:
+    """The whole normalized word sequence of a SHORT_MIN..n-1 word text (its only n-gram-like key)."""
+    ws = words(text)
+    return " ".join(ws) if SHORT_MIN <= len(ws) < n else None
 
 
 def prompt_text(messages: Sequence[dict]) -> str:
@@ -66,7 +76,8 @@ class LeakHit(BaseModel):
 
     row: int = Field(description="0-based index of the offending training row in the built dataset.")
     row_id: str | None = Field(None, description="The offending row's id, when rows carry one.")
-    kind: str = Field(description="'exact' (normalized-text hash equality) or 'ngram' (a shared word n-gram).")
+    kind: str = Field(description="'exact' (normalized-text hash equality) or 'ngram' (a shared word n-gram, or a "
+                                  "whole short reference of SHORT_MIN..n-1 words inside the prompt).")
     source: str = Field(description="The reference's source ('dev', 'sealed', 'eval:...').")
     key: str = Field(description="The reference's id within its source.")
     ngram: str | None = Field(None, description="The shared n-gram (normalized), for kind 'ngram'.")
@@ -78,6 +89,7 @@ class AuditResult(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     ngram: int = Field(description="The word n-gram length used for the overlap check.")
+    short_min: int = Field(SHORT_MIN, description="References of short_min..ngram-1 words are matched whole inside prompts.")
     rows_checked: int = Field(description="Number of training prompts checked.")
     references: dict[str, int] = Field(description="Number of reference prompts per source.")
     references_sha256: str = Field(description="sha256 over the sorted normalized hashes of all reference prompts.")
@@ -115,22 +127,32 @@ class ReferenceIndex:
         self.n = n
         self.by_hash: dict[str, Reference] = {}
         self.by_ngram: dict[str, Reference] = {}
+        self.by_short: dict[int, dict[str, Reference]] = {}  # word length -> whole short reference
         self.counts: dict[str, int] = {}
         for ref in references:
             self.counts[ref.source] = self.counts.get(ref.source, 0) + 1
             self.by_hash.setdefault(normalized_hash(ref.text), ref)
             for g in ngrams(ref.text, n):
                 self.by_ngram.setdefault(g, ref)
+            short = short_sequence(ref.text, n)
+            if short is not None:
+                self.by_short.setdefault(len(short.split()), {}).setdefault(short, ref)
+
+    def _gram_hit(self, row: int, text: str) -> LeakHit | None:
+        """A shared n-gram, else a whole short reference found among the prompt's grams of its length."""
+        tables = [(self.n, self.by_ngram)] + sorted(self.by_short.items())
+        for length, table in tables:
+            for g in sorted(ngrams(text, length)):
+                ref = table.get(g)
+                if ref is not None:
+                    return LeakHit(row=row, kind="ngram", source=ref.source, key=ref.key, ngram=g)
+        return None
 
     def match(self, row: int, text: str) -> LeakHit | None:
         ref = self.by_hash.get(normalized_hash(text))
         if ref is not None:
             return LeakHit(row=row, kind="exact", source=ref.source, key=ref.key)
-        for g in sorted(ngrams(text, self.n)):
-            ref = self.by_ngram.get(g)
-            if ref is not None:
-                return LeakHit(row=row, kind="ngram", source=ref.source, key=ref.key, ngram=g)
-        return None
+        return self._gram_hit(row, text)
 
 
 def audit(prompts: Iterable[str], references: Sequence[Reference], n: int = DEFAULT_NGRAM,

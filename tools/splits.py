@@ -2,9 +2,10 @@
 
 The split is a pure function of the battles' content, never of file order:
 
-1. Battles whose prompts are the same after normalization, or share a word 13-gram, are joined into
-   one *unit* (union-find), so a repeated prompt can never sit on both sides of the split and make
-   every later build fail its leak audit.
+1. Battles whose prompts are the same after normalization, share a word 13-gram, or where one
+   prompt of 8..12 words appears whole inside another (the leak audit's three checks) are joined
+   into one *unit* (union-find), so a repeated prompt can never sit on both sides of the split and
+   make every later build fail its leak audit.
 2. Each unit belongs to the stratum of its representative (the battle with the smallest id):
    the vote, and the value of the `stratify_by` meta tag when one is given (missing -> "").
 3. Within a stratum, units are ordered by sha256 of the representative id; the first
@@ -27,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from memory.chain import canonical_json
 from memory.notebook import FeedbackSplit, Notebook
 from tools.feedback import Battle, load_feedback
-from tools.leak import DEFAULT_NGRAM, ngrams, normalized_hash
+from tools.leak import DEFAULT_NGRAM, ngrams, normalized_hash, short_sequence
 
 SplitName = Literal["train", "dev", "sealed"]
 SPLITS: tuple[SplitName, ...] = ("train", "dev", "sealed")
@@ -89,6 +90,16 @@ def _units(battles: list[Battle], n: int) -> list[list[Battle]]:
         for key in {"#" + normalized_hash(text)} | ngrams(text, n):
             j = first.setdefault(key, i)
             parent[find(i)] = find(j)
+    # A short prompt has no n-gram: join it with every prompt that contains it whole.
+    shorts: dict[str, int] = {}
+    for i, b in enumerate(battles):
+        seq = short_sequence(b.prompt(), n)
+        if seq is not None:
+            shorts.setdefault(seq, i)
+    for i, b in enumerate(battles):
+        for length in sorted({len(seq.split()) for seq in shorts}):
+            for g in ngrams(b.prompt(), length) & shorts.keys():
+                parent[find(i)] = find(shorts[g])
     groups: dict[int, list[Battle]] = defaultdict(list)
     for i, b in enumerate(battles):
         groups[find(i)].append(b)

@@ -7,7 +7,9 @@ import pytest
 from tools.leak import LeakError, Reference, audit, normalized_hash
 
 HOLDOUT = "Explain why the sky looks blue during the day but red and orange at sunset, in simple words"
-REFS = [Reference(source="dev", key="b7", text=HOLDOUT), Reference(source="eval:math.jsonl", key="m1", text="What is 2+2?")]
+SHORT = "Write a haiku about autumn rain in Kyoto"  # 8 words: too short to have a 13-gram
+REFS = [Reference(source="dev", key="b7", text=HOLDOUT), Reference(source="eval:math.jsonl", key="m1", text="What is 2+2?"),
+        Reference(source="sealed", key="s3", text=SHORT)]
 
 
 @pytest.mark.parametrize(("prompt", "kind"), [
@@ -15,11 +17,19 @@ REFS = [Reference(source="dev", key="b7", text=HOLDOUT), Reference(source="eval:
     ("  explain WHY the sky looks blue\n during the day,  but red and orange at SUNSET in simple words!", "exact"),
     ("Hi! I have homework. " + " ".join(HOLDOUT.split()[2:15]) + " Thanks a lot.", "ngram"),
     ("what is 2 + 2", "exact"),
+    ("Hello. " + SHORT.upper() + ", and then explain the imagery.", "ngram"),
 ])
 def test_planted_prompt_is_found(prompt, kind):
     result = audit(["An unrelated prompt", prompt], REFS)
     assert [(h.row, h.kind) for h in result.hits] == [(1, kind)]
     assert not result.passed
+
+
+def test_short_reference_is_found_whole_but_not_below_eight_words():
+    hit = audit(["Please write a haiku about autumn rain in Kyoto today"], REFS).hits[0]
+    assert (hit.source, hit.key, hit.ngram) == ("sealed", "s3", " ".join(SHORT.lower().split()))
+    # Seven of its words, or a 4-word reference inside a longer prompt, are not evidence of a copy.
+    assert audit(["Write a haiku about autumn rain in Paris", "so what is 2+2? asking for a friend"], REFS).passed
 
 
 def test_twelve_shared_words_are_not_a_hit():
@@ -29,7 +39,7 @@ def test_twelve_shared_words_are_not_a_hit():
 
 def test_result_records_what_was_checked_and_error_lists_rows():
     result = audit(["a", HOLDOUT, "b", HOLDOUT.lower()], REFS)
-    assert result.rows_checked == 4 and result.references == {"dev": 1, "eval:math.jsonl": 2 - 1}
+    assert result.rows_checked == 4 and result.references == {"dev": 1, "eval:math.jsonl": 1, "sealed": 1}
     assert result.sha256() == audit(["a", HOLDOUT, "b", HOLDOUT.lower()], REFS).sha256()
     msg = str(LeakError("winner_sft -> out.jsonl", result))
     assert "2 training prompt(s)" in msg and "row 1 vs dev b7" in msg and "row 3 vs dev b7" in msg

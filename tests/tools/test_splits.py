@@ -55,6 +55,10 @@ def test_repeated_prompts_land_in_one_split():
     long = "please summarize the following paragraph about the history of the river trade in the old city"
     rows = [("a1", "What is the capital of France?"), ("a2", "what is the CAPITAL of   france"),
             ("n1", long), ("n2", f"Thanks. Now: {long.upper()} and make it short.")]
+    # 8-word prompts have no 13-gram; each is found whole inside its longer twin.
+    shorts = [f"Write a haiku about autumn rain in city{i}" for i in range(12)]
+    rows += [(f"s{i}", p) for i, p in enumerate(shorts)] + [(f"t{i}", f"Hi! {p.lower()}, then explain it.")
+                                                            for i, p in enumerate(shorts)]
     rows += [(f"x{i}", f"unrelated question number {i}") for i in range(40)]
     battles = [Battle.model_validate({"id": i, "messages": [{"role": "user", "content": p}], "own": "a", "other": "b",
                                       "vote": "own"}) for i, p in rows]
@@ -62,6 +66,7 @@ def test_repeated_prompts_land_in_one_split():
         split = split_battles(battles, "0" * 64, SplitConfig(dev_fraction=dev, sealed_fraction=0.2))
         assert split.assignment["a1"] == split.assignment["a2"]
         assert split.assignment["n1"] == split.assignment["n2"]
+        assert all(split.assignment[f"s{i}"] == split.assignment[f"t{i}"] for i in range(12))
 
 
 def test_fractions_must_leave_training_data():
