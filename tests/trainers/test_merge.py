@@ -6,7 +6,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from trainers import tiny
 from trainers.common import LoRASettings
@@ -29,6 +29,10 @@ def _all_tensors(model_dir):
     for shard in set(shard_map(model_dir).values()):
         out |= load_file(model_dir / shard)
     return out
+
+
+def _bits(t: torch.Tensor) -> bytes:
+    return t.contiguous().view(torch.uint8).numpy().tobytes()
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +59,8 @@ def test_dose_endpoints_are_bit_exact_and_midpoint_is_the_mean(pair, tmp_path):
     at1 = _all_tensors(dose(DoseConfig(a=pair[0], b=pair[1], alpha=1.0, output_dir=tmp_path / "d1")).output_dir)
     mid = _all_tensors(dose(DoseConfig(a=pair[0], b=pair[1], alpha=0.5, output_dir=tmp_path / "dh")).output_dir)
     for k in a:
-        assert torch.equal(at0[k], a[k]) and torch.equal(at1[k], b[k])
+        # Bit for bit (torch.equal alone would let -0.0 pass for +0.0).
+        assert _bits(at0[k]) == _bits(a[k]) and _bits(at1[k]) == _bits(b[k]) and at0[k].dtype == a[k].dtype
         torch.testing.assert_close(mid[k], (a[k] + b[k]) / 2, rtol=0, atol=1e-7)
 
 
@@ -70,6 +75,7 @@ def test_extrapolation_and_soup(pair, tmp_path):
     # Fresh index, copied config/tokenizer: the output loads the way a server loads it.
     index = json.loads((result.output_dir / INDEX).read_text())
     assert set(index["weight_map"]) == set(a) and result.shards == len(set(index["weight_map"].values()))
+    assert result.shards == len(set(shard_map(pair[0]).values())) > 1  # written shard by shard, in a's layout
     assert (result.output_dir / "tokenizer.json").is_file() and (result.output_dir / "config.json").is_file()
     AutoModelForCausalLM.from_pretrained(result.output_dir)
 
@@ -83,6 +89,10 @@ def test_mismatches_are_refused_without_output(pair, tokenizer_dir, tmp_path):
     (qwen / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(MergeError, match="tensor names differ"):  # Qwen2 has q/k/v biases
         dose(DoseConfig(a=pair[0], b=qwen, alpha=0.5, output_dir=tmp_path / "out"))
+    wide = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(pair[0], intermediate_size=96))
+    wide.save_pretrained(tmp_path / "wide")
+    with pytest.raises(MergeError, match=r"tensor model.layers.0.mlp.\w+_proj.weight is F32\[(64, 96|96, 64)\], .* has F32"):
+        dose(DoseConfig(a=pair[0], b=tmp_path / "wide", alpha=0.5, output_dir=tmp_path / "out"))
     half = tmp_path / "half"
     AutoModelForCausalLM.from_pretrained(pair[1], dtype=torch.bfloat16).save_pretrained(half)
     with pytest.raises(MergeError, match=r"is BF16\[.*F32"):

@@ -80,6 +80,26 @@ def test_packed_and_unpacked_losses_agree_on_dense_model(model_dirs, sft_data, t
     assert abs(float(c) - float(b)) > 1e-3
 
 
+def test_packing_would_leak_state_on_nemotron_h(model_dirs, sft_data, tmp_path):
+    """Why packing is refused there: with the same restarting position ids that keep packed Llama rows apart
+    (test above), Nemotron-H's Mamba mixer carries state from one row into the next and the loss changes."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dirs["nemotron_h"])
+    model = AutoModelForCausalLM.from_pretrained(model_dirs["nemotron_h"]).eval()
+    encoded = encode_rows(tok, validate(_config(model_dirs["nemotron_h"], sft_data, tmp_path / "x")), "Be brief.", 1024)
+    packed = SFTObjective(encoded, tok.pad_token_id, [[0, 1]])
+    unpacked = SFTObjective(encoded, tok.pad_token_id, None)
+    with torch.no_grad():
+        first_alone = unpacked.loss(model, [0], unpacked.normalizer([0])).loss
+        a = packed.loss(model, [0], packed.normalizer([0])).loss
+        b = unpacked.loss(model, [0, 1], unpacked.normalizer([0, 1])).loss
+        # The first row of a pack sees nothing before it: packing it alone changes nothing.
+        torch.testing.assert_close(SFTObjective(encoded, tok.pad_token_id, [[0]]).loss(model, [0], 1.0).loss,
+                                   first_alone * unpacked.normalizer([0]), rtol=1e-5, atol=1e-5)
+    assert abs(float(a) - float(b)) > 1e-3
+
+
 def test_packing_is_refused_for_mamba_models(model_dirs, sft_data, tmp_path):
     with pytest.raises(ConfigError, match="packing: refused .* Mamba layers"):
         train(_config(model_dirs["nemotron_h"], sft_data, tmp_path / "run", packing=True))
