@@ -47,7 +47,10 @@ def test_sft_learns_and_reloads(kind, lora, model_dirs, sft_data, tmp_path):
     assert json.loads((out / "result.json").read_text())["steps"] == 30
     assert not (out / "resume").exists()
     line = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
-    assert {"loss", "lr", "grad_norm", "tokens_per_s"} <= set(line)
+    assert {"loss", "lr", "grad_norm", "tokens_per_s"} <= set(line) and line["grad_norm"] > 0 and line["tokens_per_s"] > 0
+    # The logged lr is the one each step used: linear decay from 1e-2 to zero over 30 steps (no warm-up).
+    assert metric_series(out, "lr") == pytest.approx([1e-2 * (30 - s) / 30 for s in range(30)], rel=1e-9)
+    assert 0 < result.wall_time_s and result.truncated_rows == 0
     assert_trained(result)
     if lora is not None:
         adapter = load_file(result.model_dir / "adapter_model.safetensors")
