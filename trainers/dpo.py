@@ -17,7 +17,10 @@ independent of file order) never trains; the result reports reward accuracy and 
 
 Why not TRL's DPOTrainer (which has loss_type=["sigmoid","sft"]): its reference log-probs are
 recomputed per run (no cache keyed by reference weights), and its resume contract differs from the
-one all trainers here share (`trainers/loop.py`).
+one all trainers here share (`trainers/loop.py`). TRL is the reference for the loss instead
+(tests/trainers/test_trl_reference.py): on the same ids and mask the sigmoid term is TRL's; TRL's
+"sft" term averages over all chosen tokens of the batch, ours over pairs (each pair weighs the same),
+so the two agree when the chosen answers have equal lengths.
 
 Command:
 

@@ -12,6 +12,8 @@ Packing there would need the CUDA kernels and a test on a machine that has them.
 
 Why not TRL's SFTTrainer: its packing does not know about Mamba state either, and the resume
 contract (signal-time checkpoint, same final weights) lives in `trainers/loop.py` for all trainers.
+TRL is the reference for the loss instead: SFTTrainer with `assistant_only_loss` gives the same mask
+and loss on the same rows (tests/trainers/test_trl_reference.py).
 
 Command:
 
