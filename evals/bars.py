@@ -2,6 +2,8 @@
 
 Each bar names a suite, a metric and a rule `<statistic> <op> <number> [* noise_floor]`:
 
+    p_family = 10                            # at most 10 p-values tested this session (needed by p bars)
+
     [[bar]]
     suite = "math"
     metric = "correct"
@@ -17,6 +19,13 @@ Statistics (candidate minus incumbent, paired by item): `delta` (mean difference
 `p` (one-sided p-value of `test` for "the candidate is better",
 Holm-adjusted), `ci_low` / `ci_high` (percentile bootstrap bounds at
 `confidence`). `noise_floor` is the suite/metric's mean absolute delta between incumbent replicates.
+
+`p_family` pre-registers how many p-values the session may test in all. Holm's procedure controls
+the family-wise error only over a family fixed in advance; recomputed over the p-values seen so far,
+the first comparison would be tested at the full alpha and every later one would add error. So each
+comparison is Holm-adjusted over the session's p-values so far plus its own, with the not yet tested
+rest of the family counted as p = 1 (the worst case: a smaller future p can only lower an adjusted
+p), which makes every sequential rejection one that Holm over the whole family would also make.
 Registering stores the canonical form, its sha256 and the time in the notebook (invariant 2).
 """
 
@@ -87,9 +96,17 @@ class Bars(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     bar: tuple[Bar, ...] = Field(min_length=1, description="The bars; a candidate is promoted only if all hold.")
+    p_family: int | None = Field(None, ge=1, description="Most p-values the session will test (Holm family size); "
+                                                         "required when any bar is a p bar.")
+
+    @model_validator(mode="after")
+    def _family_for_p_bars(self) -> Bars:
+        if any(b.statistic == "p" for b in self.bar) and self.p_family is None:
+            raise ValueError("p bars need p_family: the most p-values this session will test, fixed in advance")
+        return self
 
     def canonical(self) -> dict[str, Any]:
-        return {"bars": [b.canonical() for b in self.bar]}
+        return {"bars": [b.canonical() for b in self.bar], "p_family": self.p_family}
 
     @classmethod
     def from_canonical(cls, spec: dict[str, Any]) -> Bars:
@@ -99,7 +116,7 @@ class Bars(BaseModel):
             unit = " * noise_floor" if c["unit"] == "noise_floor" else ""
             bars.append(Bar(suite=c["suite"], metric=c["metric"], rule=f"{c['statistic']} {c['op']} {c['value']!r}{unit}",
                             test=c["test"], confidence=c["confidence"] or 0.95))
-        return cls(bar=tuple(bars))
+        return cls(bar=tuple(bars), p_family=spec.get("p_family"))
 
 
 def _where(loc: tuple) -> str:

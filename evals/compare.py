@@ -14,8 +14,10 @@ Each side is read from its FIRST replicate-0 eval of the suite at the relevant d
 look is the one that counts, so re-running a sampled eval until a lucky draw buys nothing. Items
 are paired by item id, never by position.
 
-p-value bars are Holm-adjusted over every p-value of the session's comparisons so far plus this
-one's (Holm 1979); the raw and adjusted values and the family are stored with the comparison.
+p-value bars are Holm-adjusted (Holm 1979) over the pre-registered family of `p_family` p-values:
+the session's earlier p-values, this comparison's, and the untested rest counted as p = 1 (see
+evals/bars.py); a comparison that would exceed the family is refused. The raw and adjusted values
+and the family are stored with the comparison.
 """
 
 from __future__ import annotations
@@ -144,12 +146,32 @@ def _threshold(nb: Notebook, session: str, bar: Bar, inc_eval: EvalRecord) -> fl
     return bar.value * floor.mean_abs_delta
 
 
-def _holm(nb: Notebook, session: str, raw: list[float]) -> tuple[list[float], dict[str, Any]]:
-    """Adjust this comparison's p-values within the session's whole family of p-values."""
+def _session_family(nb: Notebook, session: str) -> int | None:
+    """The session's p-value family size: the p_family of its first bars that declare one.
+
+    Fixed once: a later, larger family registered after some p-values were seen would re-spend
+    error already spent under the smaller one.
+    """
+    for decision in nb.decisions(session, kind="register_bars"):
+        family = nb.bars(decision.payload["bars_id"]).spec.get("p_family")
+        if family is not None:
+            return family
+    return None
+
+
+def _holm(nb: Notebook, session: str, raw: list[float], family_size: int | None) -> tuple[list[float], dict[str, Any]]:
+    """Adjust this comparison's p-values within the session's pre-registered family of p-values."""
+    if raw and _session_family(nb, session) != family_size:
+        raise _Refused(f"p_family {family_size} differs from the session's pre-registered family "
+                       f"of {_session_family(nb, session)} p-values")
     prior = [(c.id, p) for c in nb.comparisons(session) for p in c.adjustment.get("raw_p", [])]
-    family = [p for _, p in prior] + raw
-    adjusted = stats.holm(family)[len(prior):] if raw else []
-    record = {"method": "holm", "family_size": len(family), "raw_p": raw, "adjusted_p": adjusted,
+    seen = [p for _, p in prior] + raw
+    if raw and len(seen) > family_size:
+        raise _Refused(f"the session's pre-registered family of {family_size} p-values is used up "
+                       f"({len(prior)} tested before, {len(raw)} more asked)")
+    untested = (family_size - len(seen)) if raw else 0
+    adjusted = stats.holm(seen + [1.0] * untested)[len(prior):len(seen)] if raw else []
+    record = {"method": "holm", "family_size": family_size, "tested": len(seen), "raw_p": raw, "adjusted_p": adjusted,
               "prior_comparisons": sorted({cid for cid, _ in prior})}
     return adjusted, record
 
@@ -179,9 +201,10 @@ def compare(nb: Notebook, session: str, candidate: int, incumbent: int, bars_id:
         for bar in bars.bar:
             cand, inc, inc_eval = _pairs(nb, session, candidate, incumbent, bar, served)
             rows.append((bar, len(cand), _statistic(bar, cand, inc), _threshold(nb, session, bar, inc_eval)))
+        raw = [value for bar, _, value, _ in rows if bar.statistic == "p"]
+        adjusted, adjustment = _holm(nb, session, raw, bars.p_family)
     except _Refused as refusal:
         return _refuse(nb, session, candidate, incumbent, bars_id, list(refusal.args))
-    adjusted, adjustment = _holm(nb, session, [value for bar, _, value, _ in rows if bar.statistic == "p"])
     verdicts, p_index = [], 0
     for bar, n, value, threshold in rows:
         raw_p = None

@@ -27,6 +27,7 @@ suite = "math"
 metric = "correct"
 rule = "ci_low > -0.05"
 """
+P_BAR = '[[bar]]\nsuite = "math"\nmetric = "correct"\nrule = "p <= 0.05"\ntest = "mcnemar_exact"\n'
 
 
 def _result(values: list[float], decoding: Decoding = SERVED, replicate: int = 0, suite: str = "math",
@@ -98,6 +99,9 @@ def test_bars_file_parsing(tmp_path):
     path.write_text('[[bar]]\nsuite = "m"\nmetric = "c"\nrule = "p <= 0.05"\n')
     with pytest.raises(ValueError, match="a p bar needs `test`"):
         bars_mod.load(path)
+    path.write_text(P_BAR)
+    with pytest.raises(ValueError, match="p bars need p_family"):
+        bars_mod.load(path)
     path.write_text("[[bar]\n")
     with pytest.raises(ValueError, match="not valid TOML"):
         bars_mod.load(path)
@@ -160,20 +164,34 @@ def test_noise_units_without_floor_refused(lab):
     assert out.refused and "no noise floor" in out.reasons[0]
 
 
-def test_holm_across_session(lab):
+def test_holm_over_the_preregistered_session_family(lab):
     nb, inc, cand = lab
-    p_bar = '[[bar]]\nsuite = "math"\nmetric = "correct"\nrule = "p <= 0.05"\ntest = "mcnemar_exact"\n'
-    reg = _register(nb, p_bar)
+    reg = _register(nb, "p_family = 3\n" + P_BAR)
     record_result(nb, "s1", inc, _result(BASE))
     # 10 discordant pairs all in the candidate's favour: one-sided raw p = 1 / 2^10.
     record_result(nb, "s1", cand, _result([1 if k < 25 else b for k, b in enumerate(BASE)]))
     first = compare(nb, "s1", cand, inc, reg.id, SERVED)
-    assert first.verdicts[0].raw_p == pytest.approx(1 / 1024) and first.verdicts[0].value == pytest.approx(1 / 1024)
+    # The two untested p-values count as 1: Holm multiplies the smallest by the family size, 3.
+    assert first.verdicts[0].raw_p == pytest.approx(1 / 1024) and first.verdicts[0].value == pytest.approx(3 / 1024)
     second = compare(nb, "s1", cand, inc, reg.id, SERVED)
-    # Family of two equal p-values: Holm multiplies the smallest by 2.
-    assert second.verdicts[0].value == pytest.approx(2 / 1024)
+    # Sorted (p, p, 1): 3p and 2p, made monotone: 3p.
+    assert second.verdicts[0].value == pytest.approx(3 / 1024)
     adj = nb.comparisons("s1")[1].adjustment
-    assert adj["family_size"] == 2 and adj["prior_comparisons"] == [first.comparison_id]
+    assert (adj["family_size"], adj["tested"], adj["prior_comparisons"]) == (3, 2, [first.comparison_id])
+    compare(nb, "s1", cand, inc, reg.id, SERVED)
+    fourth = compare(nb, "s1", cand, inc, reg.id, SERVED)
+    assert fourth.refused and "family of 3 p-values is used up" in fourth.reasons[0]
+    assert len(nb.comparisons("s1")) == 3
+
+
+def test_holm_family_cannot_grow_after_registration(lab):
+    nb, inc, cand = lab
+    _register(nb, "p_family = 2\n" + P_BAR)
+    wider = _register(nb, "p_family = 50\n" + P_BAR)
+    record_result(nb, "s1", inc, _result(BASE))
+    record_result(nb, "s1", cand, _result(BETTER))
+    out = compare(nb, "s1", cand, inc, wider.id, SERVED)
+    assert out.refused and "differs from the session's pre-registered family of 2" in out.reasons[0]
 
 
 def test_sealed_once_for_nominee(lab):
@@ -192,7 +210,7 @@ def test_sealed_once_for_nominee(lab):
 
 def test_p_bar_is_one_sided_a_significantly_worse_candidate_fails(lab):
     nb, inc, cand = lab
-    reg = _register(nb, '[[bar]]\nsuite = "math"\nmetric = "correct"\nrule = "p <= 0.05"\ntest = "mcnemar_exact"\n')
+    reg = _register(nb, "p_family = 1\n" + P_BAR)
     record_result(nb, "s1", inc, _result(BETTER))
     record_result(nb, "s1", cand, _result(BASE))  # 2 wins, 14 losses: two-sided p = 0.0042
     out = compare(nb, "s1", cand, inc, reg.id, SERVED)
@@ -201,12 +219,9 @@ def test_p_bar_is_one_sided_a_significantly_worse_candidate_fails(lab):
     assert out.verdicts[0].raw_p == pytest.approx(1 - 17 / 65536) and not out.verdicts[0].holds
 
 
-P_BAR = '[[bar]]\nsuite = "math"\nmetric = "correct"\nrule = "p <= 0.05"\ntest = "mcnemar_exact"\n'
-
-
 def test_items_paired_by_id_not_position(lab):
     nb, inc, cand = lab
-    reg = _register(nb, P_BAR)
+    reg = _register(nb, "p_family = 1\n" + P_BAR)
     record_result(nb, "s1", inc, _result([1] * 20 + [0] * 20))
     # The candidate's outcomes arrive in reverse item order; by id it is BETTER: 16 wins, no loss
     # (by position it would be 20 wins and 4 losses).
@@ -219,7 +234,7 @@ def test_items_paired_by_id_not_position(lab):
 
 def test_different_item_sets_refused(lab):
     nb, inc, cand = lab
-    reg = _register(nb, P_BAR)
+    reg = _register(nb, "p_family = 1\n" + P_BAR)
     record_result(nb, "s1", inc, _result(BASE))
     record_result(nb, "s1", cand, _result(BETTER, ids=[f"i{k}" for k in range(39)] + ["extra"]))
     out = compare(nb, "s1", cand, inc, reg.id, SERVED)
