@@ -5,7 +5,9 @@ module (the launcher's notebook imports cost about a second per job start).
 
 Each run of a job appends to `<job folder>/<job id>_events.jsonl`: `start` (time, pid), then
 `checkpoint` (time, reason preempted|timeout) when requeued, or `end` (time, ok). The launcher
-turns these into attempt rows and local wall-time costs.
+turns these into attempt rows and local wall-time costs. A run's start is its worker process's
+start, not the moment the job function is reached: the executor's time limit counts from there,
+and imports take seconds on a loaded machine (Linux: read from /proc).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ class Resumable(submitit.helpers.Checkpointable):
         self._started = 0.0
 
     def __call__(self, config: Any) -> Any:
-        self._started = time.time()
+        self._started = process_started_at()
         _append_event({"event": "start", "t": self._started, "pid": os.getpid()})
         try:
             result = self.fn(config)
@@ -56,6 +58,13 @@ class Resumable(submitit.helpers.Checkpointable):
                                  f"{earlier} requeue(s) already used of {self.max_requeues}")
         _append_event({"event": "checkpoint", "t": time.time(), "reason": reason})
         return submitit.helpers.DelayedSubmission(self, config)
+
+
+def process_started_at() -> float:
+    """Epoch seconds when this process started (10 ms resolution), from /proc's clock ticks since boot."""
+    ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])  # field 22, starttime
+    uptime = float(Path("/proc/uptime").read_text().split()[0])
+    return time.time() - uptime + ticks / os.sysconf("SC_CLK_TCK")
 
 
 def near_time_limit(elapsed_s: float, time_limit_s: float, signal_delay_s: float) -> bool:

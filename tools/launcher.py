@@ -54,6 +54,7 @@ _FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "PREEMPTED", "NO
 # submitit requeues in place on the preemption signal; our own wrapper enforces the limits, so
 # submitit's countdown (which counts every signal of a job under 10 minutes as a timeout) is off.
 _NO_SUBMITIT_LIMIT = 1000
+_REQUEUED_CLASSES = {"preempted", "timeout"}  # failure classes that count against max_requeues
 _SLACK_S = 5.0  # seconds: a killed local run this close to its limit was stopped by the limit
 
 
@@ -425,16 +426,24 @@ class Job(Generic[R]):
     def _submit(self, folder: Path, attempt: int, args: BaseModel) -> None:
         backend = self.launcher.backend
         ex = backend.executor(folder, self.kind, self.resources)
+        # Requeues are counted over the whole job: a resubmission (after a job raised 'preempted:')
+        # may requeue in place only as often as the earlier attempts left.
+        used = sum(1 for a in self.attempts() if a.attempt < attempt and a.failure_class in _REQUEUED_CLASSES)
         wrapped = Resumable(self.fn, self.resources.time_limit_min * 60, self.resources.signal_delay_s,
-                            self.resources.max_requeues)
+                            max(0, self.resources.max_requeues - used))
         sub = ex.submit(wrapped, args)
         if isinstance(backend, LocalBackend):
             backend.track(sub)
         self.launcher.nb.update_job(self.key, attempt, external_id=sub.job_id, log_path=str(sub.paths.stderr))
 
     def _recover_submission(self) -> None:
-        """After a crash between recording and submitting: find the job by its files, else submit."""
+        """After a crash: finish the failure policy of an attempt settled as failed but not followed
+        up; find an attempt recorded but not yet submitted by its files, else submit it."""
         record = self.record
+        if record.state == "failed" and not self._policy_applied(record):
+            failure = Failure(failure_class=record.failure_class, detail=record.failure_detail or "")
+            self._apply_policy(record, failure)
+            return
         if record.external_id or record.state != "pending":
             return
         folder = Path(record.folder or "")
@@ -444,6 +453,12 @@ class Job(Generic[R]):
             self.launcher.nb.update_job(self.key, record.attempt, external_id=job_id)
         else:
             self._submit(folder, record.attempt, self._attempt_args())
+
+    def _policy_applied(self, record: JobRecord) -> bool:
+        """Whether a failed last attempt was followed up: a later attempt exists (then it is not the
+        last) or a `fail` decision names it."""
+        return any(d.payload.get("key") == self.key and d.payload.get("attempt") == record.attempt
+                   for d in self.launcher.nb.decisions(self.launcher.session, kind="fail"))
 
     def _attempt_args(self) -> BaseModel:
         """The config of the next attempt: the smaller-batch config once an earlier attempt ran out of memory."""
@@ -518,7 +533,7 @@ class Job(Generic[R]):
         action = decide(
             failure.failure_class,
             oom_retries=sum(1 for a in earlier[:-1] if a.failure_class == "oom"),
-            requeues=sum(1 for a in earlier[:-1] if a.failure_class in {"preempted", "timeout"}),
+            requeues=sum(1 for a in earlier[:-1] if a.failure_class in _REQUEUED_CLASSES),
             max_requeues=self.resources.max_requeues,
             can_halve_batch=smaller_batch_config(self.args) is not None,
         )

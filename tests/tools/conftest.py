@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -63,9 +64,17 @@ def notebook(tmp_path: Path) -> Notebook:
 
 
 @pytest.fixture
-def launcher(notebook: Notebook, executor: ExecutorSection, tmp_path: Path) -> Launcher:
+def launcher(notebook: Notebook, executor: ExecutorSection, tmp_path: Path) -> Iterator[Launcher]:
     # A fresh submitit folder per test: Slurm job ids restart at 1 when its state is wiped.
-    return Launcher(notebook, SESSION, executor, tmp_path / "jobs", poll_s=0.2)
+    launcher = Launcher(notebook, SESSION, executor, tmp_path / "jobs", poll_s=0.2)
+    yield launcher
+    # A failed test must not leave its jobs holding the node's CPUs (or this machine's) for the next.
+    for record in notebook.jobs(session=SESSION):
+        if record.external_id and record.state in {"pending", "running"}:
+            if executor.kind == "slurm":  # scancel of a job that ended meanwhile fails: nothing to do then
+                subprocess.run(["scancel", record.external_id], capture_output=True, timeout=60)
+            else:
+                launcher.backend.cancel(record.external_id, Path(record.folder))
 
 
 # ---- data tests (feedback, splits, builders, leak audit) ------------------------------------------

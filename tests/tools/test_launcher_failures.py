@@ -10,7 +10,7 @@ from pydantic import BaseModel, ValidationError, model_validator
 from agent.config import ExecutorSection
 from memory.notebook import Notebook
 from tools.failures import classify, decide, smaller_batch_config
-from tools.launcher import BudgetRefused, Launcher, Resources, _sbatch_lines
+from tools.launcher import BudgetRefused, JobFailed, Launcher, Resources, _sbatch_lines
 from tools.probe import CountConfig, EmptyConfig, count, empty
 
 TRACE = "Traceback (most recent call last):\n  File \"x.py\", line 3, in step\n{}\n"
@@ -157,3 +157,35 @@ def test_recorded_but_never_submitted_is_submitted_once_on_resume(tmp_path: Path
     assert len(list((tmp_path / "jobs" / "attempt-1").glob("*_submitted.pkl"))) == 1
     again = launcher.submit("probe", empty, config, Resources(time_limit_min=1, signal_delay_s=10))
     assert again.record.external_id == job.record.external_id and len(nb.jobs()) == 1
+
+
+def test_failure_settled_but_not_followed_up_is_requeued_on_resume(tmp_path: Path) -> None:
+    # The agent died after settling attempt 1 as preempted and before the policy requeued it.
+    nb, launcher = _launcher(tmp_path, budget=1.0, reserve=0.0)
+    config = CountConfig(steps=3, step_seconds=0, output_dir=tmp_path / "out")
+    resources = Resources(time_limit_min=1, signal_delay_s=10)
+    key = launcher.key("probe", count, config)
+    nb.start_job(key, session="s1", kind="probe", executor="local", resources={}, forecast_gpuh=0.01,
+                 folder=str(tmp_path / "jobs" / "attempt-1"))
+    nb.update_job(key, 1, external_id="1", state="failed", failure_class="preempted", failure_detail="PREEMPTED",
+                  gpu_hours=0.001)
+    job = launcher.submit("probe", count, config, resources)
+    assert job.result(timeout_s=60).total == 0 + 1 + 4
+    first, second = job.attempts()
+    assert (first.state, second.attempt, second.state) == ("failed", 2, "completed")
+    (launch,) = nb.decisions("s1", kind="launch")
+    assert launch.payload["attempt"] == 2 and "requeue" in launch.rationale
+
+
+def test_recorded_failure_is_not_retried_on_resume(tmp_path: Path) -> None:
+    # A failure the policy already recorded (a `fail` decision) is read back, never resubmitted.
+    nb, launcher = _launcher(tmp_path, budget=1.0, reserve=0.0)
+    config = CountConfig(steps=3, step_seconds=0, output_dir=tmp_path / "out", nan_at_step=1)
+    resources = Resources(time_limit_min=1, signal_delay_s=10)
+    with pytest.raises(JobFailed):
+        launcher.submit("probe", count, config, resources).result(timeout_s=60)
+    again = Launcher(nb, "s1", ExecutorSection(kind="local"), tmp_path / "jobs").submit("probe", count, config, resources)
+    with pytest.raises(JobFailed, match="nan_loss"):
+        again.result(timeout_s=5)
+    assert len(nb.jobs()) == 1 and len(nb.decisions("s1", kind="launch")) == 1
+    assert len(nb.decisions("s1", kind="fail")) == 1
