@@ -7,6 +7,9 @@ is never catastrophic. Definitions:
 - tail loop: the answer ends in a unit of 1..`max_period` tokens repeated back to back at least
   `tail_min_repeats` times and covering at least `tail_min_tokens` tokens (a degenerate ending).
 - catastrophic: some unit of 1..`max_period` tokens repeated back to back 100+ times anywhere.
+
+`max_period` = 64 tokens: models loop whole sentences (20-40 tokens), not only phrases, and 100
+copies of a unit longer than 64 tokens would not fit in any usual max_new_tokens anyway.
 """
 
 from __future__ import annotations
@@ -57,7 +60,7 @@ def tail_repeats(toks: list[str], max_period: int) -> tuple[int, int]:
     return best
 
 
-def loop_flags(text: str, n: int = 4, max_period: int = 20, tail_min_repeats: int = 4,
+def loop_flags(text: str, n: int = 4, max_period: int = 64, tail_min_repeats: int = 4,
                tail_min_tokens: int = 24, catastrophic_repeats: int = 100) -> Outcome:
     toks = tokens(text)
     ratio = ngram_repeat_ratio(toks, n)

@@ -7,13 +7,35 @@ floor read per-item values back with `item_values`.
 from __future__ import annotations
 
 from evals.job import EvalResult
+from evals.sealed import SealedRefused
 from evals.types import Outcome
 from memory.notebook import EvalRecord, Notebook
+
+
+def _check_sealed(nb: Notebook, session: str, artifact_id: int, result: EvalResult) -> None:
+    """A sealed suite's scores enter the notebook once, for the artifact it was opened for.
+
+    The job cannot see the notebook, so this is where invariant 1 is enforced on the way in:
+    without a prior `open_sealed` for this artifact, or with the suite already scored, the result
+    is refused (and the refusal recorded) before anything is written.
+    """
+    for suite in sorted({r.suite for r in result.suites if r.sealed}):
+        opened = [d for d in nb.decisions(session, kind="confirm")
+                  if d.payload.get("suite") == suite and d.payload.get("artifact_id") == artifact_id]
+        reason = None
+        if not opened:
+            reason = f"sealed suite {suite} was not opened for artifact {artifact_id} (open_sealed first)"
+        elif nb.evals(suite=suite, session=session):
+            reason = f"sealed suite {suite} already has scores in session {session}"
+        if reason is not None:
+            nb.record_decision(session, "refuse", reason, {"suite": suite, "artifact_id": artifact_id, "sealed": True})
+            raise SealedRefused(reason)
 
 
 def record_result(nb: Notebook, session: str, artifact_id: int, result: EvalResult,
                   job_key: str | None = None) -> list[EvalRecord]:
     """One eval row per suite and replicate, with the decoding used and every per-item outcome."""
+    _check_sealed(nb, session, artifact_id, result)
     decoding = result.decoding.model_dump(mode="json")
     return [
         nb.add_eval(session=session, artifact_id=artifact_id, suite=r.suite, replicate=r.replicate,

@@ -31,10 +31,10 @@ P_BAR = '[[bar]]\nsuite = "math"\nmetric = "correct"\nrule = "p <= 0.05"\ntest =
 
 
 def _result(values: list[float], decoding: Decoding = SERVED, replicate: int = 0, suite: str = "math",
-            ids: list[str] | None = None) -> EvalResult:
+            ids: list[str] | None = None, sealed: bool = False) -> EvalResult:
     ids = ids or [f"i{k}" for k in range(len(values))]
     outs = [Outcome(item_id=i, label="x", values={"correct": v}) for i, v in zip(ids, values, strict=True)]
-    suite_result = SuiteResult(suite=suite, scorer="math", sealed=False, replicate=replicate, seed=replicate,
+    suite_result = SuiteResult(suite=suite, scorer="math", sealed=sealed, replicate=replicate, seed=replicate,
                                resampled=False, metrics=suite_metrics(outs), outcomes=outs, completions_path=None)
     return EvalResult(checkpoint="ckpt", decoding=decoding, decoding_sha256=decoding.fingerprint(), served=True,
                       suites=[suite_result], generated_tokens=0, generation_s=0.0, load_s=0.0)
@@ -299,3 +299,31 @@ def test_calibrate_refuses_repeated_replicates(lab):
     with pytest.raises(ValueError, match="replicate indices"):
         noise.calibrate(nb, "s1", reruns)
     assert nb.decisions("s1", kind="calibrate") == []
+
+
+def test_sealed_scores_recorded_once_and_only_after_opening(lab):
+    nb, inc, cand = lab
+    sealed_result = _result(BETTER, suite="confirm", sealed=True)
+    with pytest.raises(sealed.SealedRefused, match="not opened for artifact"):
+        record_result(nb, "s1", cand, sealed_result)  # scored by a job, but never opened
+    assert nb.evals(suite="confirm") == []
+    nb.record_decision("s1", "nominate", "nominee chosen", {"artifact_id": cand})
+    sealed.open_sealed(nb, "s1", "confirm", cand)
+    with pytest.raises(sealed.SealedRefused, match="not opened for artifact"):
+        record_result(nb, "s1", inc, _result(BASE, suite="confirm", sealed=True))  # opened for another
+    assert len(record_result(nb, "s1", cand, sealed_result)) == 1
+    with pytest.raises(sealed.SealedRefused, match="already has scores"):
+        record_result(nb, "s1", cand, sealed_result)
+    assert len(nb.evals(suite="confirm")) == 1 and len(nb.decisions("s1", kind="refuse")) == 3
+
+
+def test_bars_registered_while_the_eval_job_ran_refused(lab):
+    nb, inc, cand = lab
+    _calibrate(nb, inc)
+    # The candidate's eval job is submitted, bars are registered while it generates, then it records.
+    nb.start_job("eval-cand", session="s1", kind="eval", executor="local", resources={}, forecast_gpuh=0.0)
+    reg = _register(nb)
+    record_result(nb, "s1", cand, _result(BETTER), job_key="eval-cand")
+    assert nb.evals(artifact_id=cand)[0].created_at > reg.registered_at  # recorded after the bars...
+    out = compare(nb, "s1", cand, inc, reg.id, SERVED)
+    assert out.refused and "after eval" in out.reasons[0]  # ...but began before them

@@ -124,6 +124,16 @@ def test_loops_catastrophic_vs_digit_run(item, completion):
     assert clean.label == "clean" and clean.values["catastrophic"] == 0.0
 
 
+def test_loops_whole_sentence_repeated(item, completion):
+    # A 27-token sentence: a unit longer than a phrase, as models loop it.
+    sentence = ("The quick brown fox jumps over the lazy dog while the farmer watches from the porch and "
+                "drinks his coffee slowly in the morning sun today. ")
+    out = _one(loops, item("s"), completion("s", "Intro. " + sentence * 100))
+    assert out.label == "catastrophic" and "repeated 100 times" in out.reasons[0]
+    tail = _one(loops, item("t"), completion("t", "Intro. " + sentence * 5))
+    assert tail.label == "tail_loop" and tail.values["catastrophic"] == 0.0
+
+
 def test_loops_tail_and_ratio(item, completion):
     text = "The result is 12. " + "and then again " * 10
     out = _one(loops, item("t"), completion("t", text))
