@@ -12,6 +12,12 @@ The split is a pure function of the battles' content, never of file order:
    round(n * sealed_fraction) battles go to sealed, the next round(n * dev_fraction) to dev, the
    rest to train. With singleton units each stratum's holdout counts are within half a battle of
    their targets; a unit larger than one battle can overshoot by its size minus one.
+4. Battles the lab's previous split already assigned are pinned to that split (a unit with pinned
+   members takes the most guarded of their splits: sealed, then dev, then train), and the new
+   battles fill each stratum's remaining targets in the same hash order. Without pins, cut points
+   move when a grown feedback file is re-ingested: appending 10% more battles to 1000 moved 4 dev
+   battles into train and 2 train battles into dev (a holdout leaking into training, or a trained-on
+   battle judging selection, across feedback rounds).
 
 Re-splitting the same battles, in any order, gives the same assignment and the same sha256.
 """
@@ -111,22 +117,43 @@ def _stratum(battle: Battle, stratify_by: str | None) -> tuple[str, str]:
     return battle.vote, tag
 
 
-def split_battles(battles: list[Battle], source_sha256: str, config: SplitConfig) -> Split:
-    """Assign every battle to train, dev or sealed; see the module docstring for the rule."""
+def _pinned_split(unit: list[Battle], pinned: dict[str, str]) -> SplitName | None:
+    names = [pinned[b.id] for b in unit if b.id in pinned]
+    return min(names, key=("sealed", "dev", "train").index) if names else None
+
+
+def _assign_stratum(units: list[list[Battle]], config: SplitConfig, pinned: dict[str, str]) -> dict[str, SplitName]:
+    """Pinned units keep their split; the others, in hash order, fill sealed, then dev, then train."""
+    units = sorted(units, key=lambda u: _id_hash(u[0].id))
+    n = sum(len(u) for u in units)
+    n_sealed, n_dev = round(n * config.sealed_fraction), round(n * config.dev_fraction)
+    placed = {"sealed": 0, "dev": 0, "train": 0}
+    assignment: dict[str, SplitName] = {}
+    fresh = []
+    for unit in units:
+        name = _pinned_split(unit, pinned)
+        if name is None:
+            fresh.append(unit)
+            continue
+        assignment.update((b.id, name) for b in unit)
+        placed[name] += len(unit)
+    for unit in fresh:
+        held = placed["sealed"] + placed["dev"]
+        name = "sealed" if placed["sealed"] < n_sealed else "dev" if held < n_sealed + n_dev else "train"
+        assignment.update((b.id, name) for b in unit)
+        placed[name] += len(unit)
+    return assignment
+
+
+def split_battles(battles: list[Battle], source_sha256: str, config: SplitConfig,
+                  pinned: dict[str, str] | None = None) -> Split:
+    """Assign every battle to train, dev or sealed; `pinned` (id -> split) are kept. See the module docstring."""
     strata: dict[tuple[str, str], list[list[Battle]]] = defaultdict(list)
     for unit in _units(battles, config.ngram):
         strata[_stratum(unit[0], config.stratify_by)].append(unit)
     assignment: dict[str, SplitName] = {}
     for units in strata.values():
-        units.sort(key=lambda u: _id_hash(u[0].id))
-        n = sum(len(u) for u in units)
-        n_sealed = round(n * config.sealed_fraction)
-        n_dev = round(n * config.dev_fraction)
-        placed = 0
-        for unit in units:
-            name: SplitName = "sealed" if placed < n_sealed else "dev" if placed < n_sealed + n_dev else "train"
-            assignment.update((b.id, name) for b in unit)
-            placed += len(unit)
+        assignment.update(_assign_stratum(units, config, pinned or {}))
     votes = {b.id: b.vote for b in battles}
     counts = {s: {v: 0 for v in ("own", "other", "tie", "both_bad")} for s in SPLITS}
     for battle_id, name in assignment.items():
@@ -135,10 +162,10 @@ def split_battles(battles: list[Battle], source_sha256: str, config: SplitConfig
                  assignment=dict(sorted(assignment.items())), counts=counts)
 
 
-def split_file(path: Path, config: SplitConfig) -> tuple[list[Battle], Split]:
-    """Load a feedback file (all or nothing) and split it."""
+def split_file(path: Path, config: SplitConfig, pinned: dict[str, str] | None = None) -> tuple[list[Battle], Split]:
+    """Load a feedback file (all or nothing) and split it, keeping `pinned` battles where they were."""
     parsed = load_feedback(path)
-    return parsed.battles, split_battles(parsed.battles, parsed.sha256, config)
+    return parsed.battles, split_battles(parsed.battles, parsed.sha256, config, pinned)
 
 
 def ingest_feedback(
@@ -147,8 +174,10 @@ def ingest_feedback(
     """Validate, split and record a feedback file; all or nothing (a bad file raises FeedbackError and
     writes nothing). Writes the split to `split_dir/split-<sha256[:16]>.json` (what builders read) and
     records it in the notebook; re-ingesting the same file with the same config returns the existing record.
+    Battles of the lab's previous split keep their assignment (module docstring, rule 4).
     """
-    _, split = split_file(path, config)
+    previous = notebook.latest_split()
+    _, split = split_file(path, config, pinned=None if previous is None else previous.assignment)
     out = Path(split_dir) / f"split-{split.sha256[:16]}.json"
     known = notebook.latest_split(split.source_sha256)
     if known is not None and known.sha256 == split.sha256 and known.config == config.model_dump(mode="json") and out.is_file():

@@ -72,3 +72,24 @@ def test_repeated_prompts_land_in_one_split():
 def test_fractions_must_leave_training_data():
     with pytest.raises(ValidationError, match="must be below 1"):
         SplitConfig(dev_fraction=0.6, sealed_fraction=0.4)
+
+
+def test_regrown_file_keeps_every_earlier_assignment(tmp_path, jsonl):
+    from memory.notebook import Notebook
+    from tools.splits import ingest_feedback
+
+    battles = _battles(1100, seed=5)
+    rows = [b.model_dump(exclude_none=True) for b in battles]
+    cfg = SplitConfig(dev_fraction=0.15, sealed_fraction=0.1)
+    with Notebook.open(tmp_path / "notebook.db") as nb:
+        _, first = ingest_feedback(nb, jsonl(tmp_path / "round1.jsonl", rows[:1000]), cfg, tmp_path / "splits")
+        _, grown = ingest_feedback(nb, jsonl(tmp_path / "round2.jsonl", rows), cfg, tmp_path / "splits")
+    assert all(grown.assignment[i] == s for i, s in first.assignment.items())
+    # Unpinned, the cut points move: some earlier holdout battle would now train.
+    fresh = split_battles(battles, "0" * 64, cfg)
+    assert any(s != "train" and fresh.assignment[i] == "train" for i, s in first.assignment.items())
+    # And the grown split is still stratified within one battle per vote.
+    sizes = Counter(b.vote for b in battles)
+    for name, fraction in (("dev", cfg.dev_fraction), ("sealed", cfg.sealed_fraction)):
+        got = Counter(b.vote for b in battles if grown.assignment[b.id] == name)
+        assert all(abs(got[v] - n * fraction) <= 1 for v, n in sizes.items()), (name, got)
