@@ -46,21 +46,32 @@ def _assert_same_weights(a: Path, b: Path) -> None:
 def test_sigterm_in_a_subprocess_then_resume_matches_uninterrupted(model_dirs, sft_data, tmp_path):
     config = _config(model_dirs["llama"], sft_data, tmp_path / "run")
     (tmp_path / "config.json").write_text(config.model_dump_json())
-    script = ("import sys, torch; torch.set_num_threads(1); from pathlib import Path; "
-              "from trainers.sft import SFTConfig, train; "
-              "train(SFTConfig.model_validate_json(Path(sys.argv[1]).read_text()))")
-    proc = subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "config.json")], cwd=REPO,
-                            stderr=subprocess.PIPE, text=True)
+    # The child holds step 4 until the parent says its SIGTERM is sent, so it cannot finish all 24 steps first
+    # on a loaded machine; the signal still comes from outside, while the loop runs.
+    script = "\n".join([
+        "import sys, time, torch; torch.set_num_threads(1); from pathlib import Path",
+        "from trainers import loop; from trainers.sft import SFTConfig, train",
+        "real, calls, sent = loop._one_step, [], Path(sys.argv[2])",
+        "def held(*args):",
+        "    calls.append(1)",
+        "    while len(calls) == 4 and not sent.exists(): time.sleep(0.01)",
+        "    return real(*args)",
+        "loop._one_step = held",
+        "train(SFTConfig.model_validate_json(Path(sys.argv[1]).read_text()))",
+    ])
+    proc = subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "config.json"), str(tmp_path / "sent")],
+                            cwd=REPO, stderr=subprocess.PIPE, text=True)
     try:
         _wait_for_lines(tmp_path / "run" / "metrics.jsonl", 3)
         proc.send_signal(signal.SIGTERM)
+        (tmp_path / "sent").touch()
         _, stderr = proc.communicate(timeout=60)
     finally:
         proc.kill()
     assert proc.returncode != 0
-    assert "Preempted: preempted: step " in stderr
-    stopped_at = int(stderr.split("preempted: step ")[1].split(":")[0])
-    assert 3 <= stopped_at < 24 and (tmp_path / "run" / "resume" / "state.pt").is_file()
+    assert "Preempted: preempted: step 4: resume state saved to" in stderr, stderr[-2000:]
+    stopped_at = 4
+    assert (tmp_path / "run" / "resume" / "state.pt").is_file()
     assert not (tmp_path / "run" / "result.json").exists()
 
     resumed = train(config)  # what the launcher does on requeue: the same call again
