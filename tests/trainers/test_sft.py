@@ -200,7 +200,7 @@ def test_command_line_entry_point(model_dirs, sft_data, tmp_path):
     config = _config(model_dirs["llama"], sft_data, tmp_path / "run", steps=2)
     (tmp_path / "c.json").write_text(config.model_dump_json())
     proc = subprocess.run([sys.executable, "-m", "trainers.sft", str(tmp_path / "c.json")], capture_output=True,
-                          text=True, cwd=Path(__file__).resolve().parents[2], timeout=120,
+                          text=True, cwd=Path(__file__).resolve().parents[2], timeout=300,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["steps"] == 2 and (tmp_path / "run" / "result.json").is_file()
