@@ -80,6 +80,20 @@ def test_extrapolation_and_soup(pair, tmp_path):
     AutoModelForCausalLM.from_pretrained(result.output_dir)
 
 
+def test_bf16_dose_is_computed_in_fp32_and_cast_back(pair, tmp_path):
+    halves = []
+    for i, src in enumerate(pair):
+        AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16).save_pretrained(tmp_path / f"h{i}")
+        halves.append(tmp_path / f"h{i}")
+    a, b = _all_tensors(halves[0]), _all_tensors(halves[1])
+    out = _all_tensors(dose(DoseConfig(a=halves[0], b=halves[1], alpha=0.3, output_dir=tmp_path / "d")).output_dir)
+    for k in a:
+        assert out[k].dtype == torch.bfloat16
+        assert torch.equal(out[k], (a[k].float() + 0.3 * (b[k].float() - a[k].float())).to(torch.bfloat16))
+    # The same formula in BF16 arithmetic rounds differently: the FP32 path really matters here.
+    assert any(not torch.equal(out[k], a[k] + 0.3 * (b[k] - a[k])) for k in a)
+
+
 def test_mismatches_are_refused_without_output(pair, tokenizer_dir, tmp_path):
     nemo = tiny.build_model("nemotron_h", tokenizer_dir, tmp_path / "nemo")
     with pytest.raises(MergeError, match="model_type 'nemotron_h' differs"):
