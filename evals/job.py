@@ -3,7 +3,8 @@
 `run(EvalJobConfig) -> EvalResult` is a plain function: it runs in-process in tests, as a local
 subprocess or on a Slurm node through submitit. Everything it produces goes under `output_dir`:
 `config.json` (the full config), one `completions-<suite>-r<k>.jsonl` per generated replicate,
-`judgments-<suite>.jsonl` for judged suites, and `result.json`. The agent's tools record the result
+`judgments-<suite>-r<k>.jsonl` for judged suites (each sampled replicate is judged anew, its A/B key
+drawn from that replicate's seed), and `result.json`. The agent's tools record the result
 in the notebook; the job itself never touches it.
 
 Replicates (for the noise floor): with sampling, replicate k regenerates with seed `seed + k`;
@@ -196,7 +197,7 @@ def make_judge(spec: OpenAIJudgeSpec | CallableJudgeSpec) -> judge.Judge:
 
 
 def score(cfg: EvalJobConfig, spec: SuiteSpec, items: list[Item], comps: list[Completion] | None,
-          loaded: Loaded, tools: Tools) -> tuple[list[Outcome], JudgeRecord | None]:
+          loaded: Loaded, tools: Tools, replicate: int = 0) -> tuple[list[Outcome], JudgeRecord | None]:
     """Dispatch to the suite's scorer (scorers differ in what besides items and answers they read)."""
     match spec.scorer:
         case "math":
@@ -211,8 +212,8 @@ def score(cfg: EvalJobConfig, spec: SuiteSpec, items: list[Item], comps: list[Co
             return reward_proxy.score(items, comps, tools.reward_model), None
         case "judge":
             incumbent = read_completions(spec.incumbent_completions, items)
-            path = cfg.output_dir / f"judgments-{spec.name}.jsonl"
-            return judge.score(items, comps, incumbent, tools.judge, seed=cfg.seed, judgments_path=path)
+            path = cfg.output_dir / f"judgments-{spec.name}-r{replicate}.jsonl"
+            return judge.score(items, comps, incumbent, tools.judge, seed=cfg.seed + replicate, judgments_path=path)
 
 
 def resample(outcomes: list[Outcome], seed: int) -> list[Outcome]:
@@ -241,7 +242,7 @@ def run_suite(cfg: EvalJobConfig, spec: SuiteSpec, loaded: Loaded, tools: Tools,
             stats["generation_s"] += time.perf_counter() - start
             stats["generated_tokens"] += sum(c.n_tokens for c in comps)
             path = write_jsonl(cfg.output_dir / f"completions-{spec.name}-r{k}.jsonl", comps)
-        outs, record = score(cfg, spec, items, comps, loaded, tools)
+        outs, record = score(cfg, spec, items, comps, loaded, tools, replicate=k)
         base = outs
         results.append(SuiteResult(suite=spec.name, scorer=spec.scorer, sealed=spec.sealed, replicate=k, seed=seed,
                                    resampled=False, metrics=suite_metrics(outs), outcomes=outs,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import submitit
@@ -113,7 +114,7 @@ def test_eval_job_runs_every_suite_on_one_load(tiny_models, item, tmp_path, monk
     assert first["mcq"].metrics["n_unparsed"] == 3.0
     assert first["margin"].completions_path is None and first["margin"].metrics["n_margin"] == 4.0
     assert first["judge"].metrics["win_score"] == 1.0  # non-empty candidate beats the empty incumbent
-    assert (tmp_path / "out" / "judgments-judge.jsonl").is_file()
+    assert (tmp_path / "out" / "judgments-judge-r0.jsonl").is_file()
     resampled = [r for r in result.suites if r.replicate > 0]
     assert all(r.resampled for r in resampled)  # greedy: replicates are item resamples, not regenerations
     assert first["synth"].metrics["n_correct"] == 3.0
@@ -126,6 +127,27 @@ def test_eval_job_runs_every_suite_on_one_load(tiny_models, item, tmp_path, monk
     direct = reward_proxy.rewards(rm, [Item.model_validate(items[0])], [comps[0]["text"]])[0]
     ref = reward_proxy.rewards(rm, [Item.model_validate(items[0])], [items[0]["battle"]["chosen"]])[0]
     assert first["rm"].outcomes[0].values["margin"] == pytest.approx(direct - ref, abs=1e-5)
+
+
+def test_sampled_replicates_of_a_judge_suite_are_each_judged(tiny_models, item, tmp_path, monkeypatch):
+    # With sampling each replicate regenerates, so each is judged anew: its own file and A/B key.
+    (tmp_path / "localjudge2.py").write_text("def first(prompt, a, b):\n    return 'VERDICT: A'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    battles = _write_items(tmp_path / "battles.jsonl", _battle_items(item))
+    incumbent = tmp_path / "incumbent.jsonl"
+    incumbent.write_text("".join(json.dumps({"item_id": f"b{i}", "text": "x", "n_tokens": 1, "stopped": True,
+                                             "truncated": False, "empty": False, "has_replacement_char": False})
+                                 + "\n" for i in range(4)))
+    cfg = EvalJobConfig(checkpoint=tiny_models["llama"], decoding=Decoding(max_new_tokens=4, temperature=1.0),
+                        replicates=2, seed=7, output_dir=tmp_path / "out",
+                        judge={"kind": "callable", "target": "localjudge2:first"},
+                        suites=[SuiteSpec(name="j", scorer="judge", items_path=battles, incumbent_completions=incumbent)])
+    result = run(cfg)
+    records = [r.judge for r in result.suites]
+    assert [r.seed for r in records] == [7, 8] and records[0].judgments_path != records[1].judgments_path
+    assert all(Path(r.judgments_path).is_file() for r in records)
+    # A judge that always says A shows pure position bias: every item is inconsistent, win_score 0.5.
+    assert all(o.label == "inconsistent" and o.values["win_score"] == 0.5 for r in result.suites for o in r.outcomes)
 
 
 def test_bad_items_file_names_the_line(tiny_models, item, tmp_path):
