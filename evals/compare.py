@@ -1,7 +1,8 @@
 """Compare a candidate with the incumbent against registered bars; promote only if all hold.
 
 Refusals (recorded as `refuse` decisions, nothing else written) when:
-- the bars were registered after any of the candidate's evals on the bars' suites began
+- the bars were registered after any eval of the candidate's weights (any artifact with its sha256)
+  on the bars' suites began
   (invariant 2: bars before scores);
 - a bar's suite was evaluated for the candidate only at a decoding other than its served one
   (invariant 4: such evals are diagnostics; only served-decoding evals are ever used);
@@ -78,16 +79,25 @@ def _first(nb: Notebook, session: str, artifact_id: int, suite: str, fingerprint
     return evs[0]
 
 
+def _same_weights(nb: Notebook, artifact_id: int) -> list[int]:
+    """Ids of every artifact with the same weights (sha256) as `artifact_id`, itself included."""
+    sha = nb.artifact(artifact_id).sha256
+    return [a.id for a in nb.artifacts() if a.sha256 == sha]
+
+
 def _check_candidate(nb: Notebook, session: str, candidate: int, bars: Bars, registered_at: str,
                      served: Decoding) -> list[str]:
     """Reasons to refuse found in the candidate's evals on the bars' suites."""
     reasons = []
+    twins = _same_weights(nb, candidate)
     for suite in sorted({b.suite for b in bars.bar}):
         evs = nb.evals(artifact_id=candidate, suite=suite, session=session)
-        for ev in evs:
-            # Any look at the candidate on a bar's suite before the bars existed taints them.
+        looks = [e for twin in twins for e in nb.evals(artifact_id=twin, suite=suite, session=session)]
+        for ev in sorted(looks, key=lambda e: e.id):
+            # Any look at the candidate's weights on a bar's suite before the bars existed taints
+            # them, also under another artifact id (the same checkpoint registered twice).
             if started_at(nb, ev) < registered_at:
-                reasons.append(f"bars registered at {registered_at}, after eval {ev.id} ({suite}) began")
+                reasons.append(f"bars registered at {registered_at}, after eval {ev.id} ({suite}, artifact {ev.artifact_id}) began")
         others = sorted({e.decoding_sha256[:12] for e in evs if e.decoding_sha256 != served.fingerprint()})
         if others and not any(e.decoding_sha256 == served.fingerprint() and e.served for e in evs):
             reasons.append(f"suite {suite} was evaluated only at decoding {', '.join(others)}, "

@@ -327,3 +327,14 @@ def test_bars_registered_while_the_eval_job_ran_refused(lab):
     assert nb.evals(artifact_id=cand)[0].created_at > reg.registered_at  # recorded after the bars...
     out = compare(nb, "s1", cand, inc, reg.id, SERVED)
     assert out.refused and "after eval" in out.reasons[0]  # ...but began before them
+
+
+def test_a_peek_under_another_artifact_id_of_the_same_weights_refused(lab):
+    nb, inc, cand = lab
+    _calibrate(nb, inc)
+    record_result(nb, "s1", cand, _result(BETTER))  # looked at before the bars...
+    reg = _register(nb)
+    twin = nb.add_artifact(kind="checkpoint", name="again", path="/cand", sha256="b" * 64, session="s1").id
+    record_result(nb, "s1", twin, _result(BETTER))  # ...then registered again and re-evaluated
+    out = compare(nb, "s1", twin, inc, reg.id, SERVED)
+    assert out.refused and "after eval" in out.reasons[0]
