@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import submitit
+
+HEARTBEAT_S = 1.0  # seconds between touches of a local run's heartbeat file
 
 
 class RunInterrupted(Exception):
@@ -41,11 +44,16 @@ class Resumable(submitit.helpers.Checkpointable):
     def __call__(self, config: Any) -> Any:
         self._started = process_started_at()
         _append_event({"event": "start", "t": self._started, "pid": os.getpid()})
+        stop = threading.Event()
+        if submitit.JobEnvironment().cluster == "local":
+            threading.Thread(target=_heartbeat, args=(stop,), daemon=True).start()
         try:
             result = self.fn(config)
         except BaseException as err:
             _append_event({"event": "end", "t": time.time(), "ok": False, "error": repr(err)[:300]})
             raise
+        finally:
+            stop.set()
         _append_event({"event": "end", "t": time.time(), "ok": True})
         return result
 
@@ -73,6 +81,18 @@ def near_time_limit(elapsed_s: float, time_limit_s: float, signal_delay_s: float
     Slurm may send the warning up to a minute before `signal_delay_s` (its event resolution)."""
     slack = min(65.0, 0.1 * time_limit_s) + 1.0
     return elapsed_s >= time_limit_s - signal_delay_s - slack
+
+
+def _heartbeat(stop: threading.Event) -> None:
+    """Touch `<job id>_heartbeat` every HEARTBEAT_S while the job function runs (local runs only).
+
+    A local run killed from outside (the controller's SIGKILL at the time limit, the OOM killer)
+    writes no end event; the last heartbeat dates its end to within HEARTBEAT_S, so the launcher
+    can tell a run killed at its limit from one that died early, and charge its real wall time.
+    Slurm's accounting knows both already."""
+    path = _events_path().with_name(f"{submitit.JobEnvironment().job_id}_heartbeat")
+    while not stop.wait(HEARTBEAT_S):
+        path.touch()
 
 
 def _events_path() -> Path:

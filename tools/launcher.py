@@ -146,8 +146,11 @@ class LocalBackend:
 
     def runs(self, job_id: str, folder: Path, resources: Resources) -> list[Run]:
         devices = self.devices(resources)
+        # Liveness before the events: a worker that ends between the two reads then still counts as
+        # alive for this poll, instead of as killed mid-run with its end event unread.
+        alive = self._alive(job_id, folder)
         runs, start = _runs_from_events(read_events(folder / f"{job_id}_events.jsonl"), devices)
-        if self._alive(job_id, folder):
+        if alive:
             if start is not None:
                 runs.append(Run(state="RUNNING", started=start, ended=None, elapsed_s=time.time() - start,
                                 devices=devices, exit_code=None))
@@ -187,9 +190,16 @@ class LocalBackend:
     def cancel(self, job_id: str, folder: Path) -> None:
         # The marker tells any later observer (also a resumed agent) that the end was a cancel.
         (folder / f"{job_id}_cancelled").touch()
-        if self._alive(job_id, folder):
+        if not self._alive(job_id, folder):
+            return
+        if not _ignores_sigint(int(job_id)):
             # submitit's local controller stops its tasks on SIGINT (SIGINT, then SIGKILL after 1 s).
             os.kill(int(job_id), signal.SIGINT)
+            return
+        # An agent started in the background of a script ignores SIGINT, and so do the controllers
+        # it spawns: stop the workers instead; the controller then sees them gone and exits.
+        for pid in _children(int(job_id)):
+            os.kill(pid, signal.SIGKILL)
 
 
 def _runs_from_events(events: list[dict[str, Any]], devices: int) -> tuple[list[Run], float | None]:
@@ -216,8 +226,30 @@ def _controller_alive(pid: int, folder: Path) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z" and "submitit.local._local" in cmdline and str(folder) in cmdline
 
 
+def _ignores_sigint(pid: int) -> bool:
+    """Whether process `pid` ignores SIGINT (bit 1 of SigIgn in /proc/<pid>/status)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigIgn:"):
+            return bool(int(line.split()[1], 16) >> (signal.SIGINT - 1) & 1)
+    raise RuntimeError(f"/proc/{pid}/status has no SigIgn line")
+
+
+def _children(pid: int) -> list[int]:
+    """Live child processes of `pid` (the local controller's workers)."""
+    children = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):  # exited while we looked
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            children.append(int(stat.parent.name))
+    return children
+
+
 def _last_write(folder: Path, job_id: str) -> float:
-    """When a killed local run last wrote anything: its end time, as far as we can know it."""
+    """When a killed local run last wrote anything (its heartbeat included): its end, to within
+    tools.jobrun.HEARTBEAT_S."""
     return max((p.stat().st_mtime for p in folder.glob(f"{job_id}_*")), default=time.time())
 
 

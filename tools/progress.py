@@ -2,7 +2,7 @@
 logged step/loss from the run's metrics.jsonl) and the session budget spent/left, drawn with rich.
 Off a terminal (CI, logs piped to a file) it draws nothing; the notebook has the record anyway.
 
-    results = wait_all([job_a, job_b], notebook, "s1")        # console defaults to stderr
+    wait_all([job_a, job_b], notebook, "s1")        # console defaults to stderr; then job_a.result()
 """
 
 from __future__ import annotations
@@ -28,7 +28,11 @@ def last_metrics(path: Path | None) -> str:
         return ""
     with open(path, "rb") as f:
         f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
-        lines = f.read().decode(errors="replace").strip().splitlines()
+        tail = f.read().decode(errors="replace")
+    # Only complete lines: the job may be halfway through appending the next one.
+    lines = tail[: tail.rfind("\n") + 1].strip().splitlines()
+    if not lines:
+        return ""
     record: dict[str, Any] = json.loads(lines[-1])
     step = f"step {record['step']}" + (f"/{record['of']}" if "of" in record else "") if "step" in record else ""
     loss = f"loss {record['loss']:.4g}" if isinstance(record.get("loss"), int | float) else ""

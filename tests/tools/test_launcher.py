@@ -18,6 +18,7 @@ from submitit.core.utils import DelayedSubmission
 
 from agent.config import ExecutorSection
 from memory.notebook import Notebook
+from tools.jobrun import HEARTBEAT_S
 from tools.launcher import JobFailed, Launcher, Resources, _controller_alive
 from tools.probe import CountConfig, count
 
@@ -90,6 +91,25 @@ def test_cancelled_job_is_recorded_cancelled(launcher: Launcher, tmp_path: Path)
     assert len(job.attempts()) == 1  # a cancel is final: no retry
 
 
+def test_local_cancel_when_the_agent_ignores_sigint(notebook: Notebook, tmp_path: Path) -> None:
+    # An agent started in the background of a script ignores SIGINT; its local controllers inherit
+    # that, so the cancel must not depend on SIGINT.
+    launcher = Launcher(notebook, SESSION, ExecutorSection(kind="local"), tmp_path / "jobs", poll_s=0.2)
+    out = tmp_path / "out"
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        job = launcher.submit("probe", count, CountConfig(steps=200, step_seconds=0.2, output_dir=out),
+                              Resources(time_limit_min=2, signal_delay_s=10))
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    wait_until(lambda: _steps_done(out) >= 3, 30, "the job to run a few steps")
+    job.cancel()
+    with pytest.raises(JobFailed) as failed:
+        job.result(timeout_s=30)
+    assert failed.value.record.failure_class == "cancelled" and failed.value.record.gpu_hours > 0
+    assert not _controller_alive(int(job.record.external_id), Path(job.record.folder))
+
+
 def test_job_over_its_time_limit_is_recorded_timeout(launcher: Launcher, tmp_path: Path) -> None:
     # The checkpoint signal comes `signal_delay_s` before the limit; with no requeue allowed the
     # run ends there, as a timeout. (Slurm's limit is whole minutes, so its signal comes earlier.)
@@ -122,8 +142,9 @@ def test_local_job_killed_at_its_time_limit_is_recorded_timeout(notebook: Notebo
     assert first.external_id != second.external_id
     for attempt in (first, second):
         # The worker process's wall time up to the kill: the controller never kills before the 12 s
-        # limit (it counts sleeps); a loaded machine only makes it later.
-        assert 11.5 <= attempt.gpu_hours * 3600 <= 16
+        # limit (it counts sleeps); a loaded machine only makes it later. A worker too slow to log
+        # its end before the SIGKILL 1 s later is dated by its last heartbeat (1 s apart).
+        assert 12 - HEARTBEAT_S - 0.5 <= attempt.gpu_hours * 3600 <= 16
     (fail,) = notebook.decisions(SESSION, kind="fail")
     assert fail.payload["failure_class"] == "timeout"
 

@@ -50,3 +50,8 @@ def test_last_metrics(tmp_path: Path) -> None:
     assert last_metrics(path) == ""
     path.write_text('{"step": 1, "loss": 2.5}\n{"step": 2, "of": 9, "loss": 1.25}\n')
     assert last_metrics(path) == "step 2/9 loss 1.25"
+    with open(path, "a") as f:  # the job is halfway through appending its next line
+        f.write('{"step": 3, "of": 9, "lo')
+    assert last_metrics(path) == "step 2/9 loss 1.25"
+    path.write_text('{"step": 1, "lo')
+    assert last_metrics(path) == ""
