@@ -6,9 +6,10 @@ Refusals (recorded as `refuse` decisions, nothing else written) when:
   (invariant 2: bars before scores);
 - a bar's suite was evaluated for the candidate only at a decoding other than its served one
   (invariant 4: such evals are diagnostics; only served-decoding evals are ever used);
-- a bar is written in noise-floor units and the suite/metric has no noise floor, or its latest
-  floor was not calibrated on the incumbent at the decoding of the incumbent eval compared, or it
-  is zero while the bar demands a margin of k > 0 floors (the margin would vanish) (invariant 3);
+- a bar is written in noise-floor units and the suite/metric has no noise floor calibrated on the
+  incumbent at the decoding of the incumbent eval compared (the first such floor is used, so
+  recalibrating cannot shop for a wider one), or that floor is zero while the bar demands a margin
+  of k > 0 floors (the margin would vanish) (invariant 3);
 - an eval the bars need is missing, or candidate and incumbent scored different items.
 
 Each side is read from its FIRST replicate-0 eval of the suite at the relevant decoding: the first
@@ -33,7 +34,7 @@ from evals import stats
 from evals.bars import Bar, Bars
 from evals.decoding import Decoding
 from evals.records import item_values, started_at
-from memory.notebook import EvalRecord, Notebook
+from memory.notebook import EvalRecord, NoiseFloor, Notebook
 
 _OPS = {">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operator.lt}
 _TESTS = {"mcnemar_exact": stats.mcnemar_exact, "paired_t": stats.paired_t, "wilcoxon": stats.wilcoxon}
@@ -134,19 +135,28 @@ def _statistic(bar: Bar, cand: list[float], inc: list[float]) -> float:
             return res.ci_low if bar.statistic == "ci_low" else res.ci_high
 
 
+def _incumbent_floor(nb: Notebook, session: str, bar: Bar, inc_eval: EvalRecord) -> NoiseFloor:
+    """The FIRST floor of the bar's suite/metric calibrated on the incumbent at its compared decoding.
+
+    A floor measured on another model or decoding (say a noisier, high-temperature one) would widen
+    the bar at will, and so would recalibrating until a wide floor comes up: the first one counts.
+    """
+    floors = nb.noise_floors(session, bar.suite, bar.metric)
+    if not floors:
+        raise _Refused(f"bar on {bar.suite}/{bar.metric} is in noise-floor units but no noise floor was calibrated")
+    for floor in floors:
+        sources = [nb.eval(i) for i in floor.source_evals]
+        if all(e.artifact_id == inc_eval.artifact_id and e.decoding_sha256 == inc_eval.decoding_sha256 for e in sources):
+            return floor
+    raise _Refused(f"no noise floor of {bar.suite}/{bar.metric} was calibrated on the incumbent "
+                   f"(artifact {inc_eval.artifact_id}) at decoding {inc_eval.decoding_sha256[:12]}; calibrate it")
+
+
 def _threshold(nb: Notebook, session: str, bar: Bar, inc_eval: EvalRecord) -> float:
     """The bar's threshold; noise-floor units only from the incumbent's own calibration (invariant 3)."""
     if not bar.in_noise_units:
         return bar.value
-    floor = nb.noise_floor(session, bar.suite, bar.metric)
-    if floor is None:
-        raise _Refused(f"bar on {bar.suite}/{bar.metric} is in noise-floor units but no noise floor was calibrated")
-    sources = [nb.eval(i) for i in floor.source_evals]
-    # A floor measured on another model or decoding (say a noisier, high-temperature one) would
-    # widen the bar at will; the unit is the incumbent's noise at the decoding it is compared at.
-    if any(e.artifact_id != inc_eval.artifact_id or e.decoding_sha256 != inc_eval.decoding_sha256 for e in sources):
-        raise _Refused(f"noise floor {floor.id} of {bar.suite}/{bar.metric} was not calibrated on the incumbent "
-                       f"(artifact {inc_eval.artifact_id}) at decoding {inc_eval.decoding_sha256[:12]}; recalibrate")
+    floor = _incumbent_floor(nb, session, bar, inc_eval)
     demands_margin = bar.value > 0 if bar.op in (">=", ">") else bar.value < 0
     if floor.mean_abs_delta == 0 and demands_margin:
         # A zero floor turns "beat the incumbent by k noise floors" into "do not lose", so no

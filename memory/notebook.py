@@ -559,6 +559,12 @@ class Notebook:
         )
         return NoiseFloor(**row) if row else None
 
+    def noise_floors(self, session: str, suite: str, metric: str) -> list[NoiseFloor]:
+        """Every calibration of (suite, metric) in a session, oldest first."""
+        rows = self._rows("SELECT * FROM noise_floor WHERE session = ? AND suite = ? AND metric = ? ORDER BY id",
+                          [session, suite, metric])
+        return [NoiseFloor(**r) for r in rows]
+
     def register_bars(self, session: str, spec: dict[str, Any]) -> BarsRecord:
         """Store the canonical bars spec with its sha256 and time, plus a register_bars decision."""
         digest = sha256_text(canonical_json(spec))

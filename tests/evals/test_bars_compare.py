@@ -260,16 +260,29 @@ def test_floor_must_be_the_incumbents_at_its_decoding(lab):
     record_result(nb, "s1", inc, _result(BASE))
     record_result(nb, "s1", cand, _result(BETTER))
     out = compare(nb, "s1", cand, inc, reg.id, SERVED)
-    assert out.refused and "not calibrated on the incumbent" in out.reasons[0]
+    assert out.refused and "was calibrated on the incumbent" in out.reasons[0]
     # The incumbent's own floor, but at a decoding other than the one of its compared eval.
     reps = [BASE, [0, *BASE[1:]], [1, 1, *BASE[2:]]]
     hot = Decoding(temperature=1.5, max_new_tokens=64, stop_token_ids=(3,))
     noise.calibrate(nb, "s1", [record_result(nb, "s1", inc, _result(r, decoding=hot, replicate=k))[0]
                                for k, r in enumerate(reps)])
     out = compare(nb, "s1", cand, inc, reg.id, SERVED)
-    assert out.refused and "not calibrated on the incumbent" in out.reasons[0]
-    _calibrate(nb, inc)
-    assert compare(nb, "s1", cand, inc, reg.id, SERVED).promoted
+    assert out.refused and "was calibrated on the incumbent" in out.reasons[0]
+    first = _calibrate(nb, inc)[0]
+    out = compare(nb, "s1", cand, inc, reg.id, SERVED)
+    assert out.promoted and out.verdicts[0].threshold == pytest.approx(-first.mean_abs_delta)
+
+
+def test_recalibrating_cannot_widen_the_floor(lab):
+    nb, inc, cand = lab
+    first = _calibrate(nb, inc)[0]
+    # A second, much wider calibration of the same incumbent (replicates 3..5 of a later job).
+    wide = [[1] * 40, [0] * 40, BASE]
+    noise.calibrate(nb, "s1", [record_result(nb, "s1", inc, _result(r, replicate=3 + k))[0] for k, r in enumerate(wide)])
+    reg = _register(nb, '[[bar]]\nsuite = "math"\nmetric = "correct"\nrule = "delta >= -1.0 * noise_floor"\n')
+    record_result(nb, "s1", cand, _result([0] * 6 + BASE[6:]))  # 4 items worse: delta -0.1
+    out = compare(nb, "s1", cand, inc, reg.id, SERVED)
+    assert out.verdicts[0].threshold == pytest.approx(-first.mean_abs_delta) and not out.promoted
 
 
 def test_zero_floor_refused(lab):
