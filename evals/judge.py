@@ -100,12 +100,23 @@ def draw_key(items: list[Item], seed: int) -> dict[str, bool]:
     return {item.id: rng.random() < 0.5 for item in items}
 
 
+def judged_prompt(item: Item) -> str:
+    """What the judge reads as the prompt: the last user turn, or the whole exchange when earlier
+    user/assistant turns exist (an answer to "and the second one?" cannot be judged without them).
+    The served system prompt is left out: it belongs to the model under test, not to the user."""
+    turns = [m for m in item.messages if m.role != "system"]
+    if len(turns) == 1:
+        return item.prompt
+    return "\n\n".join(f"[{m.role}]\n{m.content}" for m in turns)
+
+
 def judge_blind(items: list[Item], first: list[str], second: list[str], judge: Judge) -> list[BlindJudgment]:
     """Both passes for every item, given the answers already placed in positions A and B."""
     out = []
     for item, a, b in zip(items, first, second, strict=True):
+        prompt = judged_prompt(item)
         for swapped, (x, y) in ((False, (a, b)), (True, (b, a))):
-            reply = judge(item.prompt, x, y)
+            reply = judge(prompt, x, y)
             out.append(BlindJudgment(item_id=item.id, swapped=swapped, reply=reply, verdict=parse_verdict(reply)))
     return out
 

@@ -121,6 +121,24 @@ def test_local_callable_judge(tmp_path, item, completion):
     assert all(o.label == "win" for o in outcomes)
 
 
+def test_multi_turn_battle_is_judged_with_its_earlier_turns(tmp_path, completion):
+    from evals.types import Item
+
+    item = Item.model_validate({"id": "m", "messages": [
+        {"role": "system", "content": "You are the served model."}, {"role": "user", "content": "Name two rivers."},
+        {"role": "assistant", "content": "The Nile and the Rhine."}, {"role": "user", "content": "How long is the second one?"}]})
+    seen = []
+
+    def oracle(prompt: str, a: str, b: str) -> str:
+        seen.append(prompt)
+        return "VERDICT: " + ("A" if "1,230" in a else "B")
+
+    judge.score([item], [completion("m", "About 1,230 km.")], [completion("m", "About 6,650 km.")], oracle,
+                seed=0, judgments_path=tmp_path / "m.jsonl")
+    assert seen[0] == ("[user]\nName two rivers.\n\n[assistant]\nThe Nile and the Rhine.\n\n"
+                       "[user]\nHow long is the second one?") and "served model" not in seen[0]
+
+
 def test_job_builds_openai_judge_from_env(server, monkeypatch, item, completion, tmp_path):
     from evals.job import OpenAIJudgeSpec, make_judge
 
