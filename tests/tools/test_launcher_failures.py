@@ -189,3 +189,15 @@ def test_recorded_failure_is_not_retried_on_resume(tmp_path: Path) -> None:
         again.result(timeout_s=5)
     assert len(nb.jobs()) == 1 and len(nb.decisions("s1", kind="launch")) == 1
     assert len(nb.decisions("s1", kind="fail")) == 1
+
+
+def test_submitted_but_not_recorded_is_adopted_on_resume(tmp_path: Path) -> None:
+    nb, launcher = _launcher(tmp_path, budget=1.0, reserve=0.0)
+    config, resources = EmptyConfig(tag="adopt"), Resources(time_limit_min=1, signal_delay_s=10)
+    job_id = launcher.submit("probe", empty, config, resources).record.external_id
+    # The agent died after the executor took the job and before the notebook stored its id.
+    assert nb.update_job(launcher.key("probe", empty, config), 1, external_id=None).external_id is None
+    again = Launcher(nb, "s1", ExecutorSection(kind="local"), tmp_path / "jobs").submit("probe", empty, config, resources)
+    assert again.record.external_id == job_id
+    assert again.result(timeout_s=60).pid > 0
+    assert len(list((tmp_path / "jobs").glob("*/*_submitted.pkl"))) == 1 and len(nb.jobs()) == 1
