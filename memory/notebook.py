@@ -551,14 +551,6 @@ class Notebook:
             })
         return NoiseFloor(**self._one("SELECT * FROM noise_floor WHERE id = ?", [rowid]))
 
-    def noise_floor(self, session: str, suite: str, metric: str) -> NoiseFloor | None:
-        """The latest calibration of (suite, metric) in a session."""
-        row = self._one(
-            "SELECT * FROM noise_floor WHERE session = ? AND suite = ? AND metric = ? ORDER BY id DESC LIMIT 1",
-            [session, suite, metric],
-        )
-        return NoiseFloor(**row) if row else None
-
     def noise_floors(self, session: str, suite: str, metric: str) -> list[NoiseFloor]:
         """Every calibration of (suite, metric) in a session, oldest first."""
         rows = self._rows("SELECT * FROM noise_floor WHERE session = ? AND suite = ? AND metric = ? ORDER BY id",
