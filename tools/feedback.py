@@ -35,7 +35,6 @@ from trainers.rows import file_sha256
 
 MAX_LISTED = 20
 Vote = Literal["own", "other", "tie", "both_bad"]
-DECISIVE: tuple[Vote, ...] = ("own", "other")
 
 
 class Message(BaseModel):
