@@ -26,6 +26,7 @@ from pydantic import (
 )
 
 from evals.decoding import Decoding
+from tools.executor import ExecutorSection
 
 LAB_FILE = "lab.toml"
 
@@ -102,28 +103,6 @@ class EvalSuite(_Section):
     file: LabPath | None = Field(None, description="Items file (JSONL); holdout-battle scorers read the dev split instead.")
     sealed: bool = Field(False, description="Sealed confirmation suite: scored once per session, for the nominee only.")
     replicates: int = Field(3, ge=3, description="K replicates of the incumbent used to calibrate this suite's noise floor.")
-
-
-class SlurmSection(_Section):
-    partition: str = Field(description="Slurm partition jobs are submitted to.")
-    account: str | None = Field(None, description="Slurm account to charge.")
-    qos: str | None = Field(None, description="Slurm quality of service.")
-    gpus_per_node: int = Field(1, ge=0, description="GPUs per job (one node per job).")
-    cpus_per_task: int = Field(8, ge=1, description="CPUs per job.")
-    mem_gb: int = Field(64, ge=1, description="Memory per job in GB.")
-    extra_sbatch: list[str] = Field(default_factory=list, description="Extra `#SBATCH` lines, verbatim.")
-
-
-class ExecutorSection(_Section):
-    kind: Literal["local", "slurm"] = Field("local", description="Where jobs run: local subprocesses or Slurm.")
-    time_limit_min: int = Field(240, ge=1, description="Explicit wall-clock limit of every job, in minutes.")
-    slurm: SlurmSection | None = Field(None, description="Slurm parameters; required when kind = 'slurm'.")
-
-    @model_validator(mode="after")
-    def _slurm_needs_section(self) -> ExecutorSection:
-        if self.kind == "slurm" and self.slurm is None:
-            raise ValueError("kind = 'slurm' needs an [executor.slurm] section with at least `partition`")
-        return self
 
 
 class EndpointSection(_Section):

@@ -7,8 +7,8 @@ memory-bandwidth bound for decode: every decode step must read all weights once 
 of every sequence, so tokens/s <= batch * bandwidth / (weight bytes + batch * KV bytes per sequence).
 The bandwidth is measured in the same run with a device-to-device copy (bytes read + written).
 
-Nothing is downloaded: the tokenizer is built offline (trainers.tiny) and the model is randomly
-initialised from a config: `tiny` (the tiny Llama of trainers.tiny) or `llama-1b` (Llama-3.2-1B
+Nothing is downloaded: the tokenizer is built offline (core.tiny) and the model is randomly
+initialised from a config: `tiny` (the tiny Llama of core.tiny) or `llama-1b` (Llama-3.2-1B
 shaped: hidden 2048, 16 layers, 32 heads, 8 KV heads, MLP 8192; ~0.97B parameters without the
 small offline vocabulary's embeddings). The one-at-a-time loop runs on the first
 `--baseline-prompts` prompts only (it is slow); rates, not totals, are compared.
@@ -39,11 +39,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from any directory
 
+from core import tiny  # noqa: E402
+from core.chat import Message, eot_id, render_prompt  # noqa: E402
 from evals.decoding import Decoding  # noqa: E402
 from evals.generate import Loaded, generate, generation_config  # noqa: E402
 from evals.types import Item  # noqa: E402
-from trainers import tiny  # noqa: E402
-from trainers.chat import Message, eot_id, render_prompt  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

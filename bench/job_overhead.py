@@ -22,8 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from agent.config import ExecutorSection, SlurmSection
 from memory.notebook import Notebook
+from tools.executor import ExecutorSection, SlurmSection
 from tools.launcher import Launcher, Resources
 from tools.probe import EmptyConfig, empty
 

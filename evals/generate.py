@@ -1,7 +1,7 @@
 """The generation engine: batched, left-padded generation at a candidate's served decoding.
 
 A model is loaded once (`load`) and then answers every suite of a job. Prompts are rendered by the
-one chat renderer (`trainers.chat.render_prompt`) with the decoding's system prompt, sorted by
+one chat renderer (`core.chat.render_prompt`) with the decoding's system prompt, sorted by
 length so each batch wastes little padding, left-padded (new tokens then line up at the right
 edge) and decoded with exactly the served settings: greedy or temperature/top_p (top_k off, since
 a served decoding has none), repetition penalty, max new tokens and stop ids.
@@ -27,9 +27,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedModel
 from transformers import PreTrainedTokenizerBase as Tokenizer
 
+from core.chat import render, render_prompt
 from evals.decoding import Decoding
 from evals.types import Completion, Item, completion_from_text
-from trainers.chat import render, render_prompt
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Reward-proxy scorer: a local reward model compares the candidate's answer with the recorded one.
 
 The reward model is a sequence-classification checkpoint with one output (the `reward_model` path of
-lab.toml; `trainers.tiny.build_reward_model` builds a tiny one). Both answers are rendered as full
+lab.toml; `core.tiny.build_reward_model` builds a tiny one). Both answers are rendered as full
 conversations by the one renderer without a system prompt, so they differ only in the answer. Per
 item: `win` = 1 if the candidate's reward beats the recorded answer's (0.5 on a tie, 0 otherwise)
 and `margin` = reward(candidate) - reward(recorded). A proxy, not a human vote: report it as such.
@@ -16,8 +16,8 @@ import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, PreTrainedModel
 from transformers import PreTrainedTokenizerBase as Tokenizer
 
+from core.chat import render_text
 from evals.types import Completion, Item, Outcome, check_aligned
-from trainers.chat import render_text
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from core.chat import Message
 from evals.types import Completion, Item, Outcome, check_aligned
-from trainers.chat import Message
 
 Family = Literal["letter_count", "word_count", "digit_sum", "long_division", "arithmetic_chain", "string_edit"]
 FAMILIES: tuple[Family, ...] = (

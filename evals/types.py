@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from core.chat import Message
 from evals.constraint_rules import Constraint
-from trainers.chat import Message
 
 
 class Battle(BaseModel):

@@ -10,19 +10,10 @@ Haber & Stornetta, "How to time-stamp a digital document", 1991.)
 from __future__ import annotations
 
 import hashlib
-import json
-from typing import Any
+
+from core.util import canonical_json
 
 GENESIS = "0" * 64
-
-
-def canonical_json(value: Any) -> str:
-    """Deterministic JSON: sorted keys, no whitespace, UTF-8 kept, NaN/inf refused."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-
-
-def sha256_text(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def decision_hash(prev_hash: str, seq: int, session: str, at: str, kind: str, rationale: str, payload: str) -> str:

@@ -25,7 +25,8 @@ from typing import Any, Literal, get_args
 import sqlite_utils
 from pydantic import BaseModel, ConfigDict
 
-from memory.chain import GENESIS, canonical_json, decision_hash, sha256_text
+from core.util import canonical_json, sha256_text
+from memory.chain import GENESIS, decision_hash
 from memory.schema import MIGRATIONS, SCHEMA_VERSION
 
 DecisionKind = Literal[

@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from agent.config import ExecutorSection
 from evals import bars, noise, synthetic
 from evals.compare import compare
 from evals.decoding import Decoding
@@ -22,6 +21,7 @@ from evals.job import run as run_eval
 from evals.records import record_result
 from memory.notebook import Notebook
 from tools.datasets import WinnerSFTConfig, build_winner_sft, record_dataset
+from tools.executor import ExecutorSection
 from tools.launcher import Launcher, Resources
 from tools.splits import SplitConfig, ingest_feedback
 from trainers import sft, tiny

@@ -29,11 +29,9 @@ import argparse
 import hashlib
 import json
 import math
-import os
 import random
 import re
 import sys
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
@@ -41,11 +39,12 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from transformers import AutoTokenizer
 
+from core.chat import Message, render
+from core.util import canonical_json, file_sha256, write_atomic
 from evals.synthetic import FAMILIES, Family, check, generate
 from evals.types import Item
-from memory.chain import canonical_json
 from memory.notebook import Artifact, Notebook
-from tools.feedback import Battle, FeedbackError, Message, file_sha256, load_feedback
+from tools.feedback import Battle, FeedbackError, load_feedback
 from tools.leak import (
     DEFAULT_NGRAM,
     AuditResult,
@@ -56,7 +55,6 @@ from tools.leak import (
     prompt_text,
 )
 from tools.splits import Split
-from trainers.chat import render
 from trainers.rows import KLCERow, PreferenceRow, SFTRow
 
 RowKind = Literal["sft", "pairs", "items", "klce"]
@@ -281,18 +279,6 @@ def count_tokens(tokenizer_dir: Path, rows: list[dict], kind: RowKind) -> int:
                for r in rows for side in ("chosen", "rejected"))
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-
-
 def _finish(builder: str, kind: RowKind, cfg: _BuildConfig, rows: list[dict], refs: list[Reference],
             extra_sources: list[SourceFile], stats: dict[str, int]) -> DatasetManifest:
     """Audit, count, write rows and manifest (only if the audit passes), return the manifest."""
@@ -312,8 +298,8 @@ def _finish(builder: str, kind: RowKind, cfg: _BuildConfig, rows: list[dict], re
         audit=result, audit_sha256=result.sha256(),
     )
     # Rows first, manifest last: a manifest on disk always describes a complete dataset file.
-    _write_atomic(out, data)
-    _write_atomic(manifest_path(out), (manifest.model_dump_json(indent=2) + "\n").encode())
+    write_atomic(out, data)
+    write_atomic(manifest_path(out), (manifest.model_dump_json(indent=2) + "\n").encode())
     return manifest
 
 
@@ -395,6 +381,8 @@ def _chat_row_problem(row: Any) -> str | None:
         except ValidationError as e:
             err = e.errors()[0]
             return f"messages.{j}.{'.'.join(map(str, err['loc'])) or '-'}: {err['msg'].removeprefix('Value error, ')}"
+        if not m["content"].strip():
+            return f"messages.{j}.content: must be a non-empty string"
     if row["messages"][-1]["role"] != "assistant":
         return "messages: the last turn must be the assistant's (the answer trained on)"
     return None

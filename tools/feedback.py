@@ -30,27 +30,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from core.chat import Message
+from core.util import file_sha256
 from tools.leak import normalized_hash, prompt_text
-from trainers.rows import file_sha256
 
 MAX_LISTED = 20
 Vote = Literal["own", "other", "tie", "both_bad"]
-
-
-class Message(BaseModel):
-    """One chat turn."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    role: Literal["system", "user", "assistant"] = Field(description="Who spoke: system, user or assistant.")
-    content: str = Field(description="What was said; non-empty.")
-
-    @field_validator("content")
-    @classmethod
-    def _non_empty(cls, v: str) -> str:
-        if not v.strip():
-            raise ValueError("must be a non-empty string")
-        return v
 
 
 class Battle(BaseModel):
@@ -77,6 +62,9 @@ class Battle(BaseModel):
     def _ends_with_user(cls, v: list[Message]) -> list[Message]:
         if not v:
             raise ValueError("must hold at least one message")
+        for i, m in enumerate(v):
+            if not m.content.strip():
+                raise ValueError(f"message {i}: content must be a non-empty string")
         if v[-1].role != "user":
             raise ValueError(f"the last message must be from the user, got role '{v[-1].role}'")
         return v

@@ -39,8 +39,8 @@ import submitit
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from submitit.core.utils import FailedJobError, UncompletedJobError
 
-from agent.config import ExecutorSection
 from memory.notebook import JobRecord, Notebook, now, tool_call_key
+from tools.executor import ExecutorSection
 from tools.failures import Failure, classify, decide, smaller_batch_config
 from tools.jobrun import Resumable, near_time_limit, read_events
 

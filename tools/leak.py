@@ -24,7 +24,7 @@ from collections.abc import Iterable, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from memory.chain import canonical_json
+from core.util import canonical_json
 
 DEFAULT_NGRAM = 13
 SHORT_MIN = 8  # shortest reference matched inside longer prompts (GPT-3 appendix C's minimum N)

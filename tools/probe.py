@@ -21,6 +21,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from core.util import write_atomic
+
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -96,7 +98,7 @@ def _count_steps(config: CountConfig, state: dict, start: int, signalled: list[i
             # The trainers' contract: a non-finite loss stops the job with a message starting "nan_loss:".
             raise FloatingPointError(f"nan_loss: loss is {loss} at step {step + 1}")
         state = {"step": step + 1, "total": state["total"] + step * step}
-        _write_atomic(state_file, json.dumps(state))
+        write_atomic(state_file, json.dumps(state))
         with open(config.output_dir / "metrics.jsonl", "a") as f:
             f.write(json.dumps({"step": step + 1, "of": config.steps, "loss": loss}) + "\n")
     return state
@@ -122,9 +124,3 @@ def _address_space() -> int:
         if line.startswith("VmSize:"):
             return int(line.split()[1]) * 1024
     raise RuntimeError("/proc/self/status has no VmSize line")
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)

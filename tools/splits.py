@@ -31,7 +31,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from memory.chain import canonical_json
+from core.util import canonical_json
 from memory.notebook import FeedbackSplit, Notebook
 from tools.feedback import Battle, load_feedback
 from tools.leak import DEFAULT_NGRAM, ngrams, normalized_hash, short_sequence

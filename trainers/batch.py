@@ -1,6 +1,6 @@
 """Collation and log-probabilities shared by the trainers.
 
-Rows become `Encoded` (ids + assistant-only mask, from `trainers.chat.render`); micro-batches are
+Rows become `Encoded` (ids + assistant-only mask, from `core.chat.render`); micro-batches are
 right-padded tensors, or, for SFT packing on attention-only models, several rows concatenated in one
 sequence with position ids restarting at each row (transformers then builds a block-diagonal causal
 mask, so no row attends to another).
@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedTokenizerBase
 
-from trainers import chat
+from core import chat
 from trainers.common import ConfigError
 
 

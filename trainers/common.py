@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 from typing import Literal
 
@@ -27,7 +26,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from trainers.rows import file_sha256
+from core.util import file_sha256, write_json_atomic
 
 # LoRA targets that work on Nemotron-H: peft refuses the Mamba mixer's out_proj and conv1d.
 NEMOTRON_H_LORA_TARGETS = ["in_proj", "q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj"]
@@ -173,13 +172,6 @@ def weights_sha256(model_dir: Path) -> str:
         digest.update(f.name.encode())
         digest.update(file_sha256(f).encode())
     return digest.hexdigest()
-
-
-def write_json_atomic(path: Path, payload: dict) -> None:
-    """Write-then-rename, so a killed job never leaves half a JSON file."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n")
-    os.replace(tmp, path)
 
 
 def start_run(config: TrainConfig) -> RunPaths:

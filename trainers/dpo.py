@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field, model_validator
 
+from core.util import file_sha256, write_json_atomic
 from trainers.batch import Encoded, check_supervised, encode, pad_batch, sequence_logprobs
 from trainers.common import (
     ConfigError,
@@ -49,10 +50,9 @@ from trainers.common import (
     load_frozen,
     load_tokenizer,
     weights_sha256,
-    write_json_atomic,
 )
 from trainers.loop import MicroLoss, run_job
-from trainers.rows import PreferenceRow, file_sha256, read_rows
+from trainers.rows import PreferenceRow, read_rows
 
 CACHE_FORMAT = 1  # bump when the rendering or the cached quantity changes
 

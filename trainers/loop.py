@@ -30,6 +30,7 @@ from typing import Protocol
 import torch
 from safetensors.torch import load_file, save_file
 
+from core.util import file_sha256, write_json_atomic
 from trainers.common import (
     NonFiniteLoss,
     Preempted,
@@ -41,9 +42,7 @@ from trainers.common import (
     load_tokenizer,
     start_run,
     trainable_state,
-    write_json_atomic,
 )
-from trainers.rows import file_sha256
 
 PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR2)
 

@@ -32,6 +32,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from core.util import write_json_atomic
 from evals.decoding import Decoding
 from evals.types import Completion, Item, Outcome
 from trainers.common import (
@@ -41,7 +42,6 @@ from trainers.common import (
     check_lora_targets,
     device,
     start_run,
-    write_json_atomic,
 )
 from trainers.rows import SFTRow, read_rows, write_rows
 from trainers.sft import SFTConfig

@@ -20,14 +20,13 @@ field of the first bad row.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from trainers.chat import Message
+from core.chat import Message
 
 
 class SFTRow(BaseModel):
@@ -97,15 +96,6 @@ def read_rows(path: str | Path, row_type: type[Row]) -> list[Row]:
     if not rows:
         raise RowsError(f"{path}: no rows")
     return rows
-
-
-def file_sha256(path: str | Path) -> str:
-    """sha256 of a file's bytes (the data hash recorded in result.json)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def write_rows(path: str | Path, rows: list[BaseModel]) -> Path:

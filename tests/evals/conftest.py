@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from core.chat import Message
 from evals.types import Completion, Item, completion_from_text
-from trainers.chat import Message
 
 
 def make_item(item_id: str, prompt: str = "q", **fields) -> Item:
@@ -39,7 +39,7 @@ def _few_threads():
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory) -> dict[str, Path]:
     """The offline tokenizer and tiny models (llama, nemotron_h, reward), built once per session."""
-    from trainers import tiny
+    from core import tiny
 
     root = tmp_path_factory.mktemp("evals-tiny")
     tok = tiny.build_tokenizer(root / "tokenizer")

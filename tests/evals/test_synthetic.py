@@ -6,10 +6,10 @@ import re
 
 import pytest
 
+from core.chat import Message
 from evals.synthetic import FAMILIES, check, extract, family_of, generate, score
 from evals.types import Item, completion_from_text
 from tools.leak import Reference, audit, prompt_text
-from trainers.chat import Message
 
 
 def _item(family: str, gold: str, prompt: str = "q") -> Item:

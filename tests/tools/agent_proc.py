@@ -10,8 +10,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from agent.config import ExecutorSection, SlurmSection
 from memory.notebook import Notebook
+from tools.executor import ExecutorSection, SlurmSection
 from tools.launcher import Launcher, Resources
 from tools.probe import CountConfig, count
 

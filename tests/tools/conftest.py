@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from agent.config import ExecutorSection, SlurmSection
+from core import tiny
 from memory.notebook import Notebook
+from tools.executor import ExecutorSection, SlurmSection
 from tools.launcher import Launcher
-from trainers import tiny
 
 SESSION = "s1"
 

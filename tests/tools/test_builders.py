@@ -13,6 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 from transformers import AutoTokenizer
 
+from core.chat import render
+from core.util import file_sha256
 from evals.synthetic import check, generate
 from evals.types import Item
 from memory.notebook import Notebook
@@ -34,10 +36,8 @@ from tools.datasets import (
     manifest_path,
     record_dataset,
 )
-from tools.feedback import file_sha256
 from tools.leak import LeakError
 from tools.splits import Split, SplitConfig, ingest_feedback
-from trainers.chat import render
 from trainers.rows import KLCERow, PreferenceRow, SFTRow, read_rows
 
 SYS = "You are a careful assistant."

@@ -45,7 +45,7 @@ BAD_LINES = {
     "invalid JSON": ('{"id": "x", "messages": [', "-", "invalid JSON"),
     "missing field": (json.dumps({k: v for k, v in GOOD.items() if k != "other"} | {"id": "x"}), "other", "missing"),
     "empty field": (json.dumps(GOOD | {"id": "x", "own": "  "}), "own", "non-empty"),
-    "empty message": (json.dumps(GOOD | {"id": "x", "messages": [{"role": "user", "content": ""}]}), "messages.0.content", "non-empty"),
+    "empty message": (json.dumps(GOOD | {"id": "x", "messages": [{"role": "user", "content": ""}]}), "messages", "message 0: content must be a non-empty string"),
     "unknown vote": (json.dumps(GOOD | {"id": "x", "vote": "draw"}), "vote", "unknown vote 'draw'"),
     "unknown role": (json.dumps(GOOD | {"id": "x", "messages": [{"role": "bot", "content": "q"}]}), "messages.0.role", "unknown role 'bot'"),
     "last not user": (json.dumps(GOOD | {"id": "x", "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}),

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from submitit.core.utils import DelayedSubmission
 
-from agent.config import ExecutorSection
 from memory.notebook import Notebook
+from tools.executor import ExecutorSection
 from tools.jobrun import HEARTBEAT_S
 from tools.launcher import JobFailed, Launcher, Resources, _controller_alive
 from tools.probe import CountConfig, count

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel, ValidationError, model_validator
 
-from agent.config import ExecutorSection
 from memory.notebook import Notebook
+from tools.executor import ExecutorSection
 from tools.failures import classify, decide, smaller_batch_config
 from tools.launcher import BudgetRefused, JobFailed, Launcher, Resources, _sbatch_lines
 from tools.probe import CountConfig, EmptyConfig, count, empty

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from agent.config import ExecutorSection
 from memory.notebook import Notebook
+from tools.executor import ExecutorSection
 from tools.launcher import Launcher, Resources
 from tools.probe import CountConfig, EmptyConfig, count, empty
 from tools.progress import last_metrics, wait_all

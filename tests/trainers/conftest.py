@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainers import tiny
+from core import tiny
 
 # Shared helpers live in trainer_testkit.py beside this file (a unique name, no clash with other suites).
 sys.path.insert(0, str(Path(__file__).parent))

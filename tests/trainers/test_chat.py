@@ -4,7 +4,7 @@ import pytest
 from transformers import AutoTokenizer
 from transformers.utils.chat_template_utils import render_jinja_template
 
-from trainers import chat
+from core import chat
 
 CONVERSATIONS = [
     [{"role": "user", "content": "What is 12 + 30?"}, {"role": "assistant", "content": "42"}],

@@ -8,7 +8,7 @@ from pydantic import ValidationError
 from trainer_testkit import MEMO, assert_trained, metric_series, reload_and_generate, user, write_jsonl
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from trainers import chat
+from core import chat
 from trainers.common import ConfigError, LoRASettings
 from trainers.dpo import DPOConfig, cache_key, split_heldout, train
 from trainers.rows import PreferenceRow, read_rows

@@ -8,7 +8,7 @@ from pydantic import ValidationError
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from trainers import tiny
+from core import tiny
 from trainers.common import LoRASettings
 from trainers.merge import (
     INDEX,

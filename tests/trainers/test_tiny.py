@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
-from trainers import chat, tiny
+from core import chat, tiny
 
 
 def _sha(path):

@@ -12,7 +12,7 @@ import torch
 from trainer_testkit import assistant, user
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from trainers import chat
+from core import chat
 from trainers.batch import Encoded, encode, pad_batch, sequence_logprobs
 from trainers.dpo import DPOObjective, pair_logprobs
 from trainers.sft import SFTObjective

@@ -36,7 +36,7 @@ def reload_and_generate(result) -> torch.nn.Module:
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trainers import chat
+    from core import chat
 
     if result.adapter:
         base = AutoModelForCausalLM.from_pretrained(result.base_model_path)

@@ -5,7 +5,7 @@ Everything here is built offline and deterministically in seconds on a CPU:
 - `build_tokenizer(out_dir)`: a byte-level BPE tokenizer trained with the `tokenizers` library on
   synthetic text (arithmetic, counting, digit sums, string edits, short chat sentences), with the
   ChatML special tokens, saved as a `PreTrainedTokenizerFast` directory whose chat template is the
-  one renderer's template (`trainers.chat.chat_template`).
+  one renderer's template (`core.chat.chat_template`).
 - `build_model(kind, tokenizer_dir, out_dir, seed)`: a randomly initialised causal LM saved with
   `save_pretrained` (safetensors) next to a copy of the tokenizer: `nemotron_h` (Mamba2, attention,
   MoE and MLP layers), `llama` or `qwen2`.
@@ -14,7 +14,7 @@ Everything here is built offline and deterministically in seconds on a CPU:
 
 Command (builds all of them under DIR):
 
-    .venv/bin/python -m trainers.tiny DIR
+    .venv/bin/python -m core.tiny DIR
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
-from trainers.chat import EOT_TOKEN, PAD_TOKEN, SPECIAL_TOKENS, TEXT_EOS_TOKEN, chat_template
+from core.chat import EOT_TOKEN, PAD_TOKEN, SPECIAL_TOKENS, TEXT_EOS_TOKEN, chat_template
 
 ModelKind = Literal["nemotron_h", "llama", "qwen2"]
 MODEL_KINDS: tuple[ModelKind, ...] = ("nemotron_h", "llama", "qwen2")
@@ -171,7 +171,7 @@ def build_reward_model(tokenizer_dir: str | Path, out_dir: str | Path, seed: int
 
 
 def main() -> None:
-    """`python -m trainers.tiny DIR`: builds tokenizer/, nemotron_h/, llama/, qwen2/ and reward/ under DIR."""
+    """`python -m core.tiny DIR`: builds tokenizer/, nemotron_h/, llama/, qwen2/ and reward/ under DIR."""
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("out_dir", type=Path)
     parser.add_argument("--seed", type=int, default=0)

@@ -21,10 +21,12 @@ with the template's output) and the mask from each token's character offsets.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
-from transformers import PreTrainedTokenizerBase
+
+if TYPE_CHECKING:  # the renderer takes any HF tokenizer; importing transformers here would pull in torch
+    from transformers import PreTrainedTokenizerBase
 
 PAD_TOKEN = "<|pad|>"
 TEXT_EOS_TOKEN = "<|endoftext|>"
@@ -37,9 +39,9 @@ Role = Literal["system", "user", "assistant"]
 
 
 class Message(BaseModel):
-    """One chat turn."""
+    """One chat turn: the project's one message model (feedback, dataset rows, eval items, rendering)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", frozen=True)
     role: Role = Field(description="Who speaks: system, user or assistant.")
     content: str = Field(description="The turn's text, verbatim.")
 
