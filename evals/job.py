@@ -18,12 +18,11 @@ Command (a config JSON written by the evaluate tool):
 
 from __future__ import annotations
 
-import argparse
-import hashlib
 import importlib
 import json
 import os
 import random
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -270,19 +269,22 @@ def run(cfg: EvalJobConfig) -> EvalResult:
     return result
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     """`python -m evals.job CONFIG.json`: run one eval job from its config file."""
-    parser = argparse.ArgumentParser(description=main.__doc__)
-    parser.add_argument("config", type=Path)
-    args = parser.parse_args()
-    try:
-        cfg = EvalJobConfig.model_validate_json(args.config.read_text())
-    except ValidationError as err:
-        raise SystemExit(f"{args.config}: invalid eval job config: {err}") from err
-    run(cfg)
-    digest = hashlib.sha256((cfg.output_dir / "result.json").read_bytes()).hexdigest()
-    print(json.dumps({"result": str(cfg.output_dir / "result.json"), "sha256": digest}))
+    from core.entry import run_main
+    from core.util import file_sha256
+
+    def summary(_: EvalResult) -> str:
+        return json.dumps({"result": str(cfg.output_dir / "result.json"), "sha256": file_sha256(cfg.output_dir / "result.json")})
+
+    def job(config: EvalJobConfig) -> EvalResult:
+        nonlocal cfg
+        cfg = config
+        return run(config)
+
+    cfg: EvalJobConfig | None = None
+    return run_main("python -m evals.job", (EvalJobConfig, job), argv, bad_input=(ValueError, OSError), summary=summary)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -25,7 +25,6 @@ Command (CONFIG is the builder's config as JSON; exit 1 when the leak audit fail
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import math
@@ -488,23 +487,17 @@ BUILDERS = {
 }
 
 
+def _summary(manifest: DatasetManifest) -> str:
+    return (f"{manifest.path}: {manifest.rows} rows, {manifest.tokens} tokens, sha256 {manifest.sha256}, audit passed "
+            f"({manifest.audit.rows_checked} prompts vs {sum(manifest.audit.references.values())} references)")
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tools.datasets", description="Build one audited dataset.")
-    parser.add_argument("builder", choices=sorted(BUILDERS))
-    parser.add_argument("config", type=Path, help="the builder's config as a JSON file")
-    args = parser.parse_args(argv)
-    config_type, build = BUILDERS[args.builder]
-    try:
-        manifest = build(config_type.model_validate_json(args.config.read_bytes()))
-    except LeakError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    except (ValidationError, DatasetError, FeedbackError, OSError) as e:
-        print(f"error: {args.config}: {e}", file=sys.stderr)
-        return 2
-    print(f"{manifest.path}: {manifest.rows} rows, {manifest.tokens} tokens, sha256 {manifest.sha256}, "
-          f"audit passed ({manifest.audit.rows_checked} prompts vs {sum(manifest.audit.references.values())} references)")
-    return 0
+    """`python -m tools.datasets BUILDER CONFIG.json`: build one audited dataset (exit 1 when the audit refuses)."""
+    from core.entry import run_main
+
+    return run_main("python -m tools.datasets", BUILDERS, argv, bad_input=(DatasetError, FeedbackError, OSError),
+                    check_failed=(LeakError,), summary=_summary)
 
 
 if __name__ == "__main__":

@@ -202,11 +202,14 @@ def train(config: DPOConfig) -> TrainResult:
     return run_job(config, objective, final_metrics=final, truncated_rows=truncated)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     """`python -m trainers.dpo CONFIG.json`: runs DPO + NLL with the config file's settings."""
-    config = DPOConfig.model_validate_json(Path(sys.argv[1]).read_text())
-    print(train(config).model_dump_json(indent=2))
+    from core.entry import run_main
+    from trainers.common import ConfigError
+    from trainers.rows import RowsError
+
+    return run_main("python -m trainers.dpo", (DPOConfig, train), argv, bad_input=(ConfigError, RowsError))
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -120,11 +120,14 @@ def train(config: KLCEConfig) -> TrainResult:
     return run_job(config, objective, truncated_rows=sum(e.truncated for e in encoded))
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     """`python -m trainers.klce CONFIG.json`: runs KL-leashed CE with the config file's settings."""
-    config = KLCEConfig.model_validate_json(Path(sys.argv[1]).read_text())
-    print(train(config).model_dump_json(indent=2))
+    from core.entry import run_main
+    from trainers.common import ConfigError
+    from trainers.rows import RowsError
+
+    return run_main("python -m trainers.klce", (KLCEConfig, train), argv, bad_input=(ConfigError, RowsError))
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

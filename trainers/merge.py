@@ -282,14 +282,13 @@ def merge_lora(config: LoRAMergeConfig) -> MergeResult:
                        weights_sha256=weights_sha256(config.output_dir))
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     """`python -m trainers.merge {lora|soup|dose} CONFIG.json`."""
+    from core.entry import run_main
+
     kinds = {"lora": (LoRAMergeConfig, merge_lora), "soup": (SoupConfig, soup), "dose": (DoseConfig, dose)}
-    if len(sys.argv) != 3 or sys.argv[1] not in kinds:
-        sys.exit(f"usage: python -m trainers.merge {{{'|'.join(kinds)}}} CONFIG.json")
-    config_type, run = kinds[sys.argv[1]]
-    print(run(config_type.model_validate_json(Path(sys.argv[2]).read_text())).model_dump_json(indent=2))
+    return run_main("python -m trainers.merge", kinds, argv, bad_input=(MergeError,))
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

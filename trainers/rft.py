@@ -183,11 +183,14 @@ def train(config: RFTConfig) -> RFTResult:
     return result
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     """`python -m trainers.rft CONFIG.json`: runs rejection-sampling FT with the config file's settings."""
-    config = RFTConfig.model_validate_json(Path(sys.argv[1]).read_text())
-    print(train(config).model_dump_json(indent=2))
+    from core.entry import run_main
+    from trainers.common import ConfigError
+    from trainers.rows import RowsError
+
+    return run_main("python -m trainers.rft", (RFTConfig, train), argv, bad_input=(ConfigError, RowsError))
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
