@@ -106,6 +106,10 @@ class JobRecord(_Record):
     submitted_at: str
     started_at: str | None
     ended_at: str | None
+    fn: str | None = None  # the job function, "module:qualname" (None on rows from before schema 2)
+    result_type: str | None = None  # its pydantic result model, "module:qualname"
+    device_seconds: float | None = None  # measured seconds held x devices of the settled run
+    charge: Literal["measured", "simulated"] | None = None  # how gpu_hours was settled from device_seconds
 
 
 class Ledger(_Record):
@@ -435,21 +439,22 @@ class Notebook:
 
     def start_job(
         self, key: str, *, session: str, kind: str, executor: str, resources: dict[str, Any],
-        forecast_gpuh: float, attempt: int = 1, folder: str | None = None,
+        forecast_gpuh: float, attempt: int = 1, folder: str | None = None, fn: str | None = None,
+        result_type: str | None = None,
     ) -> JobRecord:
         """Record a job attempt (state pending) before it is submitted; its forecast is reserved."""
         with self._tx():
             self._insert("job", {
                 "key": key, "attempt": attempt, "session": session, "kind": kind, "executor": executor,
                 "resources": resources, "forecast_gpuh": forecast_gpuh, "state": "pending", "folder": folder,
-                "submitted_at": now(),
+                "submitted_at": now(), "fn": fn, "result_type": result_type,
             })
         return self.get_job(key, attempt)
 
     def update_job(self, key: str, attempt: int, **fields: Any) -> JobRecord:
         """Update one attempt: state, external_id, started_at, ended_at, gpu_hours, failure_*, result..."""
         allowed = {"state", "external_id", "folder", "started_at", "ended_at", "gpu_hours", "failure_class",
-                   "failure_detail", "log_path", "result"}
+                   "failure_detail", "log_path", "result", "device_seconds", "charge"}
         unknown = set(fields) - allowed
         if unknown:
             raise NotebookError(f"update_job: unknown fields {sorted(unknown)}")

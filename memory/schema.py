@@ -154,5 +154,14 @@ CREATE TABLE feedback_split (
 );
 """
 
-MIGRATIONS: list[str] = [V1]
+# Jobs survive the agent process (tools/launcher.py `Launcher.attach`): each row names its job
+# function and result model; the cost keeps the measured device-seconds beside the GPU-hours charged.
+V2 = """
+ALTER TABLE job ADD COLUMN fn TEXT;              -- job function, "module:qualname"
+ALTER TABLE job ADD COLUMN result_type TEXT;     -- its pydantic result model, "module:qualname"
+ALTER TABLE job ADD COLUMN device_seconds REAL;  -- measured: seconds held x devices; NULL while unsettled
+ALTER TABLE job ADD COLUMN charge TEXT;          -- how gpu_hours was settled: measured | simulated
+"""
+
+MIGRATIONS: list[str] = [V1, V2]
 SCHEMA_VERSION = len(MIGRATIONS)
