@@ -11,7 +11,11 @@ A feedback file holds one battle per line (JSONL), or one per row (Parquet with 
 
 `messages` is the conversation up to the answered turn (roles system/user/assistant, the last one
 from the user); `own` is our model's answer, `other` the opponent's; `vote` is own, other, tie or
-both_bad; `meta` is optional and free-form. Blank lines are skipped.
+both_bad; `meta` is optional and free-form. Blank lines are skipped. Lines are read by the one
+JSON-lines reader (core/jsonl.py: split on "\n" only, duplicate keys, lone surrogates, deep nesting
+and huge integers refused); a file is Parquet when its name ends in .parquet (any case) or its
+bytes start with Parquet's magic `PAR1`. An id, answer or message made only of whitespace and
+invisible characters (zero-width spaces, joiners, BOMs) counts as empty.
 
 Validation reports every bad line (all of them are collected; the first 20 are listed) and a file
 with any bad line is rejected as a whole: ingestion is all or nothing (DESIGN.md section 8).
@@ -24,6 +28,7 @@ from __future__ import annotations
 import json
 import statistics
 import sys
+import unicodedata
 from collections import Counter
 from pathlib import Path
 from typing import Any, Literal
@@ -31,11 +36,21 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from core.chat import Message
+from core.jsonl import describe_non_file, parse_lines
 from core.util import file_sha256
 from tools.leak import normalized_hash, prompt_text
 
 MAX_LISTED = 20
 Vote = Literal["own", "other", "tie", "both_bad"]
+PARQUET_MAGIC = b"PAR1"
+# Letters that render as nothing but are not in a format/space category (Hangul fillers, braille blank).
+_BLANK_LETTERS = {"\u115f", "\u1160", "\u3164", "\uffa0", "\u2800"}
+
+
+def is_blank(text: str) -> bool:
+    """True when `text` shows nothing: only whitespace, control, format (zero-width) or filler characters."""
+    return all(ch.isspace() or ch in _BLANK_LETTERS or unicodedata.category(ch) in ("Cc", "Cf", "Zs", "Zl", "Zp")
+               for ch in text)
 
 
 class Battle(BaseModel):
@@ -53,8 +68,8 @@ class Battle(BaseModel):
     @field_validator("id", "own", "other")
     @classmethod
     def _non_empty(cls, v: str) -> str:
-        if not v.strip():
-            raise ValueError("must be a non-empty string")
+        if is_blank(v):
+            raise ValueError("must be a non-empty string (only whitespace or invisible characters)")
         return v
 
     @field_validator("messages")
@@ -63,8 +78,8 @@ class Battle(BaseModel):
         if not v:
             raise ValueError("must hold at least one message")
         for i, m in enumerate(v):
-            if not m.content.strip():
-                raise ValueError(f"message {i}: content must be a non-empty string")
+            if is_blank(m.content):
+                raise ValueError(f"message {i}: content must be a non-empty string (only whitespace or invisible characters)")
         if v[-1].role != "user":
             raise ValueError(f"the last message must be from the user, got role '{v[-1].role}'")
         return v
@@ -98,11 +113,12 @@ class Problem(BaseModel):
 
 
 class FeedbackError(ValueError):
-    """A feedback file with at least one bad line; nothing from it was ingested."""
+    """A feedback file with at least one bad line (or no file at all); nothing from it was ingested."""
 
-    def __init__(self, path: Path, unit: str, problems: list[Problem]):
+    def __init__(self, path: Path, unit: str, problems: list[Problem], why: str | None = None):
         self.path, self.unit, self.problems = path, unit, problems
-        super().__init__(f"{path}: {len(problems)} problem(s), nothing ingested:\n" + render_problems(problems, unit))
+        super().__init__(f"{path}: {why}, nothing ingested" if why else
+                         f"{path}: {len(problems)} problem(s), nothing ingested:\n" + render_problems(problems, unit))
 
 
 def render_problems(problems: list[Problem], unit: str) -> str:
@@ -148,21 +164,8 @@ def _message(err: dict) -> str:
 
 
 def _jsonl_records(data: bytes) -> list[tuple[int, Any, Problem | None]]:
-    out = []
-    for number, raw in enumerate(data.split(b"\n"), start=1):
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            out.append((number, None, Problem(line=number, field="-",
-                                              message=f"not valid UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1})")))
-            continue
-        if not text.strip():
-            continue
-        try:
-            out.append((number, json.loads(text), None))
-        except json.JSONDecodeError as e:
-            out.append((number, None, Problem(line=number, field="-", message=f"invalid JSON: {e.msg} at column {e.colno}")))
-    return out
+    return [(line.number, line.value, None if line.problem is None else Problem(line=line.number, field="-", message=line.problem))
+            for line in parse_lines(data)]
 
 
 def _parquet_records(path: Path) -> list[tuple[int, Any, Problem | None]]:
@@ -191,8 +194,12 @@ def _clean_parquet_row(row: dict) -> dict:
 def parse_feedback(path: Path) -> Parsed:
     """Read and validate a feedback file, collecting every problem instead of stopping at the first."""
     path = Path(path)
-    is_parquet = path.suffix == ".parquet"
-    records = _parquet_records(path) if is_parquet else _jsonl_records(path.read_bytes())
+    why = describe_non_file(path)
+    if why is not None:  # never open a FIFO (it would block) or read a directory
+        raise FeedbackError(path, "line", [], why=f"{why} (expected a JSONL or Parquet feedback file)")
+    data = path.read_bytes()
+    is_parquet = path.suffix.lower() == ".parquet" or data.startswith(PARQUET_MAGIC)
+    records = _parquet_records(path) if is_parquet else _jsonl_records(data)
     unit: Literal["line", "row"] = "row" if is_parquet else "line"
     battles: list[Battle] = []
     problems: list[Problem] = []
@@ -308,10 +315,11 @@ def render_summary(parsed: Parsed, summary: FeedbackSummary) -> str:
 def check_feedback_command(path: Path) -> int:
     """`python run_agent.py check-feedback FILE`: print the summary and any problems; 0 iff the file is valid."""
     path = Path(path)
-    if not path.is_file():
-        print(f"check-feedback: {path}: no such file", file=sys.stderr)
+    try:
+        parsed = parse_feedback(path)
+    except FeedbackError as e:
+        print(f"check-feedback: {e}", file=sys.stderr)
         return 2
-    parsed = parse_feedback(path)
     print(render_summary(parsed, summarize(parsed)))
     if parsed.problems:
         print(f"{path}: {len(parsed.problems)} problem(s); a lab would ingest nothing from this file:", file=sys.stderr)

@@ -149,4 +149,4 @@ def test_check_feedback_cli(tmp_path, battle, jsonl):
         assert where in res.stderr
 
     res = _cli(str(tmp_path / "missing.jsonl"))
-    assert res.returncode == 2 and "no such file" in res.stderr
+    assert res.returncode == 2 and "missing.jsonl: does not exist" in res.stderr
