@@ -26,15 +26,19 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from evals import battle_margin, constraints, judge, length_stop, loops, math, mcq, reward_proxy, synthetic
+from core.jsonl import read_values
+from evals import constraints, judge, length_stop, loops, math, mcq, synthetic
 from evals.decoding import Decoding
-from evals.generate import Loaded, generate, load
 from evals.judge import JudgeRecord
 from evals.types import Completion, Item, Outcome, suite_metrics
+
+if TYPE_CHECKING:  # torch and transformers load only when a job runs (records and compare import this module)
+    from evals import reward_proxy
+    from evals.generate import Loaded
 
 ScorerName = Literal["math", "mcq", "constraints", "loops", "length_stop", "synthetic", "battle_margin",
                      "reward_proxy", "judge"]
@@ -152,13 +156,11 @@ class EvalResult(BaseModel):
 
 
 def read_items(path: Path) -> list[Item]:
-    """Items of a JSONL file; a bad line is reported with its file and line number."""
+    """Items of a JSONL file (read by core/jsonl.py); a bad line is reported with its file and line number."""
     items = []
-    for lineno, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
+    for lineno, value in read_values(path):
         try:
-            items.append(Item.model_validate_json(line))
+            items.append(Item.model_validate(value))
         except ValidationError as err:
             raise ValueError(f"{path}:{lineno}: not a valid eval item: {err}") from err
     ids = [item.id for item in items]
@@ -174,9 +176,9 @@ def write_jsonl(path: Path, records: list[BaseModel]) -> str:
 
 def read_completions(path: Path, items: list[Item]) -> list[Completion]:
     by_id = {}
-    for lineno, line in enumerate(path.read_text().splitlines(), start=1):
+    for lineno, value in read_values(path):
         try:
-            comp = Completion.model_validate_json(line)
+            comp = Completion.model_validate(value)
         except ValidationError as err:
             raise ValueError(f"{path}:{lineno}: not a completion record: {err}") from err
         by_id[comp.item_id] = comp
@@ -206,8 +208,12 @@ def score(cfg: EvalJobConfig, spec: SuiteSpec, items: list[Item], comps: list[Co
                       "synthetic": synthetic}
             return module[spec.scorer].score(items, comps), None
         case "battle_margin":
+            from evals import battle_margin
+
             return battle_margin.score(items, battle_margin.measure(loaded, items, cfg.decoding)), None
         case "reward_proxy":
+            from evals import reward_proxy
+
             return reward_proxy.score(items, comps, tools.reward_model), None
         case "judge":
             incumbent = read_completions(spec.incumbent_completions, items)
@@ -222,6 +228,8 @@ def resample(outcomes: list[Outcome], seed: int) -> list[Outcome]:
 
 
 def run_suite(cfg: EvalJobConfig, spec: SuiteSpec, loaded: Loaded, tools: Tools, stats: dict) -> list[SuiteResult]:
+    from evals.generate import generate
+
     items = read_items(spec.items_path)
     results: list[SuiteResult] = []
     base: list[Outcome] = []
@@ -254,6 +262,9 @@ def run(cfg: EvalJobConfig) -> EvalResult:
     cfg.output_dir.mkdir(parents=True, exist_ok=True)
     (cfg.output_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
     start = time.perf_counter()
+    from evals import reward_proxy
+    from evals.generate import load
+
     loaded = load(cfg.checkpoint, device=cfg.device, dtype=cfg.dtype)
     load_s = time.perf_counter() - start
     tools = Tools(

@@ -1,0 +1,81 @@
+"""Packages depend downward only (DESIGN.md section 2), and the light paths stay light.
+
+run_agent.py -> agent -> tools -> trainers -> evals -> memory -> core. Every import statement counts,
+including the ones inside functions (a lazy import is still a dependency).
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+# What each layer may import from the project (itself always allowed).
+ALLOWED = {
+    "core": set(),
+    "memory": {"core"},
+    "evals": {"core", "memory"},
+    "trainers": {"core", "memory", "evals"},
+    "tools": {"core", "memory", "evals", "trainers"},
+    "agent": {"core", "memory", "evals", "trainers", "tools"},
+    "run_agent": {"core", "memory", "evals", "trainers", "tools", "agent"},
+}
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.append((node.lineno, node.module))
+    return found
+
+
+def _sources() -> list[tuple[str, Path]]:
+    files = [("run_agent", REPO / "run_agent.py")]
+    for package in ALLOWED:
+        if package != "run_agent":
+            files += [(package, p) for p in sorted((REPO / package).rglob("*.py"))]
+    return files
+
+
+def test_no_import_points_upward():
+    upward = []
+    for layer, path in _sources():
+        for lineno, module in _imports(path):
+            top = module.split(".")[0]
+            if top in ALLOWED and top != layer and top not in ALLOWED[layer]:
+                upward.append(f"{path.relative_to(REPO)}:{lineno}: {layer} imports {module}")
+    assert not upward, "imports against the layering:\n" + "\n".join(upward)
+
+
+def test_the_walker_sees_function_level_imports(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text("def f():\n    from agent.graph import build\n    import tools.launcher\n")
+    assert [m for _, m in _imports(probe)] == ["agent.graph", "tools.launcher"]
+
+
+def _heavy_modules_after(code: str) -> str:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    probe = code + "\nimport sys\nprint(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
+    proc = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip().splitlines()[-1]
+
+
+def test_compare_imports_neither_torch_nor_transformers():
+    assert _heavy_modules_after("import evals.compare, evals.noise, evals.sealed, evals.records") == "[]"
+
+
+def test_check_feedback_imports_neither_torch_nor_transformers(tmp_path):
+    feedback = tmp_path / "f.jsonl"
+    feedback.write_text('{"id": "a", "messages": [{"role": "user", "content": "hi"}], "own": "x", "other": "y", '
+                        '"vote": "own"}\n')
+    code = f"import run_agent\nrc = run_agent.main(['check-feedback', {str(feedback)!r}])\nassert rc == 0, rc"
+    assert _heavy_modules_after(code) == "[]"
