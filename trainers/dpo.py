@@ -131,6 +131,12 @@ def reference_logprobs(config: DPOConfig, pairs, pad_id: int) -> tuple[list[tupl
     return logps, False
 
 
+def chosen_nll(pi_c: torch.Tensor, n_c: torch.Tensor) -> torch.Tensor:
+    """Per pair, the chosen answer's mean token NLL (Pang et al. 2024, eq. 3): every pair weighs the same,
+    whatever its length (TRL's "sft" term instead averages over all chosen tokens of the batch)."""
+    return -pi_c / n_c
+
+
 class DPOObjective:
     """Sigmoid DPO + chosen NLL over the training pairs (loop rows index `train_ids`)."""
 
@@ -152,7 +158,7 @@ class DPOObjective:
         margin = self.beta * ((pi_c - ref[:, 0]) - (pi_r - ref[:, 1]))
         n_c = torch.tensor([c.supervised for c in chosen], dtype=torch.float32, device=logp.device)
         dpo = -F.logsigmoid(margin)
-        nll = -pi_c / n_c
+        nll = chosen_nll(pi_c, n_c)
         loss = (dpo + self.nll_weight * nll).sum() / normalizer
         dpo_d, nll_d, margin_d = dpo.detach(), nll.detach(), margin.detach()
         metrics = {"dpo": float(dpo_d.sum()) / normalizer, "nll": float(nll_d.sum()) / normalizer,
