@@ -27,21 +27,54 @@ comparison is Holm-adjusted over the session's p-values so far plus its own, wit
 rest of the family counted as p = 1 (the worst case: a smaller future p can only lower an adjusted
 p), which makes every sequential rejection one that Holm over the whole family would also make.
 Registering stores the canonical form, its sha256 and the time in the notebook (invariant 2).
+
+`load(path, suites)` refuses, listing every problem with the file and bar index: TOML that is not
+UTF-8 or not TOML, wrong types (strict: "0.05" is no number, true is no integer), NaN/inf, a rule
+that does not parse, a p threshold outside (0, 1] or a p bar bounding p from below, `p_family`
+below the number of p bars, the same bar twice, a set no value can satisfy (bounds on the same
+statistic that cross, or ci_low held above what ci_high is held below; a noise-floor unit is
+taken as positive), and, given the lab's suites, a suite the lab does not evaluate or a metric
+its scorer does not produce (SCORER_METRICS).
 """
 
 from __future__ import annotations
 
+import math
 import re
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
+from core.jsonl import JSONLError, read_file_bytes
 from memory.notebook import BarsRecord, Notebook
 
 Statistic = Literal["delta", "t", "p", "ci_low", "ci_high"]
 Op = Literal[">=", "<=", ">", "<"]
+# Per-item metrics each scorer writes into Outcome.values (tests/hostile/test_bars.py runs the
+# scorers that need no model and checks their outcomes against this table).
+SCORER_METRICS: dict[str, frozenset[str]] = {
+    "math": frozenset({"correct", "no_answer"}),
+    "mcq": frozenset({"correct", "unparsed"}),
+    "synthetic": frozenset({"correct", "unparsed"}),
+    "constraints": frozenset({"strict", "loose", "strict_frac", "loose_frac"}),
+    "loops": frozenset({"ngram_repeat_ratio", "tail_loop", "catastrophic", "looping"}),
+    "length_stop": frozenset({"n_tokens", "stopped", "truncated", "empty", "replacement_char"}),
+    "battle_margin": frozenset({"prefers_chosen", "margin"}),
+    "reward_proxy": frozenset({"win", "margin"}),
+    "judge": frozenset({"unparsed", "win_score", "both_bad", "same_position"}),
+}
+_STRICT = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 _RULE = re.compile(r"^\s*(delta|t|p|ci_low|ci_high)\s*(>=|<=|>|<)\s*([-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)"
                    r"\s*(\*\s*noise_floor)?\s*$")
 
@@ -49,7 +82,7 @@ _RULE = re.compile(r"^\s*(delta|t|p|ci_low|ci_high)\s*(>=|<=|>|<)\s*([-+]?\d+(?:
 class Bar(BaseModel):
     """One pre-registered promotion rule."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = _STRICT
     suite: str = Field(min_length=1, description="Suite the bar reads.")
     metric: str = Field(min_length=1, description="Per-item metric of that suite, e.g. correct, strict, looping.")
     rule: str = Field(description="'<delta|t|p|ci_low|ci_high> <op> <number> [* noise_floor]'.")
@@ -62,10 +95,20 @@ class Bar(BaseModel):
         match = _RULE.match(self.rule)
         if match is None:
             raise ValueError(f"rule {self.rule!r}: expected '<delta|t|p|ci_low|ci_high> <op> <number> [* noise_floor]'")
-        if (match.group(1) == "p") != (self.test is not None):
-            raise ValueError("a p bar needs `test` (mcnemar_exact, paired_t or wilcoxon); other bars take none")
-        if match.group(1) == "p" and match.group(4):
-            raise ValueError("a p-value threshold cannot be written in noise-floor units")
+        statistic, op, value = match.group(1), match.group(2), float(match.group(3))
+        problems = []
+        if not math.isfinite(value):
+            problems.append(f"rule {self.rule!r}: the number must be finite")
+        if (statistic == "p") != (self.test is not None):
+            problems.append("a p bar needs `test` (mcnemar_exact, paired_t or wilcoxon); other bars take none")
+        if statistic == "p" and match.group(4):
+            problems.append("a p-value threshold cannot be written in noise-floor units")
+        if statistic == "p" and not 0 < value <= 1:
+            problems.append(f"rule {self.rule!r}: a p threshold must lie in (0, 1]")
+        if statistic == "p" and op in (">", ">="):
+            problems.append(f"rule {self.rule!r}: a p bar bounds p from above ('p <= alpha'); a lower bound promotes the insignificant")
+        if problems:
+            raise ValueError("; ".join(problems))
         return self
 
     @property
@@ -94,16 +137,21 @@ class Bar(BaseModel):
 class Bars(BaseModel):
     """A bars file."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    bar: tuple[Bar, ...] = Field(min_length=1, description="The bars; a candidate is promoted only if all hold.")
-    p_family: int | None = Field(None, ge=1, description="Most p-values the session will test (Holm family size); "
-                                                         "required when any bar is a p bar.")
+    model_config = _STRICT
+    bar: tuple[Bar, ...] = Field(min_length=1, strict=False, description="The bars; a candidate is promoted only if all hold.")
+    p_family: int | None = Field(None, ge=1, validate_default=True,
+                                 description="Most p-values the session will test (Holm family size); "
+                                             "required when any bar is a p bar, and at least their number.")
 
-    @model_validator(mode="after")
-    def _family_for_p_bars(self) -> Bars:
-        if any(b.statistic == "p" for b in self.bar) and self.p_family is None:
+    @field_validator("p_family")
+    @classmethod
+    def _family_for_p_bars(cls, family: int | None, info: ValidationInfo) -> int | None:
+        n_p = sum(b.statistic == "p" for b in info.data.get("bar", ()))
+        if n_p and family is None:
             raise ValueError("p bars need p_family: the most p-values this session will test, fixed in advance")
-        return self
+        if family is not None and family < n_p:
+            raise ValueError(f"p_family = {family} is smaller than the {n_p} p bars (every comparison tests each of them)")
+        return family
 
     def canonical(self) -> dict[str, Any]:
         return {"bars": [b.canonical() for b in self.bar], "p_family": self.p_family}
@@ -119,22 +167,133 @@ class Bars(BaseModel):
         return cls(bar=tuple(bars), p_family=spec.get("p_family"))
 
 
+class BarsError(ValueError):
+    """A bars file that cannot be registered; the message lists every problem with its bar index."""
+
+    def __init__(self, path: Path, problems: list[str]):
+        self.path, self.problems = path, problems
+        super().__init__(f"{path}: {len(problems)} problem(s):\n" + "\n".join(f"  {p}" for p in problems))
+
+
 def _where(loc: tuple) -> str:
     return ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in loc).replace(".[", "[")
 
 
-def load(path: str | Path) -> Bars:
-    """Parse and validate a bars file; errors name the file and the field (e.g. bar[1].rule)."""
+def _errors(err: ValidationError, prefix: tuple = ()) -> list[str]:
+    out = []
+    for e in err.errors():
+        got = e.get("input")
+        shown = f" (got {got!r})" if isinstance(got, str | int | float | bool) and e["type"] != "value_error" else ""
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            shown, msg = "", ("unknown key (a bar has suite, metric, rule, test, confidence)" if prefix else
+                              "unknown key (a bars file holds p_family and [[bar]] tables)")
+        out.append(f"{_where(prefix + tuple(e['loc'])) or '(top level)'}: {msg}{shown}")
+    return out
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        data = read_file_bytes(path)
+    except JSONLError as e:
+        raise BarsError(path, [str(e).removeprefix(f"{path}: ")]) from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise BarsError(path, [f"line {line}: not valid UTF-8 (byte 0x{data[e.start]:02x})"]) from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise BarsError(path, [f"not valid TOML: {e}"]) from None
+
+
+def _bar_problems(raw: dict[str, Any]) -> tuple[list[tuple[int, Bar]], list[str]]:
+    """Each [[bar]] validated on its own, so every bad bar is reported, not only the first."""
+    tables = raw.get("bar")
+    if not isinstance(tables, list) or not tables:
+        return [], ["bar: at least one [[bar]] table is needed"]
+    bars, problems = [], []
+    for i, table in enumerate(tables):
+        try:
+            bars.append((i, Bar.model_validate(table)))
+        except ValidationError as e:
+            problems += _errors(e, ("bar", i))
+    return bars, problems
+
+
+def _lab_problems(tables: list[Any], suites: Mapping[str, str]) -> list[str]:
+    """Suite and metric of every [[bar]] table against the lab, read from the raw tables so that a bar
+    with another problem is checked here too."""
+    problems = []
+    for i, t in enumerate(tables):
+        suite, metric = (t.get("suite"), t.get("metric")) if isinstance(t, dict) else (None, None)
+        if not isinstance(suite, str):
+            continue
+        if suite not in suites:
+            problems.append(f"bar[{i}].suite: unknown suite {suite!r} (the lab evaluates: {', '.join(sorted(suites)) or 'none'})")
+        elif isinstance(metric, str) and metric not in SCORER_METRICS[suites[suite]]:
+            known = ", ".join(sorted(SCORER_METRICS[suites[suite]]))
+            problems.append(f"bar[{i}].metric: suite {suite!r} (scorer {suites[suite]}) has no metric {metric!r} (it has: {known})")
+    return problems
+
+
+def _set_problems(bars: list[tuple[int, Bar]]) -> list[str]:
+    """Duplicates, and bounds on one statistic that no value can meet at once (bars keep their file index)."""
+    problems, first, bounds = [], {}, {}
+    for i, b in bars:
+        key = canonical_key(b)
+        if key in first:
+            problems.append(f"bar[{i}]: the same bar as bar[{first[key]}]")
+            continue
+        first[key] = i
+        side = "low" if b.op in (">", ">=") else "high"
+        group = (b.suite, b.metric, b.statistic, b.in_noise_units, b.confidence if b.statistic.startswith("ci") else None)
+        bounds.setdefault(group, {"low": [], "high": []})[side].append((b.value, b.op in (">", "<"), i))
+    for (suite, metric, stat, noise, conf), sides in bounds.items():
+        problems += _crossing(sides["low"], sides["high"], f"{suite}/{metric} {stat}")
+        if stat == "ci_low":  # ci_low <= ci_high always, so ci_low's floor must stay under ci_high's ceiling
+            ceiling = bounds.get((suite, metric, "ci_high", noise, conf), {"high": []})["high"]
+            problems += _crossing(sides["low"], ceiling, f"{suite}/{metric} ci_low and ci_high")
+    return problems
+
+
+def _crossing(lows: list, highs: list, what: str) -> list[str]:
+    if not lows or not highs:
+        return []
+    low, high = max(lows), min(highs, key=lambda h: (h[0], not h[1]))
+    if low[0] > high[0] or (low[0] == high[0] and (low[1] or high[1])):
+        return [f"bar[{low[2]}] and bar[{high[2]}]: no value of {what} can satisfy both (a bar set no candidate can pass)"]
+    return []
+
+
+def _bar_index(problem: str) -> int:
+    """Sort key: file-level problems first, then by the first bar index the problem names."""
+    match = re.match(r"bar\[(\d+)\]", problem)
+    return int(match.group(1)) if match else -1
+
+
+def canonical_key(bar: Bar) -> str:
+    return repr(sorted(bar.canonical().items()))
+
+
+def load(path: str | Path, suites: Mapping[str, str] | None = None) -> Bars:
+    """Parse and validate a bars file; BarsError lists every problem (e.g. bar[1].rule). With `suites`
+    (the lab's suite name -> scorer), every bar must name one of them and a metric its scorer writes."""
     path = Path(path)
-    try:
-        raw = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as err:
-        raise ValueError(f"{path}: not valid TOML: {err}") from err
-    try:
-        return Bars.model_validate(raw)
-    except ValidationError as err:
-        first = err.errors()[0]
-        raise ValueError(f"{path}: {_where(first['loc'])}: {first['msg']}") from err
+    raw = _read_toml(path)
+    bars, problems = _bar_problems(raw)
+    parsed = None
+    try:  # the top-level keys (p_family, unknown keys) are checked even when no bar is valid
+        parsed = Bars.model_validate({k: v for k, v in raw.items() if k != "bar"} | {"bar": tuple(b for _, b in bars)})
+    except ValidationError as e:
+        problems += [p for p in _errors(e) if bars or not p.startswith(("bar:", "bar["))]
+    if suites is not None:
+        problems += _lab_problems(raw["bar"] if isinstance(raw.get("bar"), list) else [], suites)
+    problems += _set_problems(bars)
+    if problems or parsed is None:
+        raise BarsError(path, sorted(problems, key=_bar_index))
+    return parsed
 
 
 def register(nb: Notebook, session: str, bars: Bars) -> BarsRecord:

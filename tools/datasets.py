@@ -26,7 +26,6 @@ Command (CONFIG is the builder's config as JSON; exit 1 when the leak audit fail
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import random
 import re
@@ -39,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from transformers import AutoTokenizer
 
 from core.chat import Message, render
+from core.jsonl import JSONLError, read_lines, read_values
 from core.util import canonical_json, file_sha256, write_atomic
 from evals.synthetic import FAMILIES, Family, check, generate
 from evals.types import Item
@@ -242,11 +242,13 @@ def _load_split(cfg: _BuildConfig) -> tuple[list[Battle], Split]:
 
 def _suite_references(path: Path) -> list[Reference]:
     refs = []
-    for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
+    try:
+        lines = read_values(path)
+    except JSONLError as e:
+        raise DatasetError(str(e)) from None
+    for number, value in lines:
         try:
-            item = Item.model_validate_json(line)
+            item = Item.model_validate(value)
         except ValidationError as e:
             raise DatasetError(f"{path} line {number}: not an eval item ({e.errors()[0]['loc']}: {e.errors()[0]['msg']})") from e
         refs.append(Reference(source=f"eval:{Path(path).name}", key=item.id,
@@ -349,18 +351,15 @@ def _read_chat_rows(path: Path) -> list[dict]:
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
 
-        raw = [(i, r) for i, r in enumerate(pq.read_table(path, columns=["messages"]).to_pylist(), start=1)]
+        raw = [(i, r, None) for i, r in enumerate(pq.read_table(path, columns=["messages"]).to_pylist(), start=1)]
     else:
-        raw = []
-        for i, line in enumerate(path.read_bytes().split(b"\n"), start=1):
-            if line.strip():
-                try:
-                    raw.append((i, json.loads(line)))
-                except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                    raw.append((i, f"invalid JSON or UTF-8: {e}"))
+        try:
+            raw = read_lines(path)
+        except JSONLError as e:
+            raise DatasetError(str(e)) from None
     rows, problems = [], []
-    for i, r in raw:
-        problem = r if isinstance(r, str) else _chat_row_problem(r)
+    for i, r, unreadable in raw:
+        problem = unreadable or _chat_row_problem(r)
         if problem:
             problems.append(f"  row {i}: {problem}")
         else:
@@ -458,7 +457,7 @@ def build_mix(cfg: MixConfig) -> DatasetManifest:
     rng = random.Random(cfg.seed)
     rows, stats = [], {}
     for part in cfg.parts:
-        part_rows = [json.loads(line) for line in Path(part.path).read_text(encoding="utf-8").splitlines()]
+        part_rows = [value for _, value in read_values(part.path)]
         if kind == "klce":
             part_rows = [r | {"kl_only": part.kl_only} for r in part_rows]
         taken = _weighted(part_rows, part.weight, rng)

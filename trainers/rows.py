@@ -20,13 +20,13 @@ field of the first bad row.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from core.chat import Message
+from core.jsonl import JSONLError, describe_non_file, read_lines
 
 
 class SFTRow(BaseModel):
@@ -75,18 +75,23 @@ class RowsError(ValueError):
 
 
 def read_rows(path: str | Path, row_type: type[Row]) -> list[Row]:
-    """Parses every line of a JSONL file into `row_type`; the first bad line raises RowsError."""
+    """Parses every line of a JSONL file into `row_type`; the first bad line raises RowsError.
+
+    Lines come from the one JSON-lines reader (core/jsonl.py), which splits on "\\n" only."""
     path = Path(path)
-    if not path.is_file():
-        raise RowsError(f"{path}: data file does not exist")
+    problem = describe_non_file(path)
+    if problem is not None:
+        raise RowsError(f"{path}: data file {problem}")
     rows = []
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
+    try:
+        lines = read_lines(path)
+    except JSONLError as e:
+        raise RowsError(str(e)) from None
+    for lineno, value, problem in lines:
+        if problem is not None:
+            raise RowsError(f"{path}:{lineno}: not valid JSON ({problem})")
         try:
-            rows.append(row_type.model_validate(json.loads(line)))
-        except json.JSONDecodeError as e:
-            raise RowsError(f"{path}:{lineno}: not valid JSON ({e.msg})") from e
+            rows.append(row_type.model_validate(value))
         except ValidationError as e:
             err = e.errors()[0]
             msg = err["msg"].removeprefix("Value error, ")

@@ -94,7 +94,7 @@ def test_bars_file_parsing(tmp_path):
     assert parsed.bar[0].in_noise_units and parsed.bar[0].value == -1.0
     assert bars_mod.Bars.from_canonical(parsed.canonical()).canonical() == parsed.canonical()
     path.write_text(BARS + '\n[[bar]]\nsuite = "math"\nmetric = "correct"\nrule = "delta ~ 3"\n')
-    with pytest.raises(ValueError, match=r"bars.toml: bar\[2\]: Value error, rule 'delta ~ 3'"):
+    with pytest.raises(ValueError, match=r"bars.toml: 1 problem\(s\):\n  bar\[2\]: rule 'delta ~ 3'"):
         bars_mod.load(path)
     path.write_text('[[bar]]\nsuite = "m"\nmetric = "c"\nrule = "p <= 0.05"\n')
     with pytest.raises(ValueError, match="a p bar needs `test`"):
