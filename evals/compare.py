@@ -1,6 +1,12 @@
 """Compare a candidate with the incumbent against registered bars; promote only if all hold.
 
-Refusals (recorded as `refuse` decisions, nothing else written) when:
+    verdict = judge(nb, session, candidate, incumbent, nb.bars(bars_id), served)   # writes nothing
+    outcome = record(nb, session, verdict, tool_call=call)                         # the one writer
+    outcome = compare(nb, session, candidate, incumbent, bars_id, served)          # both, atomically
+
+`judge` returns a `ComparisonVerdict` or a `Refusal` listing every reason; `record` writes a
+comparison row and its promote/reject decision, or one `refuse` decision, in one transaction with
+the tool call. Refusals when:
 - the bars were registered after any eval of the candidate's weights (any artifact with its sha256)
   on the bars' suites began
   (invariant 2: bars before scores);
@@ -10,7 +16,10 @@ Refusals (recorded as `refuse` decisions, nothing else written) when:
   incumbent at the decoding of the incumbent eval compared (the first such floor is used, so
   recalibrating cannot shop for a wider one), or that floor is zero while the bar demands a margin
   of k > 0 floors (the margin would vanish) (invariant 3);
-- an eval the bars need is missing, or candidate and incumbent scored different items.
+- an eval the bars need is missing, or candidate and incumbent scored different items;
+- candidate and incumbent were scored in different scoring modes (the `scoring_mode` entry of the
+  eval's metrics, e.g. the constraint scorer's plain-meaning vs IFEval-reference rules): their
+  per-item values measure different things and cannot be paired.
 
 Each side is read from its FIRST replicate-0 eval of the suite at the relevant decoding: the first
 look is the one that counts, so re-running a sampled eval until a lucky draw buys nothing. Items
@@ -33,9 +42,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from evals import stats
 from evals.bars import Bar, Bars
 from evals.decoding import Decoding
+from evals.judgment import Refusal, close_tool_call
 from evals.records import item_values, started_at
-from memory.notebook import EvalRecord, NoiseFloor, Notebook
+from memory.notebook import BarsRecord, EvalRecord, NoiseFloor, Notebook, ToolCall
+from memory.records import CompareRefusal
 
+# The metrics entry naming the rules a scorer applied (the constraint scorer's plain vs ifeval).
+SCORING_MODE_KEY = "scoring_mode"
 _OPS = {">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operator.lt}
 _TESTS = {"mcnemar_exact": stats.mcnemar_exact, "paired_t": stats.paired_t, "wilcoxon": stats.wilcoxon}
 
@@ -63,6 +76,19 @@ class CompareOutcome(BaseModel):
     comparison_id: int | None = Field(description="Notebook comparison row (None when refused).")
 
 
+class ComparisonVerdict(BaseModel):
+    """A comparison judged (not refused): the per-bar verdicts and what they decide."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    candidate: int = Field(description="Candidate artifact id.")
+    incumbent: int = Field(description="Incumbent artifact id.")
+    bars_id: int = Field(description="bars row judged by.")
+    verdicts: list[BarVerdict] = Field(description="One verdict per bar, in the bars file's order.")
+    promoted: bool = Field(description="True only if every bar holds.")
+    adjustment: dict[str, Any] = Field(description="Holm adjustment: family, tested count, raw and adjusted p-values.")
+    rationale: str = Field(description="One line: all bars hold, or which failed.")
+
+
 class _Refused(Exception):
     pass
 
@@ -82,8 +108,7 @@ def _first(nb: Notebook, session: str, artifact_id: int, suite: str, fingerprint
 
 def _same_weights(nb: Notebook, artifact_id: int) -> list[int]:
     """Ids of every artifact with the same weights (sha256) as `artifact_id`, itself included."""
-    sha = nb.artifact(artifact_id).sha256
-    return [a.id for a in nb.artifacts() if a.sha256 == sha]
+    return [a.id for a in nb.artifacts(sha256=nb.artifact(artifact_id).sha256)]
 
 
 def _check_candidate(nb: Notebook, session: str, candidate: int, bars: Bars, registered_at: str,
@@ -110,14 +135,25 @@ def _pairs(nb: Notebook, session: str, candidate: int, incumbent: int, bar: Bar,
            served: Decoding) -> tuple[list[float], list[float], EvalRecord]:
     """Per-item values of both sides lined up by item id, and the incumbent eval they came from."""
     inc_eval = _first(nb, session, incumbent, bar.suite, None)
-    cand = item_values(_first(nb, session, candidate, bar.suite, served.fingerprint()), bar.metric)
+    cand_eval = _first(nb, session, candidate, bar.suite, served.fingerprint())
+    cand = item_values(cand_eval, bar.metric)
     inc = item_values(inc_eval, bar.metric)
+    modes = (_scoring_mode(cand_eval), _scoring_mode(inc_eval))
+    if modes[0] != modes[1]:
+        raise _Refused(f"suite {bar.suite}: candidate eval {cand_eval.id} was scored in mode {modes[0]!r}, incumbent "
+                       f"eval {inc_eval.id} in mode {modes[1]!r}: values of different scoring modes cannot be paired")
     if not cand or set(cand) != set(inc):
         only_cand, only_inc = sorted(set(cand) - set(inc))[:5], sorted(set(inc) - set(cand))[:5]
         raise _Refused(f"suite {bar.suite}: candidate and incumbent have different items with metric {bar.metric} "
                        f"(only candidate: {only_cand}, only incumbent: {only_inc})")
     ids = sorted(cand)
     return [cand[i] for i in ids], [inc[i] for i in ids], inc_eval
+
+
+def _scoring_mode(ev: EvalRecord) -> str | None:
+    """The scoring mode an eval's metrics declare (None for scorers with a single mode)."""
+    mode = ev.metrics.get(SCORING_MODE_KEY)
+    return None if mode is None else str(mode)
 
 
 def _statistic(bar: Bar, cand: list[float], inc: list[float]) -> float:
@@ -173,7 +209,7 @@ def _session_family(nb: Notebook, session: str) -> int | None:
     error already spent under the smaller one.
     """
     for decision in nb.decisions(session, kind="register_bars"):
-        family = nb.bars(decision.payload["bars_id"]).spec.get("p_family")
+        family = nb.bars(decision.payload.bars_id).spec.get("p_family")
         if family is not None:
             return family
     return None
@@ -191,40 +227,41 @@ def _holm(nb: Notebook, session: str, raw: list[float], family_size: int | None)
                        f"({len(prior)} tested before, {len(raw)} more asked)")
     untested = (family_size - len(seen)) if raw else 0
     adjusted = stats.holm(seen + [1.0] * untested)[len(prior):len(seen)] if raw else []
-    record = {"method": "holm", "family_size": family_size, "tested": len(seen), "raw_p": raw, "adjusted_p": adjusted,
-              "prior_comparisons": sorted({cid for cid, _ in prior})}
-    return adjusted, record
+    adjustment = {"method": "holm", "family_size": family_size, "tested": len(seen), "raw_p": raw,
+                  "adjusted_p": adjusted, "prior_comparisons": sorted({cid for cid, _ in prior})}
+    return adjusted, adjustment
 
 
 def _json_float(x: float) -> float | str:
     return x if math.isfinite(x) else ("inf" if x > 0 else "-inf")
 
 
-def _refuse(nb: Notebook, session: str, candidate: int, incumbent: int, bars_id: int, reasons: list[str]) -> CompareOutcome:
-    nb.record_decision(session, "refuse", "comparison refused: " + "; ".join(reasons),
-                       {"candidate": candidate, "incumbent": incumbent, "bars_id": bars_id, "reasons": reasons})
-    return CompareOutcome(refused=True, reasons=reasons, verdicts=[], promoted=False, comparison_id=None)
+def judge(nb: Notebook, session: str, candidate: int, incumbent: int, bars: BarsRecord,
+          served: Decoding) -> ComparisonVerdict | Refusal:
+    """Judge `candidate` against `incumbent` by `bars` at the candidate's `served` decoding; writes nothing.
 
-
-def compare(nb: Notebook, session: str, candidate: int, incumbent: int, bars_id: int,
-            served: Decoding) -> CompareOutcome:
-    """Judge `candidate` against `incumbent` by the registered bars `bars_id`, recording the outcome."""
-    record = nb.bars(bars_id)
-    bars = Bars.from_canonical(record.spec)
-    try:
-        reasons = _check_candidate(nb, session, candidate, bars, record.registered_at, served)
-        if record.session != session:
-            reasons.append(f"bars {bars_id} belong to session {record.session}, not {session}")
-        if reasons:
-            raise _Refused(*reasons)
-        rows = []
-        for bar in bars.bar:
+    Reads the session's evals, noise floors, registered bars and earlier comparisons. `bars` is a
+    record (usually `nb.bars(bars_id)`), so replay can ask what other bars would have decided.
+    A refusal lists every reason found, candidate checks first, then each bar in order.
+    """
+    spec = Bars.from_canonical(bars.spec)
+    reasons = _check_candidate(nb, session, candidate, spec, bars.registered_at, served)
+    if bars.session != session:
+        reasons.append(f"bars {bars.id} belong to session {bars.session}, not {session}")
+    rows = []
+    for bar in spec.bar:
+        try:
             cand, inc, inc_eval = _pairs(nb, session, candidate, incumbent, bar, served)
             rows.append((bar, len(cand), _statistic(bar, cand, inc), _threshold(nb, session, bar, inc_eval)))
-        raw = [value for bar, _, value, _ in rows if bar.statistic == "p"]
-        adjusted, adjustment = _holm(nb, session, raw, bars.p_family)
+        except _Refused as refusal:
+            reasons.extend(refusal.args)
+    try:
+        adjusted, adjustment = _holm(nb, session, [v for b, _, v, _ in rows if b.statistic == "p"], spec.p_family)
     except _Refused as refusal:
-        return _refuse(nb, session, candidate, incumbent, bars_id, list(refusal.args))
+        reasons.extend(refusal.args)
+    if reasons:
+        return Refusal(payload=CompareRefusal(candidate=candidate, incumbent=incumbent, bars_id=bars.id,
+                                              reasons=list(dict.fromkeys(reasons))))
     verdicts, p_index = [], 0
     for bar, n, value, threshold in rows:
         raw_p = None
@@ -234,8 +271,36 @@ def compare(nb: Notebook, session: str, candidate: int, incumbent: int, bars_id:
                                    threshold=threshold, holds=_OPS[bar.op](value, threshold)))
     promoted = all(v.holds for v in verdicts)
     failed = [f"{v.bar['suite']}/{v.bar['metric']} {v.bar['statistic']}" for v in verdicts if not v.holds]
-    rationale = "all bars hold" if promoted else "bars failed: " + ", ".join(failed)
-    row = nb.add_comparison(session=session, candidate=candidate, incumbent=incumbent, bars_id=bars_id,
-                            verdicts=[v.model_dump(mode="json") for v in verdicts], promoted=promoted,
-                            adjustment=adjustment, rationale=rationale)
-    return CompareOutcome(refused=False, reasons=[], verdicts=verdicts, promoted=promoted, comparison_id=row.id)
+    return ComparisonVerdict(candidate=candidate, incumbent=incumbent, bars_id=bars.id, verdicts=verdicts,
+                             promoted=promoted, adjustment=adjustment,
+                             rationale="all bars hold" if promoted else "bars failed: " + ", ".join(failed))
+
+
+def record(nb: Notebook, session: str, judgment: ComparisonVerdict | Refusal, *,
+           tool_call: ToolCall | None = None) -> CompareOutcome:
+    """Write a judgment's outcome (comparison row + promote/reject, or one refuse decision) and close
+    `tool_call` with it, all in one transaction."""
+    with nb.transaction():
+        if isinstance(judgment, Refusal):
+            outcome = CompareOutcome(refused=True, reasons=judgment.reasons, verdicts=[], promoted=False,
+                                     comparison_id=None)
+            decision = nb.record_decision(session, "refuse", "comparison refused: " + "; ".join(judgment.reasons),
+                                          judgment.payload)
+        else:
+            row, decision = nb.add_comparison(
+                session=session, candidate=judgment.candidate, incumbent=judgment.incumbent,
+                bars_id=judgment.bars_id, verdicts=[v.model_dump(mode="json") for v in judgment.verdicts],
+                promoted=judgment.promoted, adjustment=judgment.adjustment, rationale=judgment.rationale)
+            outcome = CompareOutcome(refused=False, reasons=[], verdicts=judgment.verdicts,
+                                     promoted=judgment.promoted, comparison_id=row.id)
+        close_tool_call(nb, tool_call, decision, "refused" if outcome.refused else "done", outcome)
+    return outcome
+
+
+def compare(nb: Notebook, session: str, candidate: int, incumbent: int, bars_id: int, served: Decoding, *,
+            tool_call: ToolCall | None = None) -> CompareOutcome:
+    """Judge and record in one transaction: no other writer can add a comparison (and shift the
+    Holm family) between the judgment and its record."""
+    with nb.transaction():
+        return record(nb, session, judge(nb, session, candidate, incumbent, nb.bars(bars_id), served),
+                      tool_call=tool_call)

@@ -5,6 +5,10 @@ decoding; see evals/job.py). Per metric the floor stores the spread of the K sui
 the mean absolute delta between replicate pairs (the unit of noise-floor bars, `noise_floor`), and
 the largest |t| between replicate pairs: a paired t on the per-item values when the replicates score
 the same items, Welch's unequal-variance t (Welch 1947, Biometrika 34:28-35) for item resamples.
+
+    verdict = judge_calibration(evals)                     # Calibration | Refusal, pure over the records
+    floors = record_calibration(nb, session, verdict)      # the one writer (floors + calibrate decision)
+    floors = calibrate(nb, session, evals)                 # both; raises ValueError on a refusal
 """
 
 from __future__ import annotations
@@ -17,8 +21,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from scipy import stats as sps
 
 from evals import stats
+from evals.judgment import Refusal, close_tool_call
 from evals.records import outcomes
-from memory.notebook import EvalRecord, NoiseFloor, Notebook
+from memory.notebook import EvalRecord, NoiseFloor, Notebook, ToolCall
+from memory.records import CalibratePayload, CalibrationRefusal
 
 
 class FloorStats(BaseModel):
@@ -55,25 +61,74 @@ def floor_stats(replicates: list[list[tuple[str, float]]], metric: str) -> Floor
     )
 
 
-def calibrate(nb: Notebook, session: str, evals: list[EvalRecord]) -> list[NoiseFloor]:
-    """Store the noise floor of every metric of one suite from K evals of one artifact."""
-    if len({(e.artifact_id, e.suite, e.decoding_sha256) for e in evals}) != 1:
-        raise ValueError("a noise floor needs replicates of one artifact, one suite and one decoding")
+class Calibration(BaseModel):
+    """The verdict that K evals measure noise: the floor of every numeric metric of their suite."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    suite: str = Field(description="Suite calibrated.")
+    artifact_id: int = Field(description="Artifact evaluated K times.")
+    source_evals: list[int] = Field(description="Eval ids of the K replicates.")
+    floors: list[FloorStats] = Field(description="One floor per numeric metric, by metric name.")
+
+
+def _numeric_metrics(ev: EvalRecord) -> list[str]:
+    # Counts (n_*) are sizes, not scores; labels such as a scoring mode are not numbers.
+    return sorted(name for name, value in ev.metrics.items()
+                  if not name.startswith("n_") and isinstance(value, int | float) and not isinstance(value, bool))
+
+
+def judge_calibration(evals: list[EvalRecord]) -> Calibration | Refusal:
+    """Whether `evals` are K >= 3 distinct replicates of one artifact, suite and decoding, and their
+    floors if so; every reason if not. Pure: reads only the records given."""
+    ids, reps = [e.id for e in evals], [e.replicate for e in evals]
+    reasons = []
+    if len({(e.artifact_id, e.suite, e.decoding_sha256) for e in evals}) > 1:
+        reasons.append("a noise floor needs replicates of one artifact, one suite and one decoding")
     # The same eval twice, or two jobs' replicate 0 (a greedy re-run repeats itself; a re-run with
     # the same base seed draws the same samples), would measure zero noise and shrink every bar
     # written in noise-floor units: the K replicates must be distinct replicate indices.
-    ids, reps = [e.id for e in evals], [e.replicate for e in evals]
     if len(set(ids)) != len(ids) or len(set(reps)) != len(reps):
-        raise ValueError(f"a noise floor needs K distinct replicates; got evals {ids} with replicate indices {reps}")
-    metrics = sorted(name for name in evals[0].metrics if not name.startswith("n_"))
+        reasons.append(f"a noise floor needs K distinct replicates; got evals {ids} with replicate indices {reps}")
+    if len(set(ids)) < 3:
+        reasons.append(f"a noise floor needs K >= 3 replicates; got {len(set(ids))}")
+    suites = {e.suite for e in evals}
+    if reasons:
+        return Refusal(payload=CalibrationRefusal(suite=suites.pop() if len(suites) == 1 else None, eval_ids=ids,
+                                                  reasons=reasons))
     floors = []
-    for metric in metrics:
-        reps = [[(o.item_id, o.values[metric]) for o in outcomes(e) if metric in o.values] for e in evals]
-        fs = floor_stats(reps, metric)
-        floors.append(nb.add_noise_floor(session=session, suite=evals[0].suite, metric=metric, k=fs.k,
-                                         spread=fs.spread, mean_abs_delta=fs.mean_abs_delta,
-                                         max_abs_t=fs.max_abs_t, source_evals=[e.id for e in evals]))
-    nb.record_decision(session, "calibrate", f"noise floor of suite {evals[0].suite} from K={len(evals)}",
-                       {"suite": evals[0].suite, "artifact_id": evals[0].artifact_id,
-                        "noise_floor_ids": [f.id for f in floors]})
+    for metric in _numeric_metrics(evals[0]):
+        values = [[(o.item_id, o.values[metric]) for o in outcomes(e) if metric in o.values] for e in evals]
+        floors.append(floor_stats(values, metric))
+    return Calibration(suite=evals[0].suite, artifact_id=evals[0].artifact_id, source_evals=ids, floors=floors)
+
+
+def record_calibration(nb: Notebook, session: str, judgment: Calibration | Refusal, *,
+                       tool_call: ToolCall | None = None) -> list[NoiseFloor]:
+    """Write the K floors and their calibrate decision (or one refuse decision) and close `tool_call`,
+    all in one transaction; returns the floors written (none for a refusal)."""
+    with nb.transaction():
+        if isinstance(judgment, Refusal):
+            decision = nb.record_decision(session, "refuse", "calibration refused: " + "; ".join(judgment.reasons),
+                                          judgment.payload)
+            close_tool_call(nb, tool_call, decision, "refused", judgment)
+            return []
+        floors = [nb.add_noise_floor(session=session, suite=judgment.suite, metric=f.metric, k=f.k, spread=f.spread,
+                                     mean_abs_delta=f.mean_abs_delta, max_abs_t=f.max_abs_t,
+                                     source_evals=judgment.source_evals) for f in judgment.floors]
+        decision = nb.record_decision(
+            session, "calibrate", f"noise floor of suite {judgment.suite} from K={len(judgment.source_evals)}",
+            CalibratePayload(suite=judgment.suite, artifact_id=judgment.artifact_id,
+                             noise_floor_ids=[f.id for f in floors]))
+        close_tool_call(nb, tool_call, decision, "done", judgment)
+        return floors
+
+
+def calibrate(nb: Notebook, session: str, evals: list[EvalRecord], *,
+              tool_call: ToolCall | None = None) -> list[NoiseFloor]:
+    """Judge and record the noise floor of every metric of one suite from K evals of one artifact;
+    a refusal is recorded, then raised as ValueError."""
+    judgment = judge_calibration(evals)
+    floors = record_calibration(nb, session, judgment, tool_call=tool_call)
+    if isinstance(judgment, Refusal):
+        raise ValueError("; ".join(judgment.reasons))
     return floors

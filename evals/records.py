@@ -1,41 +1,84 @@
 """Eval results <-> notebook rows: the one place an EvalResult becomes `eval` records and back.
 
+    verdict = judge_result(nb, session, artifact_id, result)     # Admitted | Refusal, writes nothing
+    rows = record_result(nb, session, artifact_id, result)       # judges, then writes every row at once
+
 The agent's evaluate tool calls `record_result` with the job's result; comparisons and the noise
 floor read per-item values back with `item_values`.
 """
 
 from __future__ import annotations
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from evals.job import EvalResult
+from evals.judgment import Refusal, close_tool_call
 from evals.sealed import SealedRefused
 from evals.types import Outcome
-from memory.notebook import EvalRecord, Notebook
+from memory.notebook import EvalRecord, Notebook, ToolCall
+from memory.records import SealedRefusal
 
 
-def _check_sealed(nb: Notebook, session: str, artifact_id: int, result: EvalResult) -> None:
-    """A sealed suite's scores enter the notebook once, for the artifact it was opened for.
+class Admitted(BaseModel):
+    """The verdict that an eval result may enter the notebook."""
 
-    The job cannot see the notebook, so this is where invariant 1 is enforced on the way in:
-    without a prior `open_sealed` for this artifact, or with the suite already scored, the result
-    is refused (and the refusal recorded) before anything is written.
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    artifact_id: int = Field(description="Artifact the result scores.")
+    suites: list[str] = Field(description="Suites it adds rows for.")
+
+
+class Recorded(BaseModel):
+    """What a recorded eval result closes its tool call with."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    eval_ids: list[int] = Field(description="eval rows written, one per suite and replicate.")
+
+
+def judge_result(nb: Notebook, session: str, artifact_id: int, result: EvalResult) -> Admitted | Refusal:
+    """Whether `result` may be recorded for `artifact_id` (every reason if not); writes nothing.
+
+    A sealed suite's scores enter the notebook once, for the artifact it was opened for. The job
+    cannot see the notebook, so this is where invariant 1 is enforced on the way in: without a prior
+    `open_sealed` for this artifact, or with the suite already scored, the result is refused.
     """
+    reasons, refused = [], []
     for suite in sorted({r.suite for r in result.suites if r.sealed}):
         opened = [d for d in nb.decisions(session, kind="confirm")
-                  if d.payload.get("suite") == suite and d.payload.get("artifact_id") == artifact_id]
-        reason = None
+                  if d.payload.suite == suite and d.payload.artifact_id == artifact_id]
+        before = len(reasons)
         if not opened:
-            reason = f"sealed suite {suite} was not opened for artifact {artifact_id} (open_sealed first)"
-        elif nb.evals(suite=suite, session=session):
-            reason = f"sealed suite {suite} already has scores in session {session}"
-        if reason is not None:
-            nb.record_decision(session, "refuse", reason, {"suite": suite, "artifact_id": artifact_id, "sealed": True})
-            raise SealedRefused(reason)
+            reasons.append(f"sealed suite {suite} was not opened for artifact {artifact_id} (open_sealed first)")
+        if nb.evals(suite=suite, session=session):
+            reasons.append(f"sealed suite {suite} already has scores in session {session}")
+        if len(reasons) > before:
+            refused.append(suite)
+    if reasons:
+        return Refusal(payload=SealedRefusal(suite=", ".join(refused), artifact_id=artifact_id, sealed=True,
+                                             reasons=reasons))
+    return Admitted(artifact_id=artifact_id, suites=sorted({r.suite for r in result.suites}))
 
 
 def record_result(nb: Notebook, session: str, artifact_id: int, result: EvalResult,
-                  job_key: str | None = None) -> list[EvalRecord]:
-    """One eval row per suite and replicate, with the decoding used and every per-item outcome."""
-    _check_sealed(nb, session, artifact_id, result)
+                  job_key: str | None = None, *, tool_call: ToolCall | None = None) -> list[EvalRecord]:
+    """One eval row per suite and replicate, with the decoding used and every per-item outcome, all
+    in one transaction with `tool_call`; a refused result writes one refuse decision and raises
+    SealedRefused."""
+    with nb.transaction():
+        judgment = judge_result(nb, session, artifact_id, result)
+        if isinstance(judgment, Refusal):
+            decision = nb.record_decision(session, "refuse", "; ".join(judgment.reasons), judgment.payload)
+            close_tool_call(nb, tool_call, decision, "refused", judgment)
+            rows = []
+        else:
+            rows = _write_rows(nb, session, artifact_id, result, job_key)
+            close_tool_call(nb, tool_call, None, "done", Recorded(eval_ids=[r.id for r in rows]))
+    if isinstance(judgment, Refusal):  # raised after the commit: the refusal stays recorded
+        raise SealedRefused("; ".join(judgment.reasons))
+    return rows
+
+
+def _write_rows(nb: Notebook, session: str, artifact_id: int, result: EvalResult,
+                job_key: str | None) -> list[EvalRecord]:
     decoding = result.decoding.model_dump(mode="json")
     return [
         nb.add_eval(session=session, artifact_id=artifact_id, suite=r.suite, replicate=r.replicate,

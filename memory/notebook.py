@@ -15,200 +15,46 @@ then be lost, never corrupted). This module is the only one that writes SQL.
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, Literal, TypeVar, get_args
 
 import sqlite_utils
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from core.util import canonical_json, sha256_text
 from memory.chain import GENESIS, decision_hash
-from memory.schema import MIGRATIONS, SCHEMA_VERSION
+from memory.records import (
+    DECISION, PAYLOADS, Artifact, BarsRecord, Comparison, Decision, DecisionKind, EvalRecord, FailureClass,
+    FeedbackSplit, JobRecord, JobState, Ledger, NoiseFloor, OpenPayload, Session, ToolCall, VerifyReport,
+)
+from memory.schema import MIGRATIONS, SCHEMA_VERSION, expected_columns, file_problem, split_sql
 
-DecisionKind = Literal[
-    "open", "plan", "launch", "refuse", "compare", "promote", "reject", "calibrate",
-    "register_bars", "ingest", "build", "evaluate", "confirm", "fail", "nominate", "stop",
+__all__ = [  # the records are defined in memory/records.py and re-exported here for callers
+    "Artifact", "BarsRecord", "Comparison", "Decision", "DecisionKind", "EvalRecord", "FailureClass", "FeedbackSplit",
+    "JobRecord", "JobState", "Ledger", "NoiseFloor", "Notebook", "NotebookError", "Session", "ToolCall",
+    "VerifyReport", "now", "session_sha256", "tool_call_key",
 ]
-JobState = Literal["pending", "running", "completed", "failed"]
-
 
 class NotebookError(Exception):
-    """A notebook operation that cannot proceed (bad schema version, unknown session, ...)."""
+    """A notebook that cannot be used (damaged, wrong schema version, unknown record) or a write it refuses.
+
+    Its message is one line naming the file and the record; the CLI prints it and exits 2.
+    """
 
 
 def now() -> str:
     return datetime.now(UTC).isoformat(timespec="microseconds")
 
 
-class _Record(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-
-class Session(_Record):
-    name: str
-    lab: str
-    budget_gpuh: float
-    reserve_gpuh: float
-    planner: str
-    executor: str
-    config: dict[str, Any]
-    status: str
-    started_at: str
-    ended_at: str | None
-
-
-class Decision(_Record):
-    seq: int
-    session: str
-    at: str
-    kind: str
-    rationale: str
-    payload: dict[str, Any]
-    prev_hash: str
-    hash: str
-
-
-class ToolCall(_Record):
-    id: int
-    session: str
-    tool: str
-    args: dict[str, Any]
-    args_hash: str
-    decision_seq: int | None
-    job_key: str | None
-    status: str
-    result: dict[str, Any] | None
-    started_at: str
-    ended_at: str | None
-
-
-class JobRecord(_Record):
-    id: int
-    key: str
-    attempt: int
-    session: str
-    kind: str
-    executor: str
-    external_id: str | None
-    folder: str | None
-    resources: dict[str, Any]
-    forecast_gpuh: float
-    gpu_hours: float | None
-    state: str
-    failure_class: str | None
-    failure_detail: str | None
-    log_path: str | None
-    result: dict[str, Any] | None
-    submitted_at: str
-    started_at: str | None
-    ended_at: str | None
-    fn: str | None = None  # the job function, "module:qualname" (None on rows from before schema 2)
-    result_type: str | None = None  # its pydantic result model, "module:qualname"
-    device_seconds: float | None = None  # measured seconds held x devices of the settled run
-    charge: Literal["measured", "simulated"] | None = None  # how gpu_hours was settled from device_seconds
-
-
-class Ledger(_Record):
-    """GPU-hours of one session: spent (settled), reserved (forecasts of unsettled jobs), left."""
-
-    budget_gpuh: float
-    reserve_gpuh: float
-    spent_gpuh: float
-    reserved_gpuh: float
-
-    @property
-    def left_gpuh(self) -> float:
-        return self.budget_gpuh - self.spent_gpuh - self.reserved_gpuh
-
-    def admits(self, forecast_gpuh: float) -> bool:
-        """Whether a job of this forecast fits while keeping the nomination reserve."""
-        return forecast_gpuh + self.spent_gpuh + self.reserved_gpuh + self.reserve_gpuh <= self.budget_gpuh
-
-
-class Artifact(_Record):
-    id: int
-    session: str | None
-    kind: str
-    name: str
-    path: str
-    sha256: str
-    parents: list[int]
-    recipe: dict[str, Any]
-    job_key: str | None
-    created_at: str
-
-
-class EvalRecord(_Record):
-    id: int
-    session: str
-    artifact_id: int
-    suite: str
-    replicate: int
-    decoding: dict[str, Any]
-    decoding_sha256: str
-    served: bool
-    metrics: dict[str, float]
-    items: list[dict[str, Any]]
-    job_key: str | None
-    created_at: str
-
-
-class NoiseFloor(_Record):
-    id: int
-    session: str
-    suite: str
-    metric: str
-    k: int
-    spread: float
-    mean_abs_delta: float
-    max_abs_t: float
-    source_evals: list[int]
-    created_at: str
-
-
-class BarsRecord(_Record):
-    id: int
-    session: str
-    spec: dict[str, Any]
-    sha256: str
-    registered_at: str
-
-
-class Comparison(_Record):
-    id: int
-    session: str
-    candidate: int
-    incumbent: int
-    bars_id: int
-    verdicts: list[dict[str, Any]]
-    promoted: bool
-    adjustment: dict[str, Any]
-    created_at: str
-
-
-class FeedbackSplit(_Record):
-    id: int
-    session: str | None
-    source_path: str
-    source_sha256: str
-    config: dict[str, Any]
-    sha256: str
-    counts: dict[str, Any]
-    assignment: dict[str, str]
-    created_at: str
-
-
-class VerifyReport(_Record):
-    """Outcome of re-walking the decision chain; `problem` names the first bad record."""
-
-    ok: bool
-    count: int
-    head: str
-    problem: str | None = None
+def session_sha256(session: Session) -> str:
+    """sha256 of a session row as its `open` decision vouches for it: every field but status and
+    ended_at, the two that legitimately change when the session ends."""
+    return sha256_text(canonical_json(session.model_dump(mode="json", exclude={"status", "ended_at"})))
 
 
 # Columns stored as canonical JSON text, decoded when a row becomes a record.
@@ -217,17 +63,29 @@ _JSON_COLUMNS = {
     "items", "source_evals", "spec", "verdicts", "adjustment", "counts", "assignment",
 }
 _BOOL_COLUMNS = {"served", "promoted"}
+_TABLE = re.compile(r"\bFROM\s+(\w+)", re.IGNORECASE)
+R = TypeVar("R", bound=BaseModel)
 
 
-def _decode(row: dict[str, Any]) -> dict[str, Any]:
+def _decode(row: dict[str, Any], table: str) -> dict[str, Any]:
     out = {}
     for key, value in row.items():
         if key in _JSON_COLUMNS and value is not None:
-            value = json.loads(value)
+            try:
+                value = json.loads(value)
+            except (TypeError, json.JSONDecodeError) as err:
+                raise NotebookError(f"{table} {_row_name(row)}: column {key} is not JSON ({err})") from None
         elif key in _BOOL_COLUMNS:
             value = bool(value)
         out[key] = value
     return out
+
+
+def _row_name(row: dict[str, Any]) -> str:
+    for key in ("id", "seq", "name"):
+        if key in row:
+            return f"{key} {row[key]!r}"
+    return "row"
 
 
 class Notebook:
@@ -237,29 +95,58 @@ class Notebook:
         self.db = db
         self.path = path
         self.readonly = readonly
+        self._depth = 0  # nesting of transaction(): 0 outside, 1 in the outer one, more in savepoints
 
     # ---- opening -------------------------------------------------------------------------------
 
     @classmethod
     def open(cls, path: str | Path, *, readonly: bool = False) -> Notebook:
-        """Open (creating and migrating if needed) a notebook; `readonly` never creates or writes."""
+        """Open (creating and migrating if needed) a notebook; `readonly` never creates or writes.
+
+        A damaged file (not SQLite, truncated, empty, a directory, a table or column missing, a
+        schema version this code never wrote) raises NotebookError with one line naming it.
+        """
         path = Path(path)
+        problem = file_problem(path) if path.exists() else "no notebook here" if readonly else None
+        if problem:
+            raise NotebookError(f"{path}: {problem}")
+        try:
+            conn = cls._connect(path, readonly)
+        except (OSError, sqlite3.Error) as err:
+            raise NotebookError(f"{path}: cannot open the notebook: {err}") from None
+        nb = cls(sqlite_utils.Database(conn), path, readonly)
+        try:
+            nb._prepare()
+        except (NotebookError, sqlite3.DatabaseError) as err:
+            conn.close()
+            if isinstance(err, NotebookError):
+                raise
+            raise NotebookError(f"{path}: not a readable notebook: {err}") from None
+        return nb
+
+    @staticmethod
+    def _connect(path: Path, readonly: bool) -> sqlite3.Connection:
         if readonly:
-            if not path.exists():
-                raise NotebookError(f"{path}: no notebook here")
-            conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, isolation_level=None, timeout=30)
+            # With no -wal/-shm beside it the file is fully checkpointed: read it as immutable, which
+            # creates no -wal/-shm of its own. A live writer's WAL must be read, so then plain mode=ro.
+            live = any(path.with_name(path.name + s).exists() for s in ("-wal", "-shm"))
+            uri = path.absolute().as_uri() + ("?mode=ro" if live else "?mode=ro&immutable=1")
+            conn = sqlite3.connect(uri, uri=True, isolation_level=None, timeout=30)
         else:
             path.parent.mkdir(parents=True, exist_ok=True)
             conn = sqlite3.connect(str(path), isolation_level=None, timeout=30)
         conn.execute("PRAGMA busy_timeout = 30000")
-        nb = cls(sqlite_utils.Database(conn), path, readonly)
-        if not readonly:
-            nb.db.enable_wal()
-            conn.execute("PRAGMA synchronous = NORMAL")
-            conn.execute("PRAGMA foreign_keys = ON")
-            nb._migrate()
-        nb._check_version()
-        return nb
+        return conn
+
+    def _prepare(self) -> None:
+        """Check the version, migrate (writable) and check the tables the version must have."""
+        self._check_version()
+        if not self.readonly:
+            self.db.enable_wal()
+            self.db.execute("PRAGMA synchronous = NORMAL")
+            self.db.execute("PRAGMA foreign_keys = ON")
+            self._migrate()
+        self._check_tables()
 
     def close(self) -> None:
         self.db.conn.close()
@@ -273,34 +160,79 @@ class Notebook:
     def _version(self) -> int:
         return self.db.execute("PRAGMA user_version").fetchone()[0]
 
+    def _tables(self) -> list[str]:
+        return [r[0] for r in self.db.execute("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")]
+
     def _check_version(self) -> None:
         version = self._version()
         if version > SCHEMA_VERSION:
             raise NotebookError(
                 f"{self.path}: notebook schema version {version} is newer than this code ({SCHEMA_VERSION})"
             )
+        if version < 0:
+            raise NotebookError(f"{self.path}: schema version {version} (PRAGMA user_version) is not one "
+                                "this code writes: not a notebook, or its header was edited")
+        if version == 0 and self._tables():
+            raise NotebookError(f"{self.path}: holds tables ({', '.join(self._tables()[:3])}, ...) but schema "
+                                "version 0: not a notebook this code wrote, or its version was reset")
+        if version == 0 and self.readonly:
+            raise NotebookError(f"{self.path}: an empty SQLite database, not a notebook")
+
+    def _check_tables(self) -> None:
+        """Every table and column the schema version promises is there (a dropped table is named)."""
+        version = self._version()
+        actual = {t: {r[1] for r in self.db.execute(f"PRAGMA table_info({t})")} for t in self._tables()}
+        for table, columns in sorted(expected_columns(version).items()):
+            if table not in actual:
+                raise NotebookError(f"{self.path}: table {table} is missing (schema version {version})")
+            missing = sorted(columns - actual[table])
+            if missing:
+                raise NotebookError(f"{self.path}: table {table} lacks column(s) {', '.join(missing)} "
+                                    f"(schema version {version})")
 
     def _migrate(self) -> None:
-        with self._tx():
+        with self.transaction():
             version = self._version()
             for target, script in enumerate(MIGRATIONS[version:], start=version + 1):
-                for statement in _split_sql(script):
+                for statement in split_sql(script):
                     self.db.execute(statement)
                 self.db.execute(f"PRAGMA user_version = {target}")
 
+    # ---- transactions and rows -----------------------------------------------------------------
+
     @contextmanager
-    def _tx(self) -> Iterator[None]:
-        """One explicit write transaction; BEGIN IMMEDIATE serialises writers across processes."""
+    def transaction(self) -> Iterator[None]:
+        """One atomic write: every write method called inside joins it, so all land or none do.
+
+            with nb.transaction():
+                call = nb.record_tool_call(...)
+                nb.start_job(...)
+                nb.record_decision(...)
+
+        The outer block is BEGIN IMMEDIATE ... COMMIT (it serialises writers across processes and
+        takes the decision chain's head under the lock); a nested block is a SAVEPOINT inside it,
+        so an exception caught around the nested block undoes only that block's writes, and an
+        exception leaving the outer block undoes everything.
+        """
         if self.readonly:
             raise NotebookError(f"{self.path}: opened read-only")
         conn = self.db.conn
-        conn.execute("BEGIN IMMEDIATE")
+        if self._depth:
+            name = f"nested_{self._depth}"
+            begin, commit, undo = f"SAVEPOINT {name}", f"RELEASE {name}", f"ROLLBACK TO {name}; RELEASE {name}"
+        else:
+            begin, commit, undo = "BEGIN IMMEDIATE", "COMMIT", "ROLLBACK"
+        conn.execute(begin)
+        self._depth += 1
         try:
             yield
+            conn.execute(commit)
         except BaseException:
-            conn.execute("ROLLBACK")
+            for statement in undo.split("; "):
+                conn.execute(statement)
             raise
-        conn.execute("COMMIT")
+        finally:
+            self._depth -= 1
 
     def _insert(self, table: str, row: dict[str, Any]) -> int:
         row = {k: canonical_json(v) if k in _JSON_COLUMNS and v is not None else v for k, v in row.items()}
@@ -315,11 +247,34 @@ class Notebook:
         self.db.execute(f"UPDATE {table} SET {sets} WHERE {where}", [*fields.values(), *params])
 
     def _rows(self, sql: str, params: list[Any] | tuple[Any, ...] = ()) -> list[dict[str, Any]]:
-        return [_decode(r) for r in self.db.query(sql, params)]
+        match = _TABLE.search(sql)
+        table = match.group(1) if match else "row"
+        try:
+            return [_decode(r, table) for r in self.db.query(sql, params)]
+        except sqlite3.DatabaseError as err:
+            raise NotebookError(f"{self.path}: reading {table}: {err}") from None
 
     def _one(self, sql: str, params: list[Any] | tuple[Any, ...] = ()) -> dict[str, Any] | None:
         rows = self._rows(sql, params)
         return rows[0] if rows else None
+
+    def _records(self, cls: type[R] | TypeAdapter[Any], sql: str, params: list[Any] | tuple[Any, ...] = ()) -> list[Any]:
+        """Rows of a query parsed into records; a row that does not fit its record is named."""
+        validate = cls.validate_python if isinstance(cls, TypeAdapter) else cls.model_validate
+        out = []
+        for row in self._rows(sql, params):
+            try:
+                out.append(validate(row))
+            except ValidationError as err:
+                first = err.errors()[0]
+                where = ".".join(str(p) for p in first["loc"])
+                raise NotebookError(f"{self.path}: {_TABLE.search(sql).group(1)} {_row_name(row)}: {where}: "
+                                    f"{first['msg']}") from None
+        return out
+
+    def _record(self, cls: type[R], sql: str, params: list[Any] | tuple[Any, ...] = ()) -> R | None:
+        found = self._records(cls, sql, params)
+        return found[0] if found else None
 
     # ---- sessions ------------------------------------------------------------------------------
 
@@ -327,65 +282,76 @@ class Notebook:
         self, name: str, *, lab: str, budget_gpuh: float, reserve_gpuh: float, planner: str, executor: str,
         config: dict[str, Any],
     ) -> Session:
-        """Create a session row and its opening decision in one transaction."""
-        with self._tx():
+        """Create a session row and its opening decision, which carries the row's hash, in one transaction."""
+        session = Session(name=name, lab=lab, budget_gpuh=budget_gpuh, reserve_gpuh=reserve_gpuh, planner=planner,
+                          executor=executor, config=config, status="open", started_at=now(), ended_at=None)
+        with self.transaction():
             if self._one("SELECT name FROM session WHERE name = ?", [name]):
                 raise NotebookError(f"session {name!r} already exists in {self.path}")
-            self._insert("session", {
-                "name": name, "lab": lab, "budget_gpuh": budget_gpuh, "reserve_gpuh": reserve_gpuh,
-                "planner": planner, "executor": executor, "config": config, "status": "open",
-                "started_at": now(),
-            })
-            self._append_decision(name, "open", "session opened", {
-                "budget_gpuh": budget_gpuh, "reserve_gpuh": reserve_gpuh, "planner": planner,
-                "executor": executor, "config_sha256": sha256_text(canonical_json(config)),
-            })
+            self._insert("session", session.model_dump(mode="json"))
+            self._append_decision(name, "open", "session opened", OpenPayload(
+                budget_gpuh=session.budget_gpuh, reserve_gpuh=session.reserve_gpuh, planner=planner,
+                executor=executor, config_sha256=sha256_text(canonical_json(session.model_dump(mode="json")["config"])),
+                session_sha256=session_sha256(session),
+            ))
         return self.session(name)
 
     def session(self, name: str) -> Session:
-        row = self._one("SELECT * FROM session WHERE name = ?", [name])
-        if row is None:
+        found = self._record(Session, "SELECT * FROM session WHERE name = ?", [name])
+        if found is None:
             raise NotebookError(f"no session {name!r} in {self.path}")
-        return Session(**row)
+        return found
 
     def sessions(self) -> list[Session]:
-        return [Session(**r) for r in self._rows("SELECT * FROM session ORDER BY started_at")]
+        return self._records(Session, "SELECT * FROM session ORDER BY started_at")
 
     def end_session(self, name: str, status: Literal["done", "failed", "stopped"], rationale: str) -> None:
-        with self._tx():
+        with self.transaction():
             self._update("session", "name = ?", [name], {"status": status, "ended_at": now()})
             self._append_decision(name, "stop", rationale, {"status": status})
 
     # ---- decisions (append-only, hash-chained) -------------------------------------------------
 
-    def record_decision(self, session: str, kind: DecisionKind, rationale: str, payload: dict[str, Any]) -> Decision:
-        """Append one decision to the chain and return it."""
-        with self._tx():
+    def record_decision(
+        self, session: str, kind: DecisionKind, rationale: str, payload: dict[str, Any] | BaseModel,
+    ) -> Decision:
+        """Append one decision to the chain and return it; `payload` must fit its kind's model
+        (memory/records.py), else NotebookError names the field."""
+        with self.transaction():
             return self._append_decision(session, kind, rationale, payload)
 
-    def _append_decision(self, session: str, kind: str, rationale: str, payload: dict[str, Any]) -> Decision:
-        # Must run inside _tx(): the head is read under the write lock, so two writers cannot fork the chain.
+    def _append_decision(self, session: str, kind: str, rationale: str, payload: dict[str, Any] | BaseModel) -> Decision:
+        # Runs inside transaction(): the head is read under the write lock, so two writers cannot fork the chain.
+        body = _payload_json(kind, payload)
         head = self.db.execute("SELECT seq, hash FROM decision ORDER BY seq DESC LIMIT 1").fetchone()
         seq, prev = (head[0] + 1, head[1]) if head else (1, GENESIS)
-        at, body = now(), canonical_json(payload)
-        digest = decision_hash(prev, seq, session, at, kind, rationale, body)
-        self._insert("decision", {
-            "seq": seq, "session": session, "at": at, "kind": kind, "rationale": rationale,
-            "payload": payload, "prev_hash": prev, "hash": digest,
-        })
-        return Decision(seq=seq, session=session, at=at, kind=kind, rationale=rationale, payload=payload,
-                        prev_hash=prev, hash=digest)
+        at = now()
+        digest = decision_hash(prev, seq, session, at, kind, rationale, canonical_json(body))
+        row = {"seq": seq, "session": session, "at": at, "kind": kind, "rationale": rationale, "payload": body,
+               "prev_hash": prev, "hash": digest}
+        self._insert("decision", row)
+        return DECISION.validate_python(row)
 
     def decisions(self, session: str | None = None, kind: str | None = None) -> list[Decision]:
+        """Decisions in chain order, each parsed into its kind's record (payload typed)."""
         sql, params = "SELECT * FROM decision WHERE 1=1", []
         if session is not None:
             sql, params = sql + " AND session = ?", [*params, session]
         if kind is not None:
             sql, params = sql + " AND kind = ?", [*params, kind]
-        return [Decision(**r) for r in self._rows(sql + " ORDER BY seq", params)]
+        return self._records(DECISION, sql + " ORDER BY seq", params)
 
     def verify(self) -> VerifyReport:
-        """Re-walk the whole chain in storage order; report the first record that does not fit."""
+        """Re-walk the whole chain in storage order, then check every session row against its `open`
+        decision; report the first record that does not fit."""
+        try:
+            report = self._verify_chain()
+            problem = self._verify_sessions() if report.ok else None
+        except sqlite3.DatabaseError as err:
+            raise NotebookError(f"{self.path}: reading the decision log: {err}") from None
+        return report.model_copy(update={"ok": False, "problem": problem}) if problem else report
+
+    def _verify_chain(self) -> VerifyReport:
         prev, expected, count = GENESIS, 1, 0
         cursor = self.db.execute(
             "SELECT seq, session, at, kind, rationale, payload, prev_hash, hash FROM decision ORDER BY rowid"
@@ -403,6 +369,32 @@ class Notebook:
             prev, expected, count = digest, expected + 1, count + 1
         return VerifyReport(ok=True, count=count, head=prev)
 
+    def _verify_sessions(self) -> str | None:
+        """The chain vouches for each session row through its `open` decision's payload."""
+        opens: dict[str, tuple[int, dict[str, Any]]] = {}
+        for seq, name, payload in self.db.execute("SELECT seq, session, payload FROM decision WHERE kind = 'open' "
+                                                  "ORDER BY seq"):
+            opens.setdefault(name, (seq, json.loads(payload)))
+        sessions = self.sessions()
+        for s in sessions:
+            if s.name not in opens:
+                return f"session {s.name!r}: no open decision vouches for its row (added outside the notebook)"
+            seq, vouched = opens[s.name]
+            for field in ("budget_gpuh", "reserve_gpuh", "planner", "executor"):
+                if getattr(s, field) != vouched[field]:
+                    return (f"session {s.name!r}: {field} is {getattr(s, field)!r} in its row but {vouched[field]!r} "
+                            f"in its open decision (seq {seq}): the row was edited after it opened")
+            if sha256_text(canonical_json(s.config)) != vouched["config_sha256"]:
+                return (f"session {s.name!r}: its config does not match the hash in its open decision (seq {seq}): "
+                        "the row was edited after it opened")
+            if vouched.get("session_sha256") not in (None, session_sha256(s)):
+                return (f"session {s.name!r}: its row (lab or start time) does not match the hash in its open "
+                        f"decision (seq {seq}): the row was edited after it opened")
+        missing = sorted(set(opens) - {s.name for s in sessions})
+        if missing:
+            return f"session {missing[0]!r}: opened at decision seq {opens[missing[0]][0]} but its row is gone"
+        return None
+
     # ---- tool calls ----------------------------------------------------------------------------
 
     def record_tool_call(
@@ -411,8 +403,8 @@ class Notebook:
     ) -> ToolCall:
         """Record a tool call before it runs; a repeat of the same (tool, args) returns the first."""
         args_hash = tool_call_key(tool, args)
-        with self._tx():
-            existing = self._one("SELECT * FROM tool_call WHERE session = ? AND args_hash = ?", [session, args_hash])
+        with self.transaction():
+            existing = self._one("SELECT id FROM tool_call WHERE session = ? AND args_hash = ?", [session, args_hash])
             if existing is None:
                 self._insert("tool_call", {
                     "session": session, "tool": tool, "args": args, "args_hash": args_hash,
@@ -421,19 +413,24 @@ class Notebook:
         return self.tool_call(session, args_hash)
 
     def tool_call(self, session: str, args_hash: str) -> ToolCall:
-        row = self._one("SELECT * FROM tool_call WHERE session = ? AND args_hash = ?", [session, args_hash])
-        if row is None:
+        found = self._record(ToolCall, "SELECT * FROM tool_call WHERE session = ? AND args_hash = ?", [session, args_hash])
+        if found is None:
             raise NotebookError(f"no tool call {args_hash[:12]} in session {session!r}")
-        return ToolCall(**row)
+        return found
 
     def finish_tool_call(
-        self, call_id: int, status: Literal["done", "failed", "refused"], result: dict[str, Any],
+        self, call_id: int, status: Literal["done", "failed", "refused"], result: dict[str, Any], *,
+        decision_seq: int | None = None,
     ) -> None:
-        with self._tx():
-            self._update("tool_call", "id = ?", [call_id], {"status": status, "result": result, "ended_at": now()})
+        """Close a tool call with its result and, when its outcome was a decision, that decision's seq."""
+        fields: dict[str, Any] = {"status": status, "result": result, "ended_at": now()}
+        if decision_seq is not None:
+            fields["decision_seq"] = decision_seq
+        with self.transaction():
+            self._update("tool_call", "id = ?", [call_id], fields)
 
     def tool_calls(self, session: str) -> list[ToolCall]:
-        return [ToolCall(**r) for r in self._rows("SELECT * FROM tool_call WHERE session = ? ORDER BY id", [session])]
+        return self._records(ToolCall, "SELECT * FROM tool_call WHERE session = ? ORDER BY id", [session])
 
     # ---- jobs and the GPU-hour ledger ----------------------------------------------------------
 
@@ -443,7 +440,7 @@ class Notebook:
         result_type: str | None = None,
     ) -> JobRecord:
         """Record a job attempt (state pending) before it is submitted; its forecast is reserved."""
-        with self._tx():
+        with self.transaction():
             self._insert("job", {
                 "key": key, "attempt": attempt, "session": session, "kind": kind, "executor": executor,
                 "resources": resources, "forecast_gpuh": forecast_gpuh, "state": "pending", "folder": folder,
@@ -460,25 +457,26 @@ class Notebook:
             raise NotebookError(f"update_job: unknown fields {sorted(unknown)}")
         if "state" in fields and fields["state"] not in get_args(JobState):
             raise NotebookError(f"update_job: state {fields['state']!r} is not one of {get_args(JobState)}")
-        with self._tx():
+        if fields.get("failure_class") not in (None, *get_args(FailureClass)):
+            raise NotebookError(f"update_job: failure_class {fields['failure_class']!r} is not one of "
+                                f"{get_args(FailureClass)}")
+        with self.transaction():
             self._update("job", "key = ? AND attempt = ?", [key, attempt], fields)
         return self.get_job(key, attempt)
 
     def get_job(self, key: str, attempt: int | None = None) -> JobRecord | None:
-        """One attempt of a job, or its latest attempt when `attempt` is None."""
+        """One attempt of a job, or its latest attempt when `attempt` is None (indexed by key)."""
         if attempt is None:
-            row = self._one("SELECT * FROM job WHERE key = ? ORDER BY attempt DESC LIMIT 1", [key])
-        else:
-            row = self._one("SELECT * FROM job WHERE key = ? AND attempt = ?", [key, attempt])
-        return JobRecord(**row) if row else None
+            return self._record(JobRecord, "SELECT * FROM job WHERE key = ? ORDER BY attempt DESC LIMIT 1", [key])
+        return self._record(JobRecord, "SELECT * FROM job WHERE key = ? AND attempt = ?", [key, attempt])
 
-    def jobs(self, session: str | None = None, kind: str | None = None) -> list[JobRecord]:
+    def jobs(self, session: str | None = None, kind: str | None = None, key: str | None = None) -> list[JobRecord]:
+        """Job attempts, oldest first; `key` selects one job's attempts through its index."""
         sql, params = "SELECT * FROM job WHERE 1=1", []
-        if session is not None:
-            sql, params = sql + " AND session = ?", [*params, session]
-        if kind is not None:
-            sql, params = sql + " AND kind = ?", [*params, kind]
-        return [JobRecord(**r) for r in self._rows(sql + " ORDER BY id", params)]
+        for column, value in (("session", session), ("kind", kind), ("key", key)):
+            if value is not None:
+                sql, params = sql + f" AND {column} = ?", [*params, value]
+        return self._records(JobRecord, sql + " ORDER BY id", params)
 
     def ledger(self, session: str) -> Ledger:
         s = self.session(session)
@@ -495,7 +493,7 @@ class Notebook:
         self, *, kind: str, name: str, path: str, sha256: str, parents: list[int] | None = None,
         recipe: dict[str, Any] | None = None, job_key: str | None = None, session: str | None = None,
     ) -> Artifact:
-        with self._tx():
+        with self.transaction():
             rowid = self._insert("artifact", {
                 "session": session, "kind": kind, "name": name, "path": path, "sha256": sha256,
                 "parents": parents or [], "recipe": recipe or {}, "job_key": job_key, "created_at": now(),
@@ -503,39 +501,40 @@ class Notebook:
         return self.artifact(rowid)
 
     def artifact(self, artifact_id: int) -> Artifact:
-        row = self._one("SELECT * FROM artifact WHERE id = ?", [artifact_id])
-        if row is None:
+        found = self._record(Artifact, "SELECT * FROM artifact WHERE id = ?", [artifact_id])
+        if found is None:
             raise NotebookError(f"no artifact {artifact_id} in {self.path}")
-        return Artifact(**row)
+        return found
 
-    def artifacts(self, kind: str | None = None, session: str | None = None) -> list[Artifact]:
+    def artifacts(self, kind: str | None = None, session: str | None = None,
+                  sha256: str | None = None) -> list[Artifact]:
+        """Artifacts, oldest first; `sha256` finds every record of the same content through its index."""
         sql, params = "SELECT * FROM artifact WHERE 1=1", []
-        if kind is not None:
-            sql, params = sql + " AND kind = ?", [*params, kind]
-        if session is not None:
-            sql, params = sql + " AND session = ?", [*params, session]
-        return [Artifact(**r) for r in self._rows(sql + " ORDER BY id", params)]
+        for column, value in (("kind", kind), ("session", session), ("sha256", sha256)):
+            if value is not None:
+                sql, params = sql + f" AND {column} = ?", [*params, value]
+        return self._records(Artifact, sql + " ORDER BY id", params)
 
     # ---- evals, noise floors, bars, comparisons ------------------------------------------------
 
     def add_eval(
         self, *, session: str, artifact_id: int, suite: str, replicate: int, decoding: dict[str, Any],
-        decoding_sha256: str, served: bool, metrics: dict[str, float], items: list[dict[str, Any]],
+        decoding_sha256: str, served: bool, metrics: dict[str, Any], items: list[dict[str, Any]],
         job_key: str | None = None,
     ) -> EvalRecord:
-        with self._tx():
+        with self.transaction():
             rowid = self._insert("eval", {
                 "session": session, "artifact_id": artifact_id, "suite": suite, "replicate": replicate,
                 "decoding": decoding, "decoding_sha256": decoding_sha256, "served": int(served),
                 "metrics": metrics, "items": items, "job_key": job_key, "created_at": now(),
             })
-        return self.eval(rowid)
+            return self.eval(rowid)
 
     def eval(self, eval_id: int) -> EvalRecord:
-        row = self._one("SELECT * FROM eval WHERE id = ?", [eval_id])
-        if row is None:
+        found = self._record(EvalRecord, "SELECT * FROM eval WHERE id = ?", [eval_id])
+        if found is None:
             raise NotebookError(f"no eval {eval_id} in {self.path}")
-        return EvalRecord(**row)
+        return found
 
     def evals(self, *, artifact_id: int | None = None, suite: str | None = None,
               session: str | None = None) -> list[EvalRecord]:
@@ -543,58 +542,57 @@ class Notebook:
         for column, value in (("artifact_id", artifact_id), ("suite", suite), ("session", session)):
             if value is not None:
                 sql, params = sql + f" AND {column} = ?", [*params, value]
-        return [EvalRecord(**r) for r in self._rows(sql + " ORDER BY id", params)]
+        return self._records(EvalRecord, sql + " ORDER BY id", params)
 
     def add_noise_floor(
         self, *, session: str, suite: str, metric: str, k: int, spread: float, mean_abs_delta: float,
         max_abs_t: float, source_evals: list[int],
     ) -> NoiseFloor:
-        with self._tx():
+        with self.transaction():
             rowid = self._insert("noise_floor", {
                 "session": session, "suite": suite, "metric": metric, "k": k, "spread": spread,
                 "mean_abs_delta": mean_abs_delta, "max_abs_t": max_abs_t, "source_evals": source_evals,
                 "created_at": now(),
             })
-        return NoiseFloor(**self._one("SELECT * FROM noise_floor WHERE id = ?", [rowid]))
+            return self._record(NoiseFloor, "SELECT * FROM noise_floor WHERE id = ?", [rowid])
 
     def noise_floors(self, session: str, suite: str, metric: str) -> list[NoiseFloor]:
         """Every calibration of (suite, metric) in a session, oldest first."""
-        rows = self._rows("SELECT * FROM noise_floor WHERE session = ? AND suite = ? AND metric = ? ORDER BY id",
-                          [session, suite, metric])
-        return [NoiseFloor(**r) for r in rows]
+        return self._records(NoiseFloor, "SELECT * FROM noise_floor WHERE session = ? AND suite = ? AND metric = ? "
+                             "ORDER BY id", [session, suite, metric])
 
     def register_bars(self, session: str, spec: dict[str, Any]) -> BarsRecord:
         """Store the canonical bars spec with its sha256 and time, plus a register_bars decision."""
         digest = sha256_text(canonical_json(spec))
-        with self._tx():
+        with self.transaction():
             rowid = self._insert("bars", {"session": session, "spec": spec, "sha256": digest, "registered_at": now()})
             self._append_decision(session, "register_bars", "promotion bars registered before scoring",
                                   {"bars_id": rowid, "sha256": digest})
-        return self.bars(rowid)
+            return self.bars(rowid)
 
     def bars(self, bars_id: int) -> BarsRecord:
-        row = self._one("SELECT * FROM bars WHERE id = ?", [bars_id])
-        if row is None:
+        found = self._record(BarsRecord, "SELECT * FROM bars WHERE id = ?", [bars_id])
+        if found is None:
             raise NotebookError(f"no bars {bars_id} in {self.path}")
-        return BarsRecord(**row)
+        return found
 
     def add_comparison(
         self, *, session: str, candidate: int, incumbent: int, bars_id: int, verdicts: list[dict[str, Any]],
         promoted: bool, adjustment: dict[str, Any], rationale: str,
-    ) -> Comparison:
+    ) -> tuple[Comparison, Decision]:
         """Store a comparison and its promote/reject decision in one transaction."""
-        with self._tx():
+        with self.transaction():
             rowid = self._insert("comparison", {
                 "session": session, "candidate": candidate, "incumbent": incumbent, "bars_id": bars_id,
                 "verdicts": verdicts, "promoted": int(promoted), "adjustment": adjustment, "created_at": now(),
             })
-            self._append_decision(session, "promote" if promoted else "reject", rationale, {
+            decision = self._append_decision(session, "promote" if promoted else "reject", rationale, {
                 "comparison_id": rowid, "candidate": candidate, "incumbent": incumbent, "bars_id": bars_id,
             })
-        return Comparison(**self._one("SELECT * FROM comparison WHERE id = ?", [rowid]))
+            return self._record(Comparison, "SELECT * FROM comparison WHERE id = ?", [rowid]), decision
 
     def comparisons(self, session: str) -> list[Comparison]:
-        return [Comparison(**r) for r in self._rows("SELECT * FROM comparison WHERE session = ? ORDER BY id", [session])]
+        return self._records(Comparison, "SELECT * FROM comparison WHERE session = ? ORDER BY id", [session])
 
     # ---- feedback splits -----------------------------------------------------------------------
 
@@ -603,20 +601,19 @@ class Notebook:
         assignment: dict[str, str], session: str | None = None,
     ) -> FeedbackSplit:
         """Store a feedback split; its sha256 covers the canonical id -> split assignment."""
-        with self._tx():
+        with self.transaction():
             rowid = self._insert("feedback_split", {
                 "session": session, "source_path": source_path, "source_sha256": source_sha256,
                 "config": config, "sha256": sha256_text(canonical_json(assignment)), "counts": counts,
                 "assignment": assignment, "created_at": now(),
             })
-        return FeedbackSplit(**self._one("SELECT * FROM feedback_split WHERE id = ?", [rowid]))
+            return self._record(FeedbackSplit, "SELECT * FROM feedback_split WHERE id = ?", [rowid])
 
     def latest_split(self, source_sha256: str | None = None) -> FeedbackSplit | None:
         sql, params = "SELECT * FROM feedback_split", []
         if source_sha256 is not None:
             sql, params = sql + " WHERE source_sha256 = ?", [source_sha256]
-        row = self._one(sql + " ORDER BY id DESC LIMIT 1", params)
-        return FeedbackSplit(**row) if row else None
+        return self._record(FeedbackSplit, sql + " ORDER BY id DESC LIMIT 1", params)
 
 
 def tool_call_key(tool: str, args: dict[str, Any]) -> str:
@@ -624,15 +621,14 @@ def tool_call_key(tool: str, args: dict[str, Any]) -> str:
     return sha256_text(f"{tool}\n{canonical_json(args)}")
 
 
-def _split_sql(script: str) -> list[str]:
-    """Split a migration into statements, keeping trigger bodies (BEGIN ... END;) whole."""
-    statements, current = [], []
-    for line in script.splitlines():
-        if line.strip().startswith("--") or not line.strip():
-            continue
-        current.append(line)
-        text = "\n".join(current)
-        if sqlite3.complete_statement(text):
-            statements.append(text)
-            current = []
-    return statements
+def _payload_json(kind: str, payload: dict[str, Any] | BaseModel) -> dict[str, Any]:
+    """The payload validated against its kind's model, as the JSON that is hashed and stored."""
+    if kind not in PAYLOADS:
+        raise NotebookError(f"decision kind {kind!r} is not one of {sorted(PAYLOADS)}")
+    raw = payload.model_dump(mode="json") if isinstance(payload, BaseModel) else payload
+    try:
+        return PAYLOADS[kind].dump_python(PAYLOADS[kind].validate_python(raw), mode="json")
+    except ValidationError as err:
+        first = err.errors()[0]
+        raise NotebookError(f"{kind} decision payload: {'.'.join(str(p) for p in first['loc']) or 'payload'}: "
+                            f"{first['msg']}") from None

@@ -7,6 +7,10 @@ newer one is refused. Append migrations; never edit one that has shipped.
 
 from __future__ import annotations
 
+import functools
+import sqlite3
+from pathlib import Path
+
 V1 = """
 CREATE TABLE session (
     name         TEXT PRIMARY KEY,
@@ -163,5 +167,74 @@ ALTER TABLE job ADD COLUMN device_seconds REAL;  -- measured: seconds held x dev
 ALTER TABLE job ADD COLUMN charge TEXT;          -- how gpu_hours was settled: measured | simulated
 """
 
-MIGRATIONS: list[str] = [V1, V2]
+# Indexes for the queries the judges and the launcher run on every step (decisions of one kind,
+# a suite's noise floors, a session's comparisons, tool calls by job), so none of them scans a table.
+V3 = """
+CREATE INDEX decision_kind ON decision(session, kind, seq);
+CREATE INDEX noise_floor_metric ON noise_floor(session, suite, metric);
+CREATE INDEX eval_session_suite ON eval(session, suite);
+CREATE INDEX comparison_session ON comparison(session);
+CREATE INDEX tool_call_job ON tool_call(job_key);
+"""
+
+MIGRATIONS: list[str] = [V1, V2, V3]
 SCHEMA_VERSION = len(MIGRATIONS)
+
+SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+def split_sql(script: str) -> list[str]:
+    """Split a migration into statements, keeping trigger bodies (BEGIN ... END;) whole."""
+    statements, current = [], []
+    for line in script.splitlines():
+        if line.strip().startswith("--") or not line.strip():
+            continue
+        current.append(line)
+        text = "\n".join(current)
+        if sqlite3.complete_statement(text):
+            statements.append(text)
+            current = []
+    return statements
+
+
+@functools.cache
+def expected_columns(version: int) -> dict[str, frozenset[str]]:
+    """table -> columns of a notebook at `version`, read off the migrations applied to an empty database."""
+    conn = sqlite3.connect(":memory:")
+    for script in MIGRATIONS[:version]:
+        for statement in split_sql(script):
+            conn.execute(statement)
+    tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+    out = {t: frozenset(r[1] for r in conn.execute(f"PRAGMA table_info({t})")) for t in tables}
+    conn.close()
+    return out
+
+
+def file_problem(path: Path) -> str | None:
+    """What makes `path` unusable as an existing notebook file, read from its 100-byte SQLite header.
+
+    Catches what SQLite itself would only report later, mid-query: an empty file, a file that is
+    not SQLite, and one truncated below the page count its header declares (format:
+    https://www.sqlite.org/fileformat.html#the_database_header).
+    """
+    if path.is_dir():
+        return "is a directory, not a notebook file"
+    if not path.is_file():
+        return "is not a regular file"
+    size = path.stat().st_size
+    if size == 0:
+        return "is an empty file (0 bytes), not a notebook; remove it to start a new one"
+    with path.open("rb") as f:
+        header = f.read(100)
+    if not header.startswith(SQLITE_MAGIC):
+        return f"is not an SQLite database (it starts with {header[:16]!r})"
+    if len(header) < 100:
+        return f"is truncated: {size} bytes, shorter than the 100-byte SQLite header"
+    page_size = int.from_bytes(header[16:18], "big")
+    page_size = 65536 if page_size == 1 else page_size
+    pages = int.from_bytes(header[28:32], "big")
+    valid_for, changes = header[92:96], header[24:28]
+    if page_size and (size % page_size or (valid_for == changes and size < pages * page_size)):
+        return (f"is truncated: {size} bytes, but its header declares {pages} pages of {page_size} bytes "
+                f"({pages * page_size} bytes)")
+    return None

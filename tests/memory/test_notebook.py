@@ -45,7 +45,7 @@ def test_chain_verifies_and_is_wal(nb: Notebook):
     assert report.ok and report.count == 11  # the session's opening decision + 10
     assert nb.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     assert [d.seq for d in nb.decisions("s1")] == list(range(1, 12))
-    assert nb.decisions("s1", kind="plan")[3].payload == {"i": 3, "text": "é ✓"}
+    assert nb.decisions("s1", kind="plan")[3].payload.model_dump() == {"i": 3, "text": "é ✓"}
 
 
 def test_decisions_are_append_only_through_sql(nb: Notebook):
@@ -133,7 +133,7 @@ def test_sigkill_mid_write_keeps_every_committed_record(tmp_path: Path):
         report = nb.verify()
         assert report.ok, report.problem
         assert report.count >= committed
-        nb.record_decision("w", "stop", "after the kill", {})  # and it stays writable
+        nb.record_decision("w", "stop", "after the kill", {"status": "stopped"})  # and it stays writable
         assert nb.verify().ok
 
 
@@ -165,10 +165,10 @@ def test_concurrent_reader_sees_consistent_snapshots(tmp_path: Path):
                               stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
     i = 0
     while reader.poll() is None:
-        with nb._tx():  # a job and its two decisions land together or not at all
+        with nb.transaction():  # a job and its two decisions land together or not at all
             nb._insert("job", {"key": f"k{i}", "attempt": 1, "session": "s1", "kind": "sft", "executor": "local",
                                "resources": {}, "forecast_gpuh": 0.1, "state": "pending", "submitted_at": "t"})
-            nb._append_decision("s1", "launch", "x", {"i": i})
+            nb._append_decision("s1", "plan", "x", {"i": i})
             nb._append_decision("s1", "plan", "y", {"i": i})
         i += 1
     out, err = reader.communicate()

@@ -1,0 +1,412 @@
+"""The notebook's records: one frozen pydantic model per table row, and one payload model per decision kind.
+
+Rows become records when they are read (`memory.notebook` decodes the JSON columns first); decision
+payloads are validated against their kind's model before they are hashed and written, and parsed
+back into it on read, so a consumer reads `decision.payload.bars_id`, never a guessed dict key.
+
+`Decision` is the base of one subclass per payload shape; `AnyDecision` is their union,
+discriminated by `kind` (pydantic picks the subclass from the kind column).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+DecisionKind = Literal[
+    "open", "plan", "launch", "refuse", "compare", "promote", "reject", "calibrate",
+    "register_bars", "ingest", "build", "evaluate", "confirm", "fail", "nominate", "stop",
+]
+JobState = Literal["pending", "running", "completed", "failed"]
+# The launcher's failure classes (tools/failures.py keeps the same list; a test holds them equal:
+# memory sits below tools and cannot import it).
+FailureClass = Literal["oom", "preempted", "timeout", "nccl_timeout", "nan_loss", "node_failure", "cancelled", "error"]
+SessionStatus = Literal["open", "done", "failed", "stopped"]
+ToolCallStatus = Literal["open", "done", "failed", "refused"]
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+# ---- table rows ----------------------------------------------------------------------------------
+
+
+class Session(_Record):
+    """One research session: its budget, planner, executor and lab-config snapshot."""
+
+    name: str = Field(description="Session name, unique in the notebook.")
+    lab: str = Field(description="Lab directory the session ran in.")
+    budget_gpuh: float = Field(description="GPU-hour budget (a hard limit).")
+    reserve_gpuh: float = Field(description="GPU-hours kept back for the final nomination checks.")
+    planner: str = Field(description="Planner kind: playbook or openai.")
+    executor: str = Field(description="Executor kind: local or slurm.")
+    config: dict[str, Any] = Field(description="Snapshot of the lab config the session ran with.")
+    status: SessionStatus = Field(description="open while running; done, failed or stopped once ended.")
+    started_at: str = Field(description="ISO-8601 UTC time the session opened.")
+    ended_at: str | None = Field(description="ISO-8601 UTC time the session ended; None while open.")
+
+
+class _Payload(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """Dict-style read, kept for callers written before payloads were typed (tools/launcher.py)."""
+        return getattr(self, key, default)
+
+
+class OpenPayload(_Payload):
+    """What the `open` decision vouches for about its session row."""
+
+    budget_gpuh: float = Field(description="Budget at opening.")
+    reserve_gpuh: float = Field(description="Nomination reserve at opening.")
+    planner: str = Field(description="Planner at opening.")
+    executor: str = Field(description="Executor at opening.")
+    config_sha256: str = Field(description="sha256 of the canonical config snapshot.")
+    session_sha256: str | None = Field(None, description="sha256 of the canonical session row (see session_sha256); "
+                                                         "None in notebooks written before schema version 2.")
+
+
+class StopPayload(_Payload):
+    """How a session ended."""
+
+    status: Literal["done", "failed", "stopped"] = Field(description="The session's final status.")
+
+
+class RegisterBarsPayload(_Payload):
+    """Promotion bars registered before scoring."""
+
+    bars_id: int = Field(description="bars row id.")
+    sha256: str = Field(description="sha256 of the canonical bars spec.")
+
+
+class VerdictPayload(_Payload):
+    """A comparison's outcome (promote or reject)."""
+
+    comparison_id: int = Field(description="comparison row id.")
+    candidate: int = Field(description="Candidate artifact id.")
+    incumbent: int = Field(description="Incumbent artifact id.")
+    bars_id: int = Field(description="bars row the candidate was judged by.")
+
+
+class CalibratePayload(_Payload):
+    """Noise floors calibrated on one artifact and suite."""
+
+    suite: str = Field(description="Suite calibrated.")
+    artifact_id: int = Field(description="Artifact evaluated K times.")
+    noise_floor_ids: list[int] = Field(description="noise_floor rows written, one per metric.")
+
+
+class ConfirmPayload(_Payload):
+    """The one permitted opening of a sealed suite."""
+
+    suite: str = Field(description="Sealed suite opened.")
+    artifact_id: int = Field(description="The nominee it was opened for.")
+
+
+class NominatePayload(_Payload):
+    """The session's nominee."""
+
+    artifact_id: int = Field(description="Nominated artifact id.")
+
+
+class LaunchPayload(_Payload):
+    """A job attempt admitted by the budget and submitted."""
+
+    key: str = Field(description="Job idempotency key.")
+    kind: str = Field(description="Job kind (sft, dpo, eval, ...).")
+    attempt: int = Field(description="Attempt number, from 1.")
+    forecast_gpuh: float = Field(description="GPU-hours reserved for it.")
+    forecast_source: Literal["declared", "throughput", "time_limit"] = Field(description="Where the forecast came from.")
+    executor: str = Field(description="Executor it was submitted to.")
+
+
+class FailPayload(_Payload):
+    """A job attempt that failed and was not retried."""
+
+    key: str = Field(description="Job idempotency key.")
+    attempt: int = Field(description="Attempt that failed.")
+    failure_class: FailureClass = Field(description="Classified failure.")
+    detail: str = Field(description="The line of evidence.")
+
+
+class NotePayload(_Payload):
+    """Kinds no tool writes yet (plan, compare, ingest, build, evaluate): any JSON object, until their
+    producer fixes the shape."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+
+# Refusals: one shape per gate that refuses; each forbids extra fields, so exactly one fits a payload.
+class BudgetRefusal(LaunchPayload):
+    """A job refused because its forecast does not fit the budget (the launch fields it would have had)."""
+
+
+class CompareRefusal(_Payload):
+    """A comparison refused before any verdict."""
+
+    candidate: int = Field(description="Candidate artifact id.")
+    incumbent: int = Field(description="Incumbent artifact id.")
+    bars_id: int = Field(description="bars row asked for.")
+    reasons: list[str] = Field(description="Every reason it was refused.")
+
+
+class SealedRefusal(_Payload):
+    """A sealed suite that may not be opened or scored now."""
+
+    suite: str = Field(description="Sealed suite.")
+    artifact_id: int = Field(description="Artifact it was asked for.")
+    sealed: Literal[True] = Field(description="Marks the sealed-suite gate.")
+    reasons: list[str] = Field(default_factory=list, description="Every reason (empty in notebooks before v2, "
+                                                                 "where the rationale holds the one reason).")
+
+
+class CalibrationRefusal(_Payload):
+    """A noise-floor calibration refused (replicates that cannot measure noise)."""
+
+    suite: str | None = Field(description="Suite of the evals offered (None when they span several).")
+    eval_ids: list[int] = Field(description="Evals offered as replicates.")
+    reasons: list[str] = Field(description="Every reason it was refused.")
+
+
+RefusePayload = BudgetRefusal | CompareRefusal | SealedRefusal | CalibrationRefusal
+
+
+class Decision(_Record):
+    """One entry of the append-only, hash-chained decision log (see memory/chain.py)."""
+
+    seq: int = Field(description="Position in the chain, from 1, gapless.")
+    session: str = Field(description="Session it belongs to.")
+    at: str = Field(description="ISO-8601 UTC time it was written.")
+    kind: DecisionKind = Field(description="What was decided.")
+    rationale: str = Field(description="Why, in one line a reviewer reads.")
+    payload: BaseModel = Field(description="The kind's typed payload.")
+    prev_hash: str = Field(description="Hash of the previous decision (GENESIS for the first).")
+    hash: str = Field(description="sha256 over prev_hash and this canonical record.")
+
+
+class OpenDecision(Decision):
+    kind: Literal["open"] = Field(description="A session opened.")
+    payload: OpenPayload = Field(description="What the session row held at opening.")
+
+
+class StopDecision(Decision):
+    kind: Literal["stop"] = Field(description="A session ended.")
+    payload: StopPayload = Field(description="Its final status.")
+
+
+class RegisterBarsDecision(Decision):
+    kind: Literal["register_bars"] = Field(description="Bars registered.")
+    payload: RegisterBarsPayload = Field(description="Which bars.")
+
+
+class VerdictDecision(Decision):
+    kind: Literal["promote", "reject"] = Field(description="A comparison's outcome.")
+    payload: VerdictPayload = Field(description="The comparison judged.")
+
+
+class CalibrateDecision(Decision):
+    kind: Literal["calibrate"] = Field(description="Noise floors calibrated.")
+    payload: CalibratePayload = Field(description="The floors.")
+
+
+class ConfirmDecision(Decision):
+    kind: Literal["confirm"] = Field(description="A sealed suite opened for the nominee.")
+    payload: ConfirmPayload = Field(description="Suite and nominee.")
+
+
+class NominateDecision(Decision):
+    kind: Literal["nominate"] = Field(description="The nominee chosen.")
+    payload: NominatePayload = Field(description="Which artifact.")
+
+
+class LaunchDecision(Decision):
+    kind: Literal["launch"] = Field(description="A job attempt launched.")
+    payload: LaunchPayload = Field(description="The attempt and its forecast.")
+
+
+class FailDecision(Decision):
+    kind: Literal["fail"] = Field(description="A job attempt failed for good.")
+    payload: FailPayload = Field(description="The failure.")
+
+
+class RefuseDecision(Decision):
+    kind: Literal["refuse"] = Field(description="A gate refused an action.")
+    payload: RefusePayload = Field(description="The refusal, in its gate's shape.")
+
+
+class NoteDecision(Decision):
+    kind: Literal["plan", "compare", "ingest", "build", "evaluate"] = Field(description="Kinds with an open payload.")
+    payload: NotePayload = Field(description="Any JSON object.")
+
+
+AnyDecision = Annotated[
+    OpenDecision | StopDecision | RegisterBarsDecision | VerdictDecision | CalibrateDecision | ConfirmDecision
+    | NominateDecision | LaunchDecision | FailDecision | RefuseDecision | NoteDecision,
+    Field(discriminator="kind"),
+]
+DECISION = TypeAdapter(AnyDecision)
+# kind -> adapter of its payload type, read off the union members (one source of truth).
+PAYLOADS: dict[str, TypeAdapter[Any]] = {
+    kind: TypeAdapter(member.model_fields["payload"].annotation)
+    for member in get_args(get_args(AnyDecision)[0])
+    for kind in get_args(member.model_fields["kind"].annotation)
+}
+assert set(PAYLOADS) == set(get_args(DecisionKind)), "every decision kind needs a payload model"
+
+
+class ToolCall(_Record):
+    """One tool call of the agent, keyed for idempotency by (tool, canonical args)."""
+
+    id: int = Field(description="Row id.")
+    session: str = Field(description="Session it belongs to.")
+    tool: str = Field(description="Tool name.")
+    args: dict[str, Any] = Field(description="Canonical arguments.")
+    args_hash: str = Field(description="Idempotency key: sha256 of tool and canonical args.")
+    decision_seq: int | None = Field(description="Decision recorded with its outcome, once finished.")
+    job_key: str | None = Field(description="Job it launched, if any.")
+    status: ToolCallStatus = Field(description="open while running; done, failed or refused once finished.")
+    result: dict[str, Any] | None = Field(description="The tool's result (JSON), once finished.")
+    started_at: str = Field(description="ISO-8601 UTC time it was recorded.")
+    ended_at: str | None = Field(description="ISO-8601 UTC time it finished.")
+
+
+class JobRecord(_Record):
+    """One attempt of a job: retries and requeues keep their own row and cost."""
+
+    id: int = Field(description="Row id.")
+    key: str = Field(description="Idempotency key of the job (all attempts share it).")
+    attempt: int = Field(description="Attempt number, from 1.")
+    session: str = Field(description="Session that launched it.")
+    kind: str = Field(description="Job kind: sft, dpo, klce, rft, merge, eval, ...")
+    executor: str = Field(description="local or slurm.")
+    external_id: str | None = Field(description="Executor's job id once submitted.")
+    folder: str | None = Field(description="submitit folder of the attempt.")
+    resources: dict[str, Any] = Field(description="Requested resources and the attempt's arguments.")
+    forecast_gpuh: float = Field(description="GPU-hours reserved before launch.")
+    gpu_hours: float | None = Field(description="Settled cost; None while reserved.")
+    state: JobState = Field(description="pending, running, completed or failed.")
+    failure_class: FailureClass | None = Field(description="Why it failed, when it did.")
+    failure_detail: str | None = Field(description="The line of evidence for the failure.")
+    log_path: str | None = Field(description="stderr log of the attempt.")
+    result: dict[str, Any] | None = Field(description="The job's result (JSON) once completed.")
+    submitted_at: str = Field(description="ISO-8601 UTC time the attempt was recorded.")
+    started_at: str | None = Field(description="When its run started.")
+    ended_at: str | None = Field(description="When its run ended.")
+    fn: str | None = Field(None, description="The job function, 'module:qualname' (None on rows before schema 2).")
+    result_type: str | None = Field(None, description="Its pydantic result model, 'module:qualname'.")
+    device_seconds: float | None = Field(None, description="Measured seconds held x devices of the settled run.")
+    charge: Literal["measured", "simulated"] | None = Field(
+        None, description="How gpu_hours was settled from device_seconds.")
+
+
+class Ledger(_Record):
+    """GPU-hours of one session: spent (settled), reserved (forecasts of unsettled jobs), left."""
+
+    budget_gpuh: float = Field(description="The session's budget.")
+    reserve_gpuh: float = Field(description="Kept back for the nomination.")
+    spent_gpuh: float = Field(description="Settled cost of every attempt.")
+    reserved_gpuh: float = Field(description="Forecasts of attempts not settled yet.")
+
+    @property
+    def left_gpuh(self) -> float:
+        return self.budget_gpuh - self.spent_gpuh - self.reserved_gpuh
+
+    def admits(self, forecast_gpuh: float) -> bool:
+        """Whether a job of this forecast fits while keeping the nomination reserve."""
+        return forecast_gpuh + self.spent_gpuh + self.reserved_gpuh + self.reserve_gpuh <= self.budget_gpuh
+
+
+class Artifact(_Record):
+    """A checkpoint, dataset, split or bundle, identified by its content hash."""
+
+    id: int = Field(description="Row id.")
+    session: str | None = Field(description="Session that produced it (None for lab-level inputs).")
+    kind: str = Field(description="checkpoint, dataset, bundle, split, ...")
+    name: str = Field(description="Human name.")
+    path: str = Field(description="Where it lives.")
+    sha256: str = Field(description="Content hash (weights hash for checkpoints).")
+    parents: list[int] = Field(description="Artifact ids it was made from.")
+    recipe: dict[str, Any] = Field(description="Config or manifest that made it.")
+    job_key: str | None = Field(description="Producing job.")
+    created_at: str = Field(description="ISO-8601 UTC time recorded.")
+
+
+class EvalRecord(_Record):
+    """One suite, one replicate, one decoding of one artifact, with every per-item outcome."""
+
+    id: int = Field(description="Row id.")
+    session: str = Field(description="Session it belongs to.")
+    artifact_id: int = Field(description="Artifact evaluated.")
+    suite: str = Field(description="Suite name.")
+    replicate: int = Field(description="Replicate index (0 is the full first look).")
+    decoding: dict[str, Any] = Field(description="The decoding used (evals.decoding.Decoding as JSON).")
+    decoding_sha256: str = Field(description="Fingerprint of that decoding.")
+    served: bool = Field(description="Evaluated at the candidate's served decoding.")
+    metrics: dict[str, Any] = Field(description="Suite metrics: numbers, plus labels such as a scoring mode.")
+    items: list[dict[str, Any]] = Field(description="Per-item outcomes (evals.types.Outcome as JSON).")
+    job_key: str | None = Field(description="Eval job that produced it.")
+    created_at: str = Field(description="ISO-8601 UTC time recorded.")
+
+
+class NoiseFloor(_Record):
+    """How much one metric of one suite moves under evaluation noise alone."""
+
+    id: int = Field(description="Row id.")
+    session: str = Field(description="Session it belongs to.")
+    suite: str = Field(description="Suite.")
+    metric: str = Field(description="Metric.")
+    k: int = Field(description="Replicates used.")
+    spread: float = Field(description="Max minus min of replicate means.")
+    mean_abs_delta: float = Field(description="Mean |difference| of means over replicate pairs (the bar unit).")
+    max_abs_t: float = Field(description="Largest |t| between two replicates.")
+    source_evals: list[int] = Field(description="Eval ids of the replicates.")
+    created_at: str = Field(description="ISO-8601 UTC time recorded.")
+
+
+class BarsRecord(_Record):
+    """Promotion bars, registered (hashed, time-stamped) before the scores they judge."""
+
+    id: int = Field(description="Row id.")
+    session: str = Field(description="Session it belongs to.")
+    spec: dict[str, Any] = Field(description="Canonical bars spec (evals.bars.Bars.canonical()).")
+    sha256: str = Field(description="sha256 of the canonical spec.")
+    registered_at: str = Field(description="ISO-8601 UTC time registered.")
+
+
+class Comparison(_Record):
+    """A candidate judged against the incumbent by registered bars."""
+
+    id: int = Field(description="Row id.")
+    session: str = Field(description="Session it belongs to.")
+    candidate: int = Field(description="Candidate artifact id.")
+    incumbent: int = Field(description="Incumbent artifact id.")
+    bars_id: int = Field(description="bars row used.")
+    verdicts: list[dict[str, Any]] = Field(description="One verdict per bar: statistic, value, threshold, holds.")
+    promoted: bool = Field(description="Whether every bar held.")
+    adjustment: dict[str, Any] = Field(description="Multiple-comparison method, family and adjusted p-values.")
+    created_at: str = Field(description="ISO-8601 UTC time recorded.")
+
+
+class FeedbackSplit(_Record):
+    """A deterministic train/dev/sealed assignment of a feedback file's battles."""
+
+    id: int = Field(description="Row id.")
+    session: str | None = Field(description="Session that made it (None for lab-level ingestion).")
+    source_path: str = Field(description="Feedback file.")
+    source_sha256: str = Field(description="Its content hash.")
+    config: dict[str, Any] = Field(description="Fractions, stratification and salt.")
+    sha256: str = Field(description="sha256 of the canonical assignment.")
+    counts: dict[str, Any] = Field(description="{split: {vote: n}}.")
+    assignment: dict[str, str] = Field(description="{battle id: split}.")
+    created_at: str = Field(description="ISO-8601 UTC time recorded.")
+
+
+class VerifyReport(_Record):
+    """Outcome of re-walking the decision chain and the session rows; `problem` names the first bad record."""
+
+    ok: bool = Field(description="Whether everything checked.")
+    count: int = Field(description="Decisions that verified before the first problem.")
+    head: str = Field(description="Hash of the last good decision.")
+    problem: str | None = Field(None, description="The first problem found, naming the record.")
