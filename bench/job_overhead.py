@@ -35,7 +35,7 @@ def measure(kind: str, jobs: int) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp, Notebook.open(Path(tmp) / "notebook.db") as nb:
         nb.open_session("bench", lab=tmp, budget_gpuh=100, reserve_gpuh=0, planner="playbook", executor=kind,
                         config={})
-        launcher = Launcher(nb, "bench", executor, Path(tmp) / "jobs", poll_s=0.25)
+        launcher = Launcher.from_section(nb, "bench", executor, Path(tmp) / "jobs", poll_s=0.25)
         for i in range(jobs):
             t_submit = time.time()
             job = launcher.submit("empty", empty, EmptyConfig(tag=f"{kind}-{i}"),

@@ -73,7 +73,7 @@ def test_feedback_to_promotion_verdict_through_real_jobs(tmp_path: Path):
                                         'rule = "delta >= -1.0 * noise_floor"\n')
     registered = bars.register(nb, SESSION, bars.load(tmp_path / "bars.toml"))
     served = Decoding(system_prompt=SYSTEM, temperature=1.0, top_p=0.95, max_new_tokens=12, stop_token_ids=(3,))
-    launcher = Launcher(nb, SESSION, ExecutorSection(kind="local", time_limit_min=10), tmp_path / "jobs")
+    launcher = Launcher.from_section(nb, SESSION, ExecutorSection(kind="local", time_limit_min=10), tmp_path / "jobs")
     suites = (SuiteSpec(name="digits", scorer="synthetic", items_path=suite_file),)
     incumbent = nb.add_artifact(kind="checkpoint", name="parent", path=str(parent), sha256=weights_sha256(parent),
                                 session=SESSION)

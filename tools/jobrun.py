@@ -7,7 +7,14 @@ Each run of a job appends to `<job folder>/<job id>_events.jsonl`: `start` (time
 `checkpoint` (time, reason preempted|timeout) when requeued, or `end` (time, ok). The launcher
 turns these into attempt rows and local wall-time costs. A run's start is its worker process's
 start, not the moment the job function is reached: the executor's time limit counts from there,
-and imports take seconds on a loaded machine (Linux: read from /proc).
+and imports take seconds on a loaded machine (Linux: read from /proc). In a job of several tasks
+(one process per GPU) rank 0 writes the events: all ranks start and stop together.
+
+Before the job function runs, the wrapper exports the torch.distributed rendezvous (RANK,
+WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT; read from submitit's job
+environment, torchrun-style) and turns off NVLink multicast/NVLS (NCCL_NVLS_ENABLE=0,
+TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1), so a trainer only calls
+`torch.distributed.init_process_group()`.
 """
 
 from __future__ import annotations
@@ -21,8 +28,29 @@ from pathlib import Path
 from typing import Any
 
 import submitit
+from submitit.core.utils import JobPaths
 
 HEARTBEAT_S = 1.0  # seconds between touches of a local run's heartbeat file
+# NVLink multicast (NVLS / symmetric memory) is off on every job: the clusters this lab runs on do
+# not all support it, and NCCL then fails at init or hangs instead of falling back.
+NO_MULTICAST_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+class RunPaths(JobPaths):
+    """submitit's paths of one job (`JobPaths`), plus the files the wrapper and the launcher add."""
+
+    @property
+    def events(self) -> Path:
+        return self.folder / f"{self.job_id}_events.jsonl"
+
+    @property
+    def heartbeat(self) -> Path:
+        return self.folder / f"{self.job_id}_heartbeat"
+
+    @property
+    def cancelled(self) -> Path:
+        """Marker the launcher writes before cancelling, so that any later observer reads a cancel."""
+        return self.folder / f"{self.job_id}_cancelled"
 
 
 class RunInterrupted(Exception):
@@ -36,13 +64,21 @@ class Resumable(submitit.helpers.Checkpointable):
     limit) or a preemption, and requeues the same call unless the job used up `max_requeues`.
     """
 
-    def __init__(self, fn: Callable[[Any], Any], time_limit_s: float, signal_delay_s: float, max_requeues: int):
+    def __init__(self, fn: Callable[[Any], Any], time_limit_s: float, signal_delay_s: float, max_requeues: int,
+                 env: dict[str, str] | None = None):
         self.fn, self.time_limit_s, self.signal_delay_s = fn, time_limit_s, signal_delay_s
         self.max_requeues = max_requeues
+        self.env = dict(env or {})  # set on the worker before the rendezvous is read (local: MASTER_ADDR/PORT)
         self._started = 0.0
 
     def __call__(self, config: Any) -> Any:
         self._started = process_started_at()
+        for name in ("MASTER_ADDR", "MASTER_PORT"):  # never a rendezvous inherited from the agent's environment
+            os.environ.pop(name, None)
+        os.environ.update({**self.env, **NO_MULTICAST_ENV})
+        os.environ.update(distributed_env())
+        if submitit.JobEnvironment().global_rank != 0:
+            return self.fn(config)
         _append_event({"event": "start", "t": self._started, "pid": os.getpid()})
         stop = threading.Event()
         if submitit.JobEnvironment().cluster == "local":
@@ -68,6 +104,20 @@ class Resumable(submitit.helpers.Checkpointable):
         return submitit.helpers.DelayedSubmission(self, config)
 
 
+def distributed_env() -> dict[str, str]:
+    """torchrun's variables for this task, from submitit's job environment (Slurm or local).
+
+    The rendezvous host is the job's first node (`TorchDistributedEnvironment`) and its port is
+    derived from the job id, the same on every rank; MASTER_ADDR and MASTER_PORT set by the
+    wrapper win (the local backend's 127.0.0.1 and a port that was free at submission)."""
+    dist = submitit.helpers.TorchDistributedEnvironment()
+    return {
+        "RANK": str(dist.rank), "WORLD_SIZE": str(dist.world_size), "LOCAL_RANK": str(dist.local_rank),
+        "LOCAL_WORLD_SIZE": str(dist.local_world_size),
+        "MASTER_ADDR": os.environ.get("MASTER_ADDR", dist.master_addr), "MASTER_PORT": str(dist.master_port),
+    }
+
+
 def process_started_at() -> float:
     """Epoch seconds when this process started (10 ms resolution), from /proc's clock ticks since boot."""
     ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])  # field 22, starttime
@@ -90,14 +140,18 @@ def _heartbeat(stop: threading.Event) -> None:
     writes no end event; the last heartbeat dates its end to within HEARTBEAT_S, so the launcher
     can tell a run killed at its limit from one that died early, and charge its real wall time.
     Slurm's accounting knows both already."""
-    path = _events_path().with_name(f"{submitit.JobEnvironment().job_id}_heartbeat")
+    path = _run_paths().heartbeat
     while not stop.wait(HEARTBEAT_S):
         path.touch()
 
 
-def _events_path() -> Path:
+def _run_paths() -> RunPaths:
     env = submitit.JobEnvironment()
-    return env.paths.folder / f"{env.job_id}_events.jsonl"
+    return RunPaths(env.paths.folder, env.job_id)
+
+
+def _events_path() -> Path:
+    return _run_paths().events
 
 
 def _append_event(event: dict[str, Any]) -> None:

@@ -1,48 +1,60 @@
 """The job launcher: submit a job function through submitit (local subprocesses or Slurm), with
 idempotency keys, budget admission, GPU-hour settlement and failure handling, all in the notebook.
 
-    launcher = Launcher(notebook, session="s1", executor=ExecutorSection(kind="local"), root=Path("lab/jobs"))
+    launcher = Launcher.from_section(notebook, "s1", ExecutorSection(kind="local"), Path("lab/jobs"))
     job = launcher.submit("sft", trainers.sft.train, SFTConfig(...), Resources(time_limit_min=60, gpus=1))
     result = job.result()          # a TrainResult, or raises JobFailed with the failure class
+    key = job.key                  # all a resumed agent needs to keep: launcher.attach(key) is the same job
 
 What happens, in order (DESIGN.md invariants 5 and 6):
 1. The key is sha256(kind + function + session + canonical args). A key already in the notebook is
    re-attached by its external id (pending/running), read back (completed) or reported (failed):
-   a job is never submitted twice, also after the agent was killed and resumed.
+   a job is never submitted twice, also after the agent was killed and resumed. Each job row names
+   its function and result model ("module:qualname"), so `attach(key)` rebuilds the handle from
+   the notebook alone.
 2. Admission: the forecast (declared estimate, else measured throughput of earlier jobs of the same
    kind and model, else the time-limit bound) plus spent plus reserved plus the session's reserve
    must fit the budget; otherwise a `refuse` decision is recorded and `BudgetRefused` raised.
 3. The attempt row (state pending, forecast reserved) and a `launch` decision are written, then the
-   job is submitted. Every job runs inside `Resumable`, a submitit Checkpointable: on the
-   preemption/timeout signal it is requeued in place and the function is called again with the
-   same config (trainers resume from their output directory).
+   job is submitted. Every job runs inside `Resumable` (tools/jobrun.py), a submitit Checkpointable:
+   on the preemption/timeout signal it is requeued in place and the function is called again with
+   the same config (trainers resume from their output directory). A job runs `tasks` processes
+   (one per GPU by default) with the torch.distributed rendezvous exported.
 4. Each run of the job is one attempt row with its own settled cost: Slurm `sacct` elapsed times
-   allocated GPUs, or local wall time times devices (CPU-only counts as one device). A failed run
-   is classified (tools/failures.py) and the policy applied (requeue, OOM retry, or record).
+   allocated GPUs, or local wall time times devices (a CPU-only job counts one device per process).
+   The row keeps the measured device-seconds and the GPU-hours charged for them: the same number
+   (/3600) unless the lab declares a simulated cost (the toy world's `simulated_gpuh_per_device_s`,
+   local executor only), then `charge = 'simulated'`. A failed run is classified
+   (tools/failures.py) and the policy applied (requeue, OOM retry, or record).
 """
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import math
 import os
 import re
 import signal
+import socket
 import subprocess
 import time
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Generic, Literal, Protocol, TypeVar
 
 import submitit
 from pydantic import BaseModel, ConfigDict, Field, model_validator
-from submitit.core.utils import FailedJobError, UncompletedJobError
+from submitit.core.utils import FailedJobError, JobPaths, UncompletedJobError
 
 from memory.notebook import JobRecord, Notebook, now, tool_call_key
-from tools.executor import ExecutorSection
+from memory.records import BudgetRefusal, FailPayload, LaunchPayload
+from tools.executor import ExecutorSection, SlurmSection
 from tools.failures import Failure, classify, decide, smaller_batch_config
-from tools.jobrun import Resumable, near_time_limit, read_events
+from tools.jobrun import Resumable, RunPaths, near_time_limit, read_events
 
 R = TypeVar("R", bound=BaseModel)
 C = TypeVar("C", bound=BaseModel)
@@ -78,7 +90,11 @@ class Resources(BaseModel):
 
     time_limit_min: float = Field(gt=0, description="Wall-clock limit of one run in minutes (Slurm rounds up to whole minutes).")
     gpus: int | None = Field(None, ge=0, description="GPUs; None takes the executor's default (local: 0, Slurm: gpus_per_node).")
-    cpus: int | None = Field(None, ge=1, description="CPUs on Slurm; None takes the executor's default.")
+    tasks: int | None = Field(
+        None, ge=1, description="Processes of the job on its one node, each with its torch.distributed rank; "
+        "None: one per GPU (one for a CPU-only job).",
+    )
+    cpus: int | None = Field(None, ge=1, description="CPUs per task on Slurm; None takes the executor's default.")
     mem_gb: int | None = Field(None, ge=1, description="Memory in GB on Slurm; None takes the executor's default.")
     estimate_gpuh: float | None = Field(None, ge=0, description="Declared forecast in GPU-hours; wins over measured throughput.")
     model: str | None = Field(None, description="Model the job works on; earlier jobs of the same kind and model give throughput.")
@@ -105,8 +121,23 @@ class Run(BaseModel):
     started: float | None = Field(description="Epoch seconds the run started; None while pending.")
     ended: float | None = Field(description="Epoch seconds the run ended; None while pending or running.")
     elapsed_s: float = Field(description="Seconds the run held its allocation.")
-    devices: int = Field(description="Devices charged: allocated GPUs, at least one.")
+    devices: int = Field(description="Devices charged: allocated GPUs, else one per process.")
     exit_code: int | None = Field(description="Exit code when the executor reports one.")
+
+
+class Charge(BaseModel):
+    """What a run (or a forecast) costs in the ledger's units."""
+
+    model_config = ConfigDict(frozen=True)
+
+    device_seconds: float = Field(description="Measured seconds held times devices.")
+    gpu_hours: float = Field(description="GPU-hours charged for them.")
+    charge: Literal["measured", "simulated"] = Field(
+        description="measured: device-seconds / 3600; simulated: device-seconds times the lab's declared factor.")
+
+
+def measured(device_seconds: float) -> Charge:
+    return Charge(device_seconds=device_seconds, gpu_hours=device_seconds / 3600, charge="measured")
 
 
 class Backend(Protocol):
@@ -116,40 +147,66 @@ class Backend(Protocol):
 
     def executor(self, folder: Path, kind: str, resources: Resources) -> submitit.core.core.PicklingExecutor: ...
 
+    def worker_env(self) -> dict[str, str]: ...
+
     def runs(self, job_id: str, folder: Path, resources: Resources) -> list[Run]: ...
 
     def devices(self, resources: Resources) -> int: ...
+
+    def tasks(self, resources: Resources) -> int: ...
+
+    def charge(self, device_seconds: float) -> Charge: ...
+
+    def job(self, folder: Path, job_id: str, task: int) -> submitit.Job[Any]: ...
 
     def cancel(self, job_id: str, folder: Path) -> None: ...
 
 
 class LocalBackend:
-    """submitit's LocalExecutor: real subprocesses on this machine, which outlive the agent."""
+    """submitit's LocalExecutor: real subprocesses on this machine, which outlive the agent.
+
+    `simulated_gpuh_per_device_s` (the toy world's cost model): each run is charged its measured
+    device-seconds times this factor, and marked simulated; None charges measured GPU-hours."""
 
     name: Literal["local"] = "local"
 
-    def __init__(self) -> None:
-        self._procs: dict[str, subprocess.Popen[bytes]] = {}
+    def __init__(self, simulated_gpuh_per_device_s: float | None = None) -> None:
+        self.simulated_gpuh_per_device_s = simulated_gpuh_per_device_s
 
     def executor(self, folder: Path, kind: str, resources: Resources) -> submitit.LocalExecutor:
         ex = submitit.LocalExecutor(folder=folder, max_num_timeout=_NO_SUBMITIT_LIMIT)
         ex.update_parameters(timeout_min=resources.time_limit_min, gpus_per_node=resources.gpus or 0,
-                             signal_delay_s=resources.signal_delay_s)
+                             tasks_per_node=self.tasks(resources), signal_delay_s=resources.signal_delay_s)
         return ex
 
-    def devices(self, resources: Resources) -> int:
-        return max(1, resources.gpus or 0)
+    def worker_env(self) -> dict[str, str]:
+        # torchrun's single-node rendezvous: loopback and a port free now (the workers bind it seconds later).
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        return {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
 
-    def track(self, job: submitit.local.local.LocalJob[Any]) -> None:
-        # Our own child: keep its Popen so that polling reaps it (no zombie) and reads its status.
-        self._procs[job.job_id] = job._process
+    def tasks(self, resources: Resources) -> int:
+        return resources.tasks or max(1, resources.gpus or 0)
+
+    def devices(self, resources: Resources) -> int:
+        return resources.gpus or self.tasks(resources)
+
+    def charge(self, device_seconds: float) -> Charge:
+        if self.simulated_gpuh_per_device_s is None:
+            return measured(device_seconds)
+        return Charge(device_seconds=device_seconds, gpu_hours=device_seconds * self.simulated_gpuh_per_device_s,
+                      charge="simulated")
+
+    def job(self, folder: Path, job_id: str, task: int) -> submitit.Job[Any]:
+        return submitit.local.local.LocalJob(folder=folder, job_id=job_id, tasks=(task,))
 
     def runs(self, job_id: str, folder: Path, resources: Resources) -> list[Run]:
-        devices = self.devices(resources)
+        devices, paths = self.devices(resources), RunPaths(folder, job_id)
         # Liveness before the events: a worker that ends between the two reads then still counts as
         # alive for this poll, instead of as killed mid-run with its end event unread.
-        alive = self._alive(job_id, folder)
-        runs, start = _runs_from_events(read_events(folder / f"{job_id}_events.jsonl"), devices)
+        alive = _controller_alive(int(job_id), folder)
+        runs, start = _runs_from_events(read_events(paths.events), devices)
         if alive:
             if start is not None:
                 runs.append(Run(state="RUNNING", started=start, ended=None, elapsed_s=time.time() - start,
@@ -162,35 +219,29 @@ class LocalBackend:
                                 exit_code=None))
         elif start is not None:  # killed from outside mid-run (cancel, time limit, OOM killer)
             end = _last_write(folder, job_id)
-            runs.append(Run(state=self._death_state(job_id, folder, end - start, resources), started=start,
+            runs.append(Run(state=self._death_state(paths, end - start, resources), started=start,
                             ended=end, elapsed_s=end - start, devices=devices, exit_code=None))
         elif not runs or runs[-1].state == "REQUEUED":  # died before the function started
-            runs.append(Run(state=self._death_state(job_id, folder, 0.0, resources), started=None, ended=None,
+            runs.append(Run(state=self._death_state(paths, 0.0, resources), started=None, ended=None,
                             elapsed_s=0.0, devices=devices, exit_code=None))
-        elif runs[-1].state == "FAILED" and not (folder / f"{job_id}_0_result.pkl").exists():
+        elif runs[-1].state == "FAILED" and not paths.result_pickle.exists():
             # Interrupted from outside (a cancel, or the controller's kill at the time limit): the
             # function logged its end as a failure but the worker never got to pickle an outcome.
-            state = self._death_state(job_id, folder, runs[-1].elapsed_s, resources)
+            state = self._death_state(paths, runs[-1].elapsed_s, resources)
             runs[-1] = runs[-1].model_copy(update={"state": state})
         return runs
 
-    def _death_state(self, job_id: str, folder: Path, elapsed_s: float, resources: Resources) -> str:
-        if (folder / f"{job_id}_cancelled").exists():
+    def _death_state(self, paths: RunPaths, elapsed_s: float, resources: Resources) -> str:
+        if paths.cancelled.exists():
             return "CANCELLED"
         if elapsed_s >= resources.time_limit_min * 60 - _SLACK_S:
             return "TIMEOUT"
         return "FAILED"
 
-    def _alive(self, job_id: str, folder: Path) -> bool:
-        proc = self._procs.get(job_id)
-        if proc is not None:
-            return proc.poll() is None
-        return _controller_alive(int(job_id), folder)
-
     def cancel(self, job_id: str, folder: Path) -> None:
         # The marker tells any later observer (also a resumed agent) that the end was a cancel.
-        (folder / f"{job_id}_cancelled").touch()
-        if not self._alive(job_id, folder):
+        RunPaths(folder, job_id).cancelled.touch()
+        if not _controller_alive(int(job_id), folder):
             return
         if not _ignores_sigint(int(job_id)):
             # submitit's local controller stops its tasks on SIGINT (SIGINT, then SIGKILL after 1 s).
@@ -217,7 +268,14 @@ def _runs_from_events(events: list[dict[str, Any]], devices: int) -> tuple[list[
 
 
 def _controller_alive(pid: int, folder: Path) -> bool:
-    """Whether `pid` is a live submitit local controller of `folder` (not a reused pid, not a zombie)."""
+    """Whether `pid` is a live submitit local controller of `folder` (not a reused pid, not a zombie).
+
+    A controller this process started is reaped here once it exited: its Popen object is gone with
+    the submitit job that held it, and a resumed agent is not its parent (then there is nothing to reap)."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass  # not our child: init (or a subreaper) reaps it
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
@@ -254,33 +312,56 @@ def _last_write(folder: Path, job_id: str) -> float:
 
 
 class SlurmBackend:
-    """submitit's SlurmExecutor; run states and elapsed times come from `sacct` (slurmdbd accounting)."""
+    """submitit's SlurmExecutor; run states and elapsed times come from `sacct` (slurmdbd accounting).
+
+    A job asks for one node with `tasks` processes (one per GPU by default), each with
+    `cpus_per_task` CPUs; it is charged the GPUs sacct reports allocated (AllocTRES gres/gpu)."""
 
     name: Literal["slurm"] = "slurm"
 
-    def __init__(self, section: ExecutorSection):
-        if section.slurm is None:
-            raise ValueError("executor.kind = 'slurm' needs an [executor.slurm] section")
-        self.slurm = section.slurm
+    def __init__(self, partition: str, *, account: str | None = None, qos: str | None = None, gpus_per_node: int = 1,
+                 cpus_per_task: int = 8, mem_gb: int = 64, extra_sbatch: Sequence[str] = ()):
+        self.partition, self.account, self.qos = partition, account, qos
+        self.gpus_per_node, self.cpus_per_task, self.mem_gb = gpus_per_node, cpus_per_task, mem_gb
+        self.additional_parameters = _sbatch_lines(list(extra_sbatch))
+
+    @classmethod
+    def from_section(cls, section: SlurmSection) -> SlurmBackend:
+        return cls(section.partition, account=section.account, qos=section.qos, gpus_per_node=section.gpus_per_node,
+                   cpus_per_task=section.cpus_per_task, mem_gb=section.mem_gb, extra_sbatch=section.extra_sbatch)
 
     def executor(self, folder: Path, kind: str, resources: Resources) -> submitit.SlurmExecutor:
-        s = self.slurm
         ex = submitit.SlurmExecutor(folder=folder, max_num_timeout=_NO_SUBMITIT_LIMIT)
         params: dict[str, Any] = {
-            "job_name": kind, "partition": s.partition, "time": math.ceil(resources.time_limit_min),
-            "gpus_per_node": s.gpus_per_node if resources.gpus is None else resources.gpus,
-            "cpus_per_task": resources.cpus or s.cpus_per_task, "mem": f"{resources.mem_gb or s.mem_gb}GB",
-            "signal_delay_s": resources.signal_delay_s, "additional_parameters": _sbatch_lines(s.extra_sbatch),
+            "job_name": kind, "partition": self.partition, "time": math.ceil(resources.time_limit_min),
+            "nodes": 1, "gpus_per_node": self._gpus(resources), "ntasks_per_node": self.tasks(resources),
+            "cpus_per_task": resources.cpus or self.cpus_per_task, "mem": f"{resources.mem_gb or self.mem_gb}GB",
+            "signal_delay_s": resources.signal_delay_s, "additional_parameters": dict(self.additional_parameters),
         }
-        if s.account:
-            params["account"] = s.account
-        if s.qos:
-            params["qos"] = s.qos
+        if self.account:
+            params["account"] = self.account
+        if self.qos:
+            params["qos"] = self.qos
         ex.update_parameters(**params)
         return ex
 
+    def worker_env(self) -> dict[str, str]:
+        return {}  # the rendezvous is read on the node from Slurm's environment (tools/jobrun.py)
+
+    def _gpus(self, resources: Resources) -> int:
+        return self.gpus_per_node if resources.gpus is None else resources.gpus
+
+    def tasks(self, resources: Resources) -> int:
+        return resources.tasks or max(1, self._gpus(resources))
+
     def devices(self, resources: Resources) -> int:
-        return max(1, self.slurm.gpus_per_node if resources.gpus is None else resources.gpus)
+        return self._gpus(resources) or self.tasks(resources)
+
+    def charge(self, device_seconds: float) -> Charge:
+        return measured(device_seconds)
+
+    def job(self, folder: Path, job_id: str, task: int) -> submitit.Job[Any]:
+        return submitit.SlurmJob(folder=folder, job_id=job_id, tasks=(task,))
 
     def runs(self, job_id: str, folder: Path, resources: Resources) -> list[Run]:
         out = subprocess.run(
@@ -288,7 +369,7 @@ class SlurmBackend:
              "-o", "State,ElapsedRaw,AllocTRES,Start,End,ExitCode"],
             check=True, capture_output=True, text=True, timeout=60,
         ).stdout
-        runs = [_sacct_run(line) for line in out.splitlines() if line.strip()]
+        runs = [_sacct_run(line, self.tasks(resources)) for line in out.splitlines() if line.strip()]
         # Just after sbatch the accounting record may not exist yet: the job is pending.
         return runs or [Run(state="PENDING", started=None, ended=None, elapsed_s=0.0, devices=1, exit_code=None)]
 
@@ -296,11 +377,11 @@ class SlurmBackend:
         subprocess.run(["scancel", job_id], check=True, timeout=60)
 
 
-def _sacct_run(line: str) -> Run:
+def _sacct_run(line: str, tasks: int) -> Run:
     state, elapsed, tres, start, end, exit_code = line.split("|")
     gpus = re.search(r"gres/gpu=(\d+)", tres)
     return Run(state=state.split()[0], started=_sacct_time(start), ended=_sacct_time(end),
-               elapsed_s=float(elapsed or 0), devices=max(1, int(gpus.group(1)) if gpus else 0),
+               elapsed_s=float(elapsed or 0), devices=int(gpus.group(1)) if gpus else tasks,
                exit_code=int(exit_code.split(":")[0]) if exit_code else None)
 
 
@@ -321,40 +402,141 @@ def _sbatch_lines(lines: list[str]) -> dict[str, Any]:
 
 
 def make_backend(section: ExecutorSection) -> Backend:
-    return SlurmBackend(section) if section.kind == "slurm" else LocalBackend()
+    """The backend of a lab's `[executor]` section."""
+    if section.kind == "slurm":
+        assert section.slurm is not None, "ExecutorSection validates that kind = 'slurm' has a slurm section"
+        return SlurmBackend.from_section(section.slurm)
+    return LocalBackend(section.simulated_gpuh_per_device_s)
+
+
+# ---- what the notebook keeps of a job, and rebuilding it ---------------------------------------
+
+def import_path(obj: Callable[..., Any] | type) -> str:
+    """'module:qualname' of a module-level function or class."""
+    return f"{obj.__module__}:{obj.__qualname__}"
+
+
+def resolve(path: str) -> Any:
+    """The object an `import_path` names."""
+    module, _, qualname = path.partition(":")
+    obj: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+@dataclass(frozen=True)
+class _Spec:
+    """Everything needed to (re)submit and read back one keyed job; rebuilt from its rows by `attach`."""
+
+    kind: str
+    fn: Callable[[Any], Any]
+    args: BaseModel
+    resources: Resources
+    result_type: type[BaseModel]
+
+
+def _spec_of_call(kind: str, fn: Callable[..., Any], args: BaseModel, resources: Resources) -> _Spec:
+    """Check that `fn` is a job `attach` can rebuild: importable, one pydantic config in, a pydantic model out."""
+    name = f"{fn.__module__}.{fn.__qualname__}"
+    hints = typing.get_type_hints(fn)
+    result_type = hints.get("return")
+    if not (isinstance(result_type, type) and issubclass(result_type, BaseModel)):
+        raise TypeError(f"{name} must be annotated to return a pydantic model")
+    params = list(inspect.signature(fn).parameters)
+    config_type = hints.get(params[0]) if len(params) == 1 else None
+    if not (isinstance(config_type, type) and isinstance(args, config_type)):
+        raise TypeError(f"{name} must take one argument annotated with the config's type {type(args).__name__}")
+    try:
+        importable = resolve(import_path(fn)) is fn
+    except (ImportError, AttributeError):
+        importable = False
+    if not importable or fn.__module__ == "__main__":
+        raise TypeError(f"{name} must be a module-level function of an importable module "
+                        "(a resumed agent re-imports it as module:qualname)")
+    return _Spec(kind, fn, args, resources, result_type)
+
+
+def _spec_of_record(first: JobRecord) -> _Spec:
+    """The spec stored with a job's first attempt: its function, result model, resources and config."""
+    if first.fn is None or first.result_type is None:
+        raise LookupError(f"job {first.key[:12]} was recorded before jobs named their function; "
+                          "submit it again with its function to re-attach")
+    fn = resolve(first.fn)
+    hints = typing.get_type_hints(fn)
+    config_type = hints[next(iter(inspect.signature(fn).parameters))]
+    stored = dict(first.resources)
+    args = config_type.model_validate(stored.pop("args"))
+    return _Spec(first.kind, fn, args, Resources.model_validate(stored), resolve(first.result_type))
 
 
 # ---- the launcher ------------------------------------------------------------------------------
 
 class Forecast(BaseModel):
-    gpuh: float = Field(description="Forecast GPU-hours of the job.")
+    gpuh: float = Field(description="Forecast GPU-hours of the job, in the units the ledger charges.")
     source: Literal["declared", "throughput", "time_limit"] = Field(description="Where the forecast came from.")
 
 
 class Launcher:
-    """Submits jobs for one session of one notebook; see the module docstring."""
+    """Submits, re-attaches and settles jobs for one session of one notebook; see the module docstring."""
 
-    def __init__(self, notebook: Notebook, session: str, executor: ExecutorSection, root: Path,
-                 poll_s: float | None = None):
-        self.nb, self.session, self.root = notebook, session, Path(root)
-        self.backend = make_backend(executor)
+    def __init__(self, notebook: Notebook, session: str, backend: Backend, root: Path, *, poll_s: float | None = None):
+        self.nb, self.session, self.backend, self.root = notebook, session, backend, Path(root)
         # Each Slurm poll is one sacct call through slurmdbd: keep it gentle on a shared cluster.
-        self.poll_s = poll_s if poll_s is not None else (2.0 if executor.kind == "slurm" else 0.25)
+        self.poll_s = poll_s if poll_s is not None else (2.0 if backend.name == "slurm" else 0.25)
+        self._specs: dict[str, _Spec] = {}
+
+    @classmethod
+    def from_section(cls, notebook: Notebook, session: str, section: ExecutorSection, root: Path,
+                     *, poll_s: float | None = None) -> Launcher:
+        """The launcher of a lab's `[executor]` section."""
+        return cls(notebook, session, make_backend(section), root, poll_s=poll_s)
+
+    # -- handles ---------------------------------------------------------------------------------
 
     def submit(self, kind: str, fn: Callable[[C], R], args: C, resources: Resources) -> Job[R]:
         """Submit `fn(args)` once per (kind, fn, session, args); later calls re-attach to it."""
+        spec = _spec_of_call(kind, fn, args, resources)
         key = self.key(kind, fn, args)
-        job: Job[R] = Job(self, key, kind, fn, args, resources, _result_type(fn))
         if self.nb.get_job(key) is None:
-            job._launch(attempt=1, reason="new job")
-        else:
-            job._recover_submission()
-        return job
+            self._specs[key] = spec
+            self._launch(key, spec, attempt=1, reason="new job")
+            job: Job[R] = Job(self, key, spec.result_type)
+            return job
+        self._specs.setdefault(key, spec)  # a row from before jobs named their function has only this
+        return self.attach(key)
+
+    def attach(self, key: str) -> Job[Any]:
+        """The handle of a recorded job, from the notebook alone (a resumed agent keeps only keys).
+
+        Finishes what a crash interrupted: an attempt recorded but never submitted is submitted, a
+        submission whose id was not stored is adopted by its files, a failure settled but not yet
+        followed up gets its policy applied. Never submits a job the executor already has."""
+        first = self.nb.get_job(key, 1)
+        if first is None or first.session != self.session:
+            raise LookupError(f"no job {key[:12]} in session {self.session!r} of {self.nb.path}")
+        if first.executor != self.backend.name:
+            raise LookupError(f"job {key[:12]} ran on the {first.executor} executor; this launcher is {self.backend.name}")
+        spec = self._spec(key)
+        self._recover(key, spec)
+        return Job(self, key, spec.result_type)
 
     def key(self, kind: str, fn: Callable[..., Any], args: BaseModel) -> str:
         """Idempotency key: the tool (kind and function) and the canonical args, within this session."""
         return tool_call_key(f"{kind}:{fn.__module__}.{fn.__qualname__}",
                              {"session": self.session, "args": args.model_dump(mode="json")})
+
+    def attempts(self, key: str) -> list[JobRecord]:
+        return self.nb.jobs(session=self.session, key=key)
+
+    def _spec(self, key: str) -> _Spec:
+        if key not in self._specs:
+            first = self.nb.get_job(key, 1)
+            assert first is not None, "specs are looked up for recorded keys only"
+            self._specs[key] = _spec_of_record(first)
+        return self._specs[key]
+
+    # -- admission -------------------------------------------------------------------------------
 
     def forecast(self, kind: str, resources: Resources) -> Forecast:
         if resources.estimate_gpuh is not None:
@@ -362,10 +544,10 @@ class Launcher:
         rate = self._throughput(kind, resources.model)
         if rate is not None and resources.work_units is not None:
             return Forecast(gpuh=resources.work_units / rate, source="throughput")
-        # The most one run can cost: its whole time limit on all its devices. Requeues and retries
-        # are forecast (and admitted) again when they happen.
-        devices = self.backend.devices(resources)
-        return Forecast(gpuh=resources.time_limit_min / 60 * devices, source="time_limit")
+        # The most one run can cost: its whole time limit on all its devices, charged as runs are.
+        # Requeues and retries are forecast (and admitted) again when they happen.
+        device_seconds = resources.time_limit_min * 60 * self.backend.devices(resources)
+        return Forecast(gpuh=self.backend.charge(device_seconds).gpu_hours, source="time_limit")
 
     def _throughput(self, kind: str, model: str | None) -> float | None:
         """Work units per GPU-hour over completed earlier jobs of this kind and model (all attempts count)."""
@@ -375,45 +557,204 @@ class Launcher:
         hours = sum(j.gpu_hours or 0.0 for j in attempts if j.key in done)
         return units / hours if units and hours else None
 
+    def _launch(self, key: str, spec: _Spec, attempt: int, reason: str) -> None:
+        """Admission, then the attempt row and the launch decision, then the submission."""
+        args = self._attempt_args(key, spec)
+        forecast = self.forecast(spec.kind, spec.resources)
+        payload = LaunchPayload(key=key, kind=spec.kind, attempt=attempt, forecast_gpuh=forecast.gpuh,
+                                forecast_source=forecast.source, executor=self.backend.name)
+        ledger = self.nb.ledger(self.session)
+        if not ledger.admits(forecast.gpuh):
+            self.nb.record_decision(self.session, "refuse", f"{spec.kind} would overrun the budget: forecast "
+                                    f"{forecast.gpuh:.3f} + spent {ledger.spent_gpuh:.3f} + reserved "
+                                    f"{ledger.reserved_gpuh:.3f} + reserve {ledger.reserve_gpuh:.3f} > budget "
+                                    f"{ledger.budget_gpuh:.3f} GPU-h", BudgetRefusal(**payload.model_dump()))
+            raise BudgetRefused(f"{spec.kind}: forecast {forecast.gpuh:.3f} GPU-h does not fit; "
+                                f"{ledger.left_gpuh - ledger.reserve_gpuh:.3f} GPU-h left above the reserve")
+        folder = self.root / f"{key[:16]}-{attempt}"
+        resources = {**spec.resources.model_dump(mode="json"), "args": args.model_dump(mode="json")}
+        # The row and its decision together; the submission after them (a crash in between is
+        # recovered by `attach`: the row says what to submit).
+        with self.nb.transaction():
+            self.nb.start_job(key, session=self.session, kind=spec.kind, executor=self.backend.name,
+                              resources=resources, forecast_gpuh=forecast.gpuh, attempt=attempt,
+                              folder=str(folder), fn=import_path(spec.fn), result_type=import_path(spec.result_type))
+            self.nb.record_decision(self.session, "launch", f"{spec.kind}: {reason}", payload)
+        self._submit(key, spec, folder, attempt, args)
 
-def _result_type(fn: Callable[..., Any]) -> type[BaseModel]:
-    hint = typing.get_type_hints(fn).get("return")
-    if not (isinstance(hint, type) and issubclass(hint, BaseModel)):
-        raise TypeError(f"{fn.__module__}.{fn.__qualname__} must be annotated to return a pydantic model")
-    return hint
+    def _submit(self, key: str, spec: _Spec, folder: Path, attempt: int, args: BaseModel) -> None:
+        ex = self.backend.executor(folder, spec.kind, spec.resources)
+        # Requeues are counted over the whole job: a resubmission (after a job raised 'preempted:')
+        # may requeue in place only as often as the earlier attempts left.
+        used = sum(1 for a in self.attempts(key) if a.attempt < attempt and a.failure_class in _REQUEUED_CLASSES)
+        wrapped = Resumable(spec.fn, spec.resources.time_limit_min * 60, spec.resources.signal_delay_s,
+                            max(0, spec.resources.max_requeues - used), env=self.backend.worker_env())
+        sub = ex.submit(wrapped, args)
+        self.nb.update_job(key, attempt, external_id=sub.job_id, log_path=str(sub.paths.stderr))
+
+    def _attempt_args(self, key: str, spec: _Spec) -> BaseModel:
+        """The config of the next attempt: the smaller-batch config once an earlier attempt ran out of memory."""
+        if any(a.failure_class == "oom" for a in self.attempts(key)):
+            smaller = smaller_batch_config(spec.args)
+            assert smaller is not None, "an OOM retry is only decided when the config can shrink"
+            return smaller
+        return spec.args
+
+    def _recover(self, key: str, spec: _Spec) -> None:
+        """After a crash: finish the failure policy of an attempt settled as failed but not followed
+        up; find an attempt recorded but not yet submitted by its files, else submit it."""
+        record = self._record(key)
+        if record.state == "failed" and not self._policy_applied(key, record):
+            failure = Failure(failure_class=record.failure_class, detail=record.failure_detail or "")
+            self._apply_policy(key, spec, record, failure)
+            return
+        if record.external_id or record.state != "pending":
+            return
+        folder = Path(record.folder or "")
+        # submitit names the pickle after the job id it got: read the id back from the file name.
+        pattern = JobPaths(folder, job_id="*").submitted_pickle
+        found = sorted(folder.glob(pattern.name))
+        if found:
+            job_id = found[0].name.removesuffix(pattern.name.removeprefix("*"))
+            self.nb.update_job(key, record.attempt, external_id=job_id)
+        else:
+            self._submit(key, spec, folder, record.attempt, self._attempt_args(key, spec))
+
+    def _policy_applied(self, key: str, record: JobRecord) -> bool:
+        """Whether a failed last attempt was followed up: a later attempt exists (then it is not the
+        last) or a `fail` decision names it."""
+        return any(isinstance(d.payload, FailPayload) and (d.payload.key, d.payload.attempt) == (key, record.attempt)
+                   for d in self.nb.decisions(self.session, kind="fail"))
+
+    def _record(self, key: str) -> JobRecord:
+        record = self.nb.get_job(key)
+        assert record is not None, "a Job handle exists only for a recorded key"
+        return record
+
+    # -- observing and settling ------------------------------------------------------------------
+
+    def poll(self, key: str) -> JobRecord:
+        """Bring the notebook up to date with the executor; apply the failure policy once per attempt."""
+        record = self._record(key)
+        if record.state in {"completed", "failed"} or not record.external_id:
+            return record
+        spec, folder = self._spec(key), Path(record.folder or "")
+        runs = self.backend.runs(record.external_id, folder, spec.resources)
+        record = self._close_requeued_runs(key, spec, record, runs)
+        last = runs[-1]
+        if last.state == "RUNNING" and record.state != "running":
+            return self.nb.update_job(key, record.attempt, state="running", started_at=_iso(last.started))
+        if last.state not in _FINAL_STATES:  # pending, running, requeued, suspended, ...
+            return record
+        return self._settle(key, spec, record, last, folder)
+
+    def cancel(self, key: str) -> None:
+        record = self._record(key)
+        if record.external_id and record.state in {"pending", "running"}:
+            self.backend.cancel(record.external_id, Path(record.folder or ""))
+
+    def _cost(self, run: Run) -> dict[str, Any]:
+        charge = self.backend.charge(run.elapsed_s * run.devices)
+        return {"started_at": _iso(run.started), "ended_at": _iso(run.ended) or now(),
+                "gpu_hours": charge.gpu_hours, "device_seconds": charge.device_seconds, "charge": charge.charge}
+
+    def _close_requeued_runs(self, key: str, spec: _Spec, record: JobRecord, runs: list[Run]) -> JobRecord:
+        """Runs before the last one were requeued: each gets (or already has) its own attempt row."""
+        same = [a for a in self.attempts(key) if a.external_id == record.external_id]
+        events = read_events(RunPaths(Path(record.folder or ""), record.external_id).events)
+        reasons = [e["reason"] for e in events if e["event"] == "checkpoint"]
+        for i in range(len(same) - 1, len(runs) - 1):
+            run, reason = runs[i], reasons[i] if i < len(reasons) else "preempted"
+            with self.nb.transaction():
+                self.nb.update_job(key, record.attempt, state="failed", failure_class=reason,
+                                   failure_detail=f"requeued in place after {reason} (run {i + 1})", **self._cost(run))
+                spent = sum(a.gpu_hours or 0.0 for a in self.attempts(key))
+                self.nb.start_job(key, session=self.session, kind=spec.kind, executor=self.backend.name,
+                                  resources=record.resources, forecast_gpuh=max(0.0, record.forecast_gpuh - spent),
+                                  attempt=record.attempt + 1, folder=record.folder, fn=record.fn,
+                                  result_type=record.result_type)
+                record = self.nb.update_job(key, record.attempt + 1, external_id=record.external_id,
+                                            log_path=record.log_path)
+        return record
+
+    def _settle(self, key: str, spec: _Spec, record: JobRecord, run: Run, folder: Path) -> JobRecord:
+        """The last run is over: settle its cost, store the result or classify the failure."""
+        outcome = self._outcome(spec, folder, record.external_id or "", completed=run.state == "COMPLETED")
+        if isinstance(outcome, BaseModel):
+            return self.nb.update_job(key, record.attempt, state="completed",
+                                      result=outcome.model_dump(mode="json"), **self._cost(run))
+        failure = classify(run.state, run.exit_code, outcome)
+        if failure.failure_class == "preempted" and near_time_limit(
+                run.elapsed_s, spec.resources.time_limit_min * 60, spec.resources.signal_delay_s):
+            # A job that handles the signal itself (trainers/loop.py) reports any signal as a preemption.
+            failure = failure.model_copy(update={"failure_class": "timeout"})
+        record = self.nb.update_job(key, record.attempt, state="failed", failure_class=failure.failure_class,
+                                    failure_detail=failure.detail, **self._cost(run))
+        self._apply_policy(key, spec, record, failure)
+        return self._record(key)
+
+    def _outcome(self, spec: _Spec, folder: Path, job_id: str, completed: bool) -> BaseModel | str:
+        """Rank 0's result, or the error text of the first task without one (its pickled trace, else
+        its stderr tail): a job of several processes succeeds only when every rank returned."""
+        results = []
+        for task in range(self.backend.tasks(spec.resources)):
+            sub = self.backend.job(folder, job_id, task)
+            # A completed run may still be writing its pickle on a slow file system: submitit waits for it.
+            if not (completed or sub.paths.result_pickle.exists()):
+                return _tail(sub.paths.stderr)
+            try:
+                results.append(sub.result())
+            except FailedJobError as err:
+                return str(err)
+            except UncompletedJobError:
+                return _tail(sub.paths.stderr)
+        return results[0]
+
+    def _apply_policy(self, key: str, spec: _Spec, record: JobRecord, failure: Failure) -> None:
+        earlier = self.attempts(key)
+        action = decide(
+            failure.failure_class,
+            oom_retries=sum(1 for a in earlier[:-1] if a.failure_class == "oom"),
+            requeues=sum(1 for a in earlier[:-1] if a.failure_class in _REQUEUED_CLASSES),
+            max_requeues=spec.resources.max_requeues,
+            can_halve_batch=smaller_batch_config(spec.args) is not None,
+        )
+        payload = FailPayload(key=key, attempt=record.attempt, **failure.model_dump())
+        if action == "record":
+            self.nb.record_decision(self.session, "fail", f"{spec.kind} failed: {failure.failure_class}", payload)
+            return
+        reason = ("OOM: retry with half the micro-batch and twice the accumulation" if action == "retry_smaller_batch"
+                  else f"{failure.failure_class}: requeue from the last checkpoint")
+        try:
+            self._launch(key, spec, record.attempt + 1, reason)
+        except BudgetRefused:
+            self.nb.record_decision(self.session, "fail", f"{spec.kind} failed ({failure.failure_class}); the retry "
+                                    "did not fit the budget", payload)
 
 
 class Job(Generic[R]):
-    """A typed handle on one keyed job and all its attempts; `result()` waits and applies the policy."""
+    """A typed handle on one keyed job and all its attempts: the launcher does the work.
 
-    def __init__(self, launcher: Launcher, key: str, kind: str, fn: Callable[[Any], R], args: BaseModel,
-                 resources: Resources, result_type: type[BaseModel]):
-        self.launcher, self.key, self.kind, self.fn = launcher, key, kind, fn
-        self.args, self.resources, self.result_type = args, resources, result_type
+    `done()` polls the executor (and settles, and applies the failure policy, through the launcher);
+    `result()` waits for the last attempt and returns its result or raises JobFailed."""
 
-    # -- reading -------------------------------------------------------------------------------
+    def __init__(self, launcher: Launcher, key: str, result_type: type[BaseModel]):
+        self.launcher, self.key, self.result_type = launcher, key, result_type
 
     @property
     def record(self) -> JobRecord:
         """The latest attempt's notebook row."""
-        record = self.launcher.nb.get_job(self.key)
-        assert record is not None, "a Job handle exists only for a recorded key"
-        return record
+        return self.launcher._record(self.key)
 
     @property
-    def metrics_path(self) -> Path | None:
-        """The run's metrics.jsonl: declared in the resources, else `<output_dir>/metrics.jsonl` of the config."""
-        if self.resources.metrics_file is not None:
-            return self.resources.metrics_file
-        if "output_dir" in type(self.args).model_fields:
-            return Path(typing.cast(Any, self.args).output_dir) / "metrics.jsonl"
-        return None
+    def kind(self) -> str:
+        return self.record.kind
 
     def attempts(self) -> list[JobRecord]:
-        return [j for j in self.launcher.nb.jobs(session=self.launcher.session) if j.key == self.key]
+        return self.launcher.attempts(self.key)
 
     def done(self) -> bool:
-        return self.poll().state in {"completed", "failed"}
+        return self.launcher.poll(self.key).state in {"completed", "failed"}
 
     def result(self, timeout_s: float | None = None) -> R:
         """Wait for the job (and any retries); return its result or raise JobFailed."""
@@ -428,175 +769,7 @@ class Job(Generic[R]):
         return typing.cast(R, self.result_type.model_validate(record.result))
 
     def cancel(self) -> None:
-        record = self.record
-        if record.external_id and record.state in {"pending", "running"}:
-            self.launcher.backend.cancel(record.external_id, Path(record.folder or ""))
-
-    # -- submitting ------------------------------------------------------------------------------
-
-    def _launch(self, attempt: int, reason: str) -> None:
-        """Admission, then the attempt row and the launch decision, then the submission."""
-        nb, session = self.launcher.nb, self.launcher.session
-        args = self._attempt_args()
-        forecast = self.launcher.forecast(self.kind, self.resources)
-        payload = {"key": self.key, "kind": self.kind, "attempt": attempt, "forecast_gpuh": forecast.gpuh,
-                   "forecast_source": forecast.source, "executor": self.launcher.backend.name}
-        ledger = nb.ledger(session)
-        if not ledger.admits(forecast.gpuh):
-            nb.record_decision(session, "refuse", f"{self.kind} would overrun the budget: forecast "
-                               f"{forecast.gpuh:.3f} + spent {ledger.spent_gpuh:.3f} + reserved {ledger.reserved_gpuh:.3f}"
-                               f" + reserve {ledger.reserve_gpuh:.3f} > budget {ledger.budget_gpuh:.3f} GPU-h", payload)
-            raise BudgetRefused(f"{self.kind}: forecast {forecast.gpuh:.3f} GPU-h does not fit; "
-                                f"{ledger.left_gpuh - ledger.reserve_gpuh:.3f} GPU-h left above the reserve")
-        folder = self.launcher.root / f"{self.key[:16]}-{attempt}"
-        resources = {**self.resources.model_dump(mode="json"), "args": args.model_dump(mode="json")}
-        nb.start_job(self.key, session=session, kind=self.kind, executor=self.launcher.backend.name,
-                     resources=resources, forecast_gpuh=forecast.gpuh, attempt=attempt, folder=str(folder))
-        nb.record_decision(session, "launch", f"{self.kind}: {reason}", payload)
-        self._submit(folder, attempt, args)
-
-    def _submit(self, folder: Path, attempt: int, args: BaseModel) -> None:
-        backend = self.launcher.backend
-        ex = backend.executor(folder, self.kind, self.resources)
-        # Requeues are counted over the whole job: a resubmission (after a job raised 'preempted:')
-        # may requeue in place only as often as the earlier attempts left.
-        used = sum(1 for a in self.attempts() if a.attempt < attempt and a.failure_class in _REQUEUED_CLASSES)
-        wrapped = Resumable(self.fn, self.resources.time_limit_min * 60, self.resources.signal_delay_s,
-                            max(0, self.resources.max_requeues - used))
-        sub = ex.submit(wrapped, args)
-        if isinstance(backend, LocalBackend):
-            backend.track(sub)
-        self.launcher.nb.update_job(self.key, attempt, external_id=sub.job_id, log_path=str(sub.paths.stderr))
-
-    def _recover_submission(self) -> None:
-        """After a crash: finish the failure policy of an attempt settled as failed but not followed
-        up; find an attempt recorded but not yet submitted by its files, else submit it."""
-        record = self.record
-        if record.state == "failed" and not self._policy_applied(record):
-            failure = Failure(failure_class=record.failure_class, detail=record.failure_detail or "")
-            self._apply_policy(record, failure)
-            return
-        if record.external_id or record.state != "pending":
-            return
-        folder = Path(record.folder or "")
-        found = sorted(folder.glob("*_submitted.pkl"))
-        if found:
-            job_id = found[0].name.removesuffix("_submitted.pkl")
-            self.launcher.nb.update_job(self.key, record.attempt, external_id=job_id)
-        else:
-            self._submit(folder, record.attempt, self._attempt_args())
-
-    def _policy_applied(self, record: JobRecord) -> bool:
-        """Whether a failed last attempt was followed up: a later attempt exists (then it is not the
-        last) or a `fail` decision names it."""
-        return any(d.payload.get("key") == self.key and d.payload.get("attempt") == record.attempt
-                   for d in self.launcher.nb.decisions(self.launcher.session, kind="fail"))
-
-    def _attempt_args(self) -> BaseModel:
-        """The config of the next attempt: the smaller-batch config once an earlier attempt ran out of memory."""
-        if any(a.failure_class == "oom" for a in self.attempts()):
-            smaller = smaller_batch_config(self.args)
-            assert smaller is not None, "an OOM retry is only decided when the config can shrink"
-            return smaller
-        return self.args
-
-    # -- observing -------------------------------------------------------------------------------
-
-    def poll(self) -> JobRecord:
-        """Bring the notebook up to date with the executor; apply the failure policy once per attempt."""
-        record = self.record
-        if record.state in {"completed", "failed"} or not record.external_id:
-            return record
-        folder = Path(record.folder or "")
-        runs = self.launcher.backend.runs(record.external_id, folder, self.resources)
-        record = self._close_requeued_runs(record, runs)
-        last = runs[-1]
-        if last.state == "RUNNING" and record.state != "running":
-            return self.launcher.nb.update_job(self.key, record.attempt, state="running",
-                                               started_at=_iso(last.started))
-        if last.state not in _FINAL_STATES:  # pending, running, requeued, suspended, ...
-            return record
-        return self._settle(record, last, folder)
-
-    def _close_requeued_runs(self, record: JobRecord, runs: list[Run]) -> JobRecord:
-        """Runs before the last one were requeued: each gets (or already has) its own attempt row."""
-        nb = self.launcher.nb
-        same = [a for a in self.attempts() if a.external_id == record.external_id]
-        events = read_events(Path(record.folder or "") / f"{record.external_id}_events.jsonl")
-        reasons = [e["reason"] for e in events if e["event"] == "checkpoint"]
-        for i in range(len(same) - 1, len(runs) - 1):
-            run, reason = runs[i], reasons[i] if i < len(reasons) else "preempted"
-            nb.update_job(self.key, record.attempt, state="failed", failure_class=reason,
-                          failure_detail=f"requeued in place after {reason} (run {i + 1})",
-                          started_at=_iso(run.started), ended_at=_iso(run.ended),
-                          gpu_hours=run.elapsed_s / 3600 * run.devices)
-            spent = sum(a.gpu_hours or 0.0 for a in self.attempts())
-            nb.start_job(self.key, session=self.launcher.session, kind=self.kind,
-                         executor=self.launcher.backend.name, resources=record.resources,
-                         forecast_gpuh=max(0.0, record.forecast_gpuh - spent), attempt=record.attempt + 1,
-                         folder=record.folder)
-            record = nb.update_job(self.key, record.attempt + 1, external_id=record.external_id,
-                                   log_path=record.log_path)
-        return record
-
-    def _settle(self, record: JobRecord, run: Run, folder: Path) -> JobRecord:
-        """The last run is over: settle its cost, store the result or classify the failure."""
-        nb = self.launcher.nb
-        cost = {"started_at": _iso(run.started), "ended_at": _iso(run.ended) or now(),
-                "gpu_hours": run.elapsed_s / 3600 * run.devices}
-        sub = self._submitit_job(record)
-        outcome = _outcome(sub) if run.state == "COMPLETED" or sub.paths.result_pickle.exists() else None
-        if isinstance(outcome, BaseModel):
-            return nb.update_job(self.key, record.attempt, state="completed",
-                                 result=outcome.model_dump(mode="json"), **cost)
-        text = outcome if isinstance(outcome, str) else _tail(sub.paths.stderr)
-        failure = classify(run.state, run.exit_code, text)
-        if failure.failure_class == "preempted" and near_time_limit(
-                run.elapsed_s, self.resources.time_limit_min * 60, self.resources.signal_delay_s):
-            # A job that handles the signal itself (trainers/loop.py) reports any signal as a preemption.
-            failure = failure.model_copy(update={"failure_class": "timeout"})
-        record = nb.update_job(self.key, record.attempt, state="failed", failure_class=failure.failure_class,
-                               failure_detail=failure.detail, **cost)
-        self._apply_policy(record, failure)
-        return self.record
-
-    def _apply_policy(self, record: JobRecord, failure: Failure) -> None:
-        earlier = self.attempts()
-        action = decide(
-            failure.failure_class,
-            oom_retries=sum(1 for a in earlier[:-1] if a.failure_class == "oom"),
-            requeues=sum(1 for a in earlier[:-1] if a.failure_class in _REQUEUED_CLASSES),
-            max_requeues=self.resources.max_requeues,
-            can_halve_batch=smaller_batch_config(self.args) is not None,
-        )
-        nb, session = self.launcher.nb, self.launcher.session
-        if action == "record":
-            nb.record_decision(session, "fail", f"{self.kind} failed: {failure.failure_class}",
-                               {"key": self.key, "attempt": record.attempt, **failure.model_dump()})
-            return
-        reason = ("OOM: retry with half the micro-batch and twice the accumulation" if action == "retry_smaller_batch"
-                  else f"{failure.failure_class}: requeue from the last checkpoint")
-        try:
-            self._launch(record.attempt + 1, reason)
-        except BudgetRefused:
-            nb.record_decision(session, "fail", f"{self.kind} failed ({failure.failure_class}); the retry did not fit "
-                               "the budget", {"key": self.key, "attempt": record.attempt, **failure.model_dump()})
-
-    def _submitit_job(self, record: JobRecord) -> submitit.Job[Any]:
-        folder, job_id = Path(record.folder or ""), record.external_id or ""
-        if isinstance(self.launcher.backend, SlurmBackend):
-            return submitit.SlurmJob(folder=folder, job_id=job_id)
-        return submitit.local.local.LocalJob(folder=folder, job_id=job_id)
-
-
-def _outcome(sub: submitit.Job[Any]) -> BaseModel | str | None:
-    """The job's pickled result, or the error text it pickled; None when it wrote neither."""
-    try:
-        return sub.result()
-    except FailedJobError as err:
-        return str(err)
-    except UncompletedJobError:
-        return None
+        self.launcher.cancel(self.key)
 
 
 def _tail(path: Path, chars: int = 4000) -> str:

@@ -18,8 +18,16 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from memory.notebook import Notebook
+from memory.notebook import JobRecord, Notebook
 from tools.launcher import Job
+
+
+def metrics_path(record: JobRecord) -> Path | None:
+    """A job's metrics.jsonl: declared in its resources, else `<output_dir>/metrics.jsonl` of its config."""
+    if record.resources.get("metrics_file"):
+        return Path(record.resources["metrics_file"])
+    output_dir = record.resources.get("args", {}).get("output_dir")
+    return Path(output_dir) / "metrics.jsonl" if output_dir else None
 
 
 def last_metrics(path: Path | None) -> str:
@@ -57,8 +65,8 @@ def render(jobs: list[Job[Any]], notebook: Notebook, session: str) -> Table:
     for job in jobs:
         record = job.record
         state = record.state if record.failure_class is None else f"{record.state} ({record.failure_class})"
-        table.add_row(f"{job.kind} {job.key[:8]}", str(record.attempt), state,
-                      _elapsed(record.started_at, record.ended_at), last_metrics(job.metrics_path))
+        table.add_row(f"{record.kind} {job.key[:8]}", str(record.attempt), state,
+                      _elapsed(record.started_at, record.ended_at), last_metrics(metrics_path(record)))
     return table
 
 

@@ -24,7 +24,7 @@ def main() -> None:
                         executor=kind, config={})
     slurm = SlurmSection(partition="debug", gpus_per_node=1, cpus_per_task=1, mem_gb=1)
     executor = ExecutorSection(kind=kind, slurm=slurm if kind == "slurm" else None)
-    launcher = Launcher(nb, "s1", executor, Path(root), poll_s=0.2)
+    launcher = Launcher.from_section(nb, "s1", executor, Path(root), poll_s=0.2)
     job = launcher.submit("probe", count, CountConfig(steps=16, step_seconds=0.5, output_dir=Path(out)),
                           Resources(time_limit_min=2, signal_delay_s=10))
     print("submitted", job.record.external_id, flush=True)

@@ -66,7 +66,7 @@ def notebook(tmp_path: Path) -> Notebook:
 @pytest.fixture
 def launcher(notebook: Notebook, executor: ExecutorSection, tmp_path: Path) -> Iterator[Launcher]:
     # A fresh submitit folder per test: Slurm job ids restart at 1 when its state is wiped.
-    launcher = Launcher(notebook, SESSION, executor, tmp_path / "jobs", poll_s=0.2)
+    launcher = Launcher.from_section(notebook, SESSION, executor, tmp_path / "jobs", poll_s=0.2)
     yield launcher
     # A failed test must not leave its jobs holding the node's CPUs (or this machine's) for the next.
     for record in notebook.jobs(session=SESSION):

@@ -94,7 +94,7 @@ def test_cancelled_job_is_recorded_cancelled(launcher: Launcher, tmp_path: Path)
 def test_local_cancel_when_the_agent_ignores_sigint(notebook: Notebook, tmp_path: Path) -> None:
     # An agent started in the background of a script ignores SIGINT; its local controllers inherit
     # that, so the cancel must not depend on SIGINT.
-    launcher = Launcher(notebook, SESSION, ExecutorSection(kind="local"), tmp_path / "jobs", poll_s=0.2)
+    launcher = Launcher.from_section(notebook, SESSION, ExecutorSection(kind="local"), tmp_path / "jobs", poll_s=0.2)
     out = tmp_path / "out"
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
@@ -130,7 +130,7 @@ def test_local_job_killed_at_its_time_limit_is_recorded_timeout(notebook: Notebo
     # The job takes the signal but keeps sleeping through it (a step longer than the limit): the
     # local controller kills it at the limit, with no result written. The signal comes 5 s after
     # the start, when the job's own handler is set even on a loaded machine.
-    launcher = Launcher(notebook, SESSION, ExecutorSection(kind="local"), tmp_path / "jobs", poll_s=0.2)
+    launcher = Launcher.from_section(notebook, SESSION, ExecutorSection(kind="local"), tmp_path / "jobs", poll_s=0.2)
     config = CountConfig(steps=2, step_seconds=30, output_dir=tmp_path / "out", on_signal="raise")
     job = launcher.submit("probe", count, config, Resources(time_limit_min=0.2, signal_delay_s=7, max_requeues=1))
     with pytest.raises(JobFailed) as failed:
@@ -146,7 +146,7 @@ def test_local_job_killed_at_its_time_limit_is_recorded_timeout(notebook: Notebo
         # its end before the SIGKILL 1 s later is dated by its last heartbeat (1 s apart).
         assert 12 - HEARTBEAT_S - 0.5 <= attempt.gpu_hours * 3600 <= 16
     (fail,) = notebook.decisions(SESSION, kind="fail")
-    assert fail.payload["failure_class"] == "timeout"
+    assert fail.payload.failure_class == "timeout"
 
 
 def _preempt(launcher: Launcher, external_id: str, folder: Path) -> None:
@@ -216,7 +216,7 @@ def test_nan_loss_is_classified_and_not_retried(launcher: Launcher, notebook: No
     assert failed.value.record.failure_class == "nan_loss"
     assert failed.value.record.failure_detail.startswith("FloatingPointError: nan_loss: loss is nan at step 2")
     (fail,) = notebook.decisions(SESSION, kind="fail")
-    assert fail.payload["failure_class"] == "nan_loss"
+    assert fail.payload.failure_class == "nan_loss"
 
 
 def _job_alive(kind: str, external_id: str, folder: Path) -> bool:

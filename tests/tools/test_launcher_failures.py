@@ -90,7 +90,7 @@ def _launcher(tmp_path: Path, budget: float, reserve: float) -> tuple[Notebook, 
     nb = Notebook.open(tmp_path / "notebook.db")
     nb.open_session("s1", lab=str(tmp_path), budget_gpuh=budget, reserve_gpuh=reserve, planner="playbook",
                     executor="local", config={})
-    return nb, Launcher(nb, "s1", ExecutorSection(kind="local"), tmp_path / "jobs")
+    return nb, Launcher.from_section(nb, "s1", ExecutorSection(kind="local"), tmp_path / "jobs")
 
 
 def test_refusal_is_recorded_and_nothing_runs(tmp_path: Path) -> None:
@@ -98,7 +98,7 @@ def test_refusal_is_recorded_and_nothing_runs(tmp_path: Path) -> None:
     with pytest.raises(BudgetRefused, match="does not fit"):
         launcher.submit("probe", empty, EmptyConfig(tag="big"), Resources(time_limit_min=1, estimate_gpuh=0.8))
     (refusal,) = nb.decisions("s1", kind="refuse")
-    assert refusal.payload["forecast_gpuh"] == 0.8 and refusal.payload["forecast_source"] == "declared"
+    assert refusal.payload.forecast_gpuh == 0.8 and refusal.payload.forecast_source == "declared"
     assert nb.jobs() == [] and not (tmp_path / "jobs").exists()
     # 0.75 fits exactly: forecast + spent + reserved + reserve == budget.
     job = launcher.submit("probe", empty, EmptyConfig(tag="fits"), Resources(time_limit_min=1, estimate_gpuh=0.75))
@@ -174,7 +174,7 @@ def test_failure_settled_but_not_followed_up_is_requeued_on_resume(tmp_path: Pat
     first, second = job.attempts()
     assert (first.state, second.attempt, second.state) == ("failed", 2, "completed")
     (launch,) = nb.decisions("s1", kind="launch")
-    assert launch.payload["attempt"] == 2 and "requeue" in launch.rationale
+    assert launch.payload.attempt == 2 and "requeue" in launch.rationale
 
 
 def test_recorded_failure_is_not_retried_on_resume(tmp_path: Path) -> None:
@@ -184,7 +184,7 @@ def test_recorded_failure_is_not_retried_on_resume(tmp_path: Path) -> None:
     resources = Resources(time_limit_min=1, signal_delay_s=10)
     with pytest.raises(JobFailed):
         launcher.submit("probe", count, config, resources).result(timeout_s=60)
-    again = Launcher(nb, "s1", ExecutorSection(kind="local"), tmp_path / "jobs").submit("probe", count, config, resources)
+    again = Launcher.from_section(nb, "s1", ExecutorSection(kind="local"), tmp_path / "jobs").submit("probe", count, config, resources)
     with pytest.raises(JobFailed, match="nan_loss"):
         again.result(timeout_s=5)
     assert len(nb.jobs()) == 1 and len(nb.decisions("s1", kind="launch")) == 1
@@ -197,7 +197,7 @@ def test_submitted_but_not_recorded_is_adopted_on_resume(tmp_path: Path) -> None
     job_id = launcher.submit("probe", empty, config, resources).record.external_id
     # The agent died after the executor took the job and before the notebook stored its id.
     assert nb.update_job(launcher.key("probe", empty, config), 1, external_id=None).external_id is None
-    again = Launcher(nb, "s1", ExecutorSection(kind="local"), tmp_path / "jobs").submit("probe", empty, config, resources)
+    again = Launcher.from_section(nb, "s1", ExecutorSection(kind="local"), tmp_path / "jobs").submit("probe", empty, config, resources)
     assert again.record.external_id == job_id
     assert again.result(timeout_s=60).pid > 0
     assert len(list((tmp_path / "jobs").glob("*/*_submitted.pkl"))) == 1 and len(nb.jobs()) == 1

@@ -18,7 +18,7 @@ def _session(tmp_path: Path) -> tuple[Notebook, Launcher]:
     nb = Notebook.open(tmp_path / "notebook.db")
     nb.open_session("s1", lab=str(tmp_path), budget_gpuh=2.0, reserve_gpuh=0.1, planner="playbook",
                     executor="local", config={})
-    return nb, Launcher(nb, "s1", ExecutorSection(kind="local"), tmp_path / "jobs", poll_s=0.1)
+    return nb, Launcher.from_section(nb, "s1", ExecutorSection(kind="local"), tmp_path / "jobs", poll_s=0.1)
 
 
 def test_live_lines_on_a_terminal(tmp_path: Path) -> None:
