@@ -73,7 +73,7 @@ def _decode(row: dict[str, Any], table: str) -> dict[str, Any]:
         if key in _JSON_COLUMNS and value is not None:
             try:
                 value = json.loads(value)
-            except (TypeError, json.JSONDecodeError) as err:
+            except (TypeError, ValueError) as err:  # JSONDecodeError, or bytes that are not UTF-8
                 raise NotebookError(f"{table} {_row_name(row)}: column {key} is not JSON ({err})") from None
         elif key in _BOOL_COLUMNS:
             value = bool(value)
