@@ -39,4 +39,7 @@ class ExecutorSection(_Settings):
     def _slurm_needs_section(self) -> ExecutorSection:
         if self.kind == "slurm" and self.slurm is None:
             raise ValueError("kind = 'slurm' needs an [executor.slurm] section with at least `partition`")
+        if self.kind == "slurm" and self.simulated_gpuh_per_device_s is not None:
+            raise ValueError("simulated_gpuh_per_device_s is for the local executor only: "
+                             "Slurm jobs are charged from sacct's accounting")
         return self

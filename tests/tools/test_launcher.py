@@ -228,7 +228,7 @@ def _job_alive(kind: str, external_id: str, folder: Path) -> bool:
 def test_killed_agent_reattaches_on_resume(launcher: Launcher, notebook: Notebook, tmp_path: Path) -> None:
     kind = launcher.backend.name
     argv = [sys.executable, str(Path(__file__).with_name("agent_proc.py")), str(notebook.path),
-            str(tmp_path / "jobs"), str(tmp_path / "out"), kind]
+            str(tmp_path / "jobs"), kind, "submit", str(tmp_path / "out"), "16"]
     agent = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
     try:
         line = agent.stdout.readline().split()
@@ -237,16 +237,18 @@ def test_killed_agent_reattaches_on_resume(launcher: Launcher, notebook: Noteboo
     finally:
         agent.kill()
         agent.wait()
+    _, key, job_id = line
     record = notebook.jobs(session=SESSION)[0]
-    assert record.external_id == line[1] and _job_alive(kind, line[1], Path(record.folder))
+    assert record.external_id == job_id and _job_alive(kind, job_id, Path(record.folder))
 
     resumed = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     assert resumed.returncode == 0, resumed.stderr
-    outputs = dict(ln.split(" ", 1) for ln in resumed.stdout.splitlines())
-    assert outputs["submitted"] == line[1]
-    assert json.loads(outputs["result"])["total"] == EXPECTED_TOTAL[16]
-    assert json.loads(outputs["result"])["resumed_from"] == 0  # the job itself was never interrupted
+    outputs = {ln.split(" ", 1)[0]: ln.split(" ", 2)[1:] for ln in resumed.stdout.splitlines()}
+    assert outputs["submitted"] == [key, job_id]
+    result = json.loads(outputs["result"][1])
+    assert result["total"] == EXPECTED_TOTAL[16]
+    assert result["resumed_from"] == 0  # the job itself was never interrupted
     (only,) = notebook.jobs(session=SESSION)
-    assert only.state == "completed" and only.external_id == line[1]
+    assert only.state == "completed" and only.external_id == job_id
     assert len(notebook.decisions(SESSION, kind="launch")) == 1
     assert len(list((tmp_path / "jobs").glob("*/*_submitted.pkl"))) == 1
