@@ -17,8 +17,8 @@ the tool call. Refusals when:
   recalibrating cannot shop for a wider one), or that floor is zero while the bar demands a margin
   of k > 0 floors (the margin would vanish) (invariant 3);
 - an eval the bars need is missing, or candidate and incumbent scored different items;
-- candidate and incumbent were scored in different scoring modes (the `scoring_mode` entry of the
-  eval's metrics, e.g. the constraint scorer's plain-meaning vs IFEval-reference rules): their
+- candidate and incumbent were scored in different scoring modes (the `scoring_mode*` entries of
+  the evals' metrics, e.g. the constraint scorer's plain-meaning vs IFEval-reference rules): their
   per-item values measure different things and cannot be paired.
 
 Each side is read from its FIRST replicate-0 eval of the suite at the relevant decoding: the first
@@ -47,7 +47,7 @@ from evals.records import item_values, started_at
 from memory.notebook import BarsRecord, EvalRecord, NoiseFloor, Notebook, ToolCall
 from memory.records import CompareRefusal
 
-# The metrics entry naming the rules a scorer applied (the constraint scorer's plain vs ifeval).
+# Metrics entries that name the rules a scorer applied (evals/constraints.py: plain vs ifeval).
 SCORING_MODE_KEY = "scoring_mode"
 _OPS = {">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operator.lt}
 _TESTS = {"mcnemar_exact": stats.mcnemar_exact, "paired_t": stats.paired_t, "wilcoxon": stats.wilcoxon}
@@ -134,14 +134,21 @@ def _check_candidate(nb: Notebook, session: str, candidate: int, bars: Bars, reg
 def _pairs(nb: Notebook, session: str, candidate: int, incumbent: int, bar: Bar,
            served: Decoding) -> tuple[list[float], list[float], EvalRecord]:
     """Per-item values of both sides lined up by item id, and the incumbent eval they came from."""
-    inc_eval = _first(nb, session, incumbent, bar.suite, None)
-    cand_eval = _first(nb, session, candidate, bar.suite, served.fingerprint())
+    sides, missing = [], []
+    for artifact_id, fingerprint in ((candidate, served.fingerprint()), (incumbent, None)):
+        try:
+            sides.append(_first(nb, session, artifact_id, bar.suite, fingerprint))
+        except _Refused as refusal:
+            missing.extend(refusal.args)
+    if missing:  # both sides named when both lack the eval
+        raise _Refused(*missing)
+    cand_eval, inc_eval = sides
     cand = item_values(cand_eval, bar.metric)
     inc = item_values(inc_eval, bar.metric)
     modes = (_scoring_mode(cand_eval), _scoring_mode(inc_eval))
     if modes[0] != modes[1]:
-        raise _Refused(f"suite {bar.suite}: candidate eval {cand_eval.id} was scored in mode {modes[0]!r}, incumbent "
-                       f"eval {inc_eval.id} in mode {modes[1]!r}: values of different scoring modes cannot be paired")
+        raise _Refused(f"suite {bar.suite}: candidate eval {cand_eval.id} was scored in mode {modes[0]}, incumbent "
+                       f"eval {inc_eval.id} in mode {modes[1]}: values of different scoring modes cannot be paired")
     if not cand or set(cand) != set(inc):
         only_cand, only_inc = sorted(set(cand) - set(inc))[:5], sorted(set(inc) - set(cand))[:5]
         raise _Refused(f"suite {bar.suite}: candidate and incumbent have different items with metric {bar.metric} "
@@ -150,10 +157,12 @@ def _pairs(nb: Notebook, session: str, candidate: int, incumbent: int, bar: Bar,
     return [cand[i] for i in ids], [inc[i] for i in ids], inc_eval
 
 
-def _scoring_mode(ev: EvalRecord) -> str | None:
-    """The scoring mode an eval's metrics declare (None for scorers with a single mode)."""
-    mode = ev.metrics.get(SCORING_MODE_KEY)
-    return None if mode is None else str(mode)
+def _scoring_mode(ev: EvalRecord) -> str:
+    """The scoring mode an eval's metrics declare: a `scoring_mode` label and/or `scoring_mode_<name>`
+    flags (the constraint scorer's `scoring_mode_ifeval`, 1.0 under ifeval, 0.0 under plain);
+    'none declared' for scorers with a single mode."""
+    entries = {k: v for k, v in sorted(ev.metrics.items()) if k.startswith(SCORING_MODE_KEY)}
+    return ", ".join(f"{k}={v}" for k, v in entries.items()) or "none declared"
 
 
 def _statistic(bar: Bar, cand: list[float], inc: list[float]) -> float:

@@ -72,9 +72,10 @@ class Calibration(BaseModel):
 
 
 def _numeric_metrics(ev: EvalRecord) -> list[str]:
-    # Counts (n_*) are sizes, not scores; labels such as a scoring mode are not numbers.
+    # Counts (n_*) are sizes, not scores; a scoring mode (a label, or a scoring_mode_* flag) does not vary.
     return sorted(name for name, value in ev.metrics.items()
-                  if not name.startswith("n_") and isinstance(value, int | float) and not isinstance(value, bool))
+                  if not name.startswith(("n_", "scoring_mode")) and isinstance(value, int | float)
+                  and not isinstance(value, bool))
 
 
 def judge_calibration(evals: list[EvalRecord]) -> Calibration | Refusal:

@@ -1,17 +1,89 @@
-"""Noise floor, promotion bars, compare and sealed suites on a real notebook file."""
+"""Noise floor, promotion bars, compare and sealed suites on a real notebook file.
+
+Every compare, open_sealed, calibrate and record_result call below goes through a checker (the
+autouse fixture `_judged_first`) that first asks the pure judgment, asserts it wrote nothing, then
+runs the recording path and asserts both gave the same verdict.
+"""
 
 from __future__ import annotations
 
 import pytest
 
 from evals import bars as bars_mod
-from evals import noise, sealed
-from evals.compare import compare
+from evals import compare as compare_mod
+from evals import noise, records, sealed
 from evals.decoding import Decoding
 from evals.job import EvalResult, SuiteResult
-from evals.records import record_result
+from evals.judgment import Refusal
 from evals.types import Outcome, suite_metrics
 from memory.notebook import Notebook
+
+TABLES = ["session", "decision", "tool_call", "job", "artifact", "eval", "noise_floor", "bars", "comparison"]
+_RECORDING = {"open_sealed": sealed.open_sealed, "calibrate": noise.calibrate}
+
+
+def _snapshot(nb: Notebook) -> tuple[int, dict[str, int]]:
+    counts = {t: nb.db.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0] for t in TABLES}
+    return nb.db.conn.total_changes, counts
+
+
+def compare(nb, session, candidate, incumbent, bars_id, served):
+    before = _snapshot(nb)
+    judged = compare_mod.judge(nb, session, candidate, incumbent, nb.bars(bars_id), served)
+    assert _snapshot(nb) == before, "judge wrote to the notebook"
+    out = compare_mod.compare(nb, session, candidate, incumbent, bars_id, served)
+    if isinstance(judged, Refusal):
+        assert out.refused and out.reasons == judged.reasons
+    else:
+        assert not out.refused and (out.verdicts, out.promoted) == (judged.verdicts, judged.promoted)
+        assert nb.comparisons(session)[-1].adjustment == judged.adjustment
+    return out
+
+
+def record_result(nb, session, artifact_id, result, job_key=None):
+    before = _snapshot(nb)
+    judged = records.judge_result(nb, session, artifact_id, result)
+    assert _snapshot(nb) == before, "judge_result wrote to the notebook"
+    try:
+        rows = records.record_result(nb, session, artifact_id, result, job_key)
+    except sealed.SealedRefused as refused:
+        assert isinstance(judged, Refusal) and str(refused) == "; ".join(judged.reasons)
+        raise
+    assert isinstance(judged, records.Admitted) and sorted({r.suite for r in rows}) == judged.suites
+    return rows
+
+
+def _judged_open_sealed(nb, session, suite, artifact_id):
+    before = _snapshot(nb)
+    judged = sealed.judge_open(nb, session, suite, artifact_id)
+    assert _snapshot(nb) == before, "judge_open wrote to the notebook"
+    try:
+        decision = _RECORDING["open_sealed"](nb, session, suite, artifact_id)
+    except sealed.SealedRefused as refused:
+        assert isinstance(judged, Refusal) and str(refused) == "; ".join(judged.reasons)
+        raise
+    assert isinstance(judged, sealed.SealedOpen) and decision.payload.suite == judged.suite
+    return decision
+
+
+def _judged_calibrate(nb, session, evals):
+    before = _snapshot(nb)
+    judged = noise.judge_calibration(evals)
+    assert _snapshot(nb) == before
+    try:
+        floors = _RECORDING["calibrate"](nb, session, evals)
+    except ValueError as refused:
+        assert isinstance(judged, Refusal) and str(refused) == "; ".join(judged.reasons)
+        raise
+    assert [(f.metric, f.k, f.spread, f.mean_abs_delta, f.max_abs_t) for f in floors] == [
+        (f.metric, f.k, f.spread, f.mean_abs_delta, f.max_abs_t) for f in judged.floors]
+    return floors
+
+
+@pytest.fixture(autouse=True)
+def _judged_first(monkeypatch):
+    monkeypatch.setattr(sealed, "open_sealed", _judged_open_sealed)
+    monkeypatch.setattr(noise, "calibrate", _judged_calibrate)
 
 SERVED = Decoding(temperature=0.7, top_p=0.95, max_new_tokens=64, stop_token_ids=(3,))
 GREEDY = Decoding(max_new_tokens=64, stop_token_ids=(3,))
