@@ -82,11 +82,15 @@ class SuiteSpec(BaseModel):
     sealed: bool = Field(False, description="Sealed confirmation suite: scored once per session, nominee only.")
     incumbent_completions: Path | None = Field(
         None, description="For judge suites: the incumbent's completions JSONL on the same items.")
+    constraint_mode: constraints.Mode = Field(
+        "plain", description="Constraints suites: plain-meaning rules, or 'ifeval' (IFEval reference semantics).")
 
     @model_validator(mode="after")
     def _judge_needs_incumbent(self) -> SuiteSpec:
         if (self.scorer == "judge") != (self.incumbent_completions is not None):
             raise ValueError(f"suite {self.name}: incumbent_completions is required for judge suites and only for them")
+        if self.constraint_mode != "plain" and self.scorer != "constraints":
+            raise ValueError(f"suite {self.name}: constraint_mode applies to constraints suites only")
         return self
 
 
@@ -203,9 +207,10 @@ def score(cfg: EvalJobConfig, spec: SuiteSpec, items: list[Item], comps: list[Co
     match spec.scorer:
         case "math":
             return math.score(items, comps, timeout_s=cfg.math_timeout_s), None
-        case "mcq" | "constraints" | "loops" | "length_stop" | "synthetic":
-            module = {"mcq": mcq, "constraints": constraints, "loops": loops, "length_stop": length_stop,
-                      "synthetic": synthetic}
+        case "constraints":
+            return constraints.score(items, comps, mode=spec.constraint_mode), None
+        case "mcq" | "loops" | "length_stop" | "synthetic":
+            module = {"mcq": mcq, "loops": loops, "length_stop": length_stop, "synthetic": synthetic}
             return module[spec.scorer].score(items, comps), None
         case "battle_margin":
             from evals import battle_margin

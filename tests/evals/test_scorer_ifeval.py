@@ -241,3 +241,16 @@ def test_project_sentence_splitter_where_punkt_would_differ():
     assert split_sentences("It costs $3.50 now.\nNext line") == ["It costs $3.50 now.", "Next line"]
     # Unknown abbreviations split where punkt's learned list would not.
     assert len(split_sentences("See Gen. Lee at 5 p.m. today. Then go.")) == 3
+
+
+def test_eval_job_scores_a_constraints_suite_in_the_mode_its_spec_names(tmp_path, item, completion):
+    from evals import job
+
+    rule = RULE.validate_python({"kind": "word_count", "relation": "at_least", "n": 3})
+    items, comps = [item("w", constraints=(rule,))], [completion("w", "don't stop")]
+    for mode, metric, value in (("plain", "strict", 0.0), ("ifeval", "ifeval_strict", 1.0)):
+        spec = job.SuiteSpec(name="if", scorer="constraints", items_path=tmp_path / "x.jsonl", constraint_mode=mode)
+        outs, _ = job.score(None, spec, items, comps, None, None)
+        assert outs[0].values[metric] == value
+    with pytest.raises(ValueError, match="constraint_mode applies to constraints suites only"):
+        job.SuiteSpec(name="m", scorer="mcq", items_path=tmp_path / "x.jsonl", constraint_mode="ifeval")
