@@ -13,6 +13,7 @@ bad input writes nothing.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 from datetime import UTC, datetime
@@ -22,7 +23,7 @@ from agent.config import LAB_FILE, BudgetError, LabConfig, LabConfigError, load_
 from memory.notebook import Notebook, NotebookError
 
 NOTEBOOK_FILE = "notebook.db"
-SESSION_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+SESSION_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", re.ASCII)
 
 
 class UsageError(Exception):
@@ -43,7 +44,7 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     budget = parse_budget(args.budget)
     session = args.session or datetime.now(UTC).strftime("s-%Y%m%d-%H%M%S")
-    if not SESSION_NAME_RE.match(session):
+    if not SESSION_NAME_RE.fullmatch(session):  # fullmatch: `$` would let a trailing newline through
         raise UsageError(f"--session {session!r}: use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit")
     config = _lab_config(args)
     planner = args.planner or (config.planner.kind if config else "playbook")
@@ -54,6 +55,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.lab / LAB_FILE}: --planner openai needs [planner] base_url and model")
     if config and executor == "slurm" and config.executor.slurm is None:
         raise UsageError(f"{args.lab / LAB_FILE}: --executor slurm needs an [executor.slurm] section")
+    if config is not None:  # every input file is read before any notebook row is written (issue 10, item 3)
+        from agent.inputs import require_inputs
+
+        require_inputs(config, args.lab / LAB_FILE)
     path = args.lab / NOTEBOOK_FILE
     if path.exists() and session in _session_names(path):
         raise UsageError(f"session {session!r} already exists in {path}; pick another --session name")
@@ -71,9 +76,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _lab_config(args: argparse.Namespace) -> LabConfig | None:
     """The lab's config, or None for the embedded toy world (no lab.toml in the lab directory)."""
-    if args.lab.exists() and not args.lab.is_dir():
-        raise UsageError(f"--lab {args.lab}: not a directory")
-    if not (args.lab / LAB_FILE).exists():
+    if os.path.lexists(args.lab) and not args.lab.is_dir():
+        raise UsageError(f"--lab {args.lab}: not a directory" if args.lab.exists() else
+                         f"--lab {args.lab}: a symbolic link to nothing (or a loop)")
+    # lexists: a dangling or looping lab.toml symlink is a broken lab, never "no lab.toml, so the toy world".
+    if not os.path.lexists(args.lab / LAB_FILE):
         return None
     return load_lab_config(args.lab)
 

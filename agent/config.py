@@ -1,15 +1,29 @@
 """The lab configuration: `lab.toml` parsed once into typed models, and the `--budget` string.
 
-A lab directory holds `lab.toml`; every path in it is relative to that directory. Loading refuses
-unknown keys, wrong types and missing paths with one message naming the file, the key and what was
-expected (`LabConfigError`). API keys never live in the file: `api_key_env` names the environment
-variable that holds one.
+A lab directory holds `lab.toml`; every path in it is relative to that directory. Loading is strict
+and refuses, with one message naming the file, the key and what was expected (`LabConfigError`):
+
+- a lab.toml that cannot be read (a directory, a dangling symlink, a symlink loop, not UTF-8),
+  nesting deeper than MAX_TOML_DEPTH, NaN or infinite numbers;
+- wrong types without coercion (pydantic strict mode: `true` is no integer, `"0.1"` no float,
+  `"yes"` no bool), unknown keys, missing keys;
+- paths that are not what they must be: empty, missing, a directory where a file belongs (or the
+  reverse), a model directory without a parseable `config.json` naming its `model_type`, or
+  without a tokenizer where one is needed;
+- anything that looks like a secret, in any key or value (API keys such as sk-/ghp_/xox*/AKIA...,
+  "Bearer ..." tokens, private keys, URLs with user:password@). The value is never echoed, so it
+  reaches neither the terminal nor the notebook. API keys live in the environment: `api_key_env`
+  names the variable;
+- Slurm values that could add their own `#SBATCH` line: partition, account and qos are plain
+  Slurm names, and each `extra_sbatch` entry is one `--option[=value]` without whitespace that
+  does not override what the launcher sets itself (partition, time, resources, log paths).
 
     cfg = load_lab_config(Path("lab"))      # reads lab/lab.toml
 """
 
 from __future__ import annotations
 
+import math
 import re
 import tomllib
 from pathlib import Path
@@ -18,6 +32,7 @@ from typing import Annotated, Any, Literal
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     ValidationError,
@@ -25,10 +40,12 @@ from pydantic import (
     model_validator,
 )
 
+from core.jsonl import JSONLineError, describe_non_file, loads
 from evals.decoding import Decoding
-from tools.executor import ExecutorSection
+from tools.executor import ExecutorSection, SlurmSection
 
 LAB_FILE = "lab.toml"
+MAX_TOML_DEPTH = 8  # the deepest legitimate key, executor.slurm.extra_sbatch[i], is 4 levels down
 
 
 class LabConfigError(Exception):
@@ -39,48 +56,201 @@ class BudgetError(ValueError):
     """A --budget string that is not one of the accepted forms."""
 
 
-BUDGET_FORMS = "accepted forms: GPU-hours like 60gpuh or 0.5gpuh, or GPU-minutes like 90gpum"
-_BUDGET_RE = re.compile(r"^(?P<value>\d+(?:\.\d+)?)(?P<unit>gpuh|gpum)$")
+MIN_BUDGET_GPUH = 1 / 60  # one GPU-minute: less cannot pay for a single job
+MAX_BUDGET_GPUH = 1_000_000.0  # ~114 GPU-years; more is a typo, not a session
+BUDGET_FORMS = ("accepted forms: GPU-hours like 60gpuh or 0.5gpuh, or GPU-minutes like 90gpum (ASCII digits, "
+                "no spaces), from 1gpum up to 1000000gpuh")
+_BUDGET_RE = re.compile(r"(?P<value>[0-9]{1,7}(?:\.[0-9]{1,6})?)(?P<unit>gpuh|gpum)", re.ASCII)
 
 
 def parse_budget(text: str) -> float:
-    """'60gpuh' -> 60.0, '90gpum' -> 1.5 (GPU-hours); anything else raises BudgetError."""
-    match = _BUDGET_RE.match(text.strip())
+    """'60gpuh' -> 60.0, '90gpum' -> 1.5 (GPU-hours); anything else raises BudgetError.
+
+    ASCII digits only: Python's `\\d` and `float()` also take other scripts' digits ('٦٠gpuh')."""
+    match = _BUDGET_RE.fullmatch(text)
     if not match:
         raise BudgetError(f"--budget {text!r} is not a GPU budget; {BUDGET_FORMS}")
     value = float(match["value"]) / (60.0 if match["unit"] == "gpum" else 1.0)
-    if value <= 0:
-        raise BudgetError(f"--budget {text!r} must be positive; {BUDGET_FORMS}")
+    if not MIN_BUDGET_GPUH <= value <= MAX_BUDGET_GPUH:
+        raise BudgetError(f"--budget {text!r} is outside the accepted range: at least 1gpum "
+                          f"({MIN_BUDGET_GPUH:.4f} GPU-hours), at most {MAX_BUDGET_GPUH:.0f}gpuh; {BUDGET_FORMS}")
     return value
 
 
-def _existing_path(value: Path, info: ValidationInfo) -> Path:
-    """Resolve a lab-relative path against the lab directory and require that it exists."""
+# ---- paths ---------------------------------------------------------------------------------------
+
+
+def _path_text(value: Any) -> Path:
+    """lab.toml paths are non-empty strings; strict mode would refuse a str for a Path field."""
+    if not isinstance(value, str):
+        raise ValueError(f"expected a path string, got {type(value).__name__}")
+    if not value.strip() or "\0" in value:
+        raise ValueError("expected a path, got an empty string" if not value.strip() else "a path cannot hold NUL")
+    return Path(value)
+
+
+def _resolve(value: Path, info: ValidationInfo) -> Path:
     root = Path((info.context or {}).get("lab_dir", "."))
-    resolved = value if value.is_absolute() else root / value
-    if not resolved.exists():
-        raise ValueError(f"path {str(value)!r} does not exist (looked for {resolved})")
+    return value if value.is_absolute() else root / value
+
+
+def _a_file(value: Path, info: ValidationInfo) -> Path:
+    resolved = _resolve(value, info)
+    why = describe_non_file(resolved)
+    if why is not None:
+        raise ValueError(f"path {str(value)!r} {why} (expected a file; looked for {resolved})")
     return resolved
 
 
-LabPath = Annotated[Path, AfterValidator(_existing_path)]
+def _a_dir(value: Path, info: ValidationInfo) -> Path:
+    resolved = _resolve(value, info)
+    if not resolved.is_dir():
+        what = "does not exist" if not resolved.exists() else "is not a directory"
+        raise ValueError(f"path {str(value)!r} {what} (expected a directory; looked for {resolved})")
+    return resolved
+
+
+def _a_model_dir(value: Path, info: ValidationInfo) -> Path:
+    """A transformers model directory: config.json that parses as an object naming its model_type."""
+    resolved = _a_dir(value, info)
+    config = resolved / "config.json"
+    why = describe_non_file(config)
+    if why is not None:
+        raise ValueError(f"path {str(value)!r} is no model directory: its config.json {why}")
+    try:
+        parsed = loads(config.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, JSONLineError) as e:
+        raise ValueError(f"path {str(value)!r}: config.json does not parse ({e})") from None
+    if not isinstance(parsed, dict) or not isinstance(parsed.get("model_type"), str):
+        raise ValueError(f"path {str(value)!r}: config.json names no `model_type` (not a loadable transformers config)")
+    return resolved
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+def has_tokenizer(directory: Path) -> bool:
+    return any((directory / name).is_file() for name in TOKENIZER_FILES)
+
+
+def _a_tokenizer_dir(value: Path, info: ValidationInfo) -> Path:
+    resolved = _a_dir(value, info)
+    if not has_tokenizer(resolved):
+        raise ValueError(f"path {str(value)!r} holds no tokenizer ({' or '.join(TOKENIZER_FILES)})")
+    return resolved
+
+
+_PathStr = BeforeValidator(_path_text)
+LabFile = Annotated[Path, _PathStr, AfterValidator(_a_file)]
+ModelDir = Annotated[Path, _PathStr, AfterValidator(_a_model_dir)]
+TokenizerDir = Annotated[Path, _PathStr, AfterValidator(_a_tokenizer_dir)]
+
+
+# ---- names and Slurm values ----------------------------------------------------------------------
+
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", re.ASCII)
+_SLURM_WORD_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.,:+@-]{0,127}", re.ASCII)
+_SBATCH_RE = re.compile(r"--(?P<key>[a-z][a-z0-9_-]*)(?:=(?P<value>[!-~]+))?", re.ASCII)
+# Options the launcher sets itself (tools/launcher.py) or that would move the logs it reads.
+_RESERVED_SBATCH = {"partition", "account", "qos", "time", "job-name", "nodes", "ntasks-per-node", "gpus-per-node",
+                    "cpus-per-task", "mem", "signal", "output", "error", "array", "wrap", "chdir", "open-mode"}
+
+
+def _name(value: str) -> str:
+    if not _NAME_RE.fullmatch(value):
+        raise ValueError(f"{value!r} is not a name: use 1-64 ASCII letters, digits, '.', '_' or '-', "
+                         "starting with a letter or digit (names become file names)")
+    return value
+
+
+def _slurm_word(value: str) -> str:
+    if not _SLURM_WORD_RE.fullmatch(value):
+        raise ValueError(f"{value!r} is not a Slurm name: ASCII letters, digits and _ . , : + @ - only "
+                         "(no spaces, newlines or '#', which could add an #SBATCH line)")
+    return value
+
+
+def _flag(line: str) -> str:
+    return line.removeprefix("#SBATCH ").lstrip(" ") if line.startswith("#SBATCH ") else line
+
+
+def _sbatch_line(line: str) -> str:
+    flag = _flag(line)
+    match = _SBATCH_RE.fullmatch(flag)
+    if match is None or "#" in flag:
+        raise ValueError(f"{line!r} is not one long option like '--constraint=h100' (no whitespace, newlines or '#')")
+    key = match["key"].replace("_", "-")
+    if key in _RESERVED_SBATCH:
+        raise ValueError(f"{line!r}: --{key} is set by the launcher from [executor] / [executor.slurm]; "
+                         "it cannot be overridden here")
+    return line
+
+
+def _sbatch_lines(lines: list[str]) -> list[str]:
+    keys = [_SBATCH_RE.fullmatch(_flag(line))["key"].replace("_", "-") for line in lines]
+    repeated = sorted({k for k in keys if keys.count(k) > 1})
+    if repeated:
+        raise ValueError(f"option --{repeated[0]} is given twice")
+    return lines
+
+
+def _http_url(value: str) -> str:
+    if not re.fullmatch(r"https?://[^\s/?#@]+(?:[/?#]\S*)?", value, re.ASCII):
+        raise ValueError("expected an http:// or https:// URL without spaces, e.g. http://127.0.0.1:8000/v1")
+    return value
+
+
+def _env_name(value: str) -> str:
+    # Never echo the value: a key pasted here by mistake is exactly what must not be shown.
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,127}", value, re.ASCII):
+        raise ValueError("expected the NAME of an environment variable (letters, digits, '_'), not its value")
+    return value
+
+
+Name = Annotated[str, AfterValidator(_name)]
+SlurmWord = Annotated[str, AfterValidator(_slurm_word)]
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+
+class LabSlurmSection(SlurmSection):
+    """[executor.slurm] as lab.toml may write it: the launcher's settings with values that cannot inject."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    partition: SlurmWord = Field(description="Slurm partition jobs are submitted to (comma-separated for several).")
+    account: SlurmWord | None = Field(None, description="Slurm account to charge.")
+    qos: SlurmWord | None = Field(None, description="Slurm quality of service.")
+    extra_sbatch: Annotated[list[Annotated[str, AfterValidator(_sbatch_line)]], AfterValidator(_sbatch_lines)] = Field(
+        default_factory=list, description="Extra sbatch options, one `--option[=value]` each (an `#SBATCH ` prefix is allowed).")
+
+
+class LabExecutorSection(ExecutorSection):
+    """[executor] of lab.toml: the launcher's ExecutorSection, strict, with a checked Slurm section."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+    slurm: LabSlurmSection | None = Field(None, description="Slurm parameters; required when kind = 'slurm'.")
 
 
 class ModelSection(_Section):
-    base: LabPath = Field(description="Local directory of the base model (any transformers causal LM).")
-    parent: LabPath | None = Field(None, description="Checkpoint the session starts from (stage-1 parent); defaults to base.")
-    tokenizer: LabPath | None = Field(None, description="Tokenizer directory when it is not inside the model directory.")
+    base: ModelDir = Field(description="Local directory of the base model (any transformers causal LM).")
+    parent: ModelDir | None = Field(None, description="Checkpoint the session starts from (stage-1 parent); defaults to base.")
+    tokenizer: TokenizerDir | None = Field(None, description="Tokenizer directory when it is not inside the model directory.")
+
+    @model_validator(mode="after")
+    def _tokenizer_somewhere(self) -> ModelSection:
+        if self.tokenizer is None and not has_tokenizer(self.base):
+            raise ValueError(f"base: {self.base} holds no tokenizer ({' or '.join(TOKENIZER_FILES)}); "
+                             "add one or set `tokenizer` to the directory that has it")
+        return self
 
 
 class FeedbackSection(_Section):
-    file: LabPath = Field(description="Battles file: JSONL (or Parquet) in the documented feedback format.")
+    file: LabFile = Field(description="Battles file: JSONL (or Parquet) in the documented feedback format.")
     dev_fraction: float = Field(0.1, gt=0, lt=1, description="Share of battles held out for selection (dev holdout).")
     sealed_fraction: float = Field(0.1, gt=0, lt=1, description="Share sealed for the one-time confirmation of the nominee.")
-    stratify_by: str | None = Field(None, description="Optional meta tag to stratify splits by, on top of the vote.")
+    stratify_by: str | None = Field(None, min_length=1, description="Optional meta tag to stratify splits by, on top of the vote.")
 
     @model_validator(mode="after")
     def _train_left(self) -> FeedbackSection:
@@ -90,17 +260,17 @@ class FeedbackSection(_Section):
 
 
 class DataSource(_Section):
-    name: str = Field(description="Short name used in dataset recipes and the notebook.")
-    path: LabPath = Field(description="JSONL or Parquet file of chat rows with a `messages` column.")
+    name: Name = Field(description="Short name used in dataset recipes and the notebook.")
+    path: LabFile = Field(description="JSONL or Parquet file of chat rows with a `messages` column.")
     cap: int | None = Field(None, gt=0, description="Most rows taken from this source in one replay mix.")
 
 
 class EvalSuite(_Section):
-    name: str = Field(description="Suite name as it appears in bars and the notebook.")
+    name: Name = Field(description="Suite name as it appears in bars and the notebook.")
     scorer: Literal[
         "math", "mcq", "constraints", "loops", "length_stop", "battle_margin", "reward_proxy", "judge", "synthetic",
     ] = Field(description="Scorer that grades this suite (one file in evals/).")
-    file: LabPath | None = Field(None, description="Items file (JSONL); holdout-battle scorers read the dev split instead.")
+    file: LabFile | None = Field(None, description="Items file (JSONL); holdout-battle scorers read the dev split instead.")
     sealed: bool = Field(False, description="Sealed confirmation suite: scored once per session, for the nominee only.")
     replicates: int = Field(3, ge=3, description="K replicates of the incumbent used to calibrate this suite's noise floor.")
 
@@ -108,9 +278,11 @@ class EvalSuite(_Section):
 class EndpointSection(_Section):
     """An OpenAI-compatible endpoint; the key is read from the named environment variable."""
 
-    base_url: str | None = Field(None, description="Endpoint base URL, e.g. http://127.0.0.1:8000/v1.")
-    model: str | None = Field(None, description="Model name sent with each request.")
-    api_key_env: str = Field("OPENAI_API_KEY", description="Environment variable that holds the API key.")
+    base_url: Annotated[str, AfterValidator(_http_url)] | None = Field(
+        None, description="Endpoint base URL, e.g. http://127.0.0.1:8000/v1.")
+    model: str | None = Field(None, min_length=1, description="Model name sent with each request.")
+    api_key_env: Annotated[str, AfterValidator(_env_name)] = Field(
+        "OPENAI_API_KEY", description="Environment variable that holds the API key (its name, never the key).")
 
 
 class PlannerSection(EndpointSection):
@@ -127,7 +299,7 @@ class JudgeSection(EndpointSection):
     kind: Literal["oracle", "openai", "reward_model"] = Field(
         "oracle", description="Toy-world oracle, an OpenAI-compatible judge, or a local reward model."
     )
-    path: LabPath | None = Field(None, description="Reward model directory (sequence-classification checkpoint).")
+    path: ModelDir | None = Field(None, description="Reward model directory (sequence-classification checkpoint).")
 
     @model_validator(mode="after")
     def _kind_needs_its_fields(self) -> JudgeSection:
@@ -146,7 +318,7 @@ class DecodingSection(_Section):
 
 
 class ServingSection(_Section):
-    system_prompt_file: LabPath | None = Field(None, description="Text file with the served system prompt.")
+    system_prompt_file: LabFile | None = Field(None, description="Text file with the served system prompt.")
     decoding: DecodingSection = Field(default_factory=DecodingSection, description="Served decoding settings.")
 
     def served_decoding(self, stop_token_ids: tuple[int, ...]) -> Decoding:
@@ -167,8 +339,8 @@ class LabConfig(_Section):
     feedback: FeedbackSection = Field(description="Human side-by-side feedback and how it is split.")
     data: list[DataSource] = Field(default_factory=list, description="Local replay/instruction data sources.")
     evals: list[EvalSuite] = Field(default_factory=list, description="Evaluation suites.")
-    bars: LabPath | None = Field(None, description="Promotion bars file (TOML), registered before any scoring.")
-    executor: ExecutorSection = Field(default_factory=ExecutorSection, description="Job engine settings.")
+    bars: LabFile | None = Field(None, description="Promotion bars file (TOML), registered before any scoring.")
+    executor: LabExecutorSection = Field(default_factory=LabExecutorSection, description="Job engine settings.")
     planner: PlannerSection = Field(default_factory=PlannerSection, description="Who proposes the next step.")
     judge: JudgeSection = Field(default_factory=JudgeSection, description="Pairwise judge for holdout battles.")
     serving: ServingSection = Field(default_factory=ServingSection, description="How the nominee will be served.")
@@ -186,16 +358,80 @@ class LabConfig(_Section):
 def load_lab_config(lab_dir: Path) -> LabConfig:
     """Read and validate `lab_dir/lab.toml`; raise LabConfigError with every problem it finds."""
     path = lab_dir / LAB_FILE
+    raw = _read_toml(path)
+    problems = scan_raw(raw)
+    if problems:  # before pydantic, whose messages would echo the offending values
+        raise LabConfigError(f"{path}: {len(problems)} problem(s):\n" + "\n".join(f"  {p}" for p in problems))
     try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError as exc:
-        raise LabConfigError(f"{path}: no such file (a lab directory needs a {LAB_FILE})") from exc
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise LabConfigError(f"{path}: not valid TOML: {exc}") from exc
-    try:
-        return LabConfig.model_validate(raw, context={"lab_dir": lab_dir})
+        return LabConfig.model_validate(raw, strict=True, context={"lab_dir": lab_dir})
     except ValidationError as exc:
         raise LabConfigError(format_validation_error(path, exc)) from None
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    why = describe_non_file(path)
+    if why == "does not exist":
+        raise LabConfigError(f"{path}: no such file (a lab directory needs a {LAB_FILE})")
+    if why is not None:  # never "no lab.toml, so the toy world": the user meant this lab
+        raise LabConfigError(f"{path}: {why} (expected a readable {LAB_FILE})")
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise LabConfigError(f"{path}: line {line}: not valid UTF-8 (byte 0x{data[e.start]:02x}); "
+                             f"{LAB_FILE} must be UTF-8 text") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise LabConfigError(f"{path}: not valid TOML: {exc}") from None
+    except RecursionError:
+        raise LabConfigError(f"{path}: nested too deeply (a {LAB_FILE} is at most {MAX_TOML_DEPTH} levels deep)") from None
+
+
+# Shapes of credentials, so that one pasted into any field is refused (and never echoed).
+_SECRETS = [
+    (re.compile(r"\bsk-[A-Za-z0-9_-]{8,}"), "an API key (sk-...)"),
+    (re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{16,}|github_pat_[A-Za-z0-9_]{16,})"), "a GitHub token"),
+    (re.compile(r"\bxox[abposr]-[A-Za-z0-9-]{8,}"), "a Slack token"),
+    (re.compile(r"\b(?:AKIA|ASIA)[A-Z0-9]{16}\b"), "an AWS access key"),
+    (re.compile(r"\bhf_[A-Za-z0-9]{20,}"), "a Hugging Face token"),
+    (re.compile(r"\bAIza[0-9A-Za-z_-]{30,}"), "a Google API key"),
+    (re.compile(r"\bbearer\s+\S{8,}", re.IGNORECASE), "a bearer token"),
+    (re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----"), "a private key"),
+    (re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/\s@:]*:[^/\s@]*@"), "credentials inside a URL (user:password@)"),
+]
+
+
+def secret_kind(text: str) -> str | None:
+    """What kind of secret `text` looks like, or None."""
+    return next((kind for pattern, kind in _SECRETS if pattern.search(text)), None)
+
+
+def scan_raw(raw: dict[str, Any]) -> list[str]:
+    """Problems pydantic cannot be trusted with: secrets (never echoed), non-finite numbers, depth."""
+    problems, stack = [], [((), raw)]
+    while stack:
+        loc, node = stack.pop()
+        if len(loc) >= MAX_TOML_DEPTH:
+            problems.append(f"{_key(loc)}: nested more than {MAX_TOML_DEPTH} levels deep")
+            continue
+        children = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+        for key, child in children:
+            where = _key((*loc, key))
+            if isinstance(key, str) and secret_kind(key):
+                problems.append(f"{_key(loc)}: a key looks like {secret_kind(key)}; {_SECRET_ADVICE}")
+            elif isinstance(child, str) and secret_kind(child):
+                problems.append(f"{where}: the value looks like {secret_kind(child)} (not shown); {_SECRET_ADVICE}")
+            elif isinstance(child, float) and not math.isfinite(child):
+                problems.append(f"{where}: {child} is not a finite number")
+            else:
+                stack.append(((*loc, key), child))
+    return sorted(problems)
+
+
+_SECRET_ADVICE = ("secrets never go in lab.toml: put the key in an environment variable and name it with "
+                  "`api_key_env`; keep credentials out of URLs")
 
 
 def format_validation_error(path: Path, exc: ValidationError) -> str:
@@ -218,13 +454,14 @@ def _key(loc: tuple[Any, ...]) -> str:
 
 def _expected(err: dict[str, Any]) -> str:
     kind, got = err["type"], err.get("input")
-    if kind == "extra_forbidden" and err["loc"][-1] in ("api_key", "key", "token"):
-        return "secrets never go in lab.toml: put the key in an environment variable and name it with `api_key_env`"
+    if kind == "extra_forbidden" and err["loc"][-1] in ("api_key", "key", "token", "password", "secret"):
+        return _SECRET_ADVICE
     if kind == "extra_forbidden":
         return "unknown key (not part of the lab.toml format; check its spelling)"
     if kind == "missing":
         return "required key is missing"
     message = err["msg"].removeprefix("Value error, ")
     if isinstance(got, (str, int, float, bool)) and kind not in ("value_error",):
-        return f"{message} (got {got!r})"
+        shown = got if not isinstance(got, str) or len(got) <= 80 else got[:80] + "..."
+        return f"{message} (got {shown!r})"
     return message

@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from transformers import AutoTokenizer
 
 from core.chat import Message, render
 from core.jsonl import JSONLError, read_lines, read_values
@@ -273,6 +272,9 @@ def _input_files(cfg: _BuildConfig) -> list[SourceFile]:
 
 def count_tokens(tokenizer_dir: Path, rows: list[dict], kind: RowKind) -> int:
     """Tokens of every rendered row under the one chat renderer (pairs count both conversations)."""
+    # Imported here, not at the top: the session's input check reads data rows without loading torch.
+    from transformers import AutoTokenizer
+
     tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
     if kind != "pairs":
         return sum(len(render(tok, r["messages"]).input_ids) for r in rows)
@@ -345,7 +347,7 @@ def build_battle_pairs(cfg: BattlePairsConfig) -> DatasetManifest:
     return _finish("battle_pairs", "pairs", cfg, rows, refs, [], stats | {"identical_pairs_dropped": same})
 
 
-def _read_chat_rows(path: Path) -> list[dict]:
+def read_chat_rows(path: Path) -> list[dict]:
     """`messages` of every row of a local chat dataset; DatasetError listing every bad row."""
     path = Path(path)
     if path.suffix == ".parquet":
@@ -391,7 +393,7 @@ def build_replay_mix(cfg: ReplayMixConfig) -> DatasetManifest:
     refs, _, _ = references(cfg)
     rows, stats, files = [], {}, []
     for src in cfg.sources:
-        pool = _read_chat_rows(src.path)
+        pool = read_chat_rows(src.path)
         k = len(pool) if src.cap is None else min(src.cap, len(pool))
         picked = sorted(random.Random(f"{cfg.seed}:{src.name}").sample(range(len(pool)), k))
         rows += [{"id": f"{src.name}:{i + 1}", "messages": served(pool[i]["messages"], cfg.system_prompt)} for i in picked]

@@ -1,0 +1,110 @@
+"""A session's inputs, checked before it opens (DESIGN.md section 8): nothing is half-started.
+
+`lab.toml` loading (agent/config.py) checks that every path is the right kind of thing; this reads
+the files themselves, all of them, and collects every problem before `run` writes a notebook row:
+
+- the feedback file passes `check-feedback` (every line valid, at least one battle);
+- the bars file loads, and each bar names a suite of the lab and a metric its scorer writes;
+- every eval suite file parses as eval items with unique ids and the fields its scorer reads
+  (math/synthetic: gold; mcq: gold and choices; constraints: constraints; battle_margin and
+  reward_proxy: the recorded battle);
+- every data source parses as chat rows (the replay-mix builder's own reader).
+
+    problems = check_inputs(load_lab_config(lab_dir))     # [] when the session may open
+    require_inputs(cfg, lab_dir / "lab.toml")              # LabConfigError listing them all
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from agent.config import LabConfig, LabConfigError
+from core.jsonl import JSONLError, read_lines
+from evals import bars
+from evals.types import Item
+from tools.datasets import DatasetError, read_chat_rows
+from tools.feedback import MAX_LISTED, FeedbackError, load_feedback
+
+# Item fields each scorer reads besides the conversation (evals/<scorer>.py).
+SCORER_NEEDS: dict[str, tuple[str, ...]] = {
+    "math": ("gold",), "synthetic": ("gold",), "mcq": ("gold", "choices"), "constraints": ("constraints",),
+    "battle_margin": ("battle",), "reward_proxy": ("battle",),
+}
+
+
+def check_inputs(cfg: LabConfig) -> list[str]:
+    """Every problem of every input file, each naming its file (and line or bar); [] when all are sound."""
+    problems = _feedback(cfg.feedback.file)
+    if cfg.bars is not None:
+        problems += _bars(cfg.bars, {s.name: s.scorer for s in cfg.evals})
+    for suite in cfg.evals:
+        if suite.file is not None:
+            problems += suite_problems(suite.file, suite.scorer)
+    for source in cfg.data:
+        try:
+            read_chat_rows(source.path)
+        except (DatasetError, OSError) as e:
+            problems.append(f"data {source.name!r}: {e}")
+    return problems
+
+
+def require_inputs(cfg: LabConfig, lab_file: Path) -> None:
+    """LabConfigError (exit 2 at the CLI) listing every input problem; nothing has been written yet."""
+    problems = check_inputs(cfg)
+    if problems:
+        body = "\n".join("  " + p.replace("\n", "\n  ") for p in problems)
+        raise LabConfigError(f"{lab_file}: {len(problems)} input file(s) do not check out; no session was opened:\n{body}")
+
+
+def _feedback(path: Path) -> list[str]:
+    try:
+        load_feedback(path)
+    except FeedbackError as e:
+        return [f"feedback: {e}"]
+    return []
+
+
+def _bars(path: Path, suites: dict[str, str]) -> list[str]:
+    try:
+        bars.load(path, suites)
+    except bars.BarsError as e:
+        return [f"bars: {e}"]
+    return []
+
+
+def suite_problems(path: Path, scorer: str) -> list[str]:
+    """Problems of one eval suite file for `scorer`: bad lines, repeated ids, missing fields; [] if sound."""
+    try:
+        lines = read_lines(path)
+    except JSONLError as e:
+        return [f"eval suite: {e}"]
+    found, seen = [], {}
+    for number, value, problem in lines:
+        if problem is None:
+            problem = _item_problem(value, scorer, number, seen)
+        if problem is not None:
+            found.append(f"line {number}: {problem}")
+    if not lines:
+        found.append("the file holds no items")
+    if not found:
+        return []
+    more = [f"... and {len(found) - MAX_LISTED} more"] if len(found) > MAX_LISTED else []
+    return [f"eval suite: {path}: {len(found)} problem(s):\n" + "\n".join(f"    {p}" for p in found[:MAX_LISTED] + more)]
+
+
+def _item_problem(value: object, scorer: str, number: int, seen: dict[str, int]) -> str | None:
+    try:
+        item = Item.model_validate(value)
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = ".".join(map(str, err["loc"])) or "-"
+        return f"{where}: {err['msg'].removeprefix('Value error, ')} (expected an eval item)"
+    if item.id in seen:
+        return f"id: duplicate item id {item.id!r} (first on line {seen[item.id]})"
+    seen[item.id] = number
+    missing = [field for field in SCORER_NEEDS.get(scorer, ()) if not getattr(item, field)]
+    if missing:
+        return f"item {item.id!r} has no {', '.join(missing)} (scorer {scorer} needs it)"
+    return None
