@@ -503,7 +503,8 @@ class Launcher:
             self._launch(key, spec, attempt=1, reason="new job")
             job: Job[R] = Job(self, key, spec.result_type)
             return job
-        self._specs.setdefault(key, spec)  # a row from before jobs named their function has only this
+        if self.nb.get_job(key, 1).fn is None:  # a row from before jobs named their function: only the call has it
+            self._specs.setdefault(key, spec)
         return self.attach(key)
 
     def attach(self, key: str) -> Job[Any]:

@@ -124,3 +124,38 @@ def _address_space() -> int:
         if line.startswith("VmSize:"):
             return int(line.split()[1]) * 1024
     raise RuntimeError("/proc/self/status has no VmSize line")
+
+
+class AllReduceConfig(_Model):
+    tag: str = Field(description="Distinguishes otherwise identical probes (the launcher keys jobs by args).")
+    seconds: float = Field(0.0, ge=0, description="Seconds each rank works (sleeps) before the collective.")
+
+
+class AllReduceResult(_Model):
+    rank: int = Field(description="This process's rank (the job's result is rank 0's).")
+    world_size: int = Field(description="Processes in the group.")
+    rank_sum: int = Field(description="all_reduce(SUM) of rank + 1: world_size * (world_size + 1) / 2 when all took part.")
+    pids: list[int] = Field(description="Process id of every rank, gathered: distinct processes.")
+    master: str = Field(description="MASTER_ADDR:MASTER_PORT the group met at.")
+    no_multicast: dict[str, str] = Field(description="The NVLink multicast switches as the job's environment had them.")
+
+
+def all_reduce(config: AllReduceConfig) -> AllReduceResult:
+    """Join the job's torch.distributed group on CPU (gloo; the launcher exported the rendezvous) and all-reduce."""
+    import torch  # here, not at the top: the other probes start without paying for torch
+    import torch.distributed as dist
+
+    time.sleep(config.seconds)
+    dist.init_process_group("gloo")
+    try:
+        total = torch.tensor([dist.get_rank() + 1])
+        dist.all_reduce(total)
+        pids: list[int] = [0] * dist.get_world_size()
+        dist.all_gather_object(pids, os.getpid())
+        rank, world = dist.get_rank(), dist.get_world_size()
+    finally:
+        dist.destroy_process_group()
+    switches = ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS")
+    return AllReduceResult(rank=rank, world_size=world, rank_sum=int(total.item()), pids=pids,
+                           master=f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}",
+                           no_multicast={name: os.environ.get(name, "") for name in switches})

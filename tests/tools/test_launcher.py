@@ -62,6 +62,8 @@ def test_success_settles_cost(launcher: Launcher, notebook: Notebook, tmp_path: 
     else:
         # Local: wall time of the worker on one device (CPU-only counts as one).
         assert 1.2 <= attempt.gpu_hours * 3600 <= wall
+    # A real lab's charge is what was measured: device-seconds / 3600, both kept on the row.
+    assert attempt.charge == "measured" and attempt.gpu_hours == pytest.approx(attempt.device_seconds / 3600)
     ledger = notebook.ledger(SESSION)
     assert ledger.spent_gpuh == pytest.approx(attempt.gpu_hours) and ledger.reserved_gpuh == 0
 
