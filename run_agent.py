@@ -5,6 +5,10 @@
     python run_agent.py verify [--lab DIR] [--expect-head HASH]
                                                         re-walk the notebook's decision hash chain
     python run_agent.py check-feedback FILE             validate a feedback file and print its summary
+    python run_agent.py world build [--lab DIR] [--seed N] [--size demo|test]
+                                                        build (or find cached) the toy world
+    python run_agent.py world truth CHECKPOINT [--vs OTHER|opponent] [--n 2000]
+                                                        true win rate in the toy world (noise-free oracle)
 
 Exit status: 0 on success, 1 when a check fails (verify), 2 on bad input (flags, lab.toml, files);
 bad input writes nothing.
@@ -132,12 +136,28 @@ def cmd_check_feedback(args: argparse.Namespace) -> int:
     return check_feedback_command(args.file)
 
 
+# ---- world ---------------------------------------------------------------------------------------
+
+
+def add_world_args(p: argparse.ArgumentParser) -> None:
+    from tools.world.cli import add_args
+
+    add_args(p)
+
+
+def cmd_world(args: argparse.Namespace) -> int:
+    from tools.world.cli import main as world_main
+
+    return world_main(args)
+
+
 # ---- dispatch ------------------------------------------------------------------------------------
 
 SUBCOMMANDS = {
     "run": (add_run_args, cmd_run, "run a research session (the default command)"),
     "verify": (add_verify_args, cmd_verify, "re-walk the notebook's decision hash chain"),
     "check-feedback": (add_check_feedback_args, cmd_check_feedback, "validate a feedback file and summarize it"),
+    "world": (add_world_args, cmd_world, "build the toy world, or measure a checkpoint's ground truth in it"),
 }
 
 # Commands DESIGN.md names that this release does not have yet: each says what brings it instead of being

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import random
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -77,8 +78,10 @@ def _synthetic_corpus(seed: int, n_lines: int = 4000) -> list[str]:
     return lines
 
 
-def train_tokenizer(seed: int = 0, vocab_size: int = TOKENIZER_VOCAB_SIZE) -> Tokenizer:
-    """Trains a byte-level BPE `tokenizers.Tokenizer`; the special tokens take ids 0..3."""
+def train_tokenizer(seed: int = 0, vocab_size: int = TOKENIZER_VOCAB_SIZE,
+                    corpus: Sequence[str] | None = None) -> Tokenizer:
+    """Trains a byte-level BPE `tokenizers.Tokenizer` on `corpus` (default: the built-in synthetic text);
+    the special tokens take ids 0..3."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -88,15 +91,18 @@ def train_tokenizer(seed: int = 0, vocab_size: int = TOKENIZER_VOCAB_SIZE) -> To
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_synthetic_corpus(seed), trainer=trainer)
+    tok.train_from_iterator(_synthetic_corpus(seed) if corpus is None else corpus, trainer=trainer)
     return tok
 
 
-def build_tokenizer(out_dir: str | Path, seed: int = 0) -> Path:
-    """Writes a `PreTrainedTokenizerFast` directory (with the ChatML chat template) and returns it."""
+def build_tokenizer(out_dir: str | Path, seed: int = 0, corpus: Sequence[str] | None = None,
+                    vocab_size: int = TOKENIZER_VOCAB_SIZE) -> Path:
+    """Writes a `PreTrainedTokenizerFast` directory (with the ChatML chat template) and returns it.
+
+    `corpus` is the text to train on (the toy world passes its own); default: the built-in synthetic text."""
     out = Path(out_dir)
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=train_tokenizer(seed),
+        tokenizer_object=train_tokenizer(seed, vocab_size, corpus),
         eos_token=EOT_TOKEN,
         pad_token=PAD_TOKEN,
         extra_special_tokens=[t for t in SPECIAL_TOKENS if t not in (EOT_TOKEN, PAD_TOKEN)],

@@ -130,13 +130,17 @@ class ReferenceIndex:
         self.by_short: dict[int, dict[str, Reference]] = {}  # word length -> whole short reference
         self.counts: dict[str, int] = {}
         for ref in references:
-            self.counts[ref.source] = self.counts.get(ref.source, 0) + 1
-            self.by_hash.setdefault(normalized_hash(ref.text), ref)
-            for g in ngrams(ref.text, n):
-                self.by_ngram.setdefault(g, ref)
-            short = short_sequence(ref.text, n)
-            if short is not None:
-                self.by_short.setdefault(len(short.split()), {}).setdefault(short, ref)
+            self.add(ref)
+
+    def add(self, ref: Reference) -> None:
+        """Index one more reference (the toy world grows its index while drawing disjoint prompts)."""
+        self.counts[ref.source] = self.counts.get(ref.source, 0) + 1
+        self.by_hash.setdefault(normalized_hash(ref.text), ref)
+        for g in ngrams(ref.text, self.n):
+            self.by_ngram.setdefault(g, ref)
+        short = short_sequence(ref.text, self.n)
+        if short is not None:
+            self.by_short.setdefault(len(short.split()), {}).setdefault(short, ref)
 
     def _gram_hit(self, row: int, text: str) -> LeakHit | None:
         """A shared n-gram, else a whole short reference found among the prompt's grams of its length."""

@@ -1,0 +1,1 @@
+"""The toy world: a complete miniature lab built offline from a seed, with a known oracle (tools/world/build.py)."""

@@ -1,0 +1,473 @@
+"""The world builder: a complete miniature lab, generated offline and deterministically from a seed.
+
+    python run_agent.py world build [--lab DIR] [--seed N] [--size demo|test]
+
+What lands in the lab directory (every path relative to it):
+
+    lab.toml                          an ordinary lab config (nothing in the agent special-cases the world)
+    world/world.json                  the spec: seed, size, model sizes, oracle noise, opponent profile, cost factor
+    world/tokenizer/                  byte-level BPE trained with `tokenizers` on the world's text, ChatML specials
+    world/models/base/                tiny Nemotron-H (Mamba2, attention, MoE, MLP) "pretrained" by trainers.sft
+    world/models/parent/              the stage-1 chat parent: the base after a short SFT (deliberately mediocre)
+    world/feedback/battles.jsonl      parent vs opponent battles voted by the noisy oracle (feedback format)
+    world/suites/synthetic.jsonl      synthetic verified tasks (evals.synthetic ids and checker)
+    world/suites/loops.jsonl          prompts for the loop and stop suites
+    world/data/stage1_sft.jsonl       replay data: the parent's own stage-1 SFT conversations
+    world/bars.toml                   default promotion bars
+    world/serving/system_prompt.txt   the served system prompt
+    world/manifest.json               sha256 of every file above; world/manifest.sha256 commits the build
+
+Caching: a build is skipped when world/manifest.sha256 holds the sha256 of manifest.json, the manifest
+was made for the same seed, size and builder version, and every listed file still has its sha256. A
+missing, partial or edited cache fails that check and is rebuilt from scratch in a staging directory,
+then moved into place (manifest.sha256 last, so a killed build is never taken for a finished one). A
+lab.toml that no world manifest vouches for belongs to a real lab and is never overwritten.
+
+Prompt pools (suites, battles, stage-1 data, pretraining text) are drawn from seeds derived apart and
+made disjoint under the agent's own leak audit (tools/world/tasks.py), so dataset builds on the world's
+feedback pass their audits and the ground-truth sample (tools/world/truth.py) can be drawn fresh.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from core.chat import EOT_TOKEN, Message, TEXT_EOS_TOKEN
+from core.util import file_sha256, sha256_text, write_atomic, write_json_atomic
+from tools.leak import DEFAULT_NGRAM, ReferenceIndex
+from tools.world import cost, opponent, oracle
+from tools.world.tasks import WORLD_FAMILIES, WorldTask, draw, draw_mix, hash_seed
+
+Size = Literal["demo", "test"]
+WORLD_VERSION = 1
+WORLD_DIR = "world"
+MANIFEST = "manifest.json"
+COMMIT = "manifest.sha256"
+SYSTEM_PROMPT = "You are a careful assistant. Work step by step and end with the final answer."
+# Lab-relative paths of the world's parts: lab.toml names them, and truth.py audits against them.
+BASE = "world/models/base"
+PARENT = "world/models/parent"
+TOKENIZER = "world/tokenizer"
+FEEDBACK = "world/feedback/battles.jsonl"
+SYNTHETIC_SUITE = "world/suites/synthetic.jsonl"
+LOOPS_SUITE = "world/suites/loops.jsonl"
+STAGE1_DATA = "world/data/stage1_sft.jsonl"
+AUDITED_FILES = (("eval:synthetic", SYNTHETIC_SUITE), ("eval:loops", LOOPS_SUITE), ("data:stage1", STAGE1_DATA))
+# Served sampling (lab.toml [serving.decoding]); max_new_tokens comes from the size preset.
+TEMPERATURE = 0.7
+TOP_P = 0.95
+
+
+class SizeSpec(BaseModel):
+    """How big a world is: pools, model and training lengths."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    battles: int = Field(description="Battle prompts drawn (battles with an empty parent answer are dropped).")
+    synthetic_per_family: int = Field(description="Items per family in the synthetic verified suite.")
+    loops_items: int = Field(description="Prompts of the loop/stop suites.")
+    pretrain_rows: int = Field(description="Worked examples in the base model's pretraining text.")
+    pretrain_steps: int = Field(description="Optimizer steps of pretraining.")
+    sft_rows: int = Field(description="Stage-1 SFT conversations (also the replay data).")
+    sft_steps: int = Field(description="Optimizer steps of stage-1 SFT (few: the parent must stay mediocre).")
+    batch_size: int = Field(description="Rows per optimizer step (both stages).")
+    pretrain_lr: float = Field(description="Peak learning rate of pretraining.")
+    sft_lr: float = Field(description="Peak learning rate of stage-1 SFT.")
+    hidden: int = Field(description="Model hidden size.")
+    layers: tuple[str, ...] = Field(description="Nemotron-H block types, in order.")
+    experts: int = Field(description="Routed experts per MoE block.")
+    vocab: int = Field(description="Tokenizer vocabulary size.")
+    max_new_tokens: int = Field(description="Served cap on generated tokens.")
+
+
+SIZES: dict[Size, SizeSpec] = {
+    # Small enough for the test suite: quality does not matter there, only that every part is real.
+    "test": SizeSpec(battles=64, synthetic_per_family=4, loops_items=16, pretrain_rows=200, pretrain_steps=12,
+                     sft_rows=96, sft_steps=6, batch_size=8, pretrain_lr=3e-3, sft_lr=1e-3, hidden=64,
+                     layers=("linear_attention", "moe", "full_attention", "mlp"), experts=4, vocab=512,
+                     max_new_tokens=32),
+    "demo": SizeSpec(battles=480, synthetic_per_family=40, loops_items=80, pretrain_rows=3000, pretrain_steps=300,
+                     sft_rows=800, sft_steps=60, batch_size=8, pretrain_lr=3e-3, sft_lr=1e-3, hidden=128,
+                     layers=("linear_attention", "moe", "full_attention", "mlp", "linear_attention", "moe"),
+                     experts=4, vocab=1024, max_new_tokens=128),
+}
+
+
+class WorldSpec(BaseModel):
+    """world/world.json: what was built and with which settings (the truth command reads it)."""
+
+    model_config = ConfigDict(extra="forbid")
+    version: int = Field(description="Builder version; a cache built by another version is rebuilt.")
+    seed: int = Field(description="The world seed.")
+    size: Size = Field(description="Size preset.")
+    sizes: SizeSpec = Field(description="The preset's values.")
+    system_prompt: str = Field(description="Served system prompt.")
+    oracle_noise: oracle.OracleNoise = Field(description="The judge's stated vote noise.")
+    opponent_error_rate: dict[str, float] = Field(description="The opponent's chance of a wrong answer, per family.")
+    gpuh_per_device_s: float = Field(description="Simulated GPU-hours per device-second (lab.toml [executor]).")
+    battles_dropped: int = Field(description="Battles dropped because the parent's answer was empty.")
+    votes: dict[str, int] = Field(description="Battles per vote.")
+    params: int = Field(description="Parameters of the base model.")
+
+
+class Manifest(BaseModel):
+    """world/manifest.json: every file of the world with its sha256."""
+
+    model_config = ConfigDict(extra="forbid")
+    version: int = Field(description="Builder version.")
+    seed: int = Field(description="The world seed.")
+    size: Size = Field(description="Size preset.")
+    files: dict[str, str] = Field(description="Lab-relative path -> sha256, for every file of the world.")
+
+
+# ---- cache -------------------------------------------------------------------------------------------
+
+def cached(lab: Path, seed: int, size: Size) -> Manifest | None:
+    """The manifest of a complete, untouched world of this seed and size in `lab`, else None."""
+    world = lab / WORLD_DIR
+    try:
+        text = (world / MANIFEST).read_text(encoding="utf-8")
+        committed = (world / COMMIT).read_text(encoding="utf-8").strip()
+        manifest = Manifest.model_validate_json(text)
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    if committed != sha256_text(text) or (manifest.version, manifest.seed, manifest.size) != (WORLD_VERSION, seed, size):
+        return None
+    for rel, digest in manifest.files.items():
+        path = lab / rel
+        if not path.is_file() or file_sha256(path) != digest:
+            return None
+    return manifest
+
+
+def owned_by_world(lab: Path) -> bool:
+    """Whether lab.toml (if any) was written by a world build (a manifest exists beside it)."""
+    return not (lab / "lab.toml").exists() or (lab / WORLD_DIR / MANIFEST).exists()
+
+
+class WorldError(ValueError):
+    """A world cannot be built here; the message says why (exit 2)."""
+
+
+# ---- pools -------------------------------------------------------------------------------------------
+
+class Pools(BaseModel):
+    """The world's prompt pools, mutually disjoint under the leak audit."""
+
+    model_config = ConfigDict(extra="forbid")
+    synthetic: list[WorldTask] = Field(description="Synthetic verified suite tasks.")
+    loops: list[WorldTask] = Field(description="Loop/stop suite prompts.")
+    battles: list[WorldTask] = Field(description="Battle prompts.")
+    stage1: list[WorldTask] = Field(description="Stage-1 SFT conversations.")
+    pretrain: list[WorldTask] = Field(description="Pretraining worked examples.")
+
+
+def draw_pools(seed: int, spec: SizeSpec) -> Pools:
+    index = ReferenceIndex([], DEFAULT_NGRAM)
+    synthetic = [t for f in WORLD_FAMILIES[:6]
+                 for t in draw(f, spec.synthetic_per_family, hash_seed(seed, "synthetic", f), index, "synthetic")]
+    return Pools(
+        synthetic=synthetic,
+        loops=draw_mix(spec.loops_items, hash_seed(seed, "loops"), index, "loops"),
+        battles=draw_mix(spec.battles, hash_seed(seed, "battles"), index, "battles"),
+        stage1=draw_mix(spec.sft_rows, hash_seed(seed, "stage1"), index, "stage1"),
+        pretrain=draw_mix(spec.pretrain_rows, hash_seed(seed, "pretrain"), index, "pretrain"),
+    )
+
+
+def _document(task: WorldTask) -> str:
+    """A pretraining document: the conversation as plain text (questions and worked answers)."""
+    return "\n".join(m.content for m in [*task.messages, Message(role="assistant", content=task.reference)])
+
+
+def _jsonl(path: Path, rows: list[dict]) -> None:
+    write_atomic(path, "".join(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n" for r in rows))
+
+
+def _conversation(task: WorldTask) -> list[dict]:
+    return [m.model_dump() for m in task.messages] + [{"role": "assistant", "content": task.reference}]
+
+
+# ---- models ------------------------------------------------------------------------------------------
+
+def init_model(tokenizer_dir: Path, out: Path, spec: SizeSpec, seed: int) -> int:
+    """A randomly initialised Nemotron-H of the preset's size, saved with its tokenizer; returns its parameter count."""
+    import torch
+    from transformers import GenerationConfig, NemotronHConfig, NemotronHForCausalLM, PreTrainedTokenizerFast
+
+    from core.chat import PAD_TOKEN
+
+    tok = PreTrainedTokenizerFast.from_pretrained(tokenizer_dir)
+    pad, eot, eos = tok.convert_tokens_to_ids([PAD_TOKEN, EOT_TOKEN, TEXT_EOS_TOKEN])
+    config = NemotronHConfig(
+        vocab_size=len(tok), hidden_size=spec.hidden, layers_block_type=list(spec.layers),
+        num_attention_heads=4, num_key_value_heads=2, head_dim=spec.hidden // 4, intermediate_size=2 * spec.hidden,
+        mamba_num_heads=8, mamba_head_dim=spec.hidden // 4, ssm_state_size=16, n_groups=2, chunk_size=16,
+        n_routed_experts=spec.experts, num_experts_per_tok=2, moe_intermediate_size=spec.hidden,
+        moe_shared_expert_intermediate_size=spec.hidden, max_position_embeddings=2048, tie_word_embeddings=False,
+        pad_token_id=pad, eos_token_id=eot, bos_token_id=eos,
+    )
+    torch.manual_seed(seed)
+    model = NemotronHForCausalLM(config)
+    model.generation_config = GenerationConfig(eos_token_id=[eot, eos], pad_token_id=pad, do_sample=False)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return sum(p.numel() for p in model.parameters())
+
+
+def sft(model: Path, data: Path, run_dir: Path, out: Path, steps: int, lr: float, spec: SizeSpec,
+        system_prompt: str | None, seed: int) -> None:
+    """One run of the project's SFT trainer; the trained weights are moved to `out`."""
+    from trainers.sft import SFTConfig, train
+
+    config = SFTConfig(model_path=model, data_path=data, output_dir=run_dir, system_prompt=system_prompt, lr=lr,
+                       steps=steps, batch_size=spec.batch_size, micro_batch_size=spec.batch_size, max_len=384,
+                       warmup_steps=max(1, steps // 10), seed=seed, log_every=max(1, steps // 5))
+    result = train(config)
+    shutil.move(str(result.model_dir), out)
+
+
+# ---- battles -----------------------------------------------------------------------------------------
+
+def served_decoding(tokenizer_dir: Path, spec: SizeSpec):
+    """The world's served decoding (the same values lab.toml's [serving] declares)."""
+    from transformers import AutoTokenizer
+
+    from evals.decoding import Decoding
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    stops = tuple(tok.convert_tokens_to_ids([EOT_TOKEN, TEXT_EOS_TOKEN]))
+    return Decoding(system_prompt=SYSTEM_PROMPT, temperature=TEMPERATURE, top_p=TOP_P, repetition_penalty=1.0,
+                    max_new_tokens=spec.max_new_tokens, stop_token_ids=stops)
+
+
+_VOTE = {"A": "own", "B": "other", "tie": "tie", "both_bad": "both_bad"}
+
+
+def vote(prompt: str, own: str, other: str, own_first: bool) -> str:
+    """The noisy oracle's vote on one battle, mapped from positions to own/other."""
+    from evals.judge import parse_verdict
+
+    a, b = (own, other) if own_first else (other, own)
+    verdict = parse_verdict(oracle.judge(prompt, a, b))
+    if verdict in ("A", "B") and not own_first:
+        verdict = "B" if verdict == "A" else "A"
+    return _VOTE[verdict]
+
+
+def battles(parent: Path, tasks: list[WorldTask], decoding, seed: int) -> tuple[list[dict], int]:
+    """Parent vs opponent on every battle prompt, voted by the oracle; battles with an empty parent answer
+    are dropped (the feedback format requires both answers) and counted."""
+    from evals.generate import generate, load
+    from evals.judge import judged_prompt
+
+    items = [t.item("battle") for t in tasks]
+    answers = generate(load(parent), items, decoding, seed=seed)
+    rng = random.Random(seed)
+    rows, dropped = [], 0
+    for task, item, own in zip(tasks, items, answers, strict=True):
+        own_first = rng.random() < 0.5
+        if not own.text.strip():
+            dropped += 1
+            continue
+        prompt = judged_prompt(item)
+        other = opponent.answer(prompt)
+        rows.append({"id": f"b-{task.id.replace('/', '-')}", "messages": [m.model_dump() for m in task.messages],
+                     "own": own.text, "other": other, "vote": vote(prompt, own.text, other, own_first),
+                     "meta": {"family": task.family, "turns": sum(m.role == "user" for m in task.messages)}})
+    return rows, dropped
+
+
+# ---- config files ------------------------------------------------------------------------------------
+
+BARS = """# Default promotion bars of the toy world (registered before any candidate is scored).
+p_family = 24
+
+[[bar]]
+suite = "holdout"
+metric = "win_score"
+rule = "p <= 0.05"
+test = "paired_t"
+
+[[bar]]
+suite = "synthetic"
+metric = "correct"
+rule = "delta >= -1.0 * noise_floor"
+
+[[bar]]
+suite = "loops"
+metric = "looping"
+rule = "delta <= 1.0 * noise_floor"
+
+[[bar]]
+suite = "stop"
+metric = "stopped"
+rule = "delta >= -1.0 * noise_floor"
+"""
+
+
+def lab_toml(seed: int, size: Size, spec: SizeSpec, stage1_rows: int) -> str:
+    return f"""# The toy world (seed {seed}, size {size}), written by `python run_agent.py world build`.
+# An ordinary lab: nothing in the agent special-cases it. Its ground truth is measured by
+# `python run_agent.py world truth CHECKPOINT` and is never shown to the agent.
+bars = "world/bars.toml"
+
+[model]
+base = "{BASE}"
+parent = "{PARENT}"
+tokenizer = "{TOKENIZER}"
+
+[feedback]
+file = "{FEEDBACK}"
+dev_fraction = 0.15
+sealed_fraction = 0.1
+stratify_by = "family"
+
+[[data]]
+name = "stage1"
+path = "{STAGE1_DATA}"
+cap = {stage1_rows}
+
+[[evals]]
+name = "synthetic"
+scorer = "synthetic"
+file = "{SYNTHETIC_SUITE}"
+
+[[evals]]
+name = "loops"
+scorer = "loops"
+file = "{LOOPS_SUITE}"
+
+[[evals]]
+name = "stop"
+scorer = "length_stop"
+file = "{LOOPS_SUITE}"
+
+[[evals]]
+name = "holdout"
+scorer = "judge"
+
+[[evals]]
+name = "confirm"
+scorer = "judge"
+sealed = true
+
+[executor]
+kind = "local"
+time_limit_min = 30
+# Simulated cost: GPU-hours charged per measured device-second of a toy job (tools/world/cost.py).
+simulated_gpuh_per_device_s = {cost.GPUH_PER_DEVICE_S}
+
+[planner]
+kind = "playbook"
+
+[judge]
+# The oracle (tools/world/oracle.py): prefers correct, clean, stopped answers, with stated noise.
+kind = "oracle"
+
+[serving]
+system_prompt_file = "world/serving/system_prompt.txt"
+
+[serving.decoding]
+temperature = {TEMPERATURE}
+top_p = {TOP_P}
+repetition_penalty = 1.0
+max_new_tokens = {spec.max_new_tokens}
+"""
+
+
+# ---- the build ---------------------------------------------------------------------------------------
+
+def _write_pools(world: Path, pools: Pools) -> None:
+    root = world.parent
+    _jsonl(root / SYNTHETIC_SUITE, [json.loads(t.item("synthetic").model_dump_json()) for t in pools.synthetic])
+    _jsonl(root / LOOPS_SUITE, [json.loads(t.item("loops").model_dump_json()) for t in pools.loops])
+    _jsonl(root / STAGE1_DATA,
+           [{"id": f"stage1-{t.id.replace('/', '-')}", "messages": _conversation(t)} for t in pools.stage1])
+
+
+def _train(world: Path, scratch: Path, pools: Pools, spec: SizeSpec, seed: int) -> int:
+    """Tokenizer, base (pretraining) and parent (stage-1 SFT); returns the parameter count."""
+    from core.tiny import build_tokenizer
+
+    docs = [_document(t) for t in pools.pretrain + pools.stage1] + [SYSTEM_PROMPT]
+    root = world.parent
+    tok_dir = build_tokenizer(root / TOKENIZER, seed=seed, corpus=docs, vocab_size=spec.vocab)
+    params = init_model(tok_dir, scratch / "init", spec, hash_seed(seed, "init") % 2**31)
+    pretrain = scratch / "pretrain.jsonl"
+    _jsonl(pretrain, [{"messages": [{"role": "assistant", "content": _document(t)}]} for t in pools.pretrain])
+    (world / "models").mkdir(parents=True, exist_ok=True)
+    sft(scratch / "init", pretrain, scratch / "run-pretrain", root / BASE, spec.pretrain_steps,
+        spec.pretrain_lr, spec, None, hash_seed(seed, "pretrain-run") % 2**31)
+    sft(root / BASE, root / STAGE1_DATA, scratch / "run-stage1", root / PARENT, spec.sft_steps, spec.sft_lr, spec, SYSTEM_PROMPT,
+        hash_seed(seed, "stage1-run") % 2**31)
+    return params
+
+
+def _build_into(stage: Path, seed: int, size: Size) -> None:
+    spec = SIZES[size]
+    world = stage / WORLD_DIR
+    pools = draw_pools(seed, spec)
+    _write_pools(world, pools)
+    params = _train(world, stage / "scratch", pools, spec, seed)
+    decoding = served_decoding(stage / TOKENIZER, spec)
+    rows, dropped = battles(stage / PARENT, pools.battles, decoding, hash_seed(seed, "battles-gen") % 2**31)
+    _jsonl(stage / FEEDBACK, rows)
+    write_atomic(world / "bars.toml", BARS)
+    write_atomic(world / "serving" / "system_prompt.txt", SYSTEM_PROMPT + "\n")
+    write_atomic(stage / "lab.toml", lab_toml(seed, size, spec, len(pools.stage1)))
+    shutil.rmtree(stage / "scratch")
+    votes = {v: sum(r["vote"] == v for r in rows) for v in ("own", "other", "tie", "both_bad")}
+    info = WorldSpec(version=WORLD_VERSION, seed=seed, size=size, sizes=spec, system_prompt=SYSTEM_PROMPT,
+                     oracle_noise=oracle.OracleNoise(), opponent_error_rate=dict(opponent.ERROR_RATE),
+                     gpuh_per_device_s=cost.GPUH_PER_DEVICE_S, battles_dropped=dropped, votes=votes, params=params)
+    write_json_atomic(world / "world.json", json.loads(info.model_dump_json()))
+
+
+def _files(root: Path) -> dict[str, str]:
+    paths = sorted(p for p in root.rglob("*") if p.is_file())
+    return {p.relative_to(root).as_posix(): file_sha256(p) for p in paths}
+
+
+def build(lab: Path, seed: int = 0, size: Size = "demo") -> tuple[Manifest, bool]:
+    """Builds the world into `lab` unless an intact cache of it is there; returns (manifest, rebuilt)."""
+    found = cached(lab, seed, size)
+    if found is not None:
+        return found, False
+    if not owned_by_world(lab):
+        raise WorldError(f"{lab / 'lab.toml'}: this lab.toml was not written by a world build (no "
+                         f"{WORLD_DIR}/{MANIFEST}); refusing to overwrite a real lab's config")
+    lab.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=".world-build-", dir=lab))
+    try:
+        _build_into(stage, seed, size)
+        manifest = Manifest(version=WORLD_VERSION, seed=seed, size=size, files=_files(stage))
+        text = manifest.model_dump_json(indent=2) + "\n"
+        write_atomic(stage / WORLD_DIR / MANIFEST, text)
+        _swap_in(stage, lab)
+        write_atomic(lab / WORLD_DIR / COMMIT, sha256_text(text) + "\n")
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    return manifest, True
+
+
+def _swap_in(stage: Path, lab: Path) -> None:
+    """Replace the lab's world and lab.toml by the staged ones (the commit file is written after)."""
+    shutil.rmtree(lab / WORLD_DIR, ignore_errors=True)
+    (lab / "lab.toml").unlink(missing_ok=True)
+    (stage / WORLD_DIR).rename(lab / WORLD_DIR)
+    (stage / "lab.toml").rename(lab / "lab.toml")
+
+
+def load_spec(lab: Path) -> WorldSpec:
+    """world/world.json of a built world."""
+    path = lab / WORLD_DIR / "world.json"
+    if not path.is_file():
+        raise WorldError(f"{path}: no toy world here (build one with `python run_agent.py world build --lab {lab}`)")
+    return WorldSpec.model_validate_json(path.read_text(encoding="utf-8"))

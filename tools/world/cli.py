@@ -1,0 +1,70 @@
+"""`python run_agent.py world ...`: build the toy world, or measure a checkpoint's ground truth in it.
+
+    python run_agent.py world build [--lab DIR] [--seed N] [--size demo|test]
+    python run_agent.py world truth CHECKPOINT [--lab DIR] [--vs OTHER|opponent] [--n 2000] [--seed S] [--json FILE]
+
+Exit status: 0 on success, 2 on bad input (nothing written).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from core.util import write_json_atomic
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="world_command", metavar="WORLD_COMMAND", required=True)
+    b = sub.add_parser("build", help="build (or find cached) the toy world in a lab directory")
+    b.add_argument("--lab", type=Path, default=Path("lab"), help="lab directory to build into")
+    b.add_argument("--seed", type=int, default=0, help="world seed (same seed, same files)")
+    b.add_argument("--size", choices=["demo", "test"], default="demo", help="demo (the default lab) or test (fast)")
+    t = sub.add_parser("truth", help="true win rate of a checkpoint on a fresh sample (noise-free oracle)")
+    t.add_argument("checkpoint", type=Path, help="checkpoint directory to measure")
+    t.add_argument("--lab", type=Path, default=Path("lab"), help="the toy world's lab directory")
+    t.add_argument("--vs", help="checkpoint to measure against, or 'opponent' (default: the lab's parent)")
+    t.add_argument("--n", type=int, default=2000, help="prompts in the fresh sample")
+    t.add_argument("--seed", type=int, default=0, help="truth sample seed (kept apart from every pool of the build)")
+    t.add_argument("--json", type=Path, help="also write the result as JSON to this file")
+
+
+def _build(args: argparse.Namespace) -> int:
+    from tools.world.build import build
+
+    t0 = time.perf_counter()
+    manifest, rebuilt = build(args.lab, seed=args.seed, size=args.size)
+    what = "built" if rebuilt else "cached (manifest sha256 matches; nothing rebuilt)"
+    print(f"toy world {args.size} seed {args.seed} in {args.lab}: {what}, {len(manifest.files)} files, "
+          f"{time.perf_counter() - t0:.1f} s")
+    return 0
+
+
+def _truth(args: argparse.Namespace) -> int:
+    from tools.world.truth import OPPONENT, render, truth
+
+    if args.n < 2:
+        print(f"error: --n {args.n}: need at least 2 prompts for a confidence interval", file=sys.stderr)
+        return 2
+    for path in [args.checkpoint] + ([Path(args.vs)] if args.vs and args.vs != OPPONENT else []):
+        if not (path / "config.json").is_file() and not (path / "adapter_config.json").is_file():
+            print(f"error: {path}: not a checkpoint directory (no config.json)", file=sys.stderr)
+            return 2
+    result = truth(args.lab, args.checkpoint, args.vs, n=args.n, seed=args.seed)
+    print(render(result))
+    if args.json:
+        write_json_atomic(args.json, result.model_dump(mode="json"))
+    return 0
+
+
+def main(args: argparse.Namespace) -> int:
+    """Dispatch `world build` / `world truth`; bad input exits 2 with one message."""
+    from tools.world.build import WorldError
+
+    try:
+        return _build(args) if args.world_command == "build" else _truth(args)
+    except WorldError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
