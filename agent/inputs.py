@@ -91,7 +91,7 @@ def suite_problems(path: Path, scorer: str) -> list[str]:
     if not found:
         return []
     more = [f"... and {len(found) - MAX_LISTED} more"] if len(found) > MAX_LISTED else []
-    return [f"eval suite: {path}: {len(found)} problem(s):\n" + "\n".join(f"    {p}" for p in found[:MAX_LISTED] + more)]
+    return [f"eval suite: {path}: {len(found)} problem(s):\n" + "\n".join(f"  {p}" for p in found[:MAX_LISTED] + more)]
 
 
 def _item_problem(value: object, scorer: str, number: int, seen: dict[str, int]) -> str | None:
