@@ -1,5 +1,6 @@
-"""Live progress while the agent waits on jobs: one line per job (kind, state, elapsed, the last
-logged step/loss from the run's metrics.jsonl) and the session budget spent/left, drawn with rich.
+"""Live progress while the agent waits on jobs: one line per job (kind, state, elapsed, settled cost
+with its measured device-seconds and whether the charge is simulated, the last logged step/loss from
+the run's metrics.jsonl) and the session budget spent/left, drawn with rich.
 Off a terminal (CI, logs piped to a file) it draws nothing; the notebook has the record anyway.
 
     wait_all([job_a, job_b], notebook, "s1")        # console defaults to stderr; then job_a.result()
@@ -60,14 +61,24 @@ def render(jobs: list[Job[Any]], notebook: Notebook, session: str) -> Table:
     ledger = notebook.ledger(session)
     table = Table(title=f"budget: {ledger.spent_gpuh:.3f} GPU-h spent, {ledger.reserved_gpuh:.3f} reserved, "
                         f"{ledger.left_gpuh:.3f} left of {ledger.budget_gpuh:g}", title_justify="left")
-    for column in ("job", "attempt", "state", "elapsed", "progress"):
+    for column in ("job", "attempt", "state", "elapsed", "cost", "progress"):
         table.add_column(column)
     for job in jobs:
         record = job.record
         state = record.state if record.failure_class is None else f"{record.state} ({record.failure_class})"
         table.add_row(f"{record.kind} {job.key[:8]}", str(record.attempt), state,
-                      _elapsed(record.started_at, record.ended_at), last_metrics(metrics_path(record)))
+                      _elapsed(record.started_at, record.ended_at), _cost(record), last_metrics(metrics_path(record)))
     return table
+
+
+def _cost(record: JobRecord) -> str:
+    """'0.0042 GPU-h (15.1 device-s, simulated)' once the attempt is settled, else '-'."""
+    if record.gpu_hours is None:
+        return "-"
+    if record.device_seconds is None:  # settled before rows kept device-seconds
+        return f"{record.gpu_hours:.4g} GPU-h"
+    label = ", simulated" if record.charge == "simulated" else ""
+    return f"{record.gpu_hours:.4g} GPU-h ({record.device_seconds:.1f} device-s{label})"
 
 
 def wait_all(jobs: list[Job[Any]], notebook: Notebook, session: str, console: Console | None = None,

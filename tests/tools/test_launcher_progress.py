@@ -11,14 +11,15 @@ from memory.notebook import Notebook
 from tools.executor import ExecutorSection
 from tools.launcher import Launcher, Resources
 from tools.probe import CountConfig, EmptyConfig, count, empty
-from tools.progress import last_metrics, wait_all
+from tools.progress import last_metrics, render, wait_all
 
 
-def _session(tmp_path: Path) -> tuple[Notebook, Launcher]:
+def _session(tmp_path: Path, executor: ExecutorSection | None = None) -> tuple[Notebook, Launcher]:
     nb = Notebook.open(tmp_path / "notebook.db")
     nb.open_session("s1", lab=str(tmp_path), budget_gpuh=2.0, reserve_gpuh=0.1, planner="playbook",
                     executor="local", config={})
-    return nb, Launcher.from_section(nb, "s1", ExecutorSection(kind="local"), tmp_path / "jobs", poll_s=0.1)
+    executor = executor or ExecutorSection(kind="local")
+    return nb, Launcher.from_section(nb, "s1", executor, tmp_path / "jobs", poll_s=0.1)
 
 
 def test_live_lines_on_a_terminal(tmp_path: Path) -> None:
@@ -43,6 +44,16 @@ def test_quiet_off_a_terminal(tmp_path: Path) -> None:
     out = io.StringIO()
     wait_all([job], nb, "s1", Console(file=out, force_terminal=False), refresh_s=0.1)
     assert out.getvalue() == "" and job.record.state == "completed"
+
+
+def test_settled_cost_shows_device_seconds_and_a_simulated_label(tmp_path: Path) -> None:
+    nb, launcher = _session(tmp_path, ExecutorSection(kind="local", simulated_gpuh_per_device_s=0.001))
+    job = launcher.submit("empty", empty, EmptyConfig(tag="c"), Resources(time_limit_min=1, signal_delay_s=10))
+    job.result(timeout_s=60)
+    out = io.StringIO()
+    Console(file=out, width=160).print(render([job], nb, "s1"))
+    record = job.record
+    assert f"{record.gpu_hours:.4g} GPU-h ({record.device_seconds:.1f} device-s, simulated)" in out.getvalue()
 
 
 def test_last_metrics(tmp_path: Path) -> None:
