@@ -24,6 +24,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from agent.config import LAB_FILE, BudgetError, LabConfig, LabConfigError, load_lab_config, parse_budget
+from agent.errors import SessionError
 from memory.notebook import Notebook, NotebookError
 
 NOTEBOOK_FILE = "notebook.db"
@@ -43,6 +44,9 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--session", help="session name (default: s-<UTC timestamp>)")
     p.add_argument("--planner", choices=["playbook", "openai"], help="override [planner] kind of lab.toml")
     p.add_argument("--executor", choices=["local", "slurm"], help="override [executor] kind of lab.toml")
+    p.add_argument("--protocol", choices=["full", "test"], default="full",
+                   help="playbook size: full, or test (one SFT arm of 4 steps, one dose, one serving alternative)")
+    p.add_argument("--quiet", action="store_true", help="plain log lines instead of the live view")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -66,16 +70,43 @@ def cmd_run(args: argparse.Namespace) -> int:
     path = args.lab / NOTEBOOK_FILE
     if path.exists() and session in _session_names(path):
         raise UsageError(f"session {session!r} already exists in {path}; pick another --session name")
-    snapshot = config.model_dump(mode="json") if config else {"world": "toy"}
-    reserve = budget * (config.budget.reserve_fraction if config else 0.05)
-    with Notebook.open(path) as nb:
-        nb.open_session(session, lab=str(args.lab), budget_gpuh=budget, reserve_gpuh=reserve, planner=planner,
-                        executor=executor, config=snapshot)
-        nb.end_session(session, "stopped", "no planner is wired in yet: nothing planned")
-    print(f"session {session} opened in {path}: budget {budget:g} GPU-hours ({reserve:g} reserved for the "
-          f"nomination), planner {planner}, executor {executor}.")
-    print("Nothing is planned yet: the agent loop is not part of this release; the session was closed as 'stopped'.")
-    return 0
+    from agent.runner import start
+
+    if config is None:  # no lab configured: the embedded toy world, built (or found cached) in the lab dir
+        from tools.world.build import build
+
+        print(f"no {args.lab / LAB_FILE}: building the toy world in {args.lab} (cached after the first build)")
+        build(args.lab, size="demo")
+    return start(args.lab, session, budget, planner, executor, args.protocol, args.quiet)
+
+
+# ---- resume / replay -----------------------------------------------------------------------------
+
+
+def add_resume_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("session", help="the session to continue")
+    p.add_argument("--lab", type=Path, default=Path("lab"), help="lab directory (holds lab.toml and notebook.db)")
+    p.add_argument("--quiet", action="store_true", help="plain log lines instead of the live view")
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    from agent.runner import resume
+
+    return resume(args.lab, args.session, args.quiet)
+
+
+def add_replay_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("session", help="the session to re-derive")
+    p.add_argument("--lab", type=Path, default=Path("lab"), help="lab directory (holds lab.toml and notebook.db)")
+    p.add_argument("--bars", type=Path, help="other bars (TOML) registered in place of the session's")
+    p.add_argument("--planner", choices=["playbook", "openai"], help="another planner than the session's")
+    p.add_argument("--protocol", choices=["full", "test"], help="another playbook size than the session's")
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from agent.replay import replay_command
+
+    return replay_command(args.lab, args.session, bars=args.bars, planner=args.planner, protocol=args.protocol)
 
 
 def _lab_config(args: argparse.Namespace) -> LabConfig | None:
@@ -157,14 +188,14 @@ SUBCOMMANDS = {
     "run": (add_run_args, cmd_run, "run a research session (the default command)"),
     "verify": (add_verify_args, cmd_verify, "re-walk the notebook's decision hash chain"),
     "check-feedback": (add_check_feedback_args, cmd_check_feedback, "validate a feedback file and summarize it"),
+    "resume": (add_resume_args, cmd_resume, "continue a session that died, launching nothing twice"),
+    "replay": (add_replay_args, cmd_replay, "re-derive a session's decisions from the notebook (no jobs, no writes)"),
     "world": (add_world_args, cmd_world, "build the toy world, or measure a checkpoint's ground truth in it"),
 }
 
 # Commands DESIGN.md names that this release does not have yet: each says what brings it instead of being
 # read as `run` (which would ask for --budget). A name moves to SUBCOMMANDS when its issue lands.
 RESERVED = {
-    "resume": "the agent loop (resume a session that died)",
-    "replay": "the agent loop (re-derive a session's decisions from the notebook)",
     "report": "human review (the HTML report of a session)",
     "check-bundle": "nomination (checks of a serving bundle)",
     "world": "the toy world (build the embedded lab and score checkpoints against its ground truth)",
@@ -211,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.handler(args)
-    except (UsageError, BudgetError, LabConfigError, NotebookError) as exc:
+    except (UsageError, BudgetError, LabConfigError, NotebookError, SessionError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 

@@ -90,6 +90,15 @@ class VerdictPayload(_Payload):
     bars_id: int = Field(description="bars row the candidate was judged by.")
 
 
+class IncumbentPayload(_Payload):
+    """A promoted candidate made the incumbent (the agent's promote tool, after a promoting verdict)."""
+
+    action: Literal["incumbent"] = Field(description="Marks the change of incumbent.")
+    artifact_id: int = Field(description="The new incumbent.")
+    comparison_id: int = Field(description="The comparison that promoted it.")
+    previous: int = Field(description="The incumbent it replaces.")
+
+
 class CalibratePayload(_Payload):
     """Noise floors calibrated on one artifact and suite."""
 
@@ -170,7 +179,26 @@ class CalibrationRefusal(_Payload):
     reasons: list[str] = Field(description="Every reason it was refused.")
 
 
-RefusePayload = BudgetRefusal | CompareRefusal | SealedRefusal | CalibrationRefusal
+class GateRefusal(_Payload):
+    """A planned tool call refused by the agent's gates (agent/gates.py) before it ran."""
+
+    tool: str = Field(description="Tool proposed.")
+    args: dict[str, Any] = Field(description="Its canonical arguments.")
+    reason: str = Field(description="The first gate's reason.")
+    plan_seq: int | None = Field(None, description="The plan decision it came from (None in the nomination step).")
+    forecast_gpuh: float | None = Field(None, description="Forecast of its job, when it would have launched one.")
+
+
+class PlannerRefusal(_Payload):
+    """An LLM planner reply that could not be acted on (bad JSON, unknown tool, invalid arguments)."""
+
+    planner: str = Field(description="Planner that replied.")
+    reason: str = Field(description="What was wrong, as fed back to the planner.")
+    raw: str = Field(description="The reply's tool call as received, truncated.")
+    in_row: int = Field(description="Unusable replies in a row, this one included.")
+
+
+RefusePayload = BudgetRefusal | CompareRefusal | SealedRefusal | CalibrationRefusal | GateRefusal | PlannerRefusal
 
 
 class Decision(_Record):
@@ -203,7 +231,7 @@ class RegisterBarsDecision(Decision):
 
 class VerdictDecision(Decision):
     kind: Literal["promote", "reject"] = Field(description="A comparison's outcome.")
-    payload: VerdictPayload = Field(description="The comparison judged.")
+    payload: VerdictPayload | IncumbentPayload = Field(description="The comparison judged, or the change of incumbent it allowed.")
 
 
 class CalibrateDecision(Decision):

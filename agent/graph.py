@@ -1,0 +1,239 @@
+"""The research loop as a LangGraph graph; all wiring is in this file.
+
+    observe -> plan -> gate -> act -> record -> observe ...        (loop)
+                 \\        \\             \\
+                  observe   observe      nominate -> END          (bad reply / refused / stop)
+
+- observe: read the notebook summary (the planner's only view of the world);
+- plan: the planner proposes a tool call, recorded as a `plan` decision; an unusable LLM reply is
+  recorded as a `refuse` and fed back; after 3 in a row the playbook's next step is taken;
+- gate: the pure gates (agent/gates.py) with the job's forecast; a refusal is a recorded `refuse`;
+- act: the tool runs (it records its tool call, job and decision in the notebook);
+- record: decide whether the loop ends: the planner stopped, the budget above the reserve is spent,
+  or N arms in a row failed their bars;
+- nominate: nominate the incumbent, open the sealed confirmation once, end the session.
+
+State (agent/state.py) holds JSON and ids; it is checkpointed after every node with LangGraph's
+SQLite checkpointer in its own file (`lab/graph.sqlite`), thread id = session name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from langgraph.graph import END, START, StateGraph
+from pydantic import ValidationError
+
+from agent import gates, toolbox
+from agent.live import Reporter
+from agent.planners import BadReply, Planner, ToolCall
+from agent.planners.playbook import Playbook
+from agent.state import AgentState, initial_state
+from agent.summary import Summary, summarize
+from memory.notebook import tool_call_key
+from tools.context import ToolContext, ToolOutcome
+from tools.launcher import Launcher
+
+MAX_BAD_REPLIES = 3
+MAX_REFUSALS_IN_ROW = 3
+
+
+@dataclass
+class Runtime:
+    """The live objects the nodes close over (never part of the checkpointed state)."""
+
+    ctx: ToolContext
+    planner: Planner
+    playbook: Playbook
+    forecaster: Launcher
+    reporter: Reporter
+    max_failed_arms: int = 3
+    log: list[str] = field(default_factory=list)
+
+
+# ---- nodes ---------------------------------------------------------------------------------------
+
+
+def observe(rt: Runtime, state: AgentState) -> dict[str, Any]:
+    summary = summarize(rt.ctx.nb, rt.ctx.session)
+    rt.reporter.observe(summary)
+    return {"summary": summary.model_dump(mode="json")}
+
+
+def _usable(rt: Runtime, s: Summary, reply: ToolCall | BadReply) -> ToolCall | BadReply:
+    """A proposal in canonical form, or why it cannot be acted on."""
+    if isinstance(reply, BadReply):
+        return reply
+    if reply.tool not in toolbox.PLANNER_TOOLS:
+        return BadReply(reason=f"unknown tool {reply.tool!r}; the tools are {', '.join(toolbox.PLANNER_TOOLS)}",
+                        raw=reply.tool[:200])
+    try:
+        args = toolbox.canonical_args(reply.tool, reply.args)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'args'}: {e['msg']}" for e in exc.errors())
+        return BadReply(reason=f"arguments of {reply.tool} are invalid: {problems}", raw=str(reply.args)[:200])
+    done = s.call(reply.tool, args)
+    if done is not None and done.status != "open" and reply.tool != "stop":
+        return BadReply(reason=f"{reply.tool} with these arguments already ran: {done.status}: {done.summary}",
+                        raw=str(args)[:200])
+    return reply.model_copy(update={"args": args})
+
+
+def _record_plan(rt: Runtime, call: ToolCall, planner: str) -> int:
+    """The plan decision of this call; a resumed step re-planning the same call reuses the last one."""
+    nb, session = rt.ctx.nb, rt.ctx.session
+    payload = {"tool": call.tool, "args": call.args, "planner": planner}
+    last = nb.decisions(session)[-1]
+    if last.kind == "plan" and last.payload.model_dump(mode="json") == payload:
+        return last.seq
+    return nb.record_decision(session, "plan", call.rationale, payload).seq
+
+
+def _fallback(rt: Runtime, s: Summary, planner: str, bad: int) -> ToolCall:
+    step = rt.playbook.propose(s, [])
+    return step.model_copy(update={
+        "args": toolbox.canonical_args(step.tool, step.args),
+        "rationale": f"{planner} planner: {bad} bad replies in a row; taking the playbook's next step: {step.rationale}"})
+
+
+def plan(rt: Runtime, state: AgentState) -> dict[str, Any]:
+    s = Summary.model_validate(state["summary"])
+    planner, bad = rt.planner.name, state.get("bad_replies", 0)
+    if bad >= MAX_BAD_REPLIES:
+        reply, planner, bad = _fallback(rt, s, planner, bad), "playbook", 0
+    else:
+        reply = _usable(rt, s, rt.planner.propose(s, state.get("feedback", [])))
+    if isinstance(reply, BadReply):
+        bad += 1
+        rt.ctx.nb.record_decision(rt.ctx.session, "refuse", f"planner reply refused: {reply.reason}",
+                                  {"planner": planner, "reason": reply.reason, "raw": reply.raw, "in_row": bad})
+        rt.reporter.event(f"planner reply refused ({bad} in a row): {reply.reason}")
+        if bad < MAX_BAD_REPLIES:
+            return {"proposal": None, "bad_replies": bad, "feedback": [*state.get("feedback", []), reply.reason]}
+        reply, planner, bad = _fallback(rt, s, planner, bad), "playbook", 0
+    seq = _record_plan(rt, reply, planner)
+    rt.reporter.event(f"plan: {reply.tool} {reply.args} ({reply.rationale})")
+    proposal = {"tool": reply.tool, "args": reply.args, "rationale": reply.rationale, "planner": planner, "plan_seq": seq}
+    return {"proposal": proposal, "bad_replies": bad}
+
+
+def gate(rt: Runtime, state: AgentState) -> dict[str, Any]:
+    p = state["proposal"]
+    s = Summary.model_validate(state["summary"])
+    args = toolbox.args_model(p["tool"]).model_validate(p["args"])
+    forecast = toolbox.forecast_gpuh(rt.ctx, rt.forecaster, p["tool"], args)
+    reason = gates.check(p["tool"], p["args"], s, forecast, rt.ctx.paths.root)
+    if reason is None:
+        return {"refusal": None}
+    rt.ctx.nb.record_decision(rt.ctx.session, "refuse", f"gate: {reason}",
+                              {"tool": p["tool"], "args": p["args"], "reason": reason, "plan_seq": p["plan_seq"],
+                               "forecast_gpuh": forecast})
+    rt.reporter.event(f"refused: {reason}")
+    bad = state.get("bad_replies", 0) + (1 if p["planner"] != "playbook" else 0)
+    return {"refusal": reason, "bad_replies": bad, "refusals_in_row": state.get("refusals_in_row", 0) + 1,
+            "feedback": [*state.get("feedback", []), f"refused by the gates: {reason}"]}
+
+
+def act(rt: Runtime, state: AgentState) -> dict[str, Any]:
+    p = state["proposal"]
+    args = toolbox.args_model(p["tool"]).model_validate(p["args"])
+    rt.reporter.event(f"act: {p['tool']}")
+    outcome = toolbox.run(rt.ctx, p["tool"], args, p["plan_seq"])
+    rt.reporter.event(f"{outcome.status}: {outcome.summary}")
+    call = rt.ctx.nb.tool_call(rt.ctx.session, tool_call_key(p["tool"], p["args"]))
+    return {"outcome": outcome.model_dump(mode="json"), "acted": [call.id]}
+
+
+def record(rt: Runtime, state: AgentState) -> dict[str, Any]:
+    """The step is in the notebook already; decide whether the loop goes on."""
+    p, s = state["proposal"], summarize(rt.ctx.nb, rt.ctx.session)
+    reason = None
+    if p["tool"] == "stop":
+        reason = p["args"]["reason"]
+    elif s.budget.left_above_reserve_gpuh <= 0:
+        reason = f"budget spent: {s.budget.spent_gpuh:.3f} of {s.budget.budget_gpuh:.3f} GPU-h, reserve kept"
+    elif s.consecutive_failed_arms >= rt.max_failed_arms:
+        reason = f"{s.consecutive_failed_arms} arms in a row failed or missed the bars"
+    return {"stop_reason": reason, "feedback": [], "refusals_in_row": 0,
+            "bad_replies": 0 if p["planner"] == "playbook" else state.get("bad_replies", 0)}
+
+
+def _gated_run(rt: Runtime, tool: str, args: dict[str, Any]) -> ToolOutcome | None:
+    """A nomination-step tool through the same gates; None when refused (recorded)."""
+    s = summarize(rt.ctx.nb, rt.ctx.session)
+    model = toolbox.args_model(tool).model_validate(args)
+    forecast = toolbox.forecast_gpuh(rt.ctx, rt.forecaster, tool, model)
+    reason = gates.check(tool, model.model_dump(mode="json"), s, forecast, rt.ctx.paths.root)
+    if reason is not None:
+        rt.ctx.nb.record_decision(rt.ctx.session, "refuse", f"gate: {reason}",
+                                  {"tool": tool, "args": model.model_dump(mode="json"), "reason": reason})
+        return None
+    outcome = toolbox.run(rt.ctx, tool, model, None)
+    rt.reporter.event(f"{tool}: {outcome.status}: {outcome.summary}")
+    return outcome
+
+
+def nominate(rt: Runtime, state: AgentState) -> dict[str, Any]:
+    nb, session = rt.ctx.nb, rt.ctx.session
+    if nb.session(session).status != "open":
+        return {"finished": True}
+    s = summarize(nb, session)
+    nominee = s.incumbent
+    outcome = _gated_run(rt, "nominate", {"artifact": nominee})
+    if outcome is not None and outcome.status == "done" and rt.ctx.lab.sealed_suites:
+        _gated_run(rt, "sealed_open", {"artifact": nominee})
+    name = nb.artifact(nominee).name
+    status = "done" if outcome is not None and outcome.status == "done" else "failed"
+    nb.end_session(session, status, f"nominated {name} ({state.get('stop_reason') or 'loop ended'})"
+                   if status == "done" else f"nomination of {name} failed")
+    rt.reporter.event(f"session {session} {status}: nominee {name}")
+    return {"finished": True}
+
+
+# ---- routers -------------------------------------------------------------------------------------
+
+
+def after_plan(state: AgentState) -> Literal["gate", "observe"]:
+    return "gate" if state.get("proposal") else "observe"
+
+
+def after_gate(state: AgentState) -> Literal["act", "observe", "nominate"]:
+    if state.get("refusal") is None:
+        return "act"
+    return "nominate" if state.get("refusals_in_row", 0) >= MAX_REFUSALS_IN_ROW else "observe"
+
+
+def after_record(state: AgentState) -> Literal["observe", "nominate"]:
+    return "nominate" if state.get("stop_reason") else "observe"
+
+
+# ---- wiring --------------------------------------------------------------------------------------
+
+
+def build(rt: Runtime, checkpointer: Any):
+    g = StateGraph(AgentState)
+    for name, fn in (("observe", observe), ("plan", plan), ("gate", gate), ("act", act), ("record", record),
+                     ("nominate", nominate)):
+        g.add_node(name, lambda state, fn=fn: fn(rt, state))
+    g.add_edge(START, "observe")
+    g.add_edge("observe", "plan")
+    g.add_conditional_edges("plan", after_plan)
+    g.add_conditional_edges("gate", after_gate)
+    g.add_edge("act", "record")
+    g.add_conditional_edges("record", after_record)
+    g.add_edge("nominate", END)
+    return g.compile(checkpointer=checkpointer)
+
+
+def drive(rt: Runtime, checkpointer: Any) -> AgentState:
+    """Run the session's thread to its end: continue from the last checkpoint if there is one,
+    else start from the notebook (a fresh state; everything else is re-read)."""
+    graph = build(rt, checkpointer)
+    config = {"configurable": {"thread_id": rt.ctx.session}, "recursion_limit": 100_000}
+    snapshot = graph.get_state(config)
+    if snapshot.next:
+        return graph.invoke(None, config)
+    if snapshot.values.get("finished"):
+        return snapshot.values
+    return graph.invoke(initial_state(rt.ctx.session), config)

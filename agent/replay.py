@@ -1,0 +1,220 @@
+"""Replay: re-run a session's decision logic with every tool result served from the notebook.
+
+    python run_agent.py replay SESSION [--lab DIR] [--bars FILE] [--planner playbook|openai]
+
+The graph runs again, unchanged, against a scratch notebook in a temporary directory (the lab's
+notebook is opened read-only; nothing is written to it, no graph checkpoint is written, no job is
+launched). Its job submitter (`ReplaySubmitter`) applies the launcher's budget admission, then serves
+each job the recorded session ran (same idempotency key: same tool, same arguments) by copying its
+attempts, result and launch/fail decisions into the scratch notebook. A job the session never ran
+is not launched: its tool reports "would launch: <kind> <key>" and the loop goes on without it.
+
+The recorded and replayed decision sequences are compared kind by kind, payloads normalised (row
+ids that differ between notebooks are dropped, artifact ids become artifact names, the bars' hash is
+left out since other bars are the point of `--bars`). Identical: exit 0. Otherwise the first decision
+that differs and everything after it are printed side by side, each replayed step that would have
+needed a new job marked, and the exit status is 1.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import typing
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from langgraph.checkpoint.memory import InMemorySaver
+from pydantic import BaseModel
+
+from agent.config import load_lab_config
+from agent.errors import SessionError
+from agent.graph import Runtime, drive
+from agent.live import Silent
+from agent.planners.playbook import Playbook, PlaybookSettings
+from memory.notebook import Decision, JobRecord, Notebook, NotebookError
+from tools.context import ToolContext, WouldLaunch
+from tools.launcher import BudgetRefused, JobFailed, Launcher, Resources
+from tools.paths import LabPaths
+from tools.promote import start_incumbent
+
+_ARTIFACT_KEYS = {"artifact_id", "candidate", "incumbent", "previous", "parent", "dataset", "artifact"}
+_ARTIFACT_LISTS = {"models", "parents"}
+_ROW_IDS = {"comparison_id", "bars_id", "eval_ids", "noise_floor_ids", "split_id", "plan_seq", "sha256",
+            "config_sha256", "session_sha256"}
+_COPIED = ("start_job", "update_job")
+
+
+class ServedJob:
+    """A recorded job's handle in replay: its result is the one the notebook holds."""
+
+    def __init__(self, key: str, record: JobRecord, result_type: type[BaseModel]):
+        self.key, self.record, self.result_type = key, record, result_type
+
+    def result(self, timeout_s: float | None = None) -> Any:
+        if self.record.state != "completed":
+            raise JobFailed(self.record)
+        return self.result_type.model_validate(self.record.result)
+
+
+class ReplaySubmitter:
+    """Serves recorded jobs by key; launches nothing (see the module docstring)."""
+
+    def __init__(self, original: Notebook, scratch: Notebook, session: str, launcher: Launcher):
+        self.original, self.scratch, self.session, self.launcher = original, scratch, session, launcher
+
+    def submit(self, kind: str, fn: Callable[[Any], Any], args: BaseModel, resources: Resources) -> ServedJob:
+        key = self.launcher.key(kind, fn, args)
+        forecast = self.launcher.forecast(kind, resources)
+        ledger = self.scratch.ledger(self.session)
+        if not ledger.admits(forecast.gpuh):
+            raise BudgetRefused(f"{kind}: forecast {forecast.gpuh:.3f} GPU-h does not fit (replay)")
+        attempts = self.original.jobs(session=self.session, key=key)
+        if not attempts:
+            raise WouldLaunch(kind, key)
+        self._copy(key, attempts)
+        return ServedJob(key, attempts[-1], typing.get_type_hints(fn)["return"])
+
+    def _copy(self, key: str, attempts: list[JobRecord]) -> None:
+        if self.scratch.jobs(session=self.session, key=key):
+            return  # served before (a re-attached step)
+        with self.scratch.transaction():
+            for a in attempts:
+                self.scratch.start_job(key, session=self.session, kind=a.kind, executor=a.executor,
+                                       resources=a.resources, forecast_gpuh=a.forecast_gpuh, attempt=a.attempt,
+                                       folder=a.folder, fn=a.fn, result_type=a.result_type)
+                self.scratch.update_job(key, a.attempt, state=a.state, external_id=a.external_id,
+                                        started_at=a.started_at, ended_at=a.ended_at, gpu_hours=a.gpu_hours,
+                                        failure_class=a.failure_class, failure_detail=a.failure_detail,
+                                        log_path=a.log_path, result=a.result, device_seconds=a.device_seconds,
+                                        charge=a.charge)
+            for d in self.original.decisions(self.session):
+                if d.kind in ("launch", "fail", "refuse") and d.payload.get("key") == key:
+                    self.scratch.record_decision(self.session, d.kind, d.rationale, d.payload)
+
+
+# ---- comparing decision sequences ---------------------------------------------------------------
+
+
+def _normalise(value: Any, names: dict[int, str], key: str | None = None) -> Any:
+    if isinstance(value, dict):
+        return {k: _normalise(v, names, k) for k, v in sorted(value.items()) if k not in _ROW_IDS}
+    if isinstance(value, list):
+        if key in _ARTIFACT_LISTS:
+            return [names.get(v, v) if isinstance(v, int) else v for v in value]
+        return [_normalise(v, names) for v in value]
+    if key in _ARTIFACT_KEYS and isinstance(value, int):
+        return names.get(value, f"#{value}")
+    return value
+
+
+def signature(d: Decision, names: dict[int, str]) -> tuple[str, Any]:
+    """What must match between the recorded and the replayed decision."""
+    return d.kind, _normalise(d.payload.model_dump(mode="json"), names)
+
+
+def _names(nb: Notebook, session: str) -> dict[int, str]:
+    return {a.id: a.name for a in nb.artifacts(session=session)}
+
+
+def _would_launch(scratch: Notebook, session: str) -> dict[int, str]:
+    """plan decision seq -> 'would launch: ...' for replayed steps that needed a job never run."""
+    out = {}
+    for c in scratch.tool_calls(session):
+        if c.result and c.result.get("status") == "unavailable" and c.decision_seq is not None:
+            out[c.decision_seq] = c.result["summary"]
+    return out
+
+
+def _line(d: Decision | None, width: int) -> str:
+    if d is None:
+        return "-".ljust(width)
+    text = f"{d.seq:>4} {d.kind:<13} {d.rationale}"
+    return (text[: width - 1] + "…" if len(text) > width else text).ljust(width)
+
+
+def side_by_side(recorded: list[Decision], replayed: list[Decision], start: int, launches: dict[int, str],
+                 width: int = 70) -> list[str]:
+    lines = [f"{'recorded'.ljust(width)} | replayed", f"{'-' * width}-+-{'-' * width}"]
+    for i in range(start, max(len(recorded), len(replayed))):
+        left = recorded[i] if i < len(recorded) else None
+        right = replayed[i] if i < len(replayed) else None
+        mark = f"   [{launches[right.seq]}]" if right is not None and right.seq in launches else ""
+        lines.append(f"{_line(left, width)} | {_line(right, width).rstrip()}{mark}")
+    return lines
+
+
+class ReplayResult(BaseModel):
+    """The outcome of one replay."""
+
+    same: bool
+    recorded: int
+    replayed: int
+    first_difference: int | None
+    lines: list[str]
+    would_launch: list[str]
+
+
+def replay(lab_dir: Path, session: str, *, bars: Path | None = None, planner: str | None = None,
+           protocol: str | None = None) -> ReplayResult:
+    """Re-derive a session's decisions (see the module docstring); writes nothing in the lab."""
+    from agent.runner import lab_spec, make_planner
+
+    paths = LabPaths(root=lab_dir)
+    if not paths.notebook.exists():
+        raise SessionError(f"{paths.notebook}: no notebook here (pass --lab DIR)")
+    if bars is not None and not bars.is_file():
+        raise SessionError(f"--bars {bars}: no such file")
+    config = load_lab_config(lab_dir)
+    with Notebook.open(paths.notebook, readonly=True) as original, tempfile.TemporaryDirectory() as tmp:
+        try:
+            s = original.session(session)
+        except NotebookError as exc:
+            raise SessionError(str(exc)) from None
+        settings = (PlaybookSettings.model_validate(s.config["playbook"]) if protocol is None
+                    else PlaybookSettings.test() if protocol == "test" else PlaybookSettings())
+        with Notebook.open(Path(tmp) / "notebook.db") as scratch:
+            scratch.open_session(session, lab=s.lab, budget_gpuh=s.budget_gpuh, reserve_gpuh=s.reserve_gpuh,
+                                 planner=planner or s.planner, executor=s.executor, config=s.config)
+            lab = lab_spec(config)
+            if bars is not None:
+                lab = lab.model_copy(update={"bars": bars.resolve()})
+            section = config.executor.model_copy(update={"kind": s.executor})
+            forecaster = Launcher.from_section(scratch, session, section, Path(tmp) / "jobs")
+            ctx = ToolContext(nb=scratch, session=session, paths=paths, lab=lab,
+                              jobs=ReplaySubmitter(original, scratch, session, forecaster))
+            playbook = Playbook(settings)
+            rt = Runtime(ctx=ctx, planner=make_planner(planner or s.planner, config, playbook), playbook=playbook,
+                         forecaster=forecaster, reporter=Silent(), max_failed_arms=settings.max_failed_arms)
+            start_incumbent(ctx)
+            drive(rt, InMemorySaver())
+            return _compare(original, scratch, session)
+
+
+def _compare(original: Notebook, scratch: Notebook, session: str) -> ReplayResult:
+    recorded = [d for d in original.decisions(session) if d.kind != "open"]
+    replayed = [d for d in scratch.decisions(session) if d.kind != "open"]
+    a = [signature(d, _names(original, session)) for d in recorded]
+    b = [signature(d, _names(scratch, session)) for d in replayed]
+    first = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
+    if first is None and len(a) != len(b):
+        first = min(len(a), len(b))
+    launches = _would_launch(scratch, session)
+    lines = [] if first is None else side_by_side(recorded, replayed, first, launches)
+    return ReplayResult(same=first is None, recorded=len(recorded), replayed=len(replayed), first_difference=first,
+                        lines=lines, would_launch=sorted(launches.values()))
+
+
+def replay_command(lab_dir: Path, session: str, *, bars: Path | None, planner: str | None, protocol: str | None) -> int:
+    result = replay(lab_dir, session, bars=bars, planner=planner, protocol=protocol)
+    if result.same:
+        print(f"replay of session {session}: all {result.recorded} decisions reproduced exactly; no job launched, "
+              "nothing written")
+        return 0
+    print(f"replay of session {session}: decisions differ from decision {result.first_difference + 1} of "
+          f"{result.recorded} (recorded) / {result.replayed} (replayed); no job launched, nothing written")
+    print("\n".join(result.lines))
+    if result.would_launch:
+        print(f"{len(result.would_launch)} replayed step(s) would have needed a new job:")
+        print("\n".join(f"  {w}" for w in result.would_launch))
+    return 1

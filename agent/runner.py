@@ -1,0 +1,145 @@
+"""Starting and resuming a session: the lab (lab.toml) becomes the tools' LabSpec, the session is
+opened in the notebook, the live objects are built, and the graph is driven to its end.
+
+    start(lab_dir, session, budget_gpuh, ...)   # run_agent.py run
+    resume(lab_dir, session, ...)               # run_agent.py resume SESSION
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+from langgraph.checkpoint.sqlite import SqliteSaver
+
+from agent.config import LabConfig, load_lab_config
+from agent.errors import SessionError
+from agent.graph import Runtime, drive
+from agent.live import reporter
+from agent.planners import Planner
+from agent.planners.playbook import Playbook, PlaybookSettings
+from core.chat import EOT_TOKEN
+from core.util import canonical_json, sha256_text
+from evals.job import SuiteSpec
+from memory.notebook import Notebook, NotebookError
+from tools.context import LabSpec, ToolContext
+from tools.datasets import ReplaySource
+from tools.executor import ExecutorSection
+from tools.launcher import Launcher
+from tools.paths import LabPaths
+from tools.promote import start_incumbent
+
+
+def _eot_id(tokenizer_dir: Path) -> int:
+    """The end-of-turn id (the serving stop id), read from tokenizer.json without loading transformers."""
+    path = tokenizer_dir / "tokenizer.json"
+    for token in json.loads(path.read_text(encoding="utf-8")).get("added_tokens", []):
+        if token["content"] == EOT_TOKEN:
+            return int(token["id"])
+    raise SessionError(f"{path}: no {EOT_TOKEN} token (the chat template's end of turn)")
+
+
+def lab_spec(config: LabConfig) -> LabSpec:
+    """The tools' view of a lab config (suites without an items file, and judge suites, are not run yet)."""
+    parent = config.model.parent or config.model.base
+    tokenizer = config.model.tokenizer or parent
+    suites = [SuiteSpec(name=e.name, scorer=e.scorer, items_path=e.file, sealed=e.sealed)
+              for e in config.evals if e.file is not None and e.scorer != "judge"]
+    if not any(not s.sealed for s in suites):
+        raise SessionError("lab.toml: [[evals]] needs at least one open (not sealed) suite with a `file`")
+    return LabSpec(
+        parent=parent, tokenizer=tokenizer, feedback=config.feedback.file, dev_fraction=config.feedback.dev_fraction,
+        sealed_fraction=config.feedback.sealed_fraction, stratify_by=config.feedback.stratify_by, suites=suites,
+        replicates=max(e.replicates for e in config.evals),
+        data=[ReplaySource(name=d.name, path=d.path, cap=d.cap) for d in config.data], bars=config.bars,
+        served=config.serving.served_decoding((_eot_id(tokenizer),)), time_limit_min=config.executor.time_limit_min,
+        model_name=parent.name,
+    )
+
+
+def make_planner(kind: str, config: LabConfig, playbook: Playbook) -> Planner:
+    if kind == "openai":
+        from agent.planners.llm import LLMPlanner
+
+        return LLMPlanner.from_section(config.planner)
+    return playbook
+
+
+def _runtime(nb: Notebook, session: str, lab_dir: Path, config: LabConfig, executor: ExecutorSection,
+             settings: PlaybookSettings, planner_kind: str, quiet: bool) -> Runtime:
+    paths = LabPaths(root=lab_dir)
+    launcher = Launcher.from_section(nb, session, executor, paths.jobs)
+    ctx = ToolContext(nb=nb, session=session, paths=paths, lab=lab_spec(config), jobs=launcher)
+    playbook = Playbook(settings)
+    return Runtime(ctx=ctx, planner=make_planner(planner_kind, config, playbook), playbook=playbook, forecaster=launcher,
+                   reporter=reporter(paths.notebook, session, quiet), max_failed_arms=settings.max_failed_arms)
+
+
+def _drive_checkpointed(rt: Runtime) -> None:
+    # Its own file: the notebook stays the one source of truth, the checkpoint file is disposable.
+    conn = sqlite3.connect(str(rt.ctx.paths.graph_checkpoints), check_same_thread=False)
+    try:
+        drive(rt, SqliteSaver(conn))
+    finally:
+        conn.close()
+
+
+def _finish(rt: Runtime) -> int:
+    rt.reporter.close()
+    nb, session = rt.ctx.nb, rt.ctx.session
+    s = nb.session(session)
+    nominations = nb.decisions(session, kind="nominate")
+    nominee = nb.artifact(nominations[-1].payload.get("artifact_id")) if nominations else None
+    print(f"session {session}: {s.status}; notebook {nb.path}")
+    if nominee is not None:
+        print(f"nominee: {nominee.name} ({nominee.path})")
+    ledger = nb.ledger(session)
+    print(f"budget: {ledger.spent_gpuh:.4f} of {ledger.budget_gpuh:g} GPU-h spent (reserve {ledger.reserve_gpuh:g})")
+    print(f"review: python run_agent.py verify --lab {rt.ctx.paths.root}; datasette {nb.path}")
+    return 0 if s.status == "done" else 1
+
+
+def snapshot(config: LabConfig, protocol: str, settings: PlaybookSettings) -> dict[str, Any]:
+    return {"lab": config.model_dump(mode="json"), "protocol": protocol, "playbook": settings.model_dump(mode="json")}
+
+
+def start(lab_dir: Path, session: str, budget_gpuh: float, planner: str, executor: str, protocol: str,
+          quiet: bool) -> int:
+    """Open a new session in the lab and drive it to a nomination."""
+    config = load_lab_config(lab_dir)
+    settings = PlaybookSettings.test() if protocol == "test" else PlaybookSettings()
+    section = config.executor.model_copy(update={"kind": executor})
+    with Notebook.open(LabPaths(root=lab_dir).notebook) as nb:
+        nb.open_session(session, lab=str(lab_dir), budget_gpuh=budget_gpuh,
+                        reserve_gpuh=budget_gpuh * config.budget.reserve_fraction, planner=planner,
+                        executor=executor, config=snapshot(config, protocol, settings))
+        rt = _runtime(nb, session, lab_dir, config, section, settings, planner, quiet)
+        start_incumbent(rt.ctx)
+        _drive_checkpointed(rt)
+        return _finish(rt)
+
+
+def resume(lab_dir: Path, session: str, quiet: bool) -> int:
+    """Continue a session that died: from its last graph checkpoint, or rebuilt from the notebook."""
+    paths = LabPaths(root=lab_dir)
+    if not paths.notebook.exists():
+        raise SessionError(f"{paths.notebook}: no notebook here (pass --lab DIR)")
+    config = load_lab_config(lab_dir)
+    with Notebook.open(paths.notebook) as nb:
+        try:
+            s = nb.session(session)
+        except NotebookError as exc:
+            raise SessionError(str(exc)) from None
+        if s.status != "open":
+            raise SessionError(f"session {session} already ended ({s.status}); nothing to resume")
+        saved = s.config
+        if sha256_text(canonical_json(saved["lab"])) != sha256_text(canonical_json(config.model_dump(mode="json"))):
+            raise SessionError(f"{lab_dir}/lab.toml changed since session {session} started; resume needs the same lab")
+        settings = PlaybookSettings.model_validate(saved["playbook"])
+        section = config.executor.model_copy(update={"kind": s.executor})
+        rt = _runtime(nb, session, lab_dir, config, section, settings, s.planner, quiet)
+        start_incumbent(rt.ctx)
+        _drive_checkpointed(rt)
+        return _finish(rt)

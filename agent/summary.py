@@ -1,0 +1,205 @@
+"""The planner's view of a session, read from the notebook alone: aggregates and ids, never battle text.
+
+`summarize(nb, session)` is what both planners observe at every step (the LLM planner gets it as
+JSON). It holds the budget, the split's counts, the registered bars, the incumbent, every candidate
+with its served metrics and verdict, noise floors, datasets, every tool call with its outcome line,
+recent refusals and failures. Nothing in it comes from anywhere but the notebook, so a resumed or
+replayed session sees exactly what the original saw.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from agent.toolbox import canonical_args
+from evals.decoding import Decoding
+from memory.notebook import Notebook
+from tools.promote import incumbent_of, parent_of
+
+_ARM_TOOLS = ("train", "merge", "tune_serving")
+
+
+class _View(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class Budget(_View):
+    budget_gpuh: float = Field(description="Session budget.")
+    spent_gpuh: float = Field(description="Settled GPU-hours.")
+    reserved_gpuh: float = Field(description="Forecasts of jobs not yet settled.")
+    reserve_gpuh: float = Field(description="Kept back for the nomination checks.")
+    left_above_reserve_gpuh: float = Field(description="What new jobs may still use.")
+
+
+class Verdict(_View):
+    comparison_id: int = Field(description="Notebook comparison row.")
+    incumbent: int = Field(description="Artifact compared against.")
+    promoted: bool = Field(description="Whether every bar held.")
+    bars: list[str] = Field(description="Per bar: statistic, value, threshold, holds/fails.")
+
+
+class Checkpoint(_View):
+    id: int = Field(description="Artifact id.")
+    name: str = Field(description="Artifact name.")
+    origin: str = Field(description="parent, train:<trainer>, merge:<method> or serving.")
+    parent: int | None = Field(description="Artifact it was derived from.")
+    served_decoding: str = Field(description="Fingerprint (12 hex) of its served decoding.")
+    metrics: dict[str, dict[str, float]] = Field(description="Suite -> metric -> value of its first served look.")
+    verdicts: list[Verdict] = Field(description="Its comparisons, oldest first.")
+
+
+class Dataset(_View):
+    id: int = Field(description="Artifact id.")
+    name: str = Field(description="Artifact name.")
+    builder: str = Field(description="Builder that made it.")
+    row_kind: str = Field(description="sft, pairs, items or klce.")
+    rows: int = Field(description="Rows.")
+    audit_passed: bool = Field(description="Leak audit against holdouts and eval prompts.")
+
+
+class Call(_View):
+    id: int = Field(description="Tool call id.")
+    tool: str = Field(description="Tool name.")
+    args: dict[str, Any] = Field(description="Canonical arguments.")
+    status: str = Field(description="open, done, failed or refused.")
+    summary: str = Field(description="The outcome line.")
+    data: dict[str, Any] = Field(description="Ids the outcome produced.")
+
+
+class Summary(_View):
+    session: str = Field(description="Session name.")
+    budget: Budget = Field(description="The GPU-hour ledger.")
+    split: dict[str, Any] | None = Field(description="The feedback split: id, sha256 and per-split counts.")
+    bars: dict[str, Any] | None = Field(description="Registered bars: id, sha256, rules.")
+    parent: int | None = Field(description="The session's parent checkpoint.")
+    incumbent: int | None = Field(description="The current incumbent.")
+    calibrated: list[int] = Field(description="Checkpoints with noise floors.")
+    noise_floors: dict[str, float] = Field(description="'suite/metric' -> first floor (mean abs delta).")
+    checkpoints: list[Checkpoint] = Field(description="Every checkpoint of the session.")
+    datasets: list[Dataset] = Field(description="Every dataset built in the session.")
+    calls: list[Call] = Field(description="Every tool call, in order.")
+    refusals: list[str] = Field(description="The latest refusals (gates, planner replies, admission).")
+    failures: list[str] = Field(description="Failed job attempts: kind and failure class.")
+    consecutive_failed_arms: int = Field(description="Arms in a row (latest last) that failed or missed the bars.")
+    nominee: int | None = Field(description="The nominated checkpoint, once nominated.")
+    sealed_opened: bool = Field(description="Whether the sealed confirmation was opened.")
+
+    def call(self, tool: str, args: dict[str, Any]) -> Call | None:
+        """The recorded call of `tool` with these arguments (compared in canonical form, defaults filled)."""
+        wanted = canonical_args(tool, args)
+        for c in self.calls:
+            if c.tool == tool and c.args == wanted:
+                return c
+        return None
+
+    def checkpoint(self, artifact_id: int) -> Checkpoint | None:
+        return next((c for c in self.checkpoints if c.id == artifact_id), None)
+
+
+def _origin(recipe: dict[str, Any]) -> str:
+    if recipe.get("role") == "parent":
+        return "parent"
+    if "trainer" in recipe:
+        return f"train:{recipe['trainer']}"
+    if "merge" in recipe:
+        return f"merge:{recipe['merge']}"
+    return "serving" if "serving_of" in recipe else "other"
+
+
+def _bar_line(v: dict[str, Any]) -> str:
+    b = v["bar"]
+    value = f"{v['value']:.4g}" if isinstance(v["value"], float) else str(v["value"])
+    return f"{b['suite']}/{b['metric']} {b['statistic']}={value} {b['op']} {v['threshold']:.4g}: {'holds' if v['holds'] else 'fails'}"
+
+
+def _checkpoints(nb: Notebook, session: str) -> list[Checkpoint]:
+    comparisons = nb.comparisons(session)
+    out = []
+    for a in nb.artifacts(kind="checkpoint", session=session):
+        fp = a.recipe.get("served_decoding")
+        served = [e for e in nb.evals(artifact_id=a.id, session=session) if e.served and e.replicate == 0]
+        metrics: dict[str, dict[str, float]] = {}
+        for e in served:
+            metrics.setdefault(e.suite, {k: round(v, 6) for k, v in e.metrics.items()})
+        verdicts = [Verdict(comparison_id=c.id, incumbent=c.incumbent, promoted=c.promoted,
+                            bars=[_bar_line(v) for v in c.verdicts]) for c in comparisons if c.candidate == a.id]
+        out.append(Checkpoint(id=a.id, name=a.name, origin=_origin(a.recipe), parent=a.recipe.get("parent"),
+                              served_decoding=_fingerprint(fp), metrics=metrics, verdicts=verdicts))
+    return out
+
+
+def _fingerprint(decoding: dict[str, Any] | None) -> str:
+    return Decoding.model_validate(decoding).fingerprint()[:12] if decoding else ""
+
+
+def _arm_outcomes(calls: list[Call], checkpoints: dict[int, Checkpoint]) -> list[bool]:
+    """Per finished arm, in call order: True when its candidate was promoted, False when it failed or missed."""
+    outcomes = []
+    for c in calls:
+        if c.tool not in _ARM_TOOLS or c.status == "open":
+            continue
+        cp = checkpoints.get(c.data.get("artifact_id", -1))
+        compared = [x for x in calls if x.tool == "compare" and x.args.get("candidate") == (cp.id if cp else None)
+                    and x.status != "open"]
+        if cp is None or c.status != "done":
+            outcomes.append(False)
+        elif compared:
+            outcomes.append(any(v.promoted for v in cp.verdicts))
+    return outcomes
+
+
+def _trailing_false(outcomes: list[bool]) -> int:
+    n = 0
+    for ok in reversed(outcomes):
+        if ok:
+            break
+        n += 1
+    return n
+
+
+def summarize(nb: Notebook, session: str) -> Summary:
+    """Everything the planner may know, read from the notebook."""
+    s, ledger = nb.session(session), nb.ledger(session)
+    budget = Budget(budget_gpuh=s.budget_gpuh, spent_gpuh=ledger.spent_gpuh, reserved_gpuh=ledger.reserved_gpuh,
+                    reserve_gpuh=ledger.reserve_gpuh,
+                    left_above_reserve_gpuh=ledger.budget_gpuh - ledger.spent_gpuh - ledger.reserved_gpuh - ledger.reserve_gpuh)
+    ingests = nb.decisions(session, kind="ingest")
+    split = ({"id": ingests[-1].payload.get("split_id"), "sha256": ingests[-1].payload.get("sha256"),
+              "counts": ingests[-1].payload.get("counts")} if ingests else None)
+    registered = nb.decisions(session, kind="register_bars")
+    bars = None
+    if registered:
+        record = nb.bars(registered[-1].payload.get("bars_id"))
+        rules = [f"{b['suite']}/{b['metric']} {b['statistic']} {b['op']} {b['value']:g}"
+                 f"{' * noise_floor' if b['unit'] == 'noise_floor' else ''}" for b in record.spec["bars"]]
+        bars = {"id": record.id, "sha256": record.sha256, "rules": rules}
+    calls = [Call(id=c.id, tool=c.tool, args=c.args, status=c.status, summary=(c.result or {}).get("summary", ""),
+                  data=(c.result or {}).get("data", {})) for c in nb.tool_calls(session)]
+    checkpoints = _checkpoints(nb, session)
+    floors, calibrated = {}, set()
+    for cp in checkpoints:
+        for suite, metrics in cp.metrics.items():
+            for metric in metrics:
+                found = nb.noise_floors(session, suite, metric)
+                if found:
+                    floors.setdefault(f"{suite}/{metric}", round(found[0].mean_abs_delta, 6))
+                for f in found:
+                    if all(nb.eval(i).artifact_id == cp.id for i in f.source_evals):
+                        calibrated.add(cp.id)
+    datasets = [Dataset(id=a.id, name=a.name, builder=a.recipe.get("builder", ""), row_kind=a.recipe.get("row_kind", ""),
+                        rows=a.recipe.get("rows", 0), audit_passed=bool(a.recipe.get("audit", {}).get("passed")))
+                for a in nb.artifacts(kind="dataset", session=session)]
+    refusals = [d.rationale for d in nb.decisions(session, kind="refuse")][-5:]
+    failures = [f"{j.kind} {j.key[:12]} attempt {j.attempt}: {j.failure_class}" for j in nb.jobs(session=session)
+                if j.state == "failed"]
+    nominations = nb.decisions(session, kind="nominate")
+    return Summary(
+        session=session, budget=budget, split=split, bars=bars, parent=parent_of(nb, session),
+        incumbent=incumbent_of(nb, session), calibrated=sorted(calibrated), noise_floors=floors,
+        checkpoints=checkpoints, datasets=datasets, calls=calls, refusals=refusals, failures=failures,
+        consecutive_failed_arms=_trailing_false(_arm_outcomes(calls, {c.id: c for c in checkpoints})),
+        nominee=nominations[-1].payload.get("artifact_id") if nominations else None,
+        sealed_opened=bool(nb.decisions(session, kind="confirm")),
+    )

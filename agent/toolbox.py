@@ -1,0 +1,86 @@
+"""The tools the planners may call: name -> (argument model, run function), their JSON schemas for
+Chat Completions tool calling, and the job forecast the budget gate checks.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+from pydantic import BaseModel
+
+from tools import (
+    build_dataset,
+    calibrate,
+    compare,
+    evaluate,
+    ingest,
+    merge,
+    nominate,
+    promote,
+    register_bars,
+    sealed_open,
+    stop,
+    train,
+    tune_serving,
+)
+from tools.context import ToolContext, ToolOutcome
+from tools.launcher import Launcher
+
+TOOLS: dict[str, ModuleType] = {m.NAME: m for m in (
+    ingest, register_bars, build_dataset, calibrate, train, merge, evaluate, compare, promote, tune_serving,
+    stop, nominate, sealed_open,
+)}
+# The research loop's tools; nominate and sealed_open run in the graph's nominate step.
+PLANNER_TOOLS = tuple(n for n in TOOLS if n not in ("nominate", "sealed_open"))
+
+
+def args_model(tool: str) -> type[BaseModel]:
+    return TOOLS[tool].Args
+
+
+def canonical_args(tool: str, args: dict[str, Any]) -> dict[str, Any]:
+    """Arguments as recorded: validated, defaults filled, JSON form (raises ValidationError)."""
+    return args_model(tool).model_validate(args).model_dump(mode="json")
+
+
+def run(ctx: ToolContext, tool: str, args: BaseModel, decision_seq: int | None) -> ToolOutcome:
+    return TOOLS[tool].run(ctx, args, decision_seq)
+
+
+def schemas(names: tuple[str, ...] = PLANNER_TOOLS) -> list[dict[str, Any]]:
+    """OpenAI tool definitions generated from the pydantic argument models."""
+    out = []
+    for name in names:
+        model = args_model(name)
+        out.append({"type": "function", "function": {
+            "name": name, "description": (model.__doc__ or name).strip(), "parameters": model.model_json_schema()}})
+    return out
+
+
+def _job_kind(ctx: ToolContext, tool: str, args: Any) -> tuple[str, dict[str, Any]] | None:
+    """The launcher kind and sizing of the job a call will submit, as the tool sizes it (None: no
+    job, or a data job declared free)."""
+    n_open = len(ctx.lab.open_suites)
+    match tool:
+        case "train":
+            return args.trainer, {"work_units": float(args.steps * args.batch_size)}
+        case "merge":
+            return "merge", {}
+        case "evaluate":
+            return "eval", {"work_units": float(len(args.suites or ctx.lab.open_suites))}
+        case "tune_serving":
+            return "eval", {"work_units": float(n_open)}
+        case "sealed_open":
+            return "eval", {"work_units": float(len(ctx.lab.sealed_suites))}
+        case "calibrate":
+            return "eval", {"work_units": float(n_open * args.k)}
+    return None
+
+
+def forecast_gpuh(ctx: ToolContext, launcher: Launcher, tool: str, args: BaseModel) -> float:
+    """The launcher's own forecast of the call's job (0 for notebook-only tools and data jobs)."""
+    kind = _job_kind(ctx, tool, args)
+    if kind is None:
+        return 0.0
+    return launcher.forecast(kind[0], ctx.resources(**kind[1])).gpuh

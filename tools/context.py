@@ -1,0 +1,162 @@
+"""What every tool is handed: the lab (typed, paths resolved), the notebook, the session, the job
+submitter, and the one wrapper that records a tool call around its body.
+
+A tool is a file in tools/ with an `Args` model (what the planner passes: artifact ids and intent,
+never paths) and `run(ctx, args) -> ToolOutcome`. `invoke` records the tool call under its
+idempotency key (tool name + canonical args) before the body runs and its outcome after; a call
+already finished in the notebook returns its stored outcome without running again, which is what
+makes a resumed session act exactly once per step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Protocol, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from core.util import canonical_json, sha256_text
+from evals.decoding import Decoding
+from evals.job import CallableJudgeSpec, OpenAIJudgeSpec, SuiteSpec
+from memory.notebook import Notebook
+from tools.datasets import ReplaySource
+from tools.launcher import BudgetRefused, JobFailed, Resources
+from tools.paths import LabPaths
+
+A = TypeVar("A", bound=BaseModel)
+R = TypeVar("R", bound=BaseModel)
+
+
+class LabSpec(BaseModel):
+    """The lab as the tools need it: resolved paths and flat settings (built from lab.toml by the agent)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    parent: Path = Field(description="Checkpoint the session starts from (the first incumbent).")
+    tokenizer: Path = Field(description="Tokenizer directory (token counts of built datasets).")
+    feedback: Path = Field(description="The battles file.")
+    dev_fraction: float = Field(description="Share of battles held out for selection.")
+    sealed_fraction: float = Field(description="Share of battles sealed for the nominee's confirmation.")
+    stratify_by: str | None = Field(None, description="Meta tag the split stratifies by, on top of the vote.")
+    suites: list[SuiteSpec] = Field(min_length=1, description="Eval suites; sealed ones are scored once, for the nominee.")
+    replicates: int = Field(3, ge=3, description="K replicates of an incumbent for its noise floor.")
+    data: list[ReplaySource] = Field(default_factory=list, description="Local replay data sources.")
+    bars: Path | None = Field(description="Promotion bars file registered before any scoring.")
+    served: Decoding = Field(description="The decoding and system prompt the parent is served with.")
+    judge: OpenAIJudgeSpec | CallableJudgeSpec | None = Field(None, description="Judge for judge suites.")
+    time_limit_min: float = Field(gt=0, description="Wall-clock limit of each job run, minutes.")
+    eval_batch_size: int = Field(64, ge=1, description="Prompts generated together by eval jobs.")
+    model_name: str = Field("model", description="Model label for throughput forecasts of the launcher.")
+
+    def suite(self, name: str) -> SuiteSpec:
+        for s in self.suites:
+            if s.name == name:
+                return s
+        raise KeyError(name)
+
+    @property
+    def open_suites(self) -> list[SuiteSpec]:
+        return [s for s in self.suites if not s.sealed]
+
+    @property
+    def sealed_suites(self) -> list[SuiteSpec]:
+        return [s for s in self.suites if s.sealed]
+
+
+class JobHandle(Protocol[R]):
+    key: str
+
+    def result(self, timeout_s: float | None = None) -> R: ...
+
+
+class Submitter(Protocol):
+    """The launcher (tools/launcher.py), or replay's server of recorded results (agent/replay.py)."""
+
+    def submit(self, kind: str, fn: Callable[[Any], R], args: BaseModel, resources: Resources) -> JobHandle[R]: ...
+
+
+class WouldLaunch(Exception):
+    """Replay met a job the recorded session never ran: nothing is launched, the step is marked."""
+
+    def __init__(self, kind: str, key: str):
+        super().__init__(f"would launch: {kind} {key[:12]}")
+        self.kind, self.key = kind, key
+
+
+@dataclass
+class ToolContext:
+    """Live objects of one session (never in graph state: the state holds JSON and ids only)."""
+
+    nb: Notebook
+    session: str
+    paths: LabPaths
+    lab: LabSpec
+    jobs: Submitter
+    job_timeout_s: float | None = None
+
+    def resources(self, **extra: Any) -> Resources:
+        return Resources(time_limit_min=self.lab.time_limit_min, model=self.lab.model_name, **extra)
+
+    def wait(self, kind: str, fn: Callable[[Any], R], args: BaseModel, **extra: Any) -> tuple[R, str]:
+        """Submit (or re-attach to) one keyed job and wait for its result."""
+        job = self.jobs.submit(kind, fn, args, self.resources(**extra))
+        return job.result(timeout_s=self.job_timeout_s), job.key
+
+
+class ToolOutcome(BaseModel):
+    """What a tool reports back; stored as the tool call's result in the notebook."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    tool: str = Field(description="Tool name.")
+    status: Literal["done", "failed", "refused", "unavailable"] = Field(
+        description="done; failed (job failed, data refused); refused (budget); unavailable (replay: needs a new job).")
+    summary: str = Field(description="One line citing the numbers the outcome rests on.")
+    data: dict[str, Any] = Field(default_factory=dict, description="Ids the outcome produced (artifact_id, ...).")
+
+
+def content_name(prefix: str, spec: Any) -> str:
+    """A stable name for an output: prefix plus the first 12 hex of the canonical spec's sha256."""
+    return f"{prefix}-{sha256_text(canonical_json(spec))[:12]}"
+
+
+def invoke(ctx: ToolContext, tool: str, args: A, body: Callable[[ToolContext, A], ToolOutcome],
+           decision_seq: int | None = None) -> ToolOutcome:
+    """Record the call, run the body once, record its outcome. Failures of jobs and budget are data."""
+    call = ctx.nb.record_tool_call(ctx.session, tool, args.model_dump(mode="json"), decision_seq=decision_seq)
+    if call.status != "open" and call.result is not None:
+        return ToolOutcome.model_validate(call.result)
+    try:
+        outcome = body(ctx, args)
+    except BudgetRefused as exc:
+        outcome = ToolOutcome(tool=tool, status="refused", summary=str(exc))
+    except JobFailed as exc:
+        outcome = ToolOutcome(tool=tool, status="failed", summary=f"job failed: {exc.record.failure_class}: "
+                              f"{(exc.record.failure_detail or '')[:200]}", data={"job_key": exc.record.key})
+    except WouldLaunch as exc:
+        outcome = ToolOutcome(tool=tool, status="unavailable", summary=str(exc),
+                              data={"job_kind": exc.kind, "job_key": exc.key})
+    status = {"done": "done", "refused": "refused"}.get(outcome.status, "failed")
+    ctx.nb.finish_tool_call(call.id, status, outcome.model_dump(mode="json"))
+    return outcome
+
+
+def served_of(ctx: ToolContext, artifact_id: int) -> Decoding:
+    """An artifact's served decoding: the one its recipe ships with, else the lab's."""
+    recipe = ctx.nb.artifact(artifact_id).recipe
+    if "served_decoding" in recipe:
+        return Decoding.model_validate(recipe["served_decoding"])
+    return ctx.lab.served
+
+
+def artifact_of_job(ctx: ToolContext, job_key: str) -> int | None:
+    """The artifact a job already produced (a resumed tool must not record it twice)."""
+    found = [a.id for a in ctx.nb.artifacts(session=ctx.session) if a.job_key == job_key]
+    return found[0] if found else None
+
+
+def record_once(ctx: ToolContext, kind: str, rationale: str, payload: dict[str, Any]) -> None:
+    """Record a tool's decision unless a resumed run of the same call already did (same kind and payload)."""
+    if any(d.payload.model_dump(mode="json") == payload for d in ctx.nb.decisions(ctx.session, kind=kind)):
+        return
+    ctx.nb.record_decision(ctx.session, kind, rationale, payload)

@@ -1,0 +1,76 @@
+"""Tool `evaluate`: score an artifact on the lab's open suites at its served decoding, as a job.
+
+Served decoding is the only decoding that counts (invariant 4): `diagnostic = true` evaluates
+greedily instead and records the evals as not served, so they can never promote. Every eval uses
+the same base seed, so a candidate and its incumbent draw the same sampling seeds.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from evals.decoding import Decoding
+from evals.job import EvalJobConfig
+from evals.job import run as run_eval
+from evals.records import record_result
+from memory.notebook import EvalRecord
+from tools.context import ToolContext, ToolOutcome, content_name, invoke, record_once, served_of
+
+NAME = "evaluate"
+
+
+class Args(BaseModel):
+    """Evaluate one checkpoint artifact on the open (not sealed) suites."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    artifact: int = Field(description="Artifact id of the checkpoint.")
+    suites: list[str] | None = Field(None, description="Suite names; default: every open suite of the lab.")
+    diagnostic: bool = Field(False, description="Greedy decoding instead of the served one: recorded, never promotes.")
+
+
+def eval_job(ctx: ToolContext, artifact_id: int, suite_names: list[str], decoding: Decoding, served: bool,
+             replicates: int) -> EvalJobConfig:
+    """The eval job of an artifact; its output directory is named by weights, decoding and suites."""
+    artifact = ctx.nb.artifact(artifact_id)
+    suites = tuple(ctx.lab.suite(n) for n in suite_names)
+    name = content_name("eval", {"weights": artifact.sha256, "decoding": decoding.fingerprint(),
+                                 "suites": list(suite_names), "replicates": replicates, "served": served})
+    return EvalJobConfig(checkpoint=artifact.path, decoding=decoding, served=served, suites=suites,
+                         replicates=replicates, batch_size=ctx.lab.eval_batch_size, judge=ctx.lab.judge,
+                         output_dir=ctx.paths.evaluation(name))
+
+
+def run_and_record(ctx: ToolContext, artifact_id: int, cfg: EvalJobConfig) -> tuple[list[EvalRecord], str]:
+    """Run (or re-attach to) the eval job and record its evals once."""
+    result, key = ctx.wait("eval", run_eval, cfg, work_units=float(len(cfg.suites) * cfg.replicates))
+    known = [e for e in ctx.nb.evals(artifact_id=artifact_id, session=ctx.session) if e.job_key == key]
+    return (known or record_result(ctx.nb, ctx.session, artifact_id, result, job_key=key)), key
+
+
+def metrics_line(evals: list[EvalRecord]) -> str:
+    """'suite/metric=value' of replicate 0 of each suite (the look compare reads)."""
+    parts = []
+    for e in evals:
+        if e.replicate == 0:
+            parts += [f"{e.suite}/{m}={v:.3f}" for m, v in sorted(e.metrics.items()) if not m.startswith("n_")]
+    return ", ".join(parts)
+
+
+def _body(ctx: ToolContext, args: Args) -> ToolOutcome:
+    artifact = ctx.nb.artifact(args.artifact)
+    names = args.suites or [s.name for s in ctx.lab.open_suites]
+    unknown = [n for n in names if n not in {s.name for s in ctx.lab.open_suites}]
+    if artifact.kind != "checkpoint" or unknown:
+        return ToolOutcome(tool=NAME, status="failed", summary=f"not evaluable: artifact kind {artifact.kind}, "
+                           f"unknown or sealed suites {unknown}")
+    served = served_of(ctx, args.artifact)
+    decoding = served.model_copy(update={"temperature": 0.0, "top_p": 1.0}) if args.diagnostic else served
+    evals, key = run_and_record(ctx, args.artifact, eval_job(ctx, args.artifact, names, decoding, not args.diagnostic, 1))
+    summary = f"{artifact.name}{' (diagnostic, greedy)' if args.diagnostic else ''}: {metrics_line(evals)}"
+    record_once(ctx, "evaluate", summary, {"artifact_id": args.artifact, "eval_ids": [e.id for e in evals], "job_key": key})
+    return ToolOutcome(tool=NAME, status="done", summary=summary,
+                       data={"artifact_id": args.artifact, "eval_ids": [e.id for e in evals]})
+
+
+def run(ctx: ToolContext, args: Args, decision_seq: int | None = None) -> ToolOutcome:
+    return invoke(ctx, NAME, args, _body, decision_seq)

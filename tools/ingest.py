@@ -1,0 +1,72 @@
+"""Tool `ingest`: validate and split the lab's feedback into train / dev / sealed, as a job.
+
+The split itself runs as a job (`split_job`, it reads the battles and writes the split file), so
+the agent process never handles battle text; the agent records the split (ids only) in the
+notebook. Battles of the lab's previous split keep their assignment (tools/splits.py, rule 4).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from core.util import write_atomic
+from tools.context import ToolContext, ToolOutcome, invoke, record_once
+from tools.splits import Split, SplitConfig, split_file
+
+NAME = "ingest"
+
+
+class Args(BaseModel):
+    """Ingest the lab's feedback file (the one lab.toml names; no other file can be ingested)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    reason: str = Field("", description="Why now (free text, kept in the decision).")
+
+
+class SplitJob(BaseModel):
+    """Config of the split job."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    feedback: Path = Field(description="The battles file.")
+    config: SplitConfig = Field(description="Split fractions and stratification.")
+    pinned: dict[str, str] = Field(default_factory=dict, description="Battle id -> split of the lab's previous split.")
+    out_dir: Path = Field(description="Directory the split JSON is written to (split-<sha256[:16]>.json).")
+
+
+def split_job(cfg: SplitJob) -> Split:
+    """Load (all or nothing), split, write the split file; return the split."""
+    _, split = split_file(cfg.feedback, cfg.config, pinned=cfg.pinned or None)
+    out = cfg.out_dir / f"split-{split.sha256[:16]}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(out, split.model_dump_json(indent=1) + "\n")
+    return split
+
+
+def split_path(ctx: ToolContext, sha256: str) -> Path:
+    """Where the split of this sha256 lies (what dataset builders read)."""
+    return ctx.paths.splits / f"split-{sha256[:16]}.json"
+
+
+def _body(ctx: ToolContext, args: Args) -> ToolOutcome:
+    lab = ctx.lab
+    config = SplitConfig(dev_fraction=lab.dev_fraction, sealed_fraction=lab.sealed_fraction, stratify_by=lab.stratify_by)
+    previous = ctx.nb.latest_split()
+    job_cfg = SplitJob(feedback=lab.feedback, config=config, pinned=previous.assignment if previous else {},
+                       out_dir=ctx.paths.splits)
+    split, key = ctx.wait("ingest", split_job, job_cfg, estimate_gpuh=0.0)
+    known = ctx.nb.latest_split(split.source_sha256)
+    if known is None or known.sha256 != split.sha256:
+        known = ctx.nb.record_split(source_path=str(lab.feedback), source_sha256=split.source_sha256,
+                                    config=config.model_dump(mode="json"), counts=split.counts,
+                                    assignment=dict(split.assignment), session=ctx.session)
+    sizes = {name: sum(votes.values()) for name, votes in split.counts.items()}
+    summary = f"feedback split {known.sha256[:12]}: train {sizes['train']}, dev {sizes['dev']}, sealed {sizes['sealed']}"
+    record_once(ctx, "ingest", summary, {"split_id": known.id, "sha256": known.sha256,
+                                                            "counts": sizes, "job_key": key})
+    return ToolOutcome(tool=NAME, status="done", summary=summary, data={"split_id": known.id, "sha256": known.sha256})
+
+
+def run(ctx: ToolContext, args: Args, decision_seq: int | None = None) -> ToolOutcome:
+    return invoke(ctx, NAME, args, _body, decision_seq)
