@@ -34,8 +34,12 @@ PREEMPTED_PREFIX = "preempted:"
 NAN_PREFIX = "nan_loss:"
 
 _OOM = re.compile(r"CUDA out of memory|OutOfMemoryError|\bMemoryError\b|CUBLAS_STATUS_ALLOC_FAILED")
-# torch.distributed's watchdog and NCCL's own messages when a collective hangs past its timeout.
-_NCCL = re.compile(r"Watchdog caught collective operation timeout|NCCL.{0,80}(timed out|[Tt]imeout)")
+# Ranks that hang or disagree, past their timeout (class nccl_timeout, whatever the backend):
+# torch.distributed's watchdog and NCCL's own messages; gloo's collective timeout (CPU jobs); and the
+# rendezvous store when a rank never joined the group.
+_NCCL = re.compile(r"Watchdog caught collective operation timeout|NCCL.{0,80}(timed out|[Tt]imeout)"
+                   r"|gloo.{0,120}Timed out waiting \d+ms for (recv|send) operation"
+                   r"|DistStoreError: Timed out after .{0,40}waiting for clients")
 
 
 class Failure(BaseModel):

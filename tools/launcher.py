@@ -517,7 +517,8 @@ class Launcher:
         if first is None or first.session != self.session:
             raise LookupError(f"no job {key[:12]} in session {self.session!r} of {self.nb.path}")
         if first.executor != self.backend.name:
-            raise LookupError(f"job {key[:12]} ran on the {first.executor} executor; this launcher is {self.backend.name}")
+            raise LookupError(f"job {key[:12]} ran on the {first.executor} executor; "
+                              f"this launcher is {self.backend.name}")
         spec = self._spec(key)
         self._recover(key, spec)
         return Job(self, key, spec.result_type)

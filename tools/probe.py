@@ -10,6 +10,7 @@ pydantic result, so the same call runs in-process, as a local subprocess or on a
 
 from __future__ import annotations
 
+import datetime
 import json
 import math
 import os
@@ -129,12 +130,15 @@ def _address_space() -> int:
 class AllReduceConfig(_Model):
     tag: str = Field(description="Distinguishes otherwise identical probes (the launcher keys jobs by args).")
     seconds: float = Field(0.0, ge=0, description="Seconds each rank works (sleeps) before the collective.")
+    skip_rank: int | None = Field(None, ge=0, description="A rank that skips the collective (the others then hang).")
+    timeout_s: float = Field(60.0, gt=0, description="The group's collective timeout: how long a hang lasts.")
 
 
 class AllReduceResult(_Model):
     rank: int = Field(description="This process's rank (the job's result is rank 0's).")
     world_size: int = Field(description="Processes in the group.")
-    rank_sum: int = Field(description="all_reduce(SUM) of rank + 1: world_size * (world_size + 1) / 2 when all took part.")
+    rank_sum: int = Field(description="all_reduce(SUM) of rank + 1: world_size * (world_size + 1) / 2 "
+                          "when every rank took part.")
     pids: list[int] = Field(description="Process id of every rank, gathered: distinct processes.")
     master: str = Field(description="MASTER_ADDR:MASTER_PORT the group met at.")
     no_multicast: dict[str, str] = Field(description="The NVLink multicast switches as the job's environment had them.")
@@ -146,9 +150,12 @@ def all_reduce(config: AllReduceConfig) -> AllReduceResult:
     import torch.distributed as dist
 
     time.sleep(config.seconds)
-    dist.init_process_group("gloo")
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=config.timeout_s))
     try:
         total = torch.tensor([dist.get_rank() + 1])
+        if dist.get_rank() == config.skip_rank:
+            time.sleep(config.timeout_s + 5)  # the others time out waiting for this rank
+            raise RuntimeError(f"rank {config.skip_rank} skipped the all_reduce")
         dist.all_reduce(total)
         pids: list[int] = [0] * dist.get_world_size()
         dist.all_gather_object(pids, os.getpid())

@@ -24,6 +24,11 @@ TRACE = "Traceback (most recent call last):\n  File \"x.py\", line 3, in step\n{
     ("FAILED", 1, "[rank3]:[E ProcessGroupNCCL.cpp:616] Watchdog caught collective operation timeout: "
      "WorkNCCL(SeqNum=77, OpType=ALLREDUCE) ran for 600012 milliseconds before timing out.",
      "nccl_timeout", None),
+    # Messages of torch 2.x on CPU (gloo): a rank that skipped the collective, a rank that never joined.
+    ("FAILED", 1, "[rank0]: RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/"
+     "unbound_buffer.cc:78] Timed out waiting 5000ms for recv operation to complete", "nccl_timeout", None),
+    ("FAILED", 1, TRACE.format("torch.distributed.DistStoreError: Timed out after 6 seconds waiting for clients. "
+                               "1/2 clients joined."), "nccl_timeout", None),
     ("FAILED", 1, TRACE.format("FloatingPointError: nan_loss: loss is nan at step 40"), "nan_loss",
      "FloatingPointError: nan_loss: loss is nan at step 40"),
     ("FAILED", 1, TRACE.format("tools.jobrun.RunInterrupted: timeout: after 170 s of a 180 s limit"),
@@ -184,7 +189,8 @@ def test_recorded_failure_is_not_retried_on_resume(tmp_path: Path) -> None:
     resources = Resources(time_limit_min=1, signal_delay_s=10)
     with pytest.raises(JobFailed):
         launcher.submit("probe", count, config, resources).result(timeout_s=60)
-    again = Launcher.from_section(nb, "s1", ExecutorSection(kind="local"), tmp_path / "jobs").submit("probe", count, config, resources)
+    resumed = Launcher.from_section(nb, "s1", ExecutorSection(kind="local"), tmp_path / "jobs")
+    again = resumed.submit("probe", count, config, resources)
     with pytest.raises(JobFailed, match="nan_loss"):
         again.result(timeout_s=5)
     assert len(nb.jobs()) == 1 and len(nb.decisions("s1", kind="launch")) == 1
@@ -197,7 +203,8 @@ def test_submitted_but_not_recorded_is_adopted_on_resume(tmp_path: Path) -> None
     job_id = launcher.submit("probe", empty, config, resources).record.external_id
     # The agent died after the executor took the job and before the notebook stored its id.
     assert nb.update_job(launcher.key("probe", empty, config), 1, external_id=None).external_id is None
-    again = Launcher.from_section(nb, "s1", ExecutorSection(kind="local"), tmp_path / "jobs").submit("probe", empty, config, resources)
+    resumed = Launcher.from_section(nb, "s1", ExecutorSection(kind="local"), tmp_path / "jobs")
+    again = resumed.submit("probe", empty, config, resources)
     assert again.record.external_id == job_id
     assert again.result(timeout_s=60).pid > 0
     assert len(list((tmp_path / "jobs").glob("*/*_submitted.pkl"))) == 1 and len(nb.jobs()) == 1

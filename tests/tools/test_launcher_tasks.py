@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from memory.notebook import Notebook
 from tools.executor import ExecutorSection, SlurmSection
-from tools.launcher import BudgetRefused, Launcher, Resources
+from tools.launcher import BudgetRefused, JobFailed, Launcher, Resources
 from tools.probe import AllReduceConfig, CountConfig, all_reduce, count
 
 SESSION = "s1"  # the session the conftest's notebook fixture opens
@@ -43,6 +43,21 @@ def test_two_task_job_all_reduces_and_is_billed_for_its_tasks(launcher: Launcher
         assert attempt.device_seconds == pytest.approx(held * 2)  # both processes, for the time they held
         assert attempt.device_seconds >= 2 * 1.0
     assert attempt.gpu_hours == pytest.approx(attempt.device_seconds / 3600)
+
+
+def test_a_rank_that_hangs_the_group_is_classified_nccl_timeout(notebook: Notebook, tmp_path: Path) -> None:
+    # Rank 1 never joins the all_reduce: rank 0 times out in gloo after 5 s; recorded, not retried.
+    launcher = Launcher.from_section(notebook, SESSION, ExecutorSection(kind="local"), tmp_path / "jobs", poll_s=0.2)
+    config = AllReduceConfig(tag="hang", skip_rank=1, timeout_s=5)
+    job = launcher.submit("ranks", all_reduce, config, Resources(time_limit_min=3, signal_delay_s=10, tasks=2))
+    with pytest.raises(JobFailed) as failed:
+        job.result(timeout_s=180)
+    record = failed.value.record
+    assert record.failure_class == "nccl_timeout", record.failure_detail
+    assert "Timed out waiting 5000ms for recv operation" in record.failure_detail
+    assert len(job.attempts()) == 1 and record.device_seconds >= 2 * 5
+    (fail,) = notebook.decisions(SESSION, kind="fail")
+    assert fail.payload.failure_class == "nccl_timeout"
 
 
 def _seconds(iso: str) -> float:
