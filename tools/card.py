@@ -1,0 +1,478 @@
+"""The model card of a nomination (`README.md` of its bundle), generated from the notebook only.
+
+    text = render_card(nb, "s1", nominee_id=7, parent_id=1, runner_up_id=5, weights=WeightsInfo(kind="full"))
+
+Every number in the card is followed by a reference to the notebook record it was read from, as an
+HTML comment that renders invisibly:
+
+    0.417<!-- nb eval:12 metrics.correct -->
+
+The grammar is `<!-- nb TABLE:ID[+ID...] EXPR -->`, TABLE one of artifact, job, eval, noise_floor,
+comparison, bars, decision (row ids; decision ids are chain seqs). EXPR is a dotted path into the
+record (`resources.args.lr`, `verdicts.0.value`; `*` spans every element of a list or dict) or a
+function of the values the path yields over the named records: `sum(...)`, `count(...)` (the length
+of the one list or dict found, else the number of values), `diff(...)` (first record minus second),
+`ci_low(...)` / `ci_high(...)` (the interval of the mean of per-item values: Wilson score for 0/1
+values, Student t otherwise). Identifiers (names, paths, hashes, job ids, times) are written as
+code spans; constants of the card itself too. So a reader, or a test, can check every number.
+
+What the card reads, and where from:
+- lineage: the nominee's model ancestors through `artifact.parents` (datasets are the parents of
+  kind `dataset`), each with its producing job (`artifact.job_key`): method = job kind, steps =
+  `result.steps`, learning rate = `resources.args.lr`, job id = `external_id`;
+- the base: the lineage's root artifact; its license is `recipe.license` when recorded;
+- evaluations: the first replicate-0 eval at served decoding of each suite (the look that counts,
+  as in evals/compare.py), for the nominee, the parent and the runner-up; noise floors: the first
+  calibrated for the suite and metric;
+- the sealed confirmation: `confirm` decisions for the nominee and their evals;
+- ground truth (toy world): the nominee's evals of suites named `truth*`;
+- bars, comparisons, promote/reject and refuse decisions, failed job attempts and GPU-hours by kind.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from scipy import stats as sps
+
+from memory.notebook import Artifact, EvalRecord, JobRecord, Notebook
+
+TRAINING_KINDS = ("sft", "dpo", "klce", "rft")
+TRUTH_PREFIX = "truth"
+# Fewer items than this and a suite cannot resolve differences of a few points: said in the limitations.
+MIN_ITEMS = 100
+# Metrics where lower is better; `n_tokens` says nothing good or bad by itself; the rest: higher is better.
+LOWER_IS_BETTER = {"looping", "tail_loop", "catastrophic", "ngram_repeat_ratio", "truncated", "empty",
+                   "replacement_char", "unparsed", "no_answer"}
+NEUTRAL = {"n_tokens"}
+
+
+class WeightsInfo(BaseModel):
+    """What the card says about the bundle's weights (the bundle writer knows; the notebook does not)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    kind: Literal["full", "adapter"] = Field(description="A merged full model, or a PEFT adapter over a base.")
+    base_path: str | None = Field(None, description="The adapter's base model directory (adapters only).")
+    base_revision: str | None = Field(None, description="sha256 of the base's weights (adapters only).")
+
+
+# ---- references --------------------------------------------------------------------------------
+
+
+def ref(table: str, ids: int | Iterable[int], expr: str) -> str:
+    """The HTML comment naming the record(s) a number came from."""
+    joined = str(ids) if isinstance(ids, int) else "+".join(str(i) for i in ids)
+    return f"<!-- nb {table}:{joined} {expr} -->"
+
+
+def num(value: float | int, reference: str, digits: int = 4) -> str:
+    """A number as the card prints it (integers exactly, floats to `digits` significant digits)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"card: {value!r} is not a number")
+    if isinstance(value, int) or float(value).is_integer() and abs(value) < 1e15:
+        text = str(int(value))
+    elif not math.isfinite(value):
+        return f"`{value}`"
+    else:
+        text = f"{value:.{digits}g}"
+    return text + reference
+
+
+def code(text: Any) -> str:
+    """An identifier as a code span; backticks and table pipes cannot break out of it."""
+    return "`" + str(text).replace("`", "'").replace("|", "/").replace("\n", " ") + "`"
+
+
+def mean_ci(values: list[float], level: float = 0.95) -> tuple[float, float]:
+    """Interval of the mean: Wilson score for 0/1 values (Wilson 1927, JASA 22:209), else Student t."""
+    n = len(values)
+    mean = sum(values) / n
+    z = sps.norm.ppf(0.5 + level / 2)
+    if all(v in (0.0, 1.0) for v in values):
+        centre = (mean + z * z / (2 * n)) / (1 + z * z / n)
+        half = z / (1 + z * z / n) * math.sqrt(mean * (1 - mean) / n + z * z / (4 * n * n))
+        return centre - half, centre + half
+    if n < 2:
+        return mean, mean
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    half = sps.t.ppf(0.5 + level / 2, n - 1) * sd / math.sqrt(n)
+    return mean - half, mean + half
+
+
+# ---- reading the notebook ----------------------------------------------------------------------
+
+
+def model_lineage(nb: Notebook, artifact_id: int) -> list[Artifact]:
+    """The artifact and its model ancestors (parents not of kind dataset), oldest first."""
+    order: list[Artifact] = []
+    seen: set[int] = set()
+
+    def visit(aid: int) -> None:
+        if aid in seen:
+            return
+        seen.add(aid)
+        art = nb.artifact(aid)
+        for parent in art.parents:
+            if nb.artifact(parent).kind != "dataset":
+                visit(parent)
+        order.append(art)
+
+    visit(artifact_id)
+    return order
+
+
+def lineage_datasets(nb: Notebook, lineage: list[Artifact]) -> list[Artifact]:
+    """Every dataset a lineage member was trained on, in first-use order."""
+    found: dict[int, Artifact] = {}
+    for art in lineage:
+        for parent in art.parents:
+            candidate = nb.artifact(parent)
+            if candidate.kind == "dataset":
+                found.setdefault(candidate.id, candidate)
+    return list(found.values())
+
+
+def producing_job(nb: Notebook, art: Artifact) -> JobRecord | None:
+    """The completed attempt of the job that made an artifact (None for inputs such as the base)."""
+    if art.job_key is None:
+        return None
+    done = [j for j in nb.jobs(key=art.job_key) if j.state == "completed"]
+    return done[-1] if done else nb.get_job(art.job_key)
+
+
+def first_served(nb: Notebook, session: str, artifact_id: int, suite: str) -> EvalRecord | None:
+    """The first full (replicate 0) eval of a suite at served decoding: the look that counts."""
+    evs = [e for e in nb.evals(artifact_id=artifact_id, suite=suite, session=session) if e.replicate == 0 and e.served]
+    return evs[0] if evs else None
+
+
+def sealed_suites(nb: Notebook, session: str, artifact_id: int) -> list[str]:
+    return [d.payload.get("suite") for d in nb.decisions(session, kind="confirm")
+            if d.payload.get("artifact_id") == artifact_id]
+
+
+def served_suites(nb: Notebook, session: str, artifact_id: int) -> list[str]:
+    """Suites with a served eval of the artifact, sealed and ground-truth suites left out."""
+    skip = set(sealed_suites(nb, session, artifact_id))
+    suites = [e.suite for e in nb.evals(artifact_id=artifact_id, session=session) if e.served and e.replicate == 0]
+    return sorted({s for s in suites if s not in skip and not s.startswith(TRUTH_PREFIX)})
+
+
+def metric_names(ev: EvalRecord) -> list[str]:
+    return sorted(m for m, v in ev.metrics.items() if not m.startswith("n_") and isinstance(v, int | float))
+
+
+def item_values(ev: EvalRecord, metric: str) -> list[float]:
+    return [o["values"][metric] for o in ev.items if metric in o.get("values", {})]
+
+
+def worse(metric: str, nominee: float, parent: float) -> bool:
+    """Whether the nominee's value is worse than the parent's (False for metrics without a direction)."""
+    if metric in NEUTRAL:
+        return False
+    return nominee > parent if metric in LOWER_IS_BETTER else nominee < parent
+
+
+# ---- sections ----------------------------------------------------------------------------------
+
+
+def _value_ci(ev: EvalRecord, metric: str) -> str:
+    """`mean [low, high] (n)` of one metric of one eval, each number with its reference."""
+    values = item_values(ev, metric)
+    if not values:
+        return num(ev.metrics[metric], ref("eval", ev.id, f"metrics.{metric}"))
+    low, high = mean_ci(values)
+    path = f"items.*.values.{metric}"
+    n_key = f"n_{metric}"
+    n_text = (num(ev.metrics[n_key], ref("eval", ev.id, f"metrics.{n_key}")) if n_key in ev.metrics
+              else num(len(values), ref("eval", ev.id, f"count({path})")))
+    return (f"{num(ev.metrics[metric], ref('eval', ev.id, f'metrics.{metric}'))} "
+            f"[{num(low, ref('eval', ev.id, f'ci_low({path})'))}, {num(high, ref('eval', ev.id, f'ci_high({path})'))}]"
+            f" n={n_text}")
+
+
+def _model_section(nb: Notebook, session: str, nominee: Artifact, lineage: list[Artifact],
+                   weights: WeightsInfo) -> list[str]:
+    base = lineage[0]
+    lines = [f"# {code(nominee.name)}: a chat model nominated by session {code(session)}", "",
+             "## Model", ""]
+    what = "a merged full model (sharded safetensors)" if weights.kind == "full" else (
+        f"a PEFT adapter over {code(weights.base_path)} (weights hash {code(weights.base_revision)})")
+    lines.append(f"The nominee is notebook artifact {code(nominee.id)} ({code(nominee.kind)} at {code(nominee.path)}, "
+                 f"weights hash {code(nominee.sha256)}), shipped as {what}.")
+    lines.append(f"Its lineage starts at the base {code(base.name)} ({code(base.path)}, hash {code(base.sha256)}).")
+    decisions = nb.decisions(session)
+    if decisions:
+        lines.append(f"Everything below was read from the lab notebook of session {code(session)}; its decision "
+                     f"chain stood at seq {code(decisions[-1].seq)} with hash {code(decisions[-1].hash)}.")
+    return [*lines, ""]
+
+
+def _usage_section(nb: Notebook, served: EvalRecord, weights: WeightsInfo) -> list[str]:
+    load = ("model = AutoModelForCausalLM.from_pretrained(bundle)" if weights.kind == "full" else
+            "from peft import PeftModel\n\n"
+            "base = AutoModelForCausalLM.from_pretrained(serving[\"weights\"][\"base\"][\"path\"])\n"
+            "model = PeftModel.from_pretrained(base, bundle)")
+    snippet = [
+        "```python", "import json", "from pathlib import Path", "",
+        "from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig", "",
+        "bundle = Path(\".\")  # this directory", "serving = json.loads((bundle / \"serving_config.json\").read_text())",
+        "tokenizer = AutoTokenizer.from_pretrained(bundle)", load,
+        "generation = GenerationConfig.from_pretrained(bundle)  # stop ids and the served decoding",
+        "# The chat template inserts the served system prompt (system_prompt.txt) when a conversation has none.",
+        "messages = [{\"role\": \"user\", \"content\": \"What is 12 + 30?\"}]",
+        "inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=serving[\"add_generation_prompt\"],",
+        "                                       return_tensors=\"pt\", return_dict=True)",
+        "assert inputs[\"input_ids\"].shape[1] <= serving[\"max_input_tokens\"]",
+        "output = model.generate(**inputs, generation_config=generation)",
+        "print(tokenizer.decode(output[0, inputs[\"input_ids\"].shape[1]:], skip_special_tokens=True))", "```",
+    ]
+    d = served.decoding
+    decoding = (f"temperature {num(d['temperature'], ref('eval', served.id, 'decoding.temperature'))}, top-p "
+                f"{num(d['top_p'], ref('eval', served.id, 'decoding.top_p'))}, repetition penalty "
+                f"{num(d['repetition_penalty'], ref('eval', served.id, 'decoding.repetition_penalty'))}, at most "
+                f"{num(d['max_new_tokens'], ref('eval', served.id, 'decoding.max_new_tokens'))} new tokens, stop ids "
+                + ", ".join(num(s, ref("eval", served.id, f"decoding.stop_token_ids.{i}"))
+                            for i, s in enumerate(d["stop_token_ids"])))
+    return ["## How to use", "", "Load it from this directory with transformers (no network needed):", "",
+            *snippet, "",
+            f"Served decoding (the decoding every served evaluation of the nominee used): {decoding}. "
+            f"Files: {code('chat_template.jinja')} (also in the tokenizer config), {code('system_prompt.txt')}, "
+            f"{code('generation_config.json')}, {code('serving_config.json')}, {code('training_evidence.json')}.", ""]
+
+
+def _lineage_section(nb: Notebook, lineage: list[Artifact]) -> list[str]:
+    lines = ["## Lineage", "", "| artifact | method | init | data | steps | learning rate | job |",
+             "|---|---|---|---|---|---|---|"]
+    for art in lineage:
+        job = producing_job(nb, art)
+        inits = [nb.artifact(p) for p in art.parents]
+        init = ", ".join(code(p.name) for p in inits if p.kind != "dataset") or "(base)"
+        data = ", ".join(code(p.name) for p in inits if p.kind == "dataset") or "-"
+        method = code(job.kind) if job else code(art.recipe.get("method", art.kind))
+        steps = lr = job_id = "-"
+        if job is not None:
+            if job.result and isinstance(job.result.get("steps"), int):
+                steps = num(job.result["steps"], ref("job", job.id, "result.steps"))
+            if isinstance(job.resources.get("args", {}).get("lr"), int | float):
+                lr = num(job.resources["args"]["lr"], ref("job", job.id, "resources.args.lr"))
+            job_id = code(job.external_id or job.key[:12])
+        lines.append(f"| {code(art.name)} | {method} | {init} | {data} | {steps} | {lr} | {job_id} |")
+    return [*lines, ""]
+
+
+def _data_section(datasets: list[Artifact]) -> list[str]:
+    lines = ["## Training data", ""]
+    if not datasets:
+        return [*lines, "No dataset artifact is recorded in the nominee's lineage.", ""]
+    lines += ["| dataset | builder | rows | tokens | content hash | leak audit |", "|---|---|---|---|---|---|"]
+    for ds in datasets:
+        r, audit = ds.recipe, ds.recipe.get("audit", {})
+        rows = num(r["rows"], ref("artifact", ds.id, "recipe.rows")) if "rows" in r else "-"
+        tokens = num(r["tokens"], ref("artifact", ds.id, "recipe.tokens")) if "tokens" in r else "-"
+        if audit:
+            verdict = "passed" if not audit.get("hits") else "FAILED"
+            result = (f"{verdict}: {num(audit['rows_checked'], ref('artifact', ds.id, 'recipe.audit.rows_checked'))} "
+                      f"prompts against {num(sum(audit['references'].values()), ref('artifact', ds.id, 'sum(recipe.audit.references.*)'))}"
+                      f" holdout and eval prompts, {num(len(audit['hits']), ref('artifact', ds.id, 'count(recipe.audit.hits)'))}"
+                      f" hits (audit hash {code(r.get('audit_sha256', '-'))})")
+        else:
+            result = "no audit recorded"
+        lines.append(f"| {code(ds.name)} | {code(r.get('builder', ds.kind))} | {rows} | {tokens} | {code(ds.sha256)} | {result} |")
+    return [*lines, ""]
+
+
+def _floor_text(nb: Notebook, session: str, suite: str, metric: str) -> str:
+    floors = nb.noise_floors(session, suite, metric)
+    if not floors:
+        return "not calibrated"
+    f = floors[0]
+    return (f"{num(f.mean_abs_delta, ref('noise_floor', f.id, 'mean_abs_delta'))} "
+            f"(K={num(f.k, ref('noise_floor', f.id, 'k'))})")
+
+
+def _eval_section(nb: Notebook, session: str, sides: list[tuple[str, Artifact | None]]) -> list[str]:
+    nominee = sides[0][1]
+    lines = ["## Evaluation", "",
+             "Each cell: the mean over items of the first full look at served decoding, its interval "
+             f"({code('95%')}: Wilson score for 0/1 values, Student t otherwise) and the item count. "
+             "Noise floor: the mean absolute difference between the incumbent's replicates.", ""]
+    suites = served_suites(nb, session, nominee.id)
+    if not suites:
+        return [*lines, "The nominee has no served evaluation in this session.", ""]
+    header = " | ".join(f"{role} {code(art.name)}" for role, art in sides if art is not None)
+    for suite in suites:
+        evs = [(art, first_served(nb, session, art.id, suite)) for _, art in sides if art is not None]
+        lines += [f"### Suite {code(suite)}", "", f"| metric | {header} | noise floor |",
+                  "|---" * (len(evs) + 2) + "|"]
+        for metric in metric_names(evs[0][1]):
+            cells = [_value_ci(ev, metric) if ev is not None and metric in ev.metrics else "not evaluated"
+                     for _, ev in evs]
+            lines.append(f"| {code(metric)} | " + " | ".join(cells) + f" | {_floor_text(nb, session, suite, metric)} |")
+        lines.append("")
+    return lines
+
+
+def _evals_block(nb: Notebook, title: str, evs: list[EvalRecord], empty: str) -> list[str]:
+    lines = [title, ""]
+    if not evs:
+        return [*lines, empty, ""]
+    for ev in evs:
+        lines.append(f"- suite {code(ev.suite)} (eval {code(ev.id)}): " + "; ".join(
+            f"{code(m)} {_value_ci(ev, m)}" for m in metric_names(ev)))
+    return [*lines, ""]
+
+
+def _sealed_section(nb: Notebook, session: str, nominee: Artifact) -> list[str]:
+    evs = [e for s in sealed_suites(nb, session, nominee.id)
+           for e in nb.evals(artifact_id=nominee.id, suite=s, session=session)[:1]]
+    return _evals_block(nb, "## Sealed confirmation", evs,
+                        "No sealed confirmation suite was scored for the nominee in this session.")
+
+
+def _truth_section(nb: Notebook, session: str, nominee: Artifact) -> list[str]:
+    evs = [e for e in nb.evals(artifact_id=nominee.id, session=session) if e.suite.startswith(TRUTH_PREFIX)]
+    return _evals_block(nb, "## Ground truth (toy world)", evs,
+                        "No ground-truth evaluation is recorded for the nominee (only the toy world has one).")
+
+
+def _verdict_rows(cmp_id: int, verdicts: list[dict[str, Any]], only_failed: bool) -> list[str]:
+    rows = []
+    for i, v in enumerate(verdicts):
+        if only_failed and v["holds"]:
+            continue
+        bar = v["bar"]
+        value = v["value"]
+        shown = code(value) if isinstance(value, str) else num(value, ref("comparison", cmp_id, f"verdicts.{i}.value"))
+        rows.append(f"  - {code(bar['suite'] + '/' + bar['metric'])} {code(bar['statistic'])} {code(bar['op'])} "
+                    f"threshold {num(v['threshold'], ref('comparison', cmp_id, f'verdicts.{i}.threshold'))}: "
+                    f"{shown} ({'holds' if v['holds'] else 'fails'})")
+    return rows
+
+
+def _decisions_section(nb: Notebook, session: str) -> list[str]:
+    lines = ["## Promotion decisions and bars", ""]
+    for d in nb.decisions(session, kind="register_bars"):
+        record = nb.bars(d.payload.get("bars_id"))
+        lines.append(f"Bars {code(record.id)} (hash {code(record.sha256)}, registered {code(record.registered_at)}):")
+        for i, bar in enumerate(record.spec["bars"]):
+            unit = " noise floors" if bar["unit"] == "noise_floor" else ""
+            lines.append(f"- {code(bar['suite'] + '/' + bar['metric'])}: {code(bar['statistic'])} {code(bar['op'])} "
+                         f"{num(bar['value'], ref('bars', record.id, f'spec.bars.{i}.value'))}{unit}")
+        lines.append("")
+    by_id = {c.id: c for c in nb.comparisons(session)}
+    for d in nb.decisions(session):
+        if d.kind in ("promote", "reject"):
+            c = by_id[d.payload.get("comparison_id")]
+            lines.append(f"- decision {code(d.seq)}: {d.kind} {code(nb.artifact(c.candidate).name)} over "
+                         f"{code(nb.artifact(c.incumbent).name)} by bars {code(c.bars_id)}")
+            lines += _verdict_rows(c.id, c.verdicts, only_failed=False)
+    return [*lines, ""]
+
+
+def _rejected_section(nb: Notebook, session: str) -> list[str]:
+    lines = ["## Rejected alternatives", ""]
+    rejected = [c for c in nb.comparisons(session) if not c.promoted]
+    for c in rejected:
+        lines.append(f"- {code(nb.artifact(c.candidate).name)} (comparison {code(c.id)}) failed:")
+        lines += _verdict_rows(c.id, c.verdicts, only_failed=True)
+    refused = [d for d in nb.decisions(session, kind="refuse") if d.payload.get("candidate") is not None]
+    for d in refused:
+        lines.append(f"- {code(nb.artifact(d.payload.get('candidate')).name)} was refused a comparison "
+                     f"(decision {code(d.seq)}): {code('; '.join(d.payload.get('reasons', [])))}")
+    if not rejected and not refused:
+        lines.append("No candidate was rejected or refused in this session.")
+    return [*lines, ""]
+
+
+def _failures_section(nb: Notebook, session: str) -> list[str]:
+    lines = ["## Failed jobs", ""]
+    failed = [j for j in nb.jobs(session=session) if j.state == "failed"]
+    if not failed:
+        return [*lines, "No job attempt failed in this session.", ""]
+    lines += ["| job | kind | attempt | failure | GPU-hours | evidence |", "|---|---|---|---|---|---|"]
+    for j in failed:
+        cost = num(j.gpu_hours, ref("job", j.id, "gpu_hours")) if j.gpu_hours is not None else "not settled"
+        lines.append(f"| {code(j.external_id or j.key[:12])} | {code(j.kind)} | {num(j.attempt, ref('job', j.id, 'attempt'))}"
+                     f" | {code(j.failure_class)} | {cost} | {code(j.failure_detail or '')} |")
+    return [*lines, ""]
+
+
+def _gpu_line(label: str, jobs: list[JobRecord]) -> str:
+    settled = [j for j in jobs if j.gpu_hours is not None]
+    if not settled:
+        return f"- {label}: none"
+    return f"- {label}: {num(sum(j.gpu_hours for j in settled), ref('job', [j.id for j in settled], 'sum(gpu_hours)'))}"
+
+
+def _compute_section(nb: Notebook, session: str) -> list[str]:
+    jobs = nb.jobs(session=session)
+    simulated = any(j.charge == "simulated" for j in jobs)
+    note = " (simulated: the toy world charges device-seconds at its declared rate)" if simulated else ""
+    return ["## GPU-hours", "", f"Settled GPU-hours of every job attempt of the session{note}:",
+            _gpu_line("training", [j for j in jobs if j.kind in TRAINING_KINDS]),
+            _gpu_line("evaluation", [j for j in jobs if j.kind == "eval"]),
+            _gpu_line("merges", [j for j in jobs if j.kind == "merge"]),
+            _gpu_line("other", [j for j in jobs if j.kind not in (*TRAINING_KINDS, "eval", "merge")]),
+            _gpu_line("of these, failed attempts", [j for j in jobs if j.state == "failed"]),
+            _gpu_line("total", jobs), ""]
+
+
+def _limitations(nb: Notebook, session: str, nominee: Artifact, parent: Artifact | None) -> list[str]:
+    lines = ["## Limitations", "", "Derived from the recorded evaluations:"]
+    for suite in served_suites(nb, session, nominee.id):
+        ev = first_served(nb, session, nominee.id, suite)
+        pv = first_served(nb, session, parent.id, suite) if parent else None
+        for metric in metric_names(ev):
+            if pv is not None and metric in pv.metrics and worse(metric, ev.metrics[metric], pv.metrics[metric]):
+                lines.append(f"- worse than the parent on {code(suite + '/' + metric)}: "
+                             f"{num(ev.metrics[metric], ref('eval', ev.id, f'metrics.{metric}'))} vs "
+                             f"{num(pv.metrics[metric], ref('eval', pv.id, f'metrics.{metric}'))} (difference "
+                             f"{num(ev.metrics[metric] - pv.metrics[metric], ref('eval', [ev.id, pv.id], f'diff(metrics.{metric})'))})")
+        for metric, what in (("looping", "loop rate"), ("truncated", "truncation rate")):
+            if metric in ev.metrics:
+                lines.append(f"- {what} on {code(suite)}: {num(ev.metrics[metric], ref('eval', ev.id, f'metrics.{metric}'))}")
+        n = len(ev.items)
+        if n < MIN_ITEMS:
+            lines.append(f"- {code(suite)} has only {num(n, ref('eval', ev.id, 'count(items)'))} items: too few to "
+                         f"resolve differences of a few points (fewer than {code(MIN_ITEMS)})")
+    if not sealed_suites(nb, session, nominee.id):
+        lines.append("- no sealed confirmation was scored: the selection evidence is the only evidence")
+    return [*lines, ""]
+
+
+def _license_section(lineage: list[Artifact]) -> list[str]:
+    license_text = lineage[0].recipe.get("license")
+    said = code(license_text) if license_text else "not recorded in the notebook (check the base model's own terms)"
+    return ["## License", "", f"The base model's license applies: {said}.", ""]
+
+
+def render_card(nb: Notebook, session: str, nominee_id: int, parent_id: int | None, runner_up_id: int | None,
+                weights: WeightsInfo) -> str:
+    """The whole card as Markdown, read from the notebook only (plus what `weights` says of the bundle)."""
+    nominee = nb.artifact(nominee_id)
+    parent = nb.artifact(parent_id) if parent_id is not None else None
+    runner_up = nb.artifact(runner_up_id) if runner_up_id is not None else None
+    served = [e for e in nb.evals(artifact_id=nominee_id, session=session) if e.served]
+    if not served:
+        raise ValueError(f"card: artifact {nominee_id} has no served evaluation in session {session}")
+    lineage = model_lineage(nb, nominee_id)
+    sections = [
+        _model_section(nb, session, nominee, lineage, weights),
+        _usage_section(nb, served[0], weights),
+        _lineage_section(nb, lineage),
+        _data_section(lineage_datasets(nb, lineage)),
+        _eval_section(nb, session, [("nominee", nominee), ("parent", parent), ("runner-up", runner_up)]),
+        _sealed_section(nb, session, nominee),
+        _decisions_section(nb, session),
+        _rejected_section(nb, session),
+        _failures_section(nb, session),
+        _compute_section(nb, session),
+        _limitations(nb, session, nominee, parent),
+        _truth_section(nb, session, nominee),
+        _license_section(lineage),
+    ]
+    return "\n".join(line for section in sections for line in section).rstrip() + "\n"
