@@ -30,6 +30,7 @@ from typing import Protocol
 import torch
 from safetensors.torch import load_file, save_file
 
+from core.chat import chat_template
 from core.util import file_sha256, write_json_atomic
 from trainers.common import (
     NonFiniteLoss,
@@ -260,6 +261,8 @@ def run_job(
         return done
     paths = start_run(config)
     tokenizer = load_tokenizer(config.model_path)
+    # The saved checkpoint carries the template its rows were rendered with: training and serving cannot drift.
+    tokenizer.chat_template = chat_template(config.system_prompt)
     model = load_policy(config.model_path, config.dtype, config.lora, config.seed)
     state = run_loop(config, paths, model, objective)
     model.eval()
