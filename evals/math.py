@@ -1,16 +1,33 @@
-"""Math scorer: final-answer equivalence with math-verify, time-bounded by a process pool.
+r"""Math scorer: final-answer equivalence with math-verify, time-bounded by a process pool.
 
 `verify(gold, pred)` is not symmetric (the gold side drives assignment and interval handling), so
 the gold answer always goes first. math-verify's own timeouts use SIGALRM, which only works on the
 main thread of the main interpreter and breaks inside job runners and threads; they are disabled
 (`parsing_timeout=None`, `timeout_seconds=None`) and each item instead runs in a worker process
 that is killed when it overruns `timeout_s` (sympy can hang on adversarial expressions).
+
+`normalize` runs on both sides before math-verify, for the notations that fool it (each measured on
+math-verify 0.9, tests/evals/corpus/math_variants.jsonl):
+- LaTeX spacing inside a number (`1\,000`, `1\;000`, `1\ 000`, `1~000`, `1\!000`) and the
+  braced comma `1{,}000` are thousands separators: math-verify reads `1\,000` as 1*0 and `1{,}000`
+  outside math mode as 1. Elsewhere a spacing command is a space.
+- Thousands separators: `1,234,567`, `12,345.6`, and thin or no-break spaces between digit groups
+  join only when every group after the first has exactly three digits, so `1,2` and `10,0` stay what
+  they are (not twelve, not a hundred).
+- `\text{}`, `\textbf{}`, `\mathrm{}`, `\mbox{}` wrappers are dropped, keeping their content;
+  `\$` (a currency sign) and the Unicode minus are rewritten to what math-verify reads.
+- Percent: `25\%`, `25 %`, `25 percent`, `25\text{\%}` are one form, `25\%`. Math-verify lets a
+  gold percentage match both 25 and 0.25 but a predicted one only 25; here a predicted percentage is
+  also tried as its fraction, so "50%" answers a gold 0.5 as "0.5" answers a gold 50%.
+- Trailing punctuation after the final answer needs nothing: math-verify already ignores it.
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
+import re
 import time
+from decimal import Decimal, InvalidOperation
 from multiprocessing.pool import Pool
 
 from evals.types import Completion, Item, Outcome, check_aligned
@@ -30,18 +47,54 @@ def _ready(_: int) -> None:
     time.sleep(0.05)  # long enough that every worker takes one warm-up task
 
 
+_SPACE_CMD = r"(?:\\[,;:! ]|\\thinspace|\\enspace|~|[\u2009\u202f\u00a0])"
+_SEPARATOR = rf",|\{{,\}}|{_SPACE_CMD}"
+# Digit groups joined by one kind of separator: a first group of 1-3 digits, then groups of exactly
+# 3, and no further digit (or separator and digit) after the last group.
+_GROUPED = re.compile(rf"(?<![\d.,])\d{{1,3}}({_SEPARATOR})\d{{3}}(?:\1\d{{3}})*(?!\d|\1\d)")
+_WRAPPER = re.compile(r"\\(?:text|textbf|textrm|mathrm|mathbf|mbox|textnormal)\s*\{([^{}]*)\}")
+_PERCENT = re.compile(r"(?:\\?%|\s*\bper\s?cent\b)")
+_NUMBER_PERCENT = re.compile(r"(?<![\d.])(-?\d+(?:\.\d+)?)\s*\\%")
+
+
+def normalize(text: str) -> str:
+    """Rewrite the notations that fool math-verify into ones it reads right (see the module docstring)."""
+    text = text.replace("\u2212", "-").replace("\\$", "")
+    for _ in range(2):  # nested wrappers: \textbf{\text{5}}
+        text = _WRAPPER.sub(lambda m: m.group(1), text)
+    text = _GROUPED.sub(lambda m: m.group().replace(m.group(1), ""), text)
+    text = re.sub(_SPACE_CMD, " ", text)
+    text = _PERCENT.sub(r"\\%", text)
+    return re.sub(r"(\d)\s+\\%", r"\1\\%", text)
+
+
+def _as_fraction(text: str) -> str:
+    """Every `x\\%` of an answer as the decimal x/100 (a predicted percentage read as a fraction)."""
+    def frac(m: re.Match[str]) -> str:
+        try:
+            return format(Decimal(m.group(1)) / 100, "f")
+        except InvalidOperation:
+            return m.group()
+
+    return _NUMBER_PERCENT.sub(frac, text)
+
+
 def verify_answer(gold: str, text: str) -> tuple[str, str]:
     """(label, extracted prediction) for one answer; runs inside a pool worker."""
     from math_verify import parse, verify
 
-    gold_latex = gold if "$" in gold else f"${gold}$"
-    gold_parsed = parse(gold_latex, parsing_timeout=None)
+    gold = normalize(gold)
+    gold_parsed = parse(gold if "$" in gold else f"${gold}$", parsing_timeout=None)
     if not gold_parsed:
         raise ValueError(f"gold answer {gold!r} does not parse")
+    text = normalize(text)
     pred = parse(text, parsing_timeout=None)
     if not pred:
         return "no_answer", ""
     ok = verify(gold_parsed, pred, timeout_seconds=None)
+    if not ok and _NUMBER_PERCENT.search(text):
+        fraction = parse(_as_fraction(text), parsing_timeout=None)
+        ok = bool(fraction) and verify(gold_parsed, fraction, timeout_seconds=None)
     return ("correct" if ok else "wrong"), str(pred[-1])
 
 
