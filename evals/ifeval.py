@@ -17,23 +17,32 @@ Strict and loose follow `utils.test_instruction_following_strict/_loose`: an ans
 fails every instruction; loose passes an instruction if any of eight edits of the answer (stars
 removed, first and/or last line dropped) is non-blank and passes it.
 
-Command-free: `evals/constraints.py` calls `check(rule, text)` when a suite is scored with
-`mode="ifeval"`; `from_ifeval(instruction_id, kwargs)` turns an IFEval dataset row's instruction
-into the rule it checks.
+`evals/constraints.py` calls `follows(rule, text)` when a suite is scored with `mode="ifeval"`;
+`from_ifeval(instruction_id, kwargs)` turns an IFEval instruction into the rule it checks, and the
+command below turns IFEval's rows (`key`, `prompt`, `instruction_id_list`, `kwargs`, one JSON
+object a line, as in its input_data.jsonl) into the items file of a constraints suite:
+
+    .venv/bin/python -m evals.ifeval IFEVAL_ROWS.jsonl ITEMS.jsonl
 """
 
 from __future__ import annotations
 
+import argparse
 import collections
 import functools
 import json
 import re
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from pydantic import TypeAdapter
+from pydantic import TypeAdapter, ValidationError
 
+from core.chat import Message
+from core.util import write_atomic
 from evals import constraint_rules as cr
+from evals.types import Item
 
 _RELATIONS = {"less than": "less_than", "at least": "at_least"}
 
@@ -350,3 +359,51 @@ def _patterns(rule: cr.Constraint) -> tuple[str, ...]:
         case cr.KeywordFrequency():
             return (rule.keyword,)
     return ()
+
+
+def item_from_row(row: Any) -> Item:
+    """One IFEval row as a constraints item (id = its key, one user turn = its prompt)."""
+    if not isinstance(row, dict) or not {"key", "prompt", "instruction_id_list", "kwargs"} <= set(row):
+        raise ValueError("expected an object with key, prompt, instruction_id_list and kwargs")
+    ids, kwargs = row["instruction_id_list"], row["kwargs"]
+    if not isinstance(ids, list) or not isinstance(kwargs, list) or len(ids) != len(kwargs) or not ids:
+        raise ValueError("instruction_id_list and kwargs must be non-empty lists of the same length")
+    rules = tuple(from_ifeval(i, k if isinstance(k, dict) else {}) for i, k in zip(ids, kwargs, strict=True))
+    return Item(id=str(row["key"]), messages=(Message(role="user", content=row["prompt"]),), constraints=rules)
+
+
+def items_from_rows(path: Path) -> list[Item]:
+    """Every row of an IFEval JSONL file as an item; ValueError naming the file and line otherwise."""
+    items = []
+    for lineno, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            items.append(item_from_row(json.loads(line)))
+        except (ValueError, ValidationError) as err:  # JSONDecodeError and ValidationError are ValueErrors
+            raise ValueError(f"{path}:{lineno}: {err}") from err
+    if len({item.id for item in items}) != len(items) or not items:
+        raise ValueError(f"{path}: keys must be unique and the file non-empty")
+    return items
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Convert IFEval rows into a constraints suite's items file (scored with constraint_mode = ifeval)."""
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("rows", type=Path, help="IFEval rows, JSONL (key, prompt, instruction_id_list, kwargs)")
+    parser.add_argument("items", type=Path, help="where to write the items JSONL (must not exist)")
+    args = parser.parse_args(argv)
+    try:
+        if args.items.exists():
+            raise ValueError(f"{args.items}: already exists (nothing overwritten)")
+        items = items_from_rows(args.rows)
+    except (OSError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    write_atomic(args.items, "".join(item.model_dump_json() + "\n" for item in items))
+    print(json.dumps({"items": str(args.items), "n": len(items)}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

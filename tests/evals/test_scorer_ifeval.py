@@ -254,3 +254,37 @@ def test_eval_job_scores_a_constraints_suite_in_the_mode_its_spec_names(tmp_path
         assert outs[0].values[metric] == value
     with pytest.raises(ValueError, match="constraint_mode applies to constraints suites only"):
         job.SuiteSpec(name="m", scorer="mcq", items_path=tmp_path / "x.jsonl", constraint_mode="ifeval")
+
+
+def test_ifeval_rows_become_a_constraints_suite(tmp_path, completion):
+    rows = [
+        {"key": 1, "prompt": "Write a haiku without commas.", "instruction_id_list": ["punctuation:no_comma"],
+         "kwargs": [{}]},
+        {"key": 2, "prompt": "Say hi twice.", "instruction_id_list": ["keywords:frequency", "startend:quotation"],
+         "kwargs": [{"keyword": "hi", "frequency": 2, "relation": "at least", "num_words": None}, {}]},
+    ]
+    src, out = tmp_path / "rows.jsonl", tmp_path / "items.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert ifeval.main([str(src), str(out)]) == 0
+    from evals.job import read_items
+
+    items = read_items(out)
+    assert [i.id for i in items] == ["1", "2"] and items[1].prompt == "Say hi twice."
+    outs = constraints.score(items, [completion("1", "leaves fall, softly"), completion("2", '"hi hi"')], mode="ifeval")
+    assert [o.values["ifeval_strict"] for o in outs] == [0.0, 1.0]
+
+
+def test_bad_ifeval_rows_named_by_line_exit_2_and_write_nothing(tmp_path):
+    import subprocess
+    import sys
+
+    src, out = tmp_path / "rows.jsonl", tmp_path / "items.jsonl"
+    good = {"key": 1, "prompt": "p", "instruction_id_list": ["punctuation:no_comma"], "kwargs": [{}]}
+    bad = {"key": 2, "prompt": "p", "instruction_id_list": ["length_constraints:number_words"],
+           "kwargs": [{"num_words": 50}]}
+    src.write_text(json.dumps(good) + "\n" + json.dumps(bad) + "\n")
+    proc = subprocess.run([sys.executable, "-m", "evals.ifeval", str(src), str(out)], capture_output=True, text=True,
+                          cwd=Path(__file__).parents[2], timeout=300)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert f"{src}:2: length_constraints:number_words" in proc.stderr and "missing or empty ['relation']" in proc.stderr
+    assert not out.exists()
