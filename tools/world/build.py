@@ -34,12 +34,14 @@ import json
 import random
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from core.chat import EOT_TOKEN, Message, TEXT_EOS_TOKEN
+from core.chat import EOT_TOKEN, TEXT_EOS_TOKEN, Message
 from core.util import file_sha256, sha256_text, write_atomic, write_json_atomic
 from tools.leak import DEFAULT_NGRAM, ReferenceIndex
 from tools.world import cost, opponent, oracle
@@ -430,6 +432,20 @@ def _build_into(stage: Path, seed: int, size: Size) -> None:
     write_json_atomic(world / "world.json", json.loads(info.model_dump_json()))
 
 
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """One intra-op thread while building: the same float arithmetic (so the same bytes) whatever the core
+    count, and on a shared 2-core machine two threads ran tiny models several times slower than one."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def _files(root: Path) -> dict[str, str]:
     paths = sorted(p for p in root.rglob("*") if p.is_file())
     return {p.relative_to(root).as_posix(): file_sha256(p) for p in paths}
@@ -446,7 +462,8 @@ def build(lab: Path, seed: int = 0, size: Size = "demo") -> tuple[Manifest, bool
     lab.mkdir(parents=True, exist_ok=True)
     stage = Path(tempfile.mkdtemp(prefix=".world-build-", dir=lab))
     try:
-        _build_into(stage, seed, size)
+        with one_thread():
+            _build_into(stage, seed, size)
         manifest = Manifest(version=WORLD_VERSION, seed=seed, size=size, files=_files(stage))
         text = manifest.model_dump_json(indent=2) + "\n"
         write_atomic(stage / WORLD_DIR / MANIFEST, text)

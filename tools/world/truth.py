@@ -23,7 +23,16 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tools.leak import DEFAULT_NGRAM, Reference, ReferenceIndex, audit, prompt_text
 from tools.world import opponent, oracle
-from tools.world.build import AUDITED_FILES, FEEDBACK, PARENT, TOKENIZER, WorldError, load_spec, served_decoding
+from tools.world.build import (
+    AUDITED_FILES,
+    FEEDBACK,
+    PARENT,
+    TOKENIZER,
+    WorldError,
+    load_spec,
+    one_thread,
+    served_decoding,
+)
 from tools.world.tasks import WORLD_FAMILIES, WorldTask, draw_mix, hash_seed, is_correct, solve
 
 OPPONENT = "opponent"
@@ -85,7 +94,8 @@ def draw_sample(lab: Path, n: int, seed: int) -> tuple[list[WorldTask], list[Ref
 def _answers(path: Path, items, decoding, seed: int) -> list[str]:
     from evals.generate import generate, load
 
-    return [c.text for c in generate(load(path), items, decoding, seed=seed)]
+    with one_thread():  # see tools.world.build.one_thread
+        return [c.text for c in generate(load(path), items, decoding, seed=seed)]
 
 
 def _outcome(prompt: str, mine: str, theirs: str) -> str:
