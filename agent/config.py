@@ -391,7 +391,8 @@ def _read_toml(path: Path) -> dict[str, Any]:
 
 # Shapes of credentials, so that one pasted into any field is refused (and never echoed).
 _SECRETS = [
-    (re.compile(r"\bsk-[A-Za-z0-9_-]{8,}"), "an API key (sk-...)"),
+    # Real keys are long random strings: a digit is required so that names like "sk-learn-tests" pass.
+    (re.compile(r"\bsk-(?=[A-Za-z_-]*[0-9])[A-Za-z0-9_-]{16,}"), "an API key (sk-...)"),
     (re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{16,}|github_pat_[A-Za-z0-9_]{16,})"), "a GitHub token"),
     (re.compile(r"\bxox[abposr]-[A-Za-z0-9-]{8,}"), "a Slack token"),
     (re.compile(r"\b(?:AKIA|ASIA)[A-Z0-9]{16}\b"), "an AWS access key"),

@@ -17,6 +17,7 @@ completions) is read through here, so they all agree on what a line is and what 
 
     lines = read_lines(path)            # every non-blank line: Line(number, value, problem)
     values = read_values(path)          # [(number, value)], or JSONLError at the first bad line
+    is_parquet(path)                    # feedback and data files may be Parquet instead
 """
 
 from __future__ import annotations
@@ -153,6 +154,18 @@ def describe_non_file(path: Path) -> str | None:
              stat.S_ISCHR: "a character device", stat.S_ISBLK: "a block device"}
     kind = next((name for test, name in kinds.items() if test(mode)), "not a regular file")
     return f"is {kind}, not a file"
+
+
+PARQUET_MAGIC = b"PAR1"
+
+
+def is_parquet(path: str | Path) -> bool:
+    """A data file is Parquet when its name ends in .parquet (any case) or its first bytes are Parquet's magic."""
+    path = Path(path)
+    if path.suffix.lower() == ".parquet":
+        return True
+    with open(path, "rb") as f:  # callers check describe_non_file first: this is a regular file
+        return f.read(len(PARQUET_MAGIC)) == PARQUET_MAGIC
 
 
 def read_file_bytes(path: str | Path) -> bytes:

@@ -37,7 +37,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from core.chat import Message, render
-from core.jsonl import JSONLError, read_lines, read_values
+from core.jsonl import JSONLError, describe_non_file, is_parquet, read_lines, read_values
 from core.util import canonical_json, file_sha256, write_atomic
 from evals.synthetic import FAMILIES, Family, check, generate
 from evals.types import Item
@@ -350,7 +350,10 @@ def build_battle_pairs(cfg: BattlePairsConfig) -> DatasetManifest:
 def read_chat_rows(path: Path) -> list[dict]:
     """`messages` of every row of a local chat dataset; DatasetError listing every bad row."""
     path = Path(path)
-    if path.suffix == ".parquet":
+    why = describe_non_file(path)
+    if why is not None:
+        raise DatasetError(f"{path}: {why}")
+    if is_parquet(path):
         import pyarrow.parquet as pq
 
         raw = [(i, r, None) for i, r in enumerate(pq.read_table(path, columns=["messages"]).to_pylist(), start=1)]

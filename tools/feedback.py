@@ -36,13 +36,12 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from core.chat import Message
-from core.jsonl import describe_non_file, parse_lines
+from core.jsonl import describe_non_file, is_parquet, parse_lines
 from core.util import file_sha256
 from tools.leak import normalized_hash, prompt_text
 
 MAX_LISTED = 20
 Vote = Literal["own", "other", "tie", "both_bad"]
-PARQUET_MAGIC = b"PAR1"
 # Letters that render as nothing but are not in a format/space category (Hangul fillers, braille blank).
 _BLANK_LETTERS = {"\u115f", "\u1160", "\u3164", "\uffa0", "\u2800"}
 
@@ -197,10 +196,9 @@ def parse_feedback(path: Path) -> Parsed:
     why = describe_non_file(path)
     if why is not None:  # never open a FIFO (it would block) or read a directory
         raise FeedbackError(path, "line", [], why=f"{why} (expected a JSONL or Parquet feedback file)")
-    data = path.read_bytes()
-    is_parquet = path.suffix.lower() == ".parquet" or data.startswith(PARQUET_MAGIC)
-    records = _parquet_records(path) if is_parquet else _jsonl_records(data)
-    unit: Literal["line", "row"] = "row" if is_parquet else "line"
+    parquet = is_parquet(path)
+    records = _parquet_records(path) if parquet else _jsonl_records(path.read_bytes())
+    unit: Literal["line", "row"] = "row" if parquet else "line"
     battles: list[Battle] = []
     problems: list[Problem] = []
     seen: dict[str, int] = {}
