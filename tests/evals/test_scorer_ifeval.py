@@ -288,3 +288,23 @@ def test_bad_ifeval_rows_named_by_line_exit_2_and_write_nothing(tmp_path):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert f"{src}:2: length_constraints:number_words" in proc.stderr and "missing or empty ['relation']" in proc.stderr
     assert not out.exists()
+
+
+# Plain-mode fixes of the same class as the three, found by reading the rules against the
+# instructions they check: (name, rule, answer, verdict) where the old rule said the opposite.
+PLAIN_FIXES = [
+    ("letterless_answer_is_not_lowercase", {"kind": "all_lowercase"}, "123 !", False),
+    ("letterless_answer_is_not_uppercase", {"kind": "all_uppercase"}, "123 !", False),
+    ("star_rule_is_not_a_bullet", {"kind": "bullet_count", "n": 2}, "* a\n* * *\n* b", True),
+    ("bold_counts_as_highlight", {"kind": "highlights", "n": 2}, "**one** and *two*", True),
+    ("markdown_section_headers", {"kind": "sections", "n": 2}, "## SECTION 1\na\n**SECTION 2**\nb", True),
+    ("bold_postscript", {"kind": "postscript"}, "Body.\n**P.S.** see you", True),
+    ("end_phrase_inside_closing_quote", {"kind": "ends_with", "suffix": "Bye."}, '"Hello. Bye."', True),
+    ("dash_rule_between_paragraphs", {"kind": "paragraph_count", "n": 2}, "One.\n\n---\n\nTwo.", True),
+    ("keyword_standing_alone_only", {"kind": "include_keywords", "keywords": ["cat"]}, "A category.", False),
+]
+
+
+@pytest.mark.parametrize(("rule", "text", "verdict"), [f[1:] for f in PLAIN_FIXES], ids=[f[0] for f in PLAIN_FIXES])
+def test_plain_rule_fixes(rule, text, verdict):
+    assert RULE.validate_python(rule).check(text) == verdict
