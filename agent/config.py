@@ -385,6 +385,8 @@ def _read_toml(path: Path) -> dict[str, Any]:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise LabConfigError(f"{path}: not valid TOML: {exc}") from None
+    except ValueError as exc:  # tomllib's int() past Python's 4300-digit limit
+        raise LabConfigError(f"{path}: not valid TOML: {exc.args[0].split(':')[0]} (TOML integers are 64-bit)") from None
     except RecursionError:
         raise LabConfigError(f"{path}: nested too deeply (a {LAB_FILE} is at most {MAX_TOML_DEPTH} levels deep)") from None
 
@@ -410,7 +412,7 @@ def secret_kind(text: str) -> str | None:
 
 
 def scan_raw(raw: dict[str, Any]) -> list[str]:
-    """Problems pydantic cannot be trusted with: secrets (never echoed), non-finite numbers, depth."""
+    """Problems pydantic cannot be trusted with: secrets (never echoed), non-finite or out-of-range numbers, depth."""
     problems, stack = [], [((), raw)]
     while stack:
         loc, node = stack.pop()
@@ -426,6 +428,8 @@ def scan_raw(raw: dict[str, Any]) -> list[str]:
                 problems.append(f"{where}: the value looks like {secret_kind(child)} (not shown); {_SECRET_ADVICE}")
             elif isinstance(child, float) and not math.isfinite(child):
                 problems.append(f"{where}: {child} is not a finite number")
+            elif isinstance(child, int) and not -(2**63) <= child < 2**63:
+                problems.append(f"{where}: an integer of {len(str(abs(child)))} digits is out of range (TOML integers are 64-bit)")
             else:
                 stack.append(((*loc, key), child))
     return sorted(problems)

@@ -65,7 +65,7 @@ Op = Literal[">=", "<=", ">", "<"]
 # scorers that need no model and checks their outcomes against this table).
 SCORER_METRICS: dict[str, frozenset[str]] = {
     "math": frozenset({"correct", "no_answer"}),
-    "mcq": frozenset({"correct", "unparsed"}),
+    "mcq": frozenset({"correct", "unparsed", "ambiguous"}),
     "synthetic": frozenset({"correct", "unparsed"}),
     "constraints": frozenset({"strict", "loose", "strict_frac", "loose_frac", "scoring_mode_ifeval", "ifeval_strict",
                               "ifeval_loose", "ifeval_strict_followed", "ifeval_loose_followed", "ifeval_instructions"}),
@@ -140,7 +140,7 @@ class Bars(BaseModel):
 
     model_config = _STRICT
     bar: tuple[Bar, ...] = Field(min_length=1, strict=False, description="The bars; a candidate is promoted only if all hold.")
-    p_family: int | None = Field(None, ge=1, validate_default=True,
+    p_family: int | None = Field(None, ge=1, le=1_000_000, validate_default=True,
                                  description="Most p-values the session will test (Holm family size); "
                                              "required when any bar is a p bar, and at least their number.")
 
@@ -207,6 +207,10 @@ def _read_toml(path: Path) -> dict[str, Any]:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise BarsError(path, [f"not valid TOML: {e}"]) from None
+    except ValueError as e:  # tomllib's int() past Python's 4300-digit limit
+        raise BarsError(path, [f"not valid TOML: {e.args[0].split(':')[0]} (TOML integers are 64-bit)"]) from None
+    except RecursionError:
+        raise BarsError(path, ["not valid TOML: nested too deeply"]) from None
 
 
 def _bar_problems(raw: dict[str, Any]) -> tuple[list[tuple[int, Bar]], list[str]]:

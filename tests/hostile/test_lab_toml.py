@@ -28,6 +28,9 @@ EDITS = {
     "nan": (("temperature = 0.7", "temperature = nan"), "serving.decoding.temperature: nan is not a finite number"),
     "inf": (("time_limit_min = 120", "time_limit_min = 120\nsimulated_gpuh_per_device_s = inf"),
             "executor.simulated_gpuh_per_device_s: inf is not a finite number"),
+    "int past Python's limit": (("time_limit_min = 120", "time_limit_min = " + "9" * 5000), "not valid TOML: Exceeds the limit (4300 digits)"),
+    "int past 64 bits": (("max_new_tokens = 256", "max_new_tokens = 99999999999999999999"),
+                         "serving.decoding.max_new_tokens: an integer of 20 digits is out of range (TOML integers are 64-bit)"),
     # paths are what they must be
     "empty path": (('file = "feedback.jsonl"', 'file = ""'), "feedback.file: expected a path, got an empty string"),
     "directory as file": (('system_prompt_file = "system.txt"', 'system_prompt_file = "models"'),
