@@ -7,7 +7,8 @@ the files themselves, all of them, and collects every problem before `run` write
 - the bars file loads, and each bar names a suite of the lab and a metric its scorer writes;
 - every eval suite file parses as eval items with unique ids and the fields its scorer reads
   (math/synthetic: gold; mcq: gold and choices; constraints: constraints; battle_margin and
-  reward_proxy: the recorded battle);
+  reward_proxy: the recorded battle), synthetic ids name their family and an MCQ gold is one of
+  its option letters;
 - every data source parses as chat rows (the replay-mix builder's own reader).
 
     problems = check_inputs(load_lab_config(lab_dir))     # [] when the session may open
@@ -22,7 +23,7 @@ from pydantic import ValidationError
 
 from agent.config import LabConfig, LabConfigError
 from core.jsonl import JSONLError, read_lines
-from evals import bars
+from evals import bars, synthetic
 from evals.types import Item
 from tools.datasets import DatasetError, read_chat_rows
 from tools.feedback import MAX_LISTED, FeedbackError, load_feedback
@@ -107,4 +108,18 @@ def _item_problem(value: object, scorer: str, number: int, seen: dict[str, int])
     missing = [field for field in SCORER_NEEDS.get(scorer, ()) if not getattr(item, field)]
     if missing:
         return f"item {item.id!r} has no {', '.join(missing)} (scorer {scorer} needs it)"
+    return _scorer_specific(item, scorer)
+
+
+def _scorer_specific(item: Item, scorer: str) -> str | None:
+    """What a scorer would otherwise only find mid-job: a synthetic id without its family, an MCQ gold
+    that is no option letter."""
+    if scorer == "synthetic":
+        try:
+            synthetic.family_of(item.id)
+        except ValueError as e:
+            return f"id: {e} (the synthetic scorer reads the family from the id)"
+    letters = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"[: len(item.choices)]
+    if scorer == "mcq" and item.gold.strip().upper() not in letters:
+        return f"gold: {item.gold!r} is not one of the option letters {', '.join(letters)}"
     return None

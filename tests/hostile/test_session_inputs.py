@@ -47,6 +47,15 @@ def _suite_not_items(lab: Path) -> None:
     write_jsonl(lab / "data/math.jsonl", [{"id": "m0", "prompt": "1+1?", "gold": "2"}])
 
 
+def _suite_synthetic_id(lab: Path) -> None:
+    (lab / "lab.toml").write_text((lab / "lab.toml").read_text().replace('scorer = "math"', 'scorer = "synthetic"'))
+
+
+def _suite_mcq_gold(lab: Path) -> None:
+    (lab / "lab.toml").write_text((lab / "lab.toml").read_text().replace('scorer = "math"', 'scorer = "mcq"'))
+    write_jsonl(lab / "data/math.jsonl", [{"id": "q0", "messages": [USER], "gold": "E", "choices": ["1", "2"]}])
+
+
 def _data_ends_with_user(lab: Path) -> None:
     write_jsonl(lab / "data/replay.jsonl", [{"messages": [USER]}])
 
@@ -63,6 +72,8 @@ CASES = {
     "suite bad json": (_suite_bad_json, ["math.jsonl: 1 problem(s)", "line 2: invalid JSON"]),
     "suite repeated id": (_suite_repeated_id, ["line 2: id: duplicate item id 'm0' (first on line 1)"]),
     "suite not items": (_suite_not_items, ["line 1: messages: Field required (expected an eval item)"]),
+    "synthetic id without family": (_suite_synthetic_id, ["line 1: id: item id 'm0' is not a synthetic item"]),
+    "mcq gold not a letter": (_suite_mcq_gold, ["line 1: gold: 'E' is not one of the option letters A, B"]),
     "data ends with user": (_data_ends_with_user, ["data 'replay'", "replay.jsonl: 1 bad row(s)", "row 1: messages: the last turn must be the assistant's"]),
     "data duplicate key": (_data_duplicate_key, ["row 1: key 'messages' appears twice in one object"]),
 }
