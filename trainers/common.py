@@ -27,6 +27,7 @@ from transformers import (
 )
 
 from core.util import file_sha256, write_json_atomic
+from trainers import distributed
 
 # LoRA targets that work on Nemotron-H: peft refuses the Mamba mixer's out_proj and conv1d.
 NEMOTRON_H_LORA_TARGETS = ["in_proj", "q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj"]
@@ -34,6 +35,9 @@ NEMOTRON_H_LORA_TARGETS = ["in_proj", "q_proj", "k_proj", "v_proj", "o_proj", "u
 NEMOTRON_H_EXPERT_PARAMETERS = ["mixer.experts.up_proj", "mixer.experts.down_proj"]
 DENSE_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 # Model types whose layers carry recurrent (Mamba) state: packed sequences would leak state across rows.
+# Above this many parameters activation checkpointing is on by default: at 4096 tokens a 1B model's stored
+# activations (~34 bytes x hidden x layers per token in bf16) already rival its weights and AdamW state.
+ACTIVATION_CHECKPOINTING_ABOVE = 1_000_000_000
 RECURRENT_MODEL_TYPES = {"nemotron_h", "mamba", "mamba2", "jamba", "zamba", "zamba2", "falcon_h1", "bamba"}
 
 
@@ -95,7 +99,16 @@ class TrainConfig(BaseModel):
     seed: int = Field(0, description="Seed for LoRA init, data order and sampling.")
     log_every: int = Field(1, gt=0, description="Write a metrics.jsonl line every this many steps.")
     save_every: int | None = Field(None, gt=0, description="Also save resume state every this many steps (None: only on signal).")
-    dtype: Literal["float32", "bfloat16"] = Field("float32", description="Weight dtype of the loaded model.")
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto", description="Compute dtype: auto = bfloat16 on GPU, float32 on CPU. Under FSDP2, trainable weights and "
+        "AdamW state stay float32 (master copies) and frozen weights are stored in this dtype.")
+    save_every_minutes: float | None = Field(
+        None, gt=0, description="Also save resume state when this many minutes passed since the last save.")
+    activation_checkpointing: bool | None = Field(
+        None, description="Recompute each decoder block in backward; None = on for models above "
+        "1e9 parameters (ACTIVATION_CHECKPOINTING_ABOVE).")
+    loss_chunk_tokens: int = Field(
+        1024, gt=0, description="Supervised positions per chunk of the head + loss (bounds float32 logits memory).")
 
     @field_validator("model_path")
     @classmethod
@@ -110,6 +123,13 @@ class TrainConfig(BaseModel):
         if not v.is_file():
             raise ValueError(f"{v}: data file does not exist")
         return v
+
+    @property
+    def compute_dtype(self) -> str:
+        """The resolved dtype: "auto" is bfloat16 where a GPU is visible, float32 on CPU."""
+        if self.dtype != "auto":
+            return self.dtype
+        return "bfloat16" if torch.cuda.is_available() else "float32"
 
     @model_validator(mode="after")
     def _cross_fields(self) -> TrainConfig:
@@ -137,6 +157,7 @@ class TrainResult(BaseModel):
     final_loss: float = Field(description="Loss of the last optimizer step.")
     resumed_at_steps: list[int] = Field(description="Steps at which the run was resumed from saved state.")
     metrics: dict[str, float] = Field(default_factory=dict, description="Trainer-specific final metrics.")
+    world_size: int = Field(1, ge=1, description="Processes (one per GPU) the last session of the run used.")
 
 
 class RunPaths(BaseModel):
@@ -236,21 +257,57 @@ def load_tokenizer(model_path: Path) -> PreTrainedTokenizerBase:
 
 
 def device() -> torch.device:
-    """The job's device: the first GPU Slurm (or the user) made visible, else the CPU."""
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    """The job's device: this rank's GPU (the first visible one for a single process), else the CPU."""
+    return distributed.device()
 
 
 def load_frozen(model_path: Path, dtype: str) -> PreTrainedModel:
-    """A model in eval mode with gradients off (reference / parent models)."""
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype)).to(device())
-    model.eval().requires_grad_(False)
-    return model
+    """A model in eval mode with gradients off (reference / parent models), sharded when the job is distributed."""
+    env = distributed.setup()
+    torch_dtype = getattr(torch, dtype)
+
+    def frozen(model: PreTrainedModel) -> PreTrainedModel:
+        return model.eval().requires_grad_(False)
+
+    if not env.distributed:
+        return frozen(AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype).to(device()))
+    config = AutoConfig.from_pretrained(model_path)
+    return distributed.load_sharded(
+        lambda: frozen(AutoModelForCausalLM.from_config(config, dtype=torch_dtype)),
+        lambda: frozen(AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype)),
+        None, env).eval()
 
 
-def load_policy(model_path: Path, dtype: str, lora: LoRASettings | None, seed: int) -> PreTrainedModel:
-    """The trainable model: all weights (lora None) or a peft LoRA adapter over frozen weights."""
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype)).to(device())
+def load_policy(model_path: Path, dtype: str, lora: LoRASettings | None, seed: int,
+                activation_checkpointing: bool | None = None) -> PreTrainedModel:
+    """The trainable model: all weights (lora None) or a peft LoRA adapter over frozen weights.
+
+    Distributed, it is FSDP2-sharded; full fine-tuning then keeps float32 master weights and computes in
+    `dtype` through the mixed-precision policy, LoRA stores its frozen base in `dtype`.
+    """
+    env = distributed.setup()
+    config = AutoConfig.from_pretrained(model_path)
+    storage = getattr(torch, "float32" if env.distributed and lora is None else dtype)
+
+    def policy(model: PreTrainedModel) -> PreTrainedModel:
+        return _trainable(model, model_path, lora, seed, activation_checkpointing)
+
+    if not env.distributed:
+        return policy(AutoModelForCausalLM.from_pretrained(model_path, dtype=storage).to(device()))
+    compute = getattr(torch, dtype) if dtype != "float32" else None
+    return distributed.load_sharded(
+        lambda: policy(AutoModelForCausalLM.from_config(config, dtype=storage)),
+        lambda: policy(AutoModelForCausalLM.from_pretrained(model_path, dtype=storage)),
+        compute, env).train()
+
+
+def _trainable(model: PreTrainedModel, model_path: Path, lora: LoRASettings | None, seed: int,
+               activation_checkpointing: bool | None) -> PreTrainedModel:
     model.config.use_cache = False
+    n_params = sum(p.numel() for p in model.parameters())
+    if activation_checkpointing or (activation_checkpointing is None and n_params > ACTIVATION_CHECKPOINTING_ABOVE):
+        # Non-reentrant: works with frozen inputs (LoRA) and with FSDP2's per-block hooks.
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if lora is None:
         return model.train()
     from peft import LoraConfig, get_peft_model
@@ -273,8 +330,3 @@ def _fp32_trainable_head(peft_model) -> None:
     trainable.float()
     # The hidden states arrive in the model dtype: cast them to the head's FP32 on the way in.
     trainable.register_forward_pre_hook(lambda _m, args: (args[0].float(),))
-
-
-def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Name -> tensor of every trainable parameter (what resume state stores)."""
-    return {n: p.detach().contiguous() for n, p in model.named_parameters() if p.requires_grad}

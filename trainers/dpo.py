@@ -96,7 +96,7 @@ def cache_key(config: DPOConfig) -> str:
     parts = {
         "format": CACHE_FORMAT, "data": file_sha256(config.data_path), "ref": weights_sha256(config.reference),
         "tokenizer": file_sha256(config.model_path / "tokenizer.json"), "system_prompt": config.system_prompt,
-        "max_len": config.max_len, "dtype": config.dtype,  # a BF16 reference gives other log-probs than FP32
+        "max_len": config.max_len, "dtype": config.compute_dtype,  # a BF16 reference gives other log-probs than FP32
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
@@ -124,7 +124,7 @@ def reference_logprobs(config: DPOConfig, pairs, pad_id: int) -> tuple[list[tupl
     path = config.cache_dir / f"{cache_key(config)}.json"
     if path.is_file():
         return [tuple(x) for x in json.loads(path.read_text())["logps"]], True
-    ref = load_frozen(config.reference, config.dtype)
+    ref = load_frozen(config.reference, config.compute_dtype)
     logps = pair_logprobs(ref, pairs, pad_id, config.micro_batch_size)
     config.cache_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(path, {"reference": str(config.reference), "logps": logps})

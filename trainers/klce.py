@@ -115,7 +115,7 @@ def train(config: KLCEConfig) -> TrainResult:
     check_supervised(encoded, config.data_path, config.max_len)
     # A LoRA policy over the parent's own weights reads the parent by switching its adapter off.
     own_base = config.lora is not None and config.parent_path in (None, config.model_path)
-    parent = None if own_base else load_frozen(config.parent_path or config.model_path, config.dtype)
+    parent = None if own_base else load_frozen(config.parent_path or config.model_path, config.compute_dtype)
     objective = KLCEObjective(encoded, [r.kl_only for r in rows], parent, tokenizer.pad_token_id, config.kl_coef)
     return run_job(config, objective, truncated_rows=sum(e.truncated for e in encoded))
 

@@ -22,17 +22,20 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Protocol
 
 import torch
-from safetensors.torch import load_file, save_file
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
 
 from core.chat import chat_template
 from core.util import file_sha256, write_json_atomic
+from trainers import checkpoint, distributed
 from trainers.common import (
+    ConfigError,
     NonFiniteLoss,
     Preempted,
     RunPaths,
@@ -42,7 +45,6 @@ from trainers.common import (
     load_policy,
     load_tokenizer,
     start_run,
-    trainable_state,
 )
 
 PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR2)
@@ -83,6 +85,7 @@ class LoopState:
     last_loss: float = float("nan")
     resumed_at: list[int] = field(default_factory=list)
     last_metrics: dict[str, float] = field(default_factory=dict)
+    save_s: float = 0.0  # longest resume save so far (the launcher's signal lead time must exceed it)
 
 
 @lru_cache(maxsize=8)
@@ -127,44 +130,21 @@ def preemption_flag() -> Iterator[dict]:
             signal.signal(s, handler)
 
 
-def save_resume(paths: RunPaths, model, optimizer, scheduler, state: LoopState) -> None:
-    """Writes resume state to a temp dir and swaps it in, so a kill mid-save keeps the previous one."""
-    tmp = paths.root / "resume.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    save_file(trainable_state(model), tmp / "trainable.safetensors")
-    torch.save({
-        "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-        "torch_rng": torch.get_rng_state(), "python_rng": random.getstate(), "loop": state.__dict__,
-        "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-    }, tmp / "state.pt")
-    old = paths.root / "resume.old"
-    shutil.rmtree(old, ignore_errors=True)
-    if paths.resume.exists():
-        paths.resume.rename(old)
-    tmp.rename(paths.resume)
-    shutil.rmtree(old, ignore_errors=True)
+def save_resume(paths: RunPaths, model, optimizer, scheduler, state: LoopState) -> float:
+    """Collective: writes resume state (DCP, swapped in when complete); returns the seconds it took."""
+    t0 = time.perf_counter()
+    checkpoint.save(paths.resume, model, optimizer, {"scheduler": scheduler.state_dict(), "loop": state.__dict__})
+    return time.perf_counter() - t0
 
 
-def load_resume(paths: RunPaths, model, optimizer, scheduler) -> LoopState:
+def load_resume(paths: RunPaths, model, optimizer, scheduler, seed: int) -> LoopState:
     """Restores weights, optimizer, scheduler and RNG; trims metrics written after the saved step."""
-    saved = load_file(paths.resume / "trainable.safetensors")
-    params = dict(model.named_parameters())
-    if set(saved) != {n for n, p in params.items() if p.requires_grad}:
-        raise RuntimeError(f"{paths.resume}: saved trainable parameters do not match the model")
-    with torch.no_grad():
-        for name, tensor in saved.items():
-            params[name].copy_(tensor)
-    blob = torch.load(paths.resume / "state.pt", weights_only=False)
-    optimizer.load_state_dict(blob["optimizer"])
+    blob = checkpoint.load(paths.resume, model, optimizer, seed)
     scheduler.load_state_dict(blob["scheduler"])
-    torch.set_rng_state(blob["torch_rng"])
-    if blob["cuda_rng"]:
-        torch.cuda.set_rng_state_all(blob["cuda_rng"])
-    random.setstate(blob["python_rng"])
     state = LoopState(**blob["loop"])
     state.resumed_at.append(state.step)
-    _trim_metrics(paths, state.step)
+    if distributed.setup().is_main:
+        _trim_metrics(paths, state.step)
     return state
 
 
@@ -183,38 +163,65 @@ def _optimizer(model, config: TrainConfig):
 
 
 def _one_step(model, objective: Objective, rows: list[int], micro: int) -> tuple[float, MicroLoss]:
-    """Forward/backward over the micro-batches of one step; returns (loss, summed counts)."""
+    """Forward/backward over this rank's micro-batches of one step; returns (loss, counts) summed over ranks.
+
+    The normaliser covers the whole step's rows (all ranks) and each rank backpropagates the sum over its own rows
+    divided by it, times world_size because FSDP averages gradients over ranks: the same gradient as one process
+    over the whole batch (exact for power-of-two world sizes; gloo has no pre-scaled sum to ask FSDP for instead).
+    """
+    env = distributed.setup()
     norm = objective.normalizer(rows)
+    mine = distributed.rank_share(rows, env)
+    starts = range(0, len(mine), micro)
     loss = 0.0
     total = MicroLoss(torch.zeros(()), 0, 0, {})
-    for start in range(0, len(rows), micro):
-        part = objective.loss(model, rows[start : start + micro], norm)
-        part.loss.backward()
+    for start in starts:
+        if isinstance(model, FSDPModule):  # reduce-scatter gradients once, after the last micro-batch
+            model.set_requires_gradient_sync(start == starts[-1])
+        part = objective.loss(model, mine[start : start + micro], norm)
+        (part.loss * env.world_size).backward()
         loss += float(part.loss.detach())
         total.tokens += part.tokens
         total.supervised += part.supervised
         for k, v in part.metrics.items():
             total.metrics[k] = total.metrics.get(k, 0.0) + v
-    return loss, total
+    keys = sorted(total.metrics)
+    summed = distributed.all_sum([loss, total.tokens, total.supervised] + [total.metrics[k] for k in keys])
+    total.tokens, total.supervised = int(summed[1]), int(summed[2])
+    total.metrics = dict(zip(keys, summed[3:], strict=True))
+    return summed[0], total
+
+
+def _check_layout(config: TrainConfig) -> None:
+    world = distributed.setup().world_size
+    if config.batch_size % world:
+        raise ConfigError(f"batch_size ({config.batch_size}) must be a multiple of the job's {world} ranks")
+
+
+def _grad_norm(model, clip: float) -> float:
+    norm = torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], clip)
+    return float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
 
 
 def run_loop(config: TrainConfig, paths: RunPaths, model, objective: Objective) -> LoopState:
     """Trains `model` in place for config.steps steps, resuming from paths.resume when it exists."""
+    env = distributed.setup()
+    _check_layout(config)
     torch.manual_seed(config.seed)
     random.seed(config.seed)
     optimizer, scheduler = _optimizer(model, config)
-    state = load_resume(paths, model, optimizer, scheduler) if paths.resume.exists() else LoopState()
+    resuming = distributed.broadcast_object(paths.resume.exists())
+    state = load_resume(paths, model, optimizer, scheduler, config.seed) if resuming else LoopState()
     model.train()
-    with preemption_flag() as flag, open(paths.metrics, "a") as metrics:
+    last_save = time.monotonic()
+    with preemption_flag() as flag, open(paths.metrics, "a") if env.is_main else nullcontext() as metrics:
         while state.step < config.steps:
             t0 = time.perf_counter()
             rows = rows_for_step(state.step, config.batch_size, objective.n_rows, config.seed)
             loss, counts = _one_step(model, objective, rows, config.micro_batch_size)
             if not math.isfinite(loss):
                 raise NonFiniteLoss(state.step + 1, loss)
-            grad_norm = torch.nn.utils.clip_grad_norm_(
-                [p for p in model.parameters() if p.requires_grad], config.grad_clip
-            )
+            grad_norm = _grad_norm(model, config.grad_clip)
             lr = scheduler.get_last_lr()[0]
             optimizer.step()
             scheduler.step()
@@ -226,23 +233,24 @@ def run_loop(config: TrainConfig, paths: RunPaths, model, objective: Objective) 
             state.wall_time_s += dt
             state.last_loss = loss
             state.last_metrics = counts.metrics
-            if state.step % config.log_every == 0 or state.step == config.steps:
-                line = {"step": state.step, "loss": loss, "lr": lr, "grad_norm": float(grad_norm),
+            if metrics is not None and (state.step % config.log_every == 0 or state.step == config.steps):
+                line = {"step": state.step, "loss": loss, "lr": lr, "grad_norm": grad_norm,
                         "tokens_per_s": counts.tokens / dt, "tokens": state.tokens, **counts.metrics}
                 metrics.write(json.dumps(line) + "\n")
                 metrics.flush()
-            if flag["signal"] is not None:
-                save_resume(paths, model, optimizer, scheduler, state)
+            # One collective agrees on both: a signal seen by any rank stops all of them at this step.
+            minutes = (time.monotonic() - last_save) / 60
+            stop, due = (v > 0 for v in distributed.all_sum([
+                float(flag["signal"] is not None),
+                float(bool(config.save_every_minutes) and minutes >= (config.save_every_minutes or 0)),
+            ]))
+            if stop:
+                state.save_s = max(state.save_s, save_resume(paths, model, optimizer, scheduler, state))
                 raise Preempted(state.step, paths.resume)
-            if config.save_every and state.step % config.save_every == 0:
-                save_resume(paths, model, optimizer, scheduler, state)
+            if due or (config.save_every and state.step % config.save_every == 0):
+                state.save_s = max(state.save_s, save_resume(paths, model, optimizer, scheduler, state))
+                last_save = time.monotonic()
     return state
-
-
-def save_model(model, tokenizer, out_dir) -> None:
-    """Full weights (safetensors) or, for a peft model, the adapter; the tokenizer goes alongside."""
-    model.save_pretrained(out_dir)
-    tokenizer.save_pretrained(out_dir)
 
 
 def run_job(
@@ -251,29 +259,34 @@ def run_job(
     final_metrics: Callable[[torch.nn.Module], dict[str, float]] | None = None,
     truncated_rows: int = 0,
 ) -> TrainResult:
-    """Setup, run, save, clean up: the body every trainer's `train(config)` shares.
+    """Setup, run, save, clean up: the body every trainer's `train(config)` shares (on every rank of a job).
 
     The caller has validated config and data and built the objective. A finished run returns its stored result; a run
-    directory with resume state continues from it.
+    directory with resume state continues from it. Rank 0 writes the run directory's files.
     """
+    env = distributed.setup()
     done = finished_result(config)
     if done is not None:
         return done
-    paths = start_run(config)
+    paths = start_run(config) if env.is_main else RunPaths(root=config.output_dir)
+    distributed.barrier()
     tokenizer = load_tokenizer(config.model_path)
     # The saved checkpoint carries the template its rows were rendered with: training and serving cannot drift.
     tokenizer.chat_template = chat_template(config.system_prompt)
-    model = load_policy(config.model_path, config.dtype, config.lora, config.seed)
+    model = load_policy(config.model_path, config.compute_dtype, config.lora, config.seed,
+                        config.activation_checkpointing)
     state = run_loop(config, paths, model, objective)
     model.eval()
-    metrics = {**state.last_metrics, **(final_metrics(model) if final_metrics else {})}
-    save_model(model, tokenizer, paths.model)
+    metrics = {**state.last_metrics, **(final_metrics(model) if final_metrics else {}), "max_save_s": state.save_s}
+    checkpoint.save_final(model, tokenizer, paths.model, getattr(torch, config.compute_dtype))
     result = TrainResult(
         run_dir=paths.root, model_dir=paths.model, adapter=config.lora is not None, base_model_path=config.model_path,
         steps=state.step, tokens_seen=state.tokens, supervised_tokens=state.supervised, truncated_rows=truncated_rows,
         wall_time_s=state.wall_time_s, data_sha256=file_sha256(config.data_path), final_loss=state.last_loss,
-        resumed_at_steps=state.resumed_at, metrics=metrics,
+        resumed_at_steps=state.resumed_at, metrics=metrics, world_size=env.world_size,
     )
-    write_json_atomic(paths.result, json.loads(result.model_dump_json()))
-    shutil.rmtree(paths.resume, ignore_errors=True)
+    if env.is_main:
+        write_json_atomic(paths.result, json.loads(result.model_dump_json()))
+        shutil.rmtree(paths.resume, ignore_errors=True)
+    distributed.barrier()
     return result

@@ -120,7 +120,7 @@ def sample(config: RFTConfig, items: list[Item]) -> list[list[tuple[Completion, 
     """k verified-or-not samples per item, from the policy at config.model_path."""
     from evals.generate import generate, load
 
-    loaded = load(config.model_path, device=str(device()), dtype=config.dtype)
+    loaded = load(config.model_path, device=str(device()), dtype=config.compute_dtype)
     decoding = Decoding(system_prompt=config.system_prompt or "", temperature=config.temperature,
                         top_p=config.top_p, max_new_tokens=config.max_new_tokens)
     scorer = load_scorer(config.scorer)

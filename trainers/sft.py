@@ -27,15 +27,14 @@ import sys
 import torch
 from pydantic import Field
 
+from trainers import losses
 from trainers.batch import (
     Encoded,
     check_supervised,
     encode,
-    logits,
     pack_batch,
     pack_rows,
     pad_batch,
-    token_logprobs,
 )
 from trainers.common import (
     ConfigError,
@@ -58,8 +57,8 @@ class SFTConfig(TrainConfig):
 class SFTObjective:
     """Assistant-only cross-entropy; with packing, a 'row' of the loop is one pack of rows."""
 
-    def __init__(self, encoded: list[Encoded], pad_id: int, packs: list[list[int]] | None):
-        self.encoded = encoded
+    def __init__(self, encoded: list[Encoded], pad_id: int, packs: list[list[int]] | None, chunk: int = 1024):
+        self.encoded, self.chunk = encoded, chunk
         self.pad_id = pad_id
         self.packs = packs
         self.n_rows = len(packs) if packs is not None else len(encoded)
@@ -79,8 +78,8 @@ class SFTObjective:
 
     def loss(self, model: torch.nn.Module, rows: list[int], normalizer: float) -> MicroLoss:
         batch = self.batch(rows).to(model.device)
-        nll = -(token_logprobs(logits(model, batch), batch.input_ids) * batch.loss_mask).sum()
-        return MicroLoss(nll / normalizer, batch.tokens, int(batch.loss_mask.sum()))
+        logp, _ = losses.token_logprobs(model, batch, self.chunk)  # supervised positions only, chunked head
+        return MicroLoss(-logp.sum() / normalizer, batch.tokens, int(batch.loss_mask.sum()))
 
 
 def encode_rows(tokenizer, rows: list[SFTRow], system_prompt: str | None, max_len: int) -> list[Encoded]:
@@ -106,7 +105,7 @@ def train(config: SFTConfig) -> TrainResult:
     encoded = encode_rows(tokenizer, rows, config.system_prompt, config.max_len)
     check_supervised(encoded, config.data_path, config.max_len)
     packs = pack_rows(encoded, config.max_len) if config.packing else None
-    objective = SFTObjective(encoded, tokenizer.pad_token_id, packs)
+    objective = SFTObjective(encoded, tokenizer.pad_token_id, packs, config.loss_chunk_tokens)
     return run_job(config, objective, truncated_rows=sum(e.truncated for e in encoded))
 
 

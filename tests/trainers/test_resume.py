@@ -71,7 +71,8 @@ def test_sigterm_in_a_subprocess_then_resume_matches_uninterrupted(model_dirs, s
     assert proc.returncode != 0
     assert "Preempted: preempted: step 4: resume state saved to" in stderr, stderr[-2000:]
     stopped_at = 4
-    assert (tmp_path / "run" / "resume" / "state.pt").is_file()
+    # A DCP checkpoint (metadata + one data file per rank) and this rank's scheduler/loop/RNG file.
+    assert (tmp_path / "run" / "resume" / ".metadata").is_file() and (tmp_path / "run" / "resume" / "rank0.pt").is_file()
     assert not (tmp_path / "run" / "result.json").exists()
 
     resumed = train(config)  # what the launcher does on requeue: the same call again
