@@ -21,14 +21,20 @@ def _rows() -> list[dict]:
     return [json.loads(line) for line in CORPUS.read_text().splitlines()]
 
 
-def test_math_variants_classified_as_listed(item, completion):
+def test_math_variants_classified_as_listed():
+    # verify_answer is what each pool worker runs per item; calling it here spares the test two
+    # worker start-ups (tests/evals/test_scorers_text.py covers the pool and its time bound).
     rows = _rows()
     assert Counter(r["label"] for r in rows)["wrong"] >= 15
-    items = [item(f"m{k}", gold=r["gold"]) for k, r in enumerate(rows)]
-    comps = [completion(f"m{k}", r["answer"]) for k, r in enumerate(rows)]
-    outs = math.score(items, comps, timeout_s=60)
-    wrong = [(r["note"], r["gold"], r["answer"], o.label) for r, o in zip(rows, outs, strict=True) if o.label != r["label"]]
+    wrong = [(r["note"], r["gold"], r["answer"], label) for r in rows
+             if (label := math.verify_answer(r["gold"], r["answer"])[0]) != r["label"]]
     assert not wrong, wrong
+
+
+def test_scorer_applies_the_normalisation(item, completion):
+    items = [item("a", gold="1000"), item("b", gold="0.5")]
+    outs = math.score(items, [completion("a", "$\\boxed{1\\,000}$"), completion("b", "50%")], workers=1, timeout_s=60)
+    assert [o.label for o in outs] == ["correct", "correct"]
 
 
 @pytest.mark.parametrize(("text", "normal"), [
