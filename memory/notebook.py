@@ -29,8 +29,24 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from core.util import canonical_json, sha256_text
 from memory.chain import GENESIS, decision_hash
 from memory.records import (
-    DECISION, PAYLOADS, Artifact, BarsRecord, Comparison, Decision, DecisionKind, EvalRecord, FailureClass,
-    FeedbackSplit, JobRecord, JobState, Ledger, NoiseFloor, OpenPayload, Session, ToolCall, VerifyReport,
+    DECISION,
+    PAYLOADS,
+    Artifact,
+    BarsRecord,
+    Comparison,
+    Decision,
+    DecisionKind,
+    EvalRecord,
+    FailureClass,
+    FeedbackSplit,
+    JobRecord,
+    JobState,
+    Ledger,
+    NoiseFloor,
+    OpenPayload,
+    Session,
+    ToolCall,
+    VerifyReport,
 )
 from memory.schema import MIGRATIONS, SCHEMA_VERSION, expected_columns, file_problem, split_sql
 

@@ -13,8 +13,15 @@ from core.util import canonical_json, sha256_text
 from memory.chain import GENESIS, decision_hash
 from memory.notebook import Notebook, NotebookError
 from memory.records import (
-    BudgetRefusal, CalibrationRefusal, CompareRefusal, FailureClass, NotePayload, OpenDecision, RefuseDecision,
-    RegisterBarsPayload, SealedRefusal,
+    BudgetRefusal,
+    CalibrationRefusal,
+    CompareRefusal,
+    FailureClass,
+    NotePayload,
+    OpenDecision,
+    RefuseDecision,
+    RegisterBarsPayload,
+    SealedRefusal,
 )
 from memory.schema import SCHEMA_VERSION, V1
 
