@@ -53,27 +53,37 @@ def compare(count: int, relation: Relation, n: int) -> bool:
     return count <= n
 
 
+def _abbreviation(word: str) -> bool:
+    """A word whose period is not a full stop: a known abbreviation, an initial ("J"), "U.S"."""
+    word = word.lower().lstrip("\"'(")
+    return (word in _ABBREVIATIONS or (len(word) == 1 and word.isalpha() and word != "i")
+            or re.fullmatch(r"(?:[a-z]\.)+[a-z]", word) is not None)
+
+
 def split_sentences(text: str) -> list[str]:
     """The project's sentence splitter (both modes; IFEval's punkt model cannot be loaded here).
 
     Line breaks do not end a sentence (punkt's convention); an ellipsis does. "Dr.", "e.g.", "U.S."
-    and initials such as "J." do not end one, but only the abbreviations in `_ABBREVIATIONS` are
-    known ("I." ends a sentence) and punkt's English model has learned several hundred more, and it also refuses a break
-    before a lowercase word after an abbreviation-like token, which this splitter does not.
+    and initials such as "J." do not end one ("I." does). Where punkt differs: its English model
+    knows several hundred abbreviations, not only the few in `_ABBREVIATIONS` ("Gen." ends a
+    sentence here), and it weighs the next word's case, so it may refuse a break before a lowercase
+    word or allow one after an abbreviation that closes a sentence ("... in the U.S. Then").
     """
     sentences, start = [], 0
     for match in _SENTENCE_END.finditer(text):
         before = text[start:match.start()].split()
-        last = before[-1].lower().lstrip("\"'(") if before else ""
-        if match.group().startswith(".") and match.group().rstrip("\"'\u201d\u2019)]") == "." and (
-            last in _ABBREVIATIONS or (len(last) == 1 and last.isalpha() and last != "i")
-            or re.fullmatch(r"(?:[a-z]\.)+[a-z]", last)
-        ):
+        if match.group().rstrip("\"'\u201d\u2019)]") == "." and before and _abbreviation(before[-1]):
             continue
         sentences.append(text[start:match.end()].strip())
         start = match.end()
     sentences.append(text[start:].strip())
     return [s for s in sentences if s]
+
+
+def _separator_line(separator: Literal["blank_line", "divider"]):
+    if separator == "divider":
+        return _STAR_BREAK_LINE.fullmatch
+    return lambda line: not line.strip() or _BREAK_LINE.fullmatch(line)
 
 
 def paragraphs(text: str, separator: Literal["blank_line", "divider"] = "blank_line") -> list[str]:
@@ -83,11 +93,10 @@ def paragraphs(text: str, separator: Literal["blank_line", "divider"] = "blank_l
     separates, so a divider framed by blank lines is one separator, not a paragraph of its own.
     divider: only a line of three or more asterisks separates (IFEval's "separated by ***").
     """
-    is_sep = (lambda ln: not ln.strip() or _BREAK_LINE.fullmatch(ln)) if separator == "blank_line" \
-        else _STAR_BREAK_LINE.fullmatch
+    is_separator = _separator_line(separator)
     chunks, current = [], []
     for line in text.split("\n"):
-        if is_sep(line):
+        if is_separator(line):
             chunks.append("\n".join(current))
             current = []
         else:
@@ -150,6 +159,8 @@ class WordCount(_Rule):
 
 
 class SentenceCount(_Rule):
+    """Both modes count with `split_sentences`; IFEval proper uses punkt (see that function)."""
+
     kind: Literal["sentence_count"] = Field(description="Number of sentences relative to n.")
     relation: Relation = Field(description="exactly / at_least / at_most / less_than.")
     n: int = Field(ge=0, description="Sentence count bound.")
