@@ -102,6 +102,18 @@ def _a_file(value: Path, info: ValidationInfo) -> Path:
     return resolved
 
 
+def _a_text_file(value: Path, info: ValidationInfo) -> Path:
+    resolved = _a_file(value, info)
+    data = resolved.read_bytes()
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise ValueError(f"path {str(value)!r}: line {line} is not valid UTF-8 (byte 0x{data[e.start]:02x}); "
+                         "expected UTF-8 text") from None
+    return resolved
+
+
 def _a_dir(value: Path, info: ValidationInfo) -> Path:
     resolved = _resolve(value, info)
     if not resolved.is_dir():
@@ -142,6 +154,7 @@ def _a_tokenizer_dir(value: Path, info: ValidationInfo) -> Path:
 
 _PathStr = BeforeValidator(_path_text)
 LabFile = Annotated[Path, _PathStr, AfterValidator(_a_file)]
+TextFile = Annotated[Path, _PathStr, AfterValidator(_a_text_file)]
 ModelDir = Annotated[Path, _PathStr, AfterValidator(_a_model_dir)]
 TokenizerDir = Annotated[Path, _PathStr, AfterValidator(_a_tokenizer_dir)]
 
@@ -318,7 +331,7 @@ class DecodingSection(_Section):
 
 
 class ServingSection(_Section):
-    system_prompt_file: LabFile | None = Field(None, description="Text file with the served system prompt.")
+    system_prompt_file: TextFile | None = Field(None, description="Text file with the served system prompt.")
     decoding: DecodingSection = Field(default_factory=DecodingSection, description="Served decoding settings.")
 
     def served_decoding(self, stop_token_ids: tuple[int, ...]) -> Decoding:

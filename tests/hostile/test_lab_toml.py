@@ -35,6 +35,8 @@ EDITS = {
     "empty path": (('file = "feedback.jsonl"', 'file = ""'), "feedback.file: expected a path, got an empty string"),
     "directory as file": (('system_prompt_file = "system.txt"', 'system_prompt_file = "models"'),
                           "serving.system_prompt_file: path 'models' is a directory, not a file"),
+    "system prompt not UTF-8": (('system_prompt_file = "system.txt"', 'system_prompt_file = "models/base/latin1.txt"'),
+                                "serving.system_prompt_file: path 'models/base/latin1.txt': line 1 is not valid UTF-8 (byte 0xee)"),
     "file as model dir": (('base = "models/base"', 'base = "bars.toml"'), "model.base: path 'bars.toml' is not a directory"),
     "dir without config": (('parent = "models/parent"', 'parent = "data"'), "model.parent: path 'data' is no model directory"),
     "path as a number": (('bars = "bars.toml"', "bars = 3"), "bars: expected a path string, got int"),
@@ -77,6 +79,7 @@ def test_hostile_lab_toml_is_refused_naming_the_key(lab: Path, case: str):
     (old, new), expected = EDITS[case]
     assert old in LAB_TOML
     (lab / "lab.toml").write_text(LAB_TOML.replace(old, new, 1))
+    (lab / "models/base/latin1.txt").write_bytes("Soyez bref, s'il vous pla\u00eet. Caf\u00e9".encode("latin-1"))
     with pytest.raises(LabConfigError) as err:
         load_lab_config(lab)
     assert str(err.value).startswith(str(lab / "lab.toml")) and expected in str(err.value), str(err.value)
