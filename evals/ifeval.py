@@ -40,6 +40,7 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 
 from core.chat import Message
+from core.jsonl import read_values
 from core.util import write_atomic
 from evals import constraint_rules as cr
 from evals.types import Item
@@ -375,12 +376,10 @@ def item_from_row(row: Any) -> Item:
 def items_from_rows(path: Path) -> list[Item]:
     """Every row of an IFEval JSONL file as an item; ValueError naming the file and line otherwise."""
     items = []
-    for lineno, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
+    for lineno, row in read_values(path):  # the one JSON-lines reader (core/jsonl.py): split on "\n" only
         try:
-            items.append(item_from_row(json.loads(line)))
-        except (ValueError, ValidationError) as err:  # JSONDecodeError and ValidationError are ValueErrors
+            items.append(item_from_row(row))
+        except (ValueError, ValidationError) as err:
             raise ValueError(f"{path}:{lineno}: {err}") from err
     if len({item.id for item in items}) != len(items) or not items:
         raise ValueError(f"{path}: keys must be unique and the file non-empty")
