@@ -3,7 +3,8 @@ statistics, the noise floor and pre-registered promotion bars.
 
 - `types`: Item / Completion / Outcome records; a scorer is `(items, completions) -> list[Outcome]`.
 - `generate`: load a checkpoint once, batched left-padded generation at a `decoding.Decoding`.
-- scorers: `math`, `mcq`, `constraints` (rules in `constraint_rules`), `loops`, `length_stop`,
+- scorers: `math`, `mcq`, `constraints` (rules in `constraint_rules`, IFEval reference semantics in
+  `ifeval`), `loops`, `length_stop`,
   `synthetic`, `battle_margin`, `reward_proxy`, `judge`.
 - `job`: the eval job `run(EvalJobConfig) -> EvalResult` (in-process, subprocess or Slurm).
 - `stats`: exact McNemar, paired t, Wilcoxon, paired bootstrap, Holm.

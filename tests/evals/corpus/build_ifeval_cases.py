@@ -222,9 +222,77 @@ def multi_cases():
     ]
 
 
+def loose_cases():
+    """Answers that a preamble line, a closing line or markdown stars push across the line."""
+    sure, bye = "Sure, here you go:\n", "\nHope this helps!"
+    return [
+        ([i("detectable_format:json_format")], sure + '{"a": 1}'),
+        ([i("detectable_format:json_format")], '```json\n{"a": 1}\n```' + bye),
+        ([i("detectable_format:json_format")], sure + '{"a": 1}' + bye),
+        ([i("detectable_format:json_format")], sure + '{"a": 1,\n "b": 2}' + bye),
+        ([i("startend:quotation")], sure + '"quoted"'),
+        ([i("startend:quotation")], '"quoted"' + bye),
+        ([i("startend:quotation")], '**"quoted"**'),
+        ([i("startend:end_checker", end_phrase="Any other questions?")], "Text. Any other questions?" + bye),
+        ([i("startend:end_checker", end_phrase="Any other questions?")], "Text. **Any other questions?**"),
+        ([i("combination:repeat_prompt", prompt_to_repeat="Tell me a joke.")], sure + "Tell me a joke. Why?"),
+        ([i("combination:repeat_prompt", prompt_to_repeat="Tell me a joke.")], "**Tell me a joke.** Why?"),
+        ([i("punctuation:no_comma")], "Sure, here:\nno commas at all" + bye.replace("!", ", ok")),
+        ([i("punctuation:no_comma")], "Here it is\nno commas\nBye, friend"),
+        ([i("change_case:english_lowercase")], "Sure! Here:\nall lowercase english words here"),
+        ([i("change_case:english_lowercase")], "all lowercase english words here\nThanks!"),
+        ([i("change_case:english_capital")], "Here you go:\nALL CAPITAL ENGLISH WORDS HERE\nEnjoy!"),
+        ([i("detectable_format:title")], "Intro\n<<Title>>\nBody"),
+        ([i("detectable_format:title")], "<<*Starred* Title>>\nBody"),
+        ([i("detectable_content:postscript", postscript_marker="P.S.")], "Body.\n*P.S.* starred"),
+        ([i("detectable_content:postscript", postscript_marker="P.P.S")], "Body.\n**P.P.S** starred"),
+        ([i("detectable_format:number_bullet_lists", num_bullets=2)], "Here are two:\n* a\n* b\n* not a bullet"),
+        ([i("detectable_format:number_bullet_lists", num_bullets=2)], "* intro\n* a\n* b"),
+        ([i("detectable_format:number_bullet_lists", num_bullets=2)], "**Points**\n- a\n- b"),
+        ([i("detectable_format:number_highlighted_sections", num_highlights=2)], "*one*\n*two*\nbye"),
+        ([i("detectable_format:number_highlighted_sections", num_highlights=1)], "no highlights\nat all"),
+        ([i("detectable_format:multiple_sections", section_spliter="SECTION", num_sections=2)],
+         "Intro SECTION 1\nSECTION 2\nend"),
+        ([i("detectable_format:multiple_sections", section_spliter="SECTION", num_sections=2)],
+         "**SECTION 1**\na\n**SECTION 2**\nb"),
+        ([i("length_constraints:number_paragraphs", num_paragraphs=2)], "Sure:\np1\n***\np2"),
+        ([i("length_constraints:number_paragraphs", num_paragraphs=2)], "p1\n***\np2\n***\nBye"),
+        ([i("length_constraints:number_paragraphs", num_paragraphs=2)], "p1\n***\np2\n***"),
+        ([i("length_constraints:number_words", num_words=4, relation=LESS)], "Sure thing my friend:\none two three"),
+        ([i("length_constraints:number_words", num_words=4, relation=LESS)], "one two\nthree four five"),
+        ([i("length_constraints:number_sentences", num_sentences=2, relation=LESS)], "Sure. Here.\nOne sentence."),
+        ([i("length_constraints:number_sentences", num_sentences=3, relation=LEAST)], "One. Two.\nThree."),
+        ([i("length_constraints:nth_paragraph_first_word", num_paragraphs=2, nth_paragraph=1, first_word="alpha")],
+         "Sure:\nAlpha is first.\n\nBeta second."),
+        ([i("length_constraints:nth_paragraph_first_word", num_paragraphs=2, nth_paragraph=1, first_word="alpha")],
+         "*Alpha* is first.\n\nBeta second."),
+        ([i("keywords:existence", keywords=["banana"])], "I like ba*nana*s"),
+        ([i("keywords:forbidden_words", forbidden_words=["sorry"])], "Sorry!\nHere is the answer."),
+        ([i("keywords:forbidden_words", forbidden_words=["sorry"])], "Here is the answer.\nSorry for the wait."),
+        ([i("keywords:forbidden_words", forbidden_words=["sorry"])], "Sorry,\nthe answer\nsorry"),
+        ([i("keywords:frequency", keyword="yes", frequency=2, relation=LESS)], "yes\nyes and yes"),
+        ([i("keywords:letter_frequency", letter="q", let_frequency=2, let_relation=LESS)], "Quiet quarters"),
+        ([i("keywords:letter_frequency", letter="q", let_frequency=2, let_relation=LESS)], "Q\nquiet\nQ"),
+        ([i("change_case:capital_word_frequency", capital_frequency=2, capital_relation=LESS)],
+         "NOTE:\nthis is IMPORTANT\nOK"),
+        ([i("detectable_format:constrained_response")], "Let me think.\nMy answer is *yes*."),
+        ([i("detectable_format:constrained_response")], "**My answer is no.**"),
+        ([i("combination:two_responses")], "Here are two:\nOne.\n******\nTwo."),
+        ([i("combination:two_responses")], "One.\n******\nTwo.\n******"),
+        ([i("combination:two_responses")], "One.\n******\n*Two.*"),
+        ([i("language:response_language", language="es")],
+         "Here is my answer:\nEsta es una respuesta escrita completamente en español."),
+        ([i("detectable_content:number_placeholders", num_placeholders=2)], "Dear [name],\nsee you at [place]"),
+        ([i("detectable_content:number_placeholders", num_placeholders=2)], "[a]\nmiddle\n[b]"),
+        ([i("detectable_format:json_format"), i("startend:quotation")], '"{}"'),
+        ([i("keywords:existence", keywords=["dog"]), i("punctuation:no_comma")], "Sure, here:\nmy dog runs"),
+        ([i("detectable_format:title"), i("change_case:english_lowercase")], "<<title>>\nall lower words here"),
+    ]
+
+
 def all_cases() -> list[tuple[list[dict], str]]:
     return (keyword_cases() + language_cases() + length_cases() + content_cases() + format_cases()
-            + combination_cases() + case_cases() + multi_cases())
+            + combination_cases() + case_cases() + multi_cases() + loose_cases())
 
 
 def main() -> None:
