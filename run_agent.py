@@ -9,8 +9,9 @@
                                                         build (or find cached) the toy world
     python run_agent.py world truth CHECKPOINT [--vs OTHER|opponent] [--n 2000]
                                                         true win rate in the toy world (noise-free oracle)
+    python run_agent.py check-bundle DIR [--lab DIR]     check a serving bundle (template, reload, consistency)
 
-Exit status: 0 on success, 1 when a check fails (verify), 2 on bad input (flags, lab.toml, files);
+Exit status: 0 on success, 1 when a check fails (verify, check-bundle), 2 on bad input (flags, lab.toml, files);
 bad input writes nothing.
 """
 
@@ -182,12 +183,27 @@ def cmd_world(args: argparse.Namespace) -> int:
     return world_main(args)
 
 
+# ---- check-bundle --------------------------------------------------------------------------------
+
+
+def add_check_bundle_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("bundle", type=Path, help="the bundle directory to check")
+    p.add_argument("--lab", type=Path, help="lab directory whose notebook must hold the bundle's last decision")
+
+
+def cmd_check_bundle(args: argparse.Namespace) -> int:
+    from tools.check_bundle import check_bundle_command
+
+    return check_bundle_command(args.bundle, args.lab)
+
+
 # ---- dispatch ------------------------------------------------------------------------------------
 
 SUBCOMMANDS = {
     "run": (add_run_args, cmd_run, "run a research session (the default command)"),
     "verify": (add_verify_args, cmd_verify, "re-walk the notebook's decision hash chain"),
     "check-feedback": (add_check_feedback_args, cmd_check_feedback, "validate a feedback file and summarize it"),
+    "check-bundle": (add_check_bundle_args, cmd_check_bundle, "check a serving bundle (template, reload, consistency)"),
     "resume": (add_resume_args, cmd_resume, "continue a session that died, launching nothing twice"),
     "replay": (add_replay_args, cmd_replay, "re-derive a session's decisions from the notebook (no jobs, no writes)"),
     "world": (add_world_args, cmd_world, "build the toy world, or measure a checkpoint's ground truth in it"),
@@ -197,7 +213,6 @@ SUBCOMMANDS = {
 # read as `run` (which would ask for --budget). A name moves to SUBCOMMANDS when its issue lands.
 RESERVED = {
     "report": "human review (the HTML report of a session)",
-    "check-bundle": "nomination (checks of a serving bundle)",
     "world": "the toy world (build the embedded lab and score checkpoints against its ground truth)",
 }
 

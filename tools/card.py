@@ -298,7 +298,7 @@ def _eval_section(nb: Notebook, session: str, sides: list[tuple[str, Artifact | 
     nominee = sides[0][1]
     lines = ["## Evaluation", "",
              "Each cell: the mean over items of the first full look at served decoding, its interval "
-             f"({code('95%')}: Wilson score for 0/1 values, Student t otherwise) and the item count. "
+             f"({code('95%')}: Wilson score for binary values, Student t otherwise) and the item count. "
              "Noise floor: the mean absolute difference between the incumbent's replicates.", ""]
     suites = served_suites(nb, session, nominee.id)
     if not suites:

@@ -19,7 +19,8 @@ Checks, each reported with what was expected:
 - tokenizer_template: the template in `tokenizer_config.json` and the one AutoTokenizer loads are
   that same file;
 - system_prompt, generation_config, stop_ids, max_input_tokens: the system prompt file is non-empty
-  and is the served one; generation_config.json carries the served decoding; every stop id is in
+  and is the served one; generation_config.json carries the served decoding (whose fingerprint is
+  the recorded one); every stop id is in
   the vocabulary and the end-of-turn token is one of them; max input tokens is positive;
 - weights: every shard the index names exists with its recorded size and sha256, every tensor of
   every shard is in the index (an unindexed tensor would silently load as random weights), no
@@ -198,8 +199,12 @@ def check_generation_config(b: _Bundle) -> list[str]:
         want |= {"temperature": d.temperature, "top_p": d.top_p}
     got = {k: gen.get(k, False if k == "do_sample" else None) for k in want}
     got["eos_token_id"] = [eos] if isinstance(eos, int) else eos
-    return [f"generation_config.json {k} is {got[k]!r}; expected {v!r} (the served decoding)"
-            for k, v in want.items() if got[k] != v]
+    problems = [f"generation_config.json {k} is {got[k]!r}; expected {v!r} (the served decoding)"
+                for k, v in want.items() if got[k] != v]
+    if b.serving.decoding_sha256 != d.fingerprint():
+        problems.append(f"serving_config.json decoding_sha256 is {b.serving.decoding_sha256}; expected the "
+                        f"fingerprint of its decoding, {d.fingerprint()} (the decoding was edited)")
+    return problems
 
 
 def check_stop_ids(b: _Bundle) -> list[str]:
@@ -317,6 +322,9 @@ def reload_answers(b: _Bundle) -> list[Answer]:
     for prompt in PROMPTS:
         inputs = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], return_tensors="pt",
                                                add_generation_prompt=b.serving.add_generation_prompt, return_dict=True)
+        if inputs["input_ids"].shape[1] > b.serving.max_input_tokens:
+            raise ValueError(f"prompt {prompt!r} renders to {inputs['input_ids'].shape[1]} tokens, over "
+                             f"max_input_tokens {b.serving.max_input_tokens}")
         with torch.inference_mode():
             out = model.generate(**inputs, generation_config=generation)
         new = out[0, inputs["input_ids"].shape[1]:].tolist()
@@ -375,8 +383,13 @@ def _parse(path: Path) -> tuple[list[CheckResult], _Bundle | None]:
     missing = _missing(path, serving)
     files = CheckResult(name="files", status="failed" if missing else "passed",
                         messages=[f"{f} is missing; expected it in the bundle" for f in missing])
-    ready = serving is not None and not missing
-    return [files, parsed], (_Bundle(path, serving) if ready else None)
+    if serving is None or missing:
+        return [files, parsed], None
+    try:
+        return [files, parsed], _Bundle(path, serving)
+    except UnicodeDecodeError as err:
+        files = CheckResult(name="files", status="failed", messages=[f"{err}; expected UTF-8 text files"])
+        return [files, parsed], None
 
 
 def check_bundle(path: str | Path, notebook_path: str | Path | None = None) -> BundleReport:
