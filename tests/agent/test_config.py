@@ -113,3 +113,16 @@ def test_flags_needing_a_lab_toml_are_refused(tmp_path: Path):
     out = run_cli("--budget", "1gpuh", "--lab", str(tmp_path / "lab"), "--executor", "slurm")
     assert out.returncode == 2 and "need a lab.toml" in out.stderr
     assert not (tmp_path / "lab").exists()
+
+
+def test_duplicate_session_is_refused_and_adds_nothing(lab: Path):
+    from memory.notebook import Notebook
+
+    with Notebook.open(lab / "notebook.db") as nb:
+        nb.open_session("a", lab=str(lab), budget_gpuh=1.0, reserve_gpuh=0.05, planner="openai", executor="slurm",
+                        config=load_lab_config(lab).model_dump(mode="json"))
+        count = nb.verify().count
+    out = run_cli("--budget", "1gpuh", "--lab", str(lab), "--session", "a")
+    assert out.returncode == 2 and "session 'a' already exists" in out.stderr and "Traceback" not in out.stderr
+    with Notebook.open(lab / "notebook.db", readonly=True) as nb:
+        assert [s.name for s in nb.sessions()] == ["a"] and nb.verify().count == count
