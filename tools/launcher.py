@@ -605,7 +605,7 @@ class Launcher:
     def _recover(self, key: str, spec: _Spec) -> None:
         """After a crash: finish the failure policy of an attempt settled as failed but not followed
         up; find an attempt recorded but not yet submitted by its files, else submit it."""
-        record = self._record(key)
+        record = self.record(key)
         if record.state == "failed" and not self._policy_applied(key, record):
             failure = Failure(failure_class=record.failure_class, detail=record.failure_detail or "")
             self._apply_policy(key, spec, record, failure)
@@ -628,7 +628,8 @@ class Launcher:
         return any(isinstance(d.payload, FailPayload) and (d.payload.key, d.payload.attempt) == (key, record.attempt)
                    for d in self.nb.decisions(self.session, kind="fail"))
 
-    def _record(self, key: str) -> JobRecord:
+    def record(self, key: str) -> JobRecord:
+        """The latest attempt's row of a recorded job."""
         record = self.nb.get_job(key)
         assert record is not None, "a Job handle exists only for a recorded key"
         return record
@@ -637,7 +638,7 @@ class Launcher:
 
     def poll(self, key: str) -> JobRecord:
         """Bring the notebook up to date with the executor; apply the failure policy once per attempt."""
-        record = self._record(key)
+        record = self.record(key)
         if record.state in {"completed", "failed"} or not record.external_id:
             return record
         spec, folder = self._spec(key), Path(record.folder or "")
@@ -651,7 +652,7 @@ class Launcher:
         return self._settle(key, spec, record, last, folder)
 
     def cancel(self, key: str) -> None:
-        record = self._record(key)
+        record = self.record(key)
         if record.external_id and record.state in {"pending", "running"}:
             self.backend.cancel(record.external_id, Path(record.folder or ""))
 
@@ -693,7 +694,7 @@ class Launcher:
         record = self.nb.update_job(key, record.attempt, state="failed", failure_class=failure.failure_class,
                                     failure_detail=failure.detail, **self._cost(run))
         self._apply_policy(key, spec, record, failure)
-        return self._record(key)
+        return self.record(key)
 
     def _outcome(self, spec: _Spec, folder: Path, job_id: str, completed: bool) -> BaseModel | str:
         """Rank 0's result, or the error text of the first task without one (its pickled trace, else
@@ -746,7 +747,7 @@ class Job(Generic[R]):
     @property
     def record(self) -> JobRecord:
         """The latest attempt's notebook row."""
-        return self.launcher._record(self.key)
+        return self.launcher.record(self.key)
 
     @property
     def kind(self) -> str:
