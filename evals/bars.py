@@ -247,7 +247,7 @@ def _set_problems(bars: list[tuple[int, Bar]]) -> list[str]:
     """Duplicates, and bounds on one statistic that no value can meet at once (bars keep their file index)."""
     problems, first, bounds = [], {}, {}
     for i, b in bars:
-        key = canonical_key(b)
+        key = _canonical_key(b)
         if key in first:
             problems.append(f"bar[{i}]: the same bar as bar[{first[key]}]")
             continue
@@ -278,7 +278,7 @@ def _bar_index(problem: str) -> int:
     return int(match.group(1)) if match else -1
 
 
-def canonical_key(bar: Bar) -> str:
+def _canonical_key(bar: Bar) -> str:
     return repr(sorted(bar.canonical().items()))
 
 
