@@ -119,8 +119,13 @@ class Notebook:
     def open(cls, path: str | Path, *, readonly: bool = False) -> Notebook:
         """Open (creating and migrating if needed) a notebook; `readonly` never creates or writes.
 
-        A damaged file (not SQLite, truncated, empty, a directory, a table or column missing, a
-        schema version this code never wrote) raises NotebookError with one line naming it.
+        A damaged file (not SQLite, truncated, empty, a directory, a damaged page, a table or column
+        missing, a schema version this code never wrote, a session row that does not parse) raises
+        NotebookError with one line naming it; nothing is written to it.
+
+        A read-only handle opened while no writer has the file open reads it as immutable (so it
+        leaves no -wal/-shm behind) and does not see writes that start later; one opened while a
+        writer is active (its -wal exists) reads the writer's commits as they land.
         """
         path = Path(path)
         existed = path.exists()
@@ -203,8 +208,9 @@ class Notebook:
                                 "remove it to start a new one")
 
     def _check_damage(self) -> None:
-        """SQLite's own page-level check (~0.1 s for 100,000 decisions): a damaged page is found on
-        opening, not mid-session, wherever it lies (an index, the free list, a row no query reads)."""
+        """SQLite's own page-level check (0.3 s on a 43 MB notebook of 100,000 decisions, measured on
+        the shared 2-core machine at load 10): a damaged page is found on opening, not mid-session,
+        wherever it lies (an index, the free list, a row no query reads)."""
         damage = self.db.execute("PRAGMA quick_check(1)").fetchone()[0]
         if damage != "ok":
             detail = " ".join(damage.replace("*** in database main ***", "").split())
