@@ -544,11 +544,12 @@ class Notebook:
             raise NotebookError(f"no artifact {artifact_id} in {self.path}")
         return found
 
-    def artifacts(self, kind: str | None = None, session: str | None = None,
-                  sha256: str | None = None) -> list[Artifact]:
-        """Artifacts, oldest first; `sha256` finds every record of the same content through its index."""
+    def artifacts(self, kind: str | None = None, session: str | None = None, sha256: str | None = None,
+                  job_key: str | None = None) -> list[Artifact]:
+        """Artifacts, oldest first; `sha256` finds every record of the same content through its index,
+        `job_key` what one job produced."""
         sql, params = "SELECT * FROM artifact WHERE 1=1", []
-        for column, value in (("kind", kind), ("session", session), ("sha256", sha256)):
+        for column, value in (("kind", kind), ("session", session), ("sha256", sha256), ("job_key", job_key)):
             if value is not None:
                 sql, params = sql + f" AND {column} = ?", [*params, value]
         return self._records(Artifact, sql + " ORDER BY id", params)

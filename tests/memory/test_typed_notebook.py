@@ -152,6 +152,8 @@ def test_lookups_by_sha256_and_job_key_use_an_index(nb: Notebook):
         nb.add_artifact(kind="checkpoint", name=str(i), path=f"/{i}", sha256=f"{i:064d}", session="s1")
         nb.start_job(f"k{i}", session="s1", kind="sft", executor="local", resources={}, forecast_gpuh=0.1)
     assert [a.name for a in nb.artifacts(sha256=f"{7:064d}")] == ["7"]
+    nb.add_artifact(kind="dataset", name="made", path="/d", sha256="d" * 64, session="s1", job_key="k3")
+    assert [a.name for a in nb.artifacts(job_key="k3")] == ["made"] and nb.artifacts(job_key="k4") == []
     assert [j.key for j in nb.jobs(key="k3")] == ["k3"]
     for call in (lambda: nb.artifacts(sha256="0" * 64), lambda: nb.jobs(key="k3"), lambda: nb.get_job("k3"),
                  lambda: nb.decisions("s1", kind="refuse"), lambda: nb.noise_floors("s1", "math", "correct")):
