@@ -81,12 +81,15 @@ def _usable(rt: Runtime, s: Summary, reply: ToolCall | BadReply) -> ToolCall | B
 
 
 def _record_plan(rt: Runtime, call: ToolCall, planner: str) -> int:
-    """The plan decision of this call; a resumed step re-planning the same call reuses the last one."""
+    """The plan decision of this call. A step interrupted before its tool finished is planned again
+    after a resume (from the checkpoint, or from the notebook alone): it reuses its plan decision."""
     nb, session = rt.ctx.nb, rt.ctx.session
     payload = {"tool": call.tool, "args": call.args, "planner": planner}
-    last = nb.decisions(session)[-1]
-    if last.kind == "plan" and last.payload.model_dump(mode="json") == payload:
-        return last.seq
+    plans = nb.decisions(session, kind="plan")
+    if plans and plans[-1].payload.model_dump(mode="json") == payload:
+        calls = [c for c in nb.tool_calls(session) if c.tool == call.tool and c.args == call.args]
+        if not calls or calls[0].status == "open":
+            return plans[-1].seq
     return nb.record_decision(session, "plan", call.rationale, payload).seq
 
 
@@ -104,6 +107,8 @@ def plan(rt: Runtime, state: AgentState) -> dict[str, Any]:
         reply, planner, bad = _fallback(rt, s, planner, bad), "playbook", 0
     else:
         reply = _usable(rt, s, rt.planner.propose(s, state.get("feedback", [])))
+    if isinstance(reply, BadReply) and planner == "playbook":  # a protocol that repeats itself has ended
+        reply = ToolCall(tool="stop", args={"reason": f"playbook stalled: {reply.reason}"}, rationale=reply.reason)
     if isinstance(reply, BadReply):
         bad += 1
         rt.ctx.nb.record_decision(rt.ctx.session, "refuse", f"planner reply refused: {reply.reason}",
@@ -174,20 +179,33 @@ def _gated_run(rt: Runtime, tool: str, args: dict[str, Any]) -> ToolOutcome | No
     return outcome
 
 
+def _nominees(s: Summary) -> list[int]:
+    """Who to nominate, in order: the incumbent, earlier incumbents (latest first), then the parent."""
+    promoted = [c.id for c in reversed(s.checkpoints) if any(v.promoted for v in c.verdicts)]
+    order = [s.incumbent, *promoted, s.parent]
+    return [i for n, i in enumerate(order) if i is not None and i not in order[:n]]
+
+
 def nominate(rt: Runtime, state: AgentState) -> dict[str, Any]:
+    """Nominate the first candidate whose bundle passes its checks; open the sealed confirmation for it."""
     nb, session = rt.ctx.nb, rt.ctx.session
     if nb.session(session).status != "open":
         return {"finished": True}
-    s = summarize(nb, session)
-    nominee = s.incumbent
-    outcome = _gated_run(rt, "nominate", {"artifact": nominee})
-    if outcome is not None and outcome.status == "done" and rt.ctx.lab.sealed_suites:
+    nominee = None
+    for candidate in _nominees(summarize(nb, session)):
+        outcome = _gated_run(rt, "nominate", {"artifact": candidate})
+        if outcome is not None and outcome.status == "done":
+            nominee = candidate
+            break
+    if nominee is not None and rt.ctx.lab.sealed_suites:
         _gated_run(rt, "sealed_open", {"artifact": nominee})
+    if nominee is None:
+        nb.end_session(session, "failed", "no candidate's bundle passed its checks: nothing nominated")
+        rt.reporter.event(f"session {session} failed: nothing nominated")
+        return {"finished": True}
     name = nb.artifact(nominee).name
-    status = "done" if outcome is not None and outcome.status == "done" else "failed"
-    nb.end_session(session, status, f"nominated {name} ({state.get('stop_reason') or 'loop ended'})"
-                   if status == "done" else f"nomination of {name} failed")
-    rt.reporter.event(f"session {session} {status}: nominee {name}")
+    nb.end_session(session, "done", f"nominated {name} ({state.get('stop_reason') or 'loop ended'})")
+    rt.reporter.event(f"session {session} done: nominee {name}")
     return {"finished": True}
 
 

@@ -22,9 +22,9 @@ from agent.planners import Planner
 from agent.planners.playbook import Playbook, PlaybookSettings
 from core.chat import EOT_TOKEN
 from core.util import canonical_json, sha256_text
-from evals.job import SuiteSpec
+from evals.job import CallableJudgeSpec, OpenAIJudgeSpec
 from memory.notebook import Notebook, NotebookError
-from tools.context import LabSpec, ToolContext
+from tools.context import LabSpec, LabSuite, ToolContext
 from tools.datasets import ReplaySource
 from tools.executor import ExecutorSection
 from tools.launcher import Launcher
@@ -41,21 +41,32 @@ def _eot_id(tokenizer_dir: Path) -> int:
     raise SessionError(f"{path}: no {EOT_TOKEN} token (the chat template's end of turn)")
 
 
+def _judge(config: LabConfig) -> OpenAIJudgeSpec | CallableJudgeSpec | None:
+    """The pairwise judge of judge suites: the toy world's oracle, or an OpenAI-compatible endpoint."""
+    j = config.judge
+    if j.kind == "oracle":
+        return CallableJudgeSpec(kind="callable", target="tools.world.oracle:judge")
+    if j.kind == "openai":
+        return OpenAIJudgeSpec(kind="openai", base_url=j.base_url, model=j.model, api_key_env=j.api_key_env)
+    return None  # a reward-model judge scores no pairwise suite yet
+
+
 def lab_spec(config: LabConfig) -> LabSpec:
-    """The tools' view of a lab config (suites without an items file, and judge suites, are not run yet)."""
+    """The tools' view of a lab config."""
     parent = config.model.parent or config.model.base
     tokenizer = config.model.tokenizer or parent
-    suites = [SuiteSpec(name=e.name, scorer=e.scorer, items_path=e.file, sealed=e.sealed)
-              for e in config.evals if e.file is not None and e.scorer != "judge"]
+    judge = _judge(config)
+    suites = [LabSuite(name=e.name, scorer=e.scorer, file=e.file, sealed=e.sealed) for e in config.evals
+              if (e.scorer == "judge" and judge is not None) or e.file is not None]
     if not any(not s.sealed for s in suites):
-        raise SessionError("lab.toml: [[evals]] needs at least one open (not sealed) suite with a `file`")
+        raise SessionError("lab.toml: [[evals]] needs at least one open (not sealed) suite it can score")
     return LabSpec(
         parent=parent, tokenizer=tokenizer, feedback=config.feedback.file, dev_fraction=config.feedback.dev_fraction,
         sealed_fraction=config.feedback.sealed_fraction, stratify_by=config.feedback.stratify_by, suites=suites,
         replicates=max(e.replicates for e in config.evals),
         data=[ReplaySource(name=d.name, path=d.path, cap=d.cap) for d in config.data], bars=config.bars,
-        served=config.serving.served_decoding((_eot_id(tokenizer),)), time_limit_min=config.executor.time_limit_min,
-        model_name=parent.name,
+        served=config.serving.served_decoding((_eot_id(tokenizer),)), judge=judge,
+        time_limit_min=config.executor.time_limit_min, model_name=parent.name,
     )
 
 

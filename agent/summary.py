@@ -189,7 +189,7 @@ def summarize(nb: Notebook, session: str) -> Summary:
                     if all(nb.eval(i).artifact_id == cp.id for i in f.source_evals):
                         calibrated.add(cp.id)
     datasets = [Dataset(id=a.id, name=a.name, builder=a.recipe.get("builder", ""), row_kind=a.recipe.get("row_kind", ""),
-                        rows=a.recipe.get("rows", 0), audit_passed=bool(a.recipe.get("audit", {}).get("passed")))
+                        rows=a.recipe.get("rows", 0), audit_passed="audit" in a.recipe and not a.recipe["audit"].get("hits"))
                 for a in nb.artifacts(kind="dataset", session=session)]
     refusals = [d.rationale for d in nb.decisions(session, kind="refuse")][-5:]
     failures = [f"{j.kind} {j.key[:12]} attempt {j.attempt}: {j.failure_class}" for j in nb.jobs(session=session)

@@ -59,7 +59,7 @@ def build_job(cfg: BuildJob) -> DatasetManifest:
 def _config(ctx: ToolContext, args: Args, out: Path, split: Path) -> dict[str, Any]:
     lab = ctx.lab
     base: dict[str, Any] = {"out": str(out), "tokenizer": str(lab.tokenizer), "feedback": str(lab.feedback),
-                            "split": str(split), "eval_suites": [str(s.items_path) for s in lab.suites]}
+                            "split": str(split), "eval_suites": [str(s.file) for s in lab.suites if s.file is not None]}
     prompt = lab.served.system_prompt
     match args.builder:
         case "winner_sft":

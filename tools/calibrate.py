@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from evals import noise
 from tools.context import ToolContext, ToolOutcome, invoke, served_of
-from tools.evaluate import eval_job, metrics_line, run_and_record
+from tools.evaluate import MissingReference, eval_job, metrics_line, reference_completions, run_and_record
 
 NAME = "calibrate"
 
@@ -25,7 +25,13 @@ class Args(BaseModel):
 def _body(ctx: ToolContext, args: Args) -> ToolOutcome:
     names = [s.name for s in ctx.lab.open_suites]
     served = served_of(ctx, args.artifact)
-    evals, key = run_and_record(ctx, args.artifact, eval_job(ctx, args.artifact, names, served, True, args.k))
+    try:
+        # Judge suites score the incumbent against its own first answers: the noise of self-play.
+        reference = reference_completions(ctx, args.artifact, names)
+        cfg = eval_job(ctx, args.artifact, names, served, True, args.k, reference)
+    except MissingReference as exc:
+        return ToolOutcome(tool=NAME, status="failed", summary=str(exc))
+    evals, key = run_and_record(ctx, args.artifact, cfg)
     floors = []
     for suite in names:
         reps = [e for e in evals if e.suite == suite]
@@ -36,7 +42,8 @@ def _body(ctx: ToolContext, args: Args) -> ToolOutcome:
     widths = ", ".join(f"{f.suite}/{f.metric}={f.mean_abs_delta:.3f}" for f in floors if not f.metric.startswith("n_"))
     summary = f"{name}: K={args.k} baseline {metrics_line(evals)}; noise floors {widths}"
     return ToolOutcome(tool=NAME, status="done", summary=summary,
-                       data={"artifact_id": args.artifact, "noise_floor_ids": [f.id for f in floors], "job_key": key})
+                       data={"artifact_id": args.artifact, "noise_floor_ids": [f.id for f in floors], "job_key": key,
+                             "reference": reference})
 
 
 def run(ctx: ToolContext, args: Args, decision_seq: int | None = None) -> ToolOutcome:

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from core.util import canonical_json, sha256_text
 from evals.decoding import Decoding
-from evals.job import CallableJudgeSpec, OpenAIJudgeSpec, SuiteSpec
+from evals.job import CallableJudgeSpec, OpenAIJudgeSpec
 from memory.notebook import Notebook
 from tools.datasets import ReplaySource
 from tools.launcher import BudgetRefused, JobFailed, Resources
@@ -27,6 +27,21 @@ from tools.paths import LabPaths
 
 A = TypeVar("A", bound=BaseModel)
 R = TypeVar("R", bound=BaseModel)
+
+
+class LabSuite(BaseModel):
+    """One eval suite of the lab: an items file, or (judge suites) the prompts of a holdout split."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: str = Field(description="Suite name, as bars and the notebook name it.")
+    scorer: str = Field(description="Scorer (evals.job.ScorerName).")
+    file: Path | None = Field(None, description="Items file; None for judge suites, which read the dev (or, sealed, "
+                                                "the sealed) battles of the session's split.")
+    sealed: bool = Field(False, description="Scored once, for the nominee only.")
+
+    @property
+    def judged(self) -> bool:
+        return self.scorer == "judge"
 
 
 class LabSpec(BaseModel):
@@ -39,7 +54,7 @@ class LabSpec(BaseModel):
     dev_fraction: float = Field(description="Share of battles held out for selection.")
     sealed_fraction: float = Field(description="Share of battles sealed for the nominee's confirmation.")
     stratify_by: str | None = Field(None, description="Meta tag the split stratifies by, on top of the vote.")
-    suites: list[SuiteSpec] = Field(min_length=1, description="Eval suites; sealed ones are scored once, for the nominee.")
+    suites: list[LabSuite] = Field(min_length=1, description="Eval suites; sealed ones are scored once, for the nominee.")
     replicates: int = Field(3, ge=3, description="K replicates of an incumbent for its noise floor.")
     data: list[ReplaySource] = Field(default_factory=list, description="Local replay data sources.")
     bars: Path | None = Field(description="Promotion bars file registered before any scoring.")
@@ -49,18 +64,18 @@ class LabSpec(BaseModel):
     eval_batch_size: int = Field(64, ge=1, description="Prompts generated together by eval jobs.")
     model_name: str = Field("model", description="Model label for throughput forecasts of the launcher.")
 
-    def suite(self, name: str) -> SuiteSpec:
+    def suite(self, name: str) -> LabSuite:
         for s in self.suites:
             if s.name == name:
                 return s
         raise KeyError(name)
 
     @property
-    def open_suites(self) -> list[SuiteSpec]:
+    def open_suites(self) -> list[LabSuite]:
         return [s for s in self.suites if not s.sealed]
 
     @property
-    def sealed_suites(self) -> list[SuiteSpec]:
+    def sealed_suites(self) -> list[LabSuite]:
         return [s for s in self.suites if s.sealed]
 
 

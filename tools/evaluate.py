@@ -10,11 +10,13 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from evals.decoding import Decoding
-from evals.job import EvalJobConfig
+from evals.job import EvalJobConfig, SuiteSpec
 from evals.job import run as run_eval
 from evals.records import record_result
 from memory.notebook import EvalRecord
 from tools.context import ToolContext, ToolOutcome, content_name, invoke, record_once, served_of
+from tools.ingest import holdout_items
+from tools.promote import incumbent_of
 
 NAME = "evaluate"
 
@@ -28,16 +30,69 @@ class Args(BaseModel):
     diagnostic: bool = Field(False, description="Greedy decoding instead of the served one: recorded, never promotes.")
 
 
+def suite_specs(ctx: ToolContext, names: list[str], reference: dict[str, str]) -> tuple[SuiteSpec, ...]:
+    """The job's suites; judge suites score holdout prompts against the `reference` completions
+    (the incumbent's, from its calibration). Raises MissingReference when one is not there yet."""
+    specs = []
+    for name in names:
+        suite = ctx.lab.suite(name)
+        if not suite.judged:
+            specs.append(SuiteSpec(name=name, scorer=suite.scorer, items_path=suite.file, sealed=suite.sealed))
+            continue
+        items = suite.file or holdout_items(ctx, suite.sealed)
+        if items is None or name not in reference:
+            raise MissingReference(f"judge suite {name} needs the ingested split and the incumbent's reference "
+                                   "completions (calibrate the incumbent first)")
+        specs.append(SuiteSpec(name=name, scorer="judge", items_path=items, sealed=suite.sealed,
+                               incumbent_completions=reference[name]))
+    return tuple(specs)
+
+
+class MissingReference(ValueError):
+    """A judge suite asked for before its reference completions exist."""
+
+
 def eval_job(ctx: ToolContext, artifact_id: int, suite_names: list[str], decoding: Decoding, served: bool,
-             replicates: int) -> EvalJobConfig:
-    """The eval job of an artifact; its output directory is named by weights, decoding and suites."""
+             replicates: int, reference: dict[str, str] | None = None) -> EvalJobConfig:
+    """The eval job of an artifact; its output directory is named by weights, decoding, suites and references."""
     artifact = ctx.nb.artifact(artifact_id)
-    suites = tuple(ctx.lab.suite(n) for n in suite_names)
+    suites = suite_specs(ctx, suite_names, reference or {})
     name = content_name("eval", {"weights": artifact.sha256, "decoding": decoding.fingerprint(),
-                                 "suites": list(suite_names), "replicates": replicates, "served": served})
+                                 "suites": [s.model_dump(mode="json") for s in suites], "replicates": replicates,
+                                 "served": served})
     return EvalJobConfig(checkpoint=artifact.path, decoding=decoding, served=served, suites=suites,
-                         replicates=replicates, batch_size=ctx.lab.eval_batch_size, judge=ctx.lab.judge,
+                         replicates=replicates, batch_size=ctx.lab.eval_batch_size,
+                         judge=ctx.lab.judge if any(s.scorer == "judge" for s in suites) else None,
                          output_dir=ctx.paths.evaluation(name))
+
+
+def reference_completions(ctx: ToolContext, artifact_id: int, names: list[str]) -> dict[str, str]:
+    """Generate `artifact_id`'s answers to the judge suites' prompts at its served decoding (a job,
+    not an eval: nothing is scored or recorded) and return suite -> completions file."""
+    judged = [n for n in names if ctx.lab.suite(n).judged]
+    if not judged:
+        return {}
+    specs = []
+    for n in judged:
+        items = ctx.lab.suite(n).file or holdout_items(ctx, ctx.lab.suite(n).sealed)
+        if items is None:
+            raise MissingReference(f"judge suite {n} reads the holdout split: ingest first")
+        specs.append(SuiteSpec(name=f"{n}-reference", scorer="loops", items_path=items))
+    artifact, decoding = ctx.nb.artifact(artifact_id), served_of(ctx, artifact_id)
+    name = content_name("reference", {"weights": artifact.sha256, "decoding": decoding.fingerprint(),
+                                      "suites": [s.model_dump(mode="json") for s in specs]})
+    cfg = EvalJobConfig(checkpoint=artifact.path, decoding=decoding, served=True, suites=tuple(specs),
+                        batch_size=ctx.lab.eval_batch_size, output_dir=ctx.paths.evaluation(name))
+    result, _ = ctx.wait("eval", run_eval, cfg, work_units=float(len(specs)))
+    return {r.suite.removesuffix("-reference"): r.completions_path for r in result.suites}
+
+
+def references_of(ctx: ToolContext, artifact_id: int) -> dict[str, str]:
+    """The reference completions recorded by the artifact's calibration (empty when it has none)."""
+    for c in ctx.nb.tool_calls(ctx.session):
+        if c.tool == "calibrate" and c.args.get("artifact") == artifact_id and c.status == "done":
+            return dict((c.result or {}).get("data", {}).get("reference", {}))
+    return {}
 
 
 def run_and_record(ctx: ToolContext, artifact_id: int, cfg: EvalJobConfig) -> tuple[list[EvalRecord], str]:
@@ -65,7 +120,12 @@ def _body(ctx: ToolContext, args: Args) -> ToolOutcome:
                            f"unknown or sealed suites {unknown}")
     served = served_of(ctx, args.artifact)
     decoding = served.model_copy(update={"temperature": 0.0, "top_p": 1.0}) if args.diagnostic else served
-    evals, key = run_and_record(ctx, args.artifact, eval_job(ctx, args.artifact, names, decoding, not args.diagnostic, 1))
+    reference = references_of(ctx, incumbent_of(ctx.nb, ctx.session))
+    try:
+        cfg = eval_job(ctx, args.artifact, names, decoding, not args.diagnostic, 1, reference)
+    except MissingReference as exc:
+        return ToolOutcome(tool=NAME, status="failed", summary=str(exc))
+    evals, key = run_and_record(ctx, args.artifact, cfg)
     summary = f"{artifact.name}{' (diagnostic, greedy)' if args.diagnostic else ''}: {metrics_line(evals)}"
     record_once(ctx, "evaluate", summary, {"artifact_id": args.artifact, "eval_ids": [e.id for e in evals], "job_key": key})
     return ToolOutcome(tool=NAME, status="done", summary=summary,

@@ -12,6 +12,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from core.util import write_atomic
+from evals.types import Item
 from tools.context import ToolContext, ToolOutcome, invoke, record_once
 from tools.splits import Split, SplitConfig, split_file
 
@@ -36,10 +37,15 @@ class SplitJob(BaseModel):
 
 
 def split_job(cfg: SplitJob) -> Split:
-    """Load (all or nothing), split, write the split file; return the split."""
-    _, split = split_file(cfg.feedback, cfg.config, pinned=cfg.pinned or None)
+    """Load (all or nothing), split, write the split file and the holdouts' prompts as eval items
+    (what judge suites score: dev for selection, sealed for the confirmation); return the split."""
+    battles, split = split_file(cfg.feedback, cfg.config, pinned=cfg.pinned or None)
     out = cfg.out_dir / f"split-{split.sha256[:16]}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
+    for which in ("dev", "sealed"):
+        items = [Item(id=b.id, messages=tuple(b.messages)) for b in battles if split.assignment[b.id] == which]
+        write_atomic(cfg.out_dir / f"items-{which}-{split.sha256[:16]}.jsonl",
+                     "".join(i.model_dump_json() + "\n" for i in items))
     write_atomic(out, split.model_dump_json(indent=1) + "\n")
     return split
 
@@ -47,6 +53,14 @@ def split_job(cfg: SplitJob) -> Split:
 def split_path(ctx: ToolContext, sha256: str) -> Path:
     """Where the split of this sha256 lies (what dataset builders read)."""
     return ctx.paths.splits / f"split-{sha256[:16]}.json"
+
+
+def holdout_items(ctx: ToolContext, sealed: bool) -> Path | None:
+    """The session's dev (or sealed) battle prompts as eval items, once ingested."""
+    split = ctx.nb.latest_split()
+    if split is None:
+        return None
+    return ctx.paths.splits / f"items-{'sealed' if sealed else 'dev'}-{split.sha256[:16]}.jsonl"
 
 
 def _body(ctx: ToolContext, args: Args) -> ToolOutcome:

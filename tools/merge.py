@@ -13,7 +13,15 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from tools.context import ToolContext, ToolOutcome, artifact_of_job, content_name, invoke, record_once, served_of
+from tools.context import (
+    ToolContext,
+    ToolOutcome,
+    artifact_of_job,
+    content_name,
+    invoke,
+    record_once,
+    served_of,
+)
 from trainers import merge
 
 NAME = "merge"

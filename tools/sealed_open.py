@@ -10,7 +10,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from evals.sealed import SealedRefused, open_sealed
 from tools.context import ToolContext, ToolOutcome, invoke, record_once, served_of
-from tools.evaluate import eval_job, metrics_line, run_and_record
+from tools.evaluate import eval_job, metrics_line, reference_completions, run_and_record
+from tools.promote import parent_of
 
 NAME = "sealed_open"
 
@@ -34,7 +35,10 @@ def _body(ctx: ToolContext, args: Args) -> ToolOutcome:
                 open_sealed(ctx.nb, ctx.session, suite, args.artifact)
     except SealedRefused as exc:
         return ToolOutcome(tool=NAME, status="refused", summary=str(exc))
-    evals, key = run_and_record(ctx, args.artifact, eval_job(ctx, args.artifact, names, served_of(ctx, args.artifact), True, 1))
+    # Judge suites confirm the nominee against the session's parent on the sealed prompts.
+    reference = reference_completions(ctx, parent_of(ctx.nb, ctx.session), names)
+    cfg = eval_job(ctx, args.artifact, names, served_of(ctx, args.artifact), True, 1, reference)
+    evals, key = run_and_record(ctx, args.artifact, cfg)
     summary = f"sealed confirmation of {ctx.nb.artifact(args.artifact).name}: {metrics_line(evals)}"
     record_once(ctx, "evaluate", summary, {"artifact_id": args.artifact, "eval_ids": [e.id for e in evals],
                                            "sealed": True, "job_key": key})

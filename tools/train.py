@@ -12,7 +12,15 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tools.context import ToolContext, ToolOutcome, artifact_of_job, content_name, invoke, record_once, served_of
+from tools.context import (
+    ToolContext,
+    ToolOutcome,
+    artifact_of_job,
+    content_name,
+    invoke,
+    record_once,
+    served_of,
+)
 from trainers import dpo, klce, rft, sft
 from trainers.common import weights_sha256
 

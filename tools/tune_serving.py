@@ -10,7 +10,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from tools.context import ToolContext, ToolOutcome, content_name, invoke, record_once, served_of
-from tools.evaluate import eval_job, metrics_line, run_and_record
+from tools.evaluate import MissingReference, eval_job, metrics_line, references_of, run_and_record
+from tools.promote import incumbent_of
 
 NAME = "tune_serving"
 
@@ -49,7 +50,11 @@ def _body(ctx: ToolContext, args: Args) -> ToolOutcome:
         recipe={"serving_of": args.artifact, "parent": args.artifact, "served_decoding": decoding.model_dump(mode="json")},
         session=ctx.session)
     names = [s.name for s in ctx.lab.open_suites]
-    evals, key = run_and_record(ctx, variant.id, eval_job(ctx, variant.id, names, decoding, True, 1))
+    try:
+        cfg = eval_job(ctx, variant.id, names, decoding, True, 1, references_of(ctx, incumbent_of(ctx.nb, ctx.session)))
+    except MissingReference as exc:
+        return ToolOutcome(tool=NAME, status="failed", summary=str(exc))
+    evals, key = run_and_record(ctx, variant.id, cfg)
     settings = f"temperature {decoding.temperature:g}, top_p {decoding.top_p:g}, repetition penalty {decoding.repetition_penalty:g}, system prompt {'none' if not decoding.system_prompt else 'served'}"
     summary = f"{name} ({source.name} served at {settings}): {metrics_line(evals)}"
     record_once(ctx, "evaluate", summary, {"artifact_id": variant.id, "eval_ids": [e.id for e in evals], "job_key": key})

@@ -30,7 +30,8 @@ def _battles(n: int, injected: bool) -> list[dict]:
     return rows
 
 
-def make_lab(lab: Path, *, battles: int = 40, injected: bool = False, time_limit_min: int = 10) -> Path:
+def make_lab(lab: Path, *, battles: int = 40, injected: bool = False, time_limit_min: int = 10,
+             planner_url: str | None = None) -> Path:
     """Write a complete lab into `lab` and return it."""
     lab.mkdir(parents=True, exist_ok=True)
     tok = tiny.build_tokenizer(lab / "tokenizer")
@@ -77,4 +78,8 @@ temperature = 1.0
 top_p = 0.95
 max_new_tokens = 12
 """)
+    if planner_url:
+        with open(lab / "lab.toml", "a") as f:
+            f.write(f'\n[planner]\nkind = "openai"\nbase_url = "{planner_url}"\nmodel = "scripted"\n'
+                    'api_key_env = "POSTLAB_TEST_PLANNER_KEY"\n')
     return lab

@@ -1,0 +1,66 @@
+"""The gates are pure: each refuses exactly its case, from the call, the summary, the forecast and the lab root."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from agent import gates
+from agent.summary import Budget, Checkpoint, Dataset, Summary, Verdict
+
+
+def summary(**changes) -> Summary:
+    base = Summary(
+        session="s", budget=Budget(budget_gpuh=1.0, spent_gpuh=0.2, reserved_gpuh=0.1, reserve_gpuh=0.05,
+                                   left_above_reserve_gpuh=0.65),
+        split={"id": 1, "sha256": "x", "counts": {}}, bars={"id": 1, "sha256": "y", "rules": ["d/correct delta >= 0"]},
+        parent=1, incumbent=1, calibrated=[1], noise_floors={},
+        checkpoints=[Checkpoint(id=1, name="parent", origin="parent", parent=None, served_decoding="a", metrics={}, verdicts=[]),
+                     Checkpoint(id=3, name="sft", origin="train:sft", parent=1, served_decoding="a", metrics={},
+                                verdicts=[Verdict(comparison_id=1, incumbent=1, promoted=True, bars=[])]),
+                     Checkpoint(id=4, name="dpo", origin="train:dpo", parent=1, served_decoding="a", metrics={},
+                                verdicts=[Verdict(comparison_id=2, incumbent=1, promoted=False, bars=[])])],
+        datasets=[Dataset(id=2, name="w", builder="winner_sft", row_kind="sft", rows=5, audit_passed=True),
+                  Dataset(id=5, name="leaky", builder="winner_sft", row_kind="sft", rows=5, audit_passed=False)],
+        calls=[], refusals=[], failures=[], consecutive_failed_arms=0, nominee=None, sealed_opened=False)
+    return base.model_copy(update=changes)
+
+
+LAB = Path("/tmp/some-lab")
+
+
+def test_every_gate_passes_a_sound_call():
+    assert gates.check("train", {"trainer": "sft", "parent": 1, "dataset": 2}, summary(), 0.5, LAB) is None
+
+
+def test_budget_admission_counts_spent_reserved_and_reserve():
+    assert "budget" in gates.check("train", {"parent": 1, "dataset": 2}, summary(), 0.66, LAB)
+    assert gates.check("compare", {"candidate": 3}, summary(), 99.0, LAB) is None  # no job, no forecast
+
+
+def test_bars_before_scores():
+    for tool, args in (("evaluate", {"artifact": 3}), ("calibrate", {"artifact": 1}), ("compare", {"candidate": 3})):
+        assert "bars" in gates.check(tool, args, summary(bars=None), 0.0, LAB)
+
+
+def test_training_data_only_from_audited_session_datasets():
+    assert "leak-audited" in gates.check("train", {"parent": 1, "dataset": 5}, summary(), 0.1, LAB)
+    assert "not an artifact" in gates.check("train", {"parent": 1, "dataset": 77}, summary(), 0.1, LAB)
+    assert "leak-audited" in gates.check("build_dataset", {"builder": "mix", "parts": [{"dataset": 5}]}, summary(), 0.0, LAB)
+
+
+def test_promotion_needs_a_promoting_comparison_against_the_current_incumbent():
+    assert gates.check("promote", {"candidate": 3}, summary(), 0.0, LAB) is None
+    assert "cleared every bar" in gates.check("promote", {"candidate": 4}, summary(), 0.0, LAB)
+    assert "cleared every bar" in gates.check("promote", {"candidate": 3}, summary(incumbent=4), 0.0, LAB)
+
+
+def test_sealed_once_and_for_the_nominee_only():
+    assert "nominee only" in gates.check("sealed_open", {"artifact": 3}, summary(), 0.0, LAB)
+    assert gates.check("sealed_open", {"artifact": 3}, summary(nominee=3), 0.0, LAB) is None
+    assert "once" in gates.check("sealed_open", {"artifact": 3}, summary(nominee=3, sealed_opened=True), 0.0, LAB)
+
+
+def test_no_argument_names_a_path_outside_the_lab():
+    assert "outside the lab" in gates.check("register_bars", {"file": "/etc/passwd"}, summary(), 0.0, LAB)
+    assert "outside the lab" in gates.check("register_bars", {"file": "../other/bars.toml"}, summary(), 0.0, LAB)
+    assert gates.check("register_bars", {"file": "world/bars.toml"}, summary(), 0.0, LAB) is None
