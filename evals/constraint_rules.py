@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+from collections.abc import Callable
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -80,7 +81,7 @@ def split_sentences(text: str) -> list[str]:
     return [s for s in sentences if s]
 
 
-def _separator_line(separator: Literal["blank_line", "divider"]):
+def _separator_line(separator: Literal["blank_line", "divider"]) -> Callable[[str], object]:
     if separator == "divider":
         return _STAR_BREAK_LINE.fullmatch
     return lambda line: not line.strip() or _BREAK_LINE.fullmatch(line)
@@ -226,6 +227,9 @@ class IncludeKeywords(_Rule):
 
 
 class ForbiddenWords(_Rule):
+    """Plain: each word literally, not glued to other letters; IFEval wraps it in `\\b`, so "e.g."
+    standing before a space is never found, and "C++" (a regex there) is found in any "C"."""
+
     kind: Literal["forbidden_words"] = Field(description="No forbidden word appears as a whole word.")
     forbidden: tuple[str, ...] = Field(min_length=1, description="Words that must not appear.")
 
@@ -314,6 +318,8 @@ class CapitalWords(_Rule):
 
 
 class JsonFormat(_Rule):
+    """Plain: a fence may carry any language tag (```python); IFEval strips only ``` and ```json."""
+
     kind: Literal["json_format"] = Field(description="The whole answer is one JSON value (a code fence is allowed).")
 
     def check(self, text: str) -> bool:

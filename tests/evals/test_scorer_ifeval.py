@@ -126,6 +126,7 @@ DIFFERENCES = [
     ("keyword_plus_plus_is_literal", "keywords:existence", {"keywords": ["C++"]}, "I like C.", False),
     ("keyword_count_whole_words", "keywords:frequency", {"keyword": "go", "frequency": 3, "relation": "at least"},
      "go gone going go", False),
+    ("forbidden_plus_plus_is_literal", "keywords:forbidden_words", {"forbidden_words": ["C++"]}, "I like C.", True),
     ("forbidden_word_ending_in_dot", "keywords:forbidden_words", {"forbidden_words": ["e.g."]}, "e.g. this", False),
     ("undetectable_language_fails", "language:response_language", {"language": "en"}, "12345 67890", False),
     ("end_phrase_is_case_exact", "startend:end_checker", {"end_phrase": "Any other questions?"},
