@@ -145,7 +145,8 @@ class Backend(Protocol):
 
     name: Literal["local", "slurm"]
 
-    def executor(self, folder: Path, kind: str, resources: Resources) -> submitit.core.core.PicklingExecutor: ...
+    def submit(self, folder: Path, kind: str, resources: Resources, wrapped: Resumable,
+               args: BaseModel) -> submitit.Job[Any]: ...
 
     def worker_env(self) -> dict[str, str]: ...
 
@@ -172,6 +173,9 @@ class LocalBackend:
 
     def __init__(self, simulated_gpuh_per_device_s: float | None = None) -> None:
         self.simulated_gpuh_per_device_s = simulated_gpuh_per_device_s
+        # Jobs this process submitted: their controllers are our children, polled (and reaped) through
+        # submitit's LocalJob; a resumed agent reads the others' liveness from /proc.
+        self._submitted: dict[str, submitit.local.local.LocalJob[Any]] = {}
 
     def executor(self, folder: Path, kind: str, resources: Resources) -> submitit.LocalExecutor:
         ex = submitit.LocalExecutor(folder=folder, max_num_timeout=_NO_SUBMITIT_LIMIT)
@@ -179,12 +183,27 @@ class LocalBackend:
                              tasks_per_node=self.tasks(resources), signal_delay_s=resources.signal_delay_s)
         return ex
 
+    def submit(self, folder: Path, kind: str, resources: Resources, wrapped: Resumable,
+               args: BaseModel) -> submitit.Job[Any]:
+        job = self.executor(folder, kind, resources).submit(wrapped, args)
+        self._submitted[job.job_id] = job
+        return job
+
     def worker_env(self) -> dict[str, str]:
         # torchrun's single-node rendezvous: loopback and a port free now (the workers bind it seconds later).
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
         return {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+
+    def _alive(self, job_id: str, folder: Path) -> bool:
+        job = self._submitted.get(job_id)
+        if job is None:
+            return _controller_alive(int(job_id), folder)
+        if job.get_info()["jobState"] == "RUNNING":  # polls the controller's process (and reaps it once exited)
+            return True
+        del self._submitted[job_id]
+        return False
 
     def tasks(self, resources: Resources) -> int:
         return resources.tasks or max(1, resources.gpus or 0)
@@ -205,7 +224,7 @@ class LocalBackend:
         devices, paths = self.devices(resources), RunPaths(folder, job_id)
         # Liveness before the events: a worker that ends between the two reads then still counts as
         # alive for this poll, instead of as killed mid-run with its end event unread.
-        alive = _controller_alive(int(job_id), folder)
+        alive = self._alive(job_id, folder)
         runs, start = _runs_from_events(read_events(paths.events), devices)
         if alive:
             if start is not None:
@@ -241,7 +260,7 @@ class LocalBackend:
     def cancel(self, job_id: str, folder: Path) -> None:
         # The marker tells any later observer (also a resumed agent) that the end was a cancel.
         RunPaths(folder, job_id).cancelled.touch()
-        if not _controller_alive(int(job_id), folder):
+        if not self._alive(job_id, folder):
             return
         if not _ignores_sigint(int(job_id)):
             # submitit's local controller stops its tasks on SIGINT (SIGINT, then SIGKILL after 1 s).
@@ -270,12 +289,8 @@ def _runs_from_events(events: list[dict[str, Any]], devices: int) -> tuple[list[
 def _controller_alive(pid: int, folder: Path) -> bool:
     """Whether `pid` is a live submitit local controller of `folder` (not a reused pid, not a zombie).
 
-    A controller this process started is reaped here once it exited: its Popen object is gone with
-    the submitit job that held it, and a resumed agent is not its parent (then there is nothing to reap)."""
-    try:
-        os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass  # not our child: init (or a subreaper) reaps it
+    Read from /proc, for controllers another (killed) agent started. The launcher's own children are
+    polled through their LocalJob instead: right after the fork a child's cmdline is still its parent's."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
@@ -344,6 +359,10 @@ class SlurmBackend:
             params["qos"] = self.qos
         ex.update_parameters(**params)
         return ex
+
+    def submit(self, folder: Path, kind: str, resources: Resources, wrapped: Resumable,
+               args: BaseModel) -> submitit.Job[Any]:
+        return self.executor(folder, kind, resources).submit(wrapped, args)
 
     def worker_env(self) -> dict[str, str]:
         return {}  # the rendezvous is read on the node from Slurm's environment (tools/jobrun.py)
@@ -585,13 +604,12 @@ class Launcher:
         self._submit(key, spec, folder, attempt, args)
 
     def _submit(self, key: str, spec: _Spec, folder: Path, attempt: int, args: BaseModel) -> None:
-        ex = self.backend.executor(folder, spec.kind, spec.resources)
         # Requeues are counted over the whole job: a resubmission (after a job raised 'preempted:')
         # may requeue in place only as often as the earlier attempts left.
         used = sum(1 for a in self.attempts(key) if a.attempt < attempt and a.failure_class in _REQUEUED_CLASSES)
         wrapped = Resumable(spec.fn, spec.resources.time_limit_min * 60, spec.resources.signal_delay_s,
                             max(0, spec.resources.max_requeues - used), env=self.backend.worker_env())
-        sub = ex.submit(wrapped, args)
+        sub = self.backend.submit(folder, spec.kind, spec.resources, wrapped, args)
         self.nb.update_job(key, attempt, external_id=sub.job_id, log_path=str(sub.paths.stderr))
 
     def _attempt_args(self, key: str, spec: _Spec) -> BaseModel:
