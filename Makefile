@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 PYTEST_ARGS ?=
 
-.PHONY: demo test install install-dev slurm-up slurm-down lint clean
+.PHONY: demo test install install-dev slurm-up slurm-down chromium lint clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -33,10 +33,15 @@ demo: $(VENV)/.installed
 
 # Starts the loopback Slurm cluster (skipped tests say why if it cannot start), runs the whole
 # suite, stops the cluster, and exits with pytest's status (5, "no tests ran", is a failure too).
-test: $(VENV)/.installed-dev
+test: $(VENV)/.installed-dev chromium
 	@scripts/slurm-up || echo "make test: the loopback Slurm cluster did not start; Slurm tests will be skipped with the reason"
 	@set +e; $(PY) -m pytest $(PYTEST_ARGS); rc=$$?; scripts/slurm-down; \
 	  if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests"; fi; exit $$rc
+
+# Headless Chromium (Debian's package) opens the HTML report in the report tests.
+chromium:
+	@command -v chromium >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+	@command -v chromium >/dev/null || { echo "make test: could not install chromium (apt-get as root)"; exit 1; }
 
 slurm-up:
 	scripts/slurm-up
