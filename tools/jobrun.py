@@ -33,8 +33,8 @@ from submitit.core.utils import JobPaths
 HEARTBEAT_S = 1.0  # seconds between touches of a local run's heartbeat file
 # NVLink multicast (NCCL's NVLS, PyTorch's symmetric-memory multicast, NVSHMEM's NVLS) is off in every
 # job: on GPU hosts shared with others, a program that uses it can put the host's GPUs out of service
-# (the project's GPU machines require these settings). Set in the job's own environment, so that a
-# job started with an environment of its own still has them.
+# (the project's GPU machines require these settings). Exported on the worker itself, whatever
+# environment the executor passed on.
 NO_MULTICAST_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 
