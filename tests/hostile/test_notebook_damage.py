@@ -1,7 +1,7 @@
 """Damaged notebooks (issue 10, item 1): not SQLite, truncated, empty, a directory, a table dropped,
 a zero or negative schema version with tables, a session config that is not JSON, a damaged page.
 
-`verify` and `run` answer each with one line naming the file, exit 2 (bad input; exit 1 stays "a
+`verify`, `run`, `resume` and `replay` answer each with one line naming the file, exit 2 (bad input; exit 1 stays "a
 check failed"), no traceback, and leave every file as it was (no -wal/-shm appears). A session row
 edited after its `open` decision is a failed check: exit 1, naming the session and the field.
 """
@@ -21,7 +21,7 @@ import run_agent
 from memory.notebook import Notebook, NotebookError
 
 sys.path.insert(0, str(Path(__file__).parent))
-from hostile_kit import assert_refused, files, run_cli  # noqa: E402
+from hostile_kit import assert_refused, files, make_lab, run_cli  # noqa: E402
 
 PAGE = 4096
 
@@ -66,8 +66,8 @@ def _page_overwritten(page: int) -> Callable[[Path], None]:
 
 
 def _symlink_to_dir(path: Path) -> None:
-    (path.parent / "elsewhere").mkdir()
-    path.symlink_to(path.parent / "elsewhere")
+    (path.parent.parent / "elsewhere").mkdir()
+    path.symlink_to(path.parent.parent / "elsewhere")
 
 
 DAMAGE: dict[str, tuple[Callable[[Path], None], str]] = {
@@ -120,11 +120,12 @@ def _refused(capsys, argv: list[str], *where: str) -> None:
 @pytest.mark.parametrize("case", sorted(DAMAGE))
 def test_a_damaged_notebook_is_refused_with_one_line_and_left_as_it_was(tmp_path: Path, capsys, case: str):
     build, message = DAMAGE[case]
-    path = tmp_path / "notebook.db"
+    lab = make_lab(tmp_path / "lab")  # every other input valid: only the notebook is wrong
+    path = lab / "notebook.db"
     build(path)
     before = files(tmp_path)
-    _refused(capsys, ["verify", "--lab", str(tmp_path)], str(path), message)
-    _refused(capsys, ["--budget", "1gpuh", "--lab", str(tmp_path), "--session", "again"], str(path), message)
+    for argv in (["verify"], ["--budget", "1gpuh", "--session", "again"], ["resume", "s1"], ["replay", "s1"]):
+        _refused(capsys, [*argv, "--lab", str(lab)], str(path), message)
     with pytest.raises(NotebookError, match=re.escape(message)) as err:
         Notebook.open(path)  # a writer (run, resume) refuses it the same way, and does not repair it
     assert "\n" not in str(err.value)
