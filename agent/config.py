@@ -286,6 +286,15 @@ class EvalSuite(_Section):
     file: LabFile | None = Field(None, description="Items file (JSONL); holdout-battle scorers read the dev split instead.")
     sealed: bool = Field(False, description="Sealed confirmation suite: scored once per session, for the nominee only.")
     replicates: int = Field(3, ge=3, description="K replicates of the incumbent used to calibrate this suite's noise floor.")
+    constraint_mode: Literal["plain", "ifeval"] = Field(
+        "plain", description="constraints suites only: 'plain' (the instructions' plain meaning, the default) or "
+        "'ifeval' (the IFEval reference's exact semantics, for IFEval-comparable numbers).")
+
+    @model_validator(mode="after")
+    def _mode_for_constraints(self) -> EvalSuite:
+        if self.constraint_mode != "plain" and self.scorer != "constraints":
+            raise ValueError(f"constraint_mode applies to constraints suites only (this suite's scorer is {self.scorer})")
+        return self
 
 
 class EndpointSection(_Section):

@@ -126,3 +126,13 @@ def test_duplicate_session_is_refused_and_adds_nothing(lab: Path):
     assert out.returncode == 2 and "session 'a' already exists" in out.stderr and "Traceback" not in out.stderr
     with Notebook.open(lab / "notebook.db", readonly=True) as nb:
         assert [s.name for s in nb.sessions()] == ["a"] and nb.verify().count == count
+
+
+def test_constraint_mode_is_for_constraints_suites_only(lab: Path):
+    toml = (lab / "lab.toml").read_text()
+    (lab / "lab.toml").write_text(toml.replace('scorer = "math"', 'scorer = "math"\nconstraint_mode = "ifeval"', 1))
+    with pytest.raises(LabConfigError, match=r"evals\[0\].*constraint_mode applies to constraints suites only"):
+        load_lab_config(lab)
+    (lab / "lab.toml").write_text(toml.replace('scorer = "math"', 'scorer = "math"\nconstraint_mode = "strict"', 1))
+    with pytest.raises(LabConfigError, match=r"evals\[0\]\.constraint_mode"):
+        load_lab_config(lab)
