@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import run_agent
 from core import tiny
 from core.chat import chat_template
 from evals import bars, noise, synthetic
@@ -45,7 +46,6 @@ pytestmark = pytest.mark.slow
 
 SESSION = "s1"
 SYSTEM = "You are a brief assistant."
-ROOT = Path(__file__).resolve().parents[2]
 _WORDS = "apple river stone cloud garden window pencil orange cat dog bird fish tree".split()
 
 
@@ -357,27 +357,30 @@ def test_adapter_pointing_at_another_base_fails(toy, tmp_path):
     assert next(r for r in report.results if r.name == "reload").status == "skipped"
 
 
-# ---- the CLI -----------------------------------------------------------------------------------
+# ---- the CLI ----------------------------------------------------------------------------------
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "run_agent.py"), "check-bundle", *args], capture_output=True,
-                          text=True, timeout=600, cwd=ROOT)
+def _cli(capsys, *args: str) -> tuple[int, str, str]:
+    """`run_agent.py check-bundle ARGS` through the CLI's own main (an escaping exception fails the test)."""
+    code = run_agent.main(["check-bundle", *args])
+    out = capsys.readouterr()
+    return code, out.out, out.err
 
 
-def test_check_bundle_command_exit_status_and_listing(toy, tmp_path):
-    good = _cli(str(toy.full), "--lab", str(toy.nb.path.parent))
-    assert good.returncode == 0, good.stdout + good.stderr
-    assert "passes every check" in good.stdout and "ok      reload" in good.stdout
+def test_check_bundle_command_exit_status_and_listing(toy, tmp_path, capsys):
+    code, out, err = _cli(capsys, str(toy.full), "--lab", str(toy.nb.path.parent))
+    assert code == 0, out + err
+    assert "passes every check" in out and "ok      reload" in out
     bad = _copy(toy.full, tmp_path / "bad")
     _empty_system_prompt(bad)
     _truncated_shard(bad)
-    failed = _cli(str(bad))
-    assert failed.returncode == 1 and "Traceback" not in failed.stderr
-    assert "FAILED  system_prompt: system_prompt.txt is empty" in failed.stdout
-    assert "FAILED  weights: " in failed.stdout and "FAILS 2 of" in failed.stdout
-    missing = _cli(str(tmp_path / "nowhere"))
-    assert missing.returncode == 2 and "is not a directory" in missing.stderr and "Traceback" not in missing.stderr
+    code, out, err = _cli(capsys, str(bad))
+    assert code == 1 and "FAILED  system_prompt: system_prompt.txt is empty" in out
+    assert "FAILED  weights: " in out and "FAILS 2 of" in out
+    code, out, err = _cli(capsys, str(tmp_path / "nowhere"))
+    assert code == 2 and "is not a directory" in err
+    code, out, err = _cli(capsys, str(toy.full), "--lab", str(tmp_path))
+    assert code == 2 and "no notebook.db there" in err
 
 
 # ---- the model card ----------------------------------------------------------------------------
@@ -503,6 +506,7 @@ def test_card_holds_every_section_the_issue_lists(toy):
 
 
 def test_card_usage_snippet_runs_against_the_bundle(toy):
+    # A fresh interpreter in the bundle directory, as a reader would run it.
     for bundle in (toy.full, toy.adapter):
         card = (bundle / "README.md").read_text()
         [snippet] = re.findall(r"```python\n(.*?)```", card, flags=re.S)
