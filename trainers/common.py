@@ -222,7 +222,12 @@ def is_recurrent(model_path: Path) -> bool:
 
 def lora_defaults(model_path: Path, lora: LoRASettings) -> tuple[list[str], list[str]]:
     """(target_modules, target_parameters) with the architecture's defaults filled in."""
-    nemotron = AutoConfig.from_pretrained(model_path).model_type == "nemotron_h"
+    return lora_targets(AutoConfig.from_pretrained(model_path).model_type, lora)
+
+
+def lora_targets(model_type: str, lora: LoRASettings) -> tuple[list[str], list[str]]:
+    """lora_defaults for a model type."""
+    nemotron = model_type == "nemotron_h"
     modules = lora.target_modules or (NEMOTRON_H_LORA_TARGETS if nemotron else DENSE_LORA_TARGETS)
     params = lora.target_parameters
     if params is None:
@@ -290,7 +295,7 @@ def load_policy(model_path: Path, dtype: str, lora: LoRASettings | None, seed: i
     storage = getattr(torch, "float32" if env.distributed and lora is None else dtype)
 
     def policy(model: PreTrainedModel) -> PreTrainedModel:
-        return _trainable(model, model_path, lora, seed, activation_checkpointing)
+        return make_trainable(model, model_path, lora, seed, activation_checkpointing)
 
     if not env.distributed:
         return policy(AutoModelForCausalLM.from_pretrained(model_path, dtype=storage).to(device()))
@@ -301,8 +306,10 @@ def load_policy(model_path: Path, dtype: str, lora: LoRASettings | None, seed: i
         compute, env).train()
 
 
-def _trainable(model: PreTrainedModel, model_path: Path, lora: LoRASettings | None, seed: int,
-               activation_checkpointing: bool | None) -> PreTrainedModel:
+def make_trainable(model: PreTrainedModel, model_path: Path | None, lora: LoRASettings | None, seed: int,
+                   activation_checkpointing: bool | None) -> PreTrainedModel:
+    """Training setup of a loaded (or meta) model: no KV cache, activation checkpointing, the LoRA adapter.
+    LoRA target defaults come from the model's own config (`model_path` is only named in messages)."""
     model.config.use_cache = False
     n_params = sum(p.numel() for p in model.parameters())
     if activation_checkpointing or (activation_checkpointing is None and n_params > ACTIVATION_CHECKPOINTING_ABOVE):
@@ -312,7 +319,7 @@ def _trainable(model: PreTrainedModel, model_path: Path, lora: LoRASettings | No
         return model.train()
     from peft import LoraConfig, get_peft_model
 
-    modules, params = lora_defaults(model_path, lora)
+    modules, params = lora_targets(model.config.model_type, lora)
     torch.manual_seed(seed)  # LoRA A matrices are random: same seed, same adapter init
     peft_model = get_peft_model(model, LoraConfig(
         r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=modules,

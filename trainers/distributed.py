@@ -136,6 +136,22 @@ def broadcast_object(value):
     return box[0]
 
 
+def map_shared(fn, items: list, per_call: int) -> list:
+    """`fn(part) -> results` over `items` in parts of at most `per_call`, each rank computing its contiguous share;
+    every rank returns all results in order. Shares are padded with a repeated item so that every rank calls `fn`
+    equally often (a sharded model's forward is a collective), and the padding's results are discarded."""
+    env = setup()
+    if env.world_size == 1 or not items:
+        return [r for s in range(0, len(items), per_call) for r in fn(items[s : s + per_call])]
+    per = -(-len(items) // env.world_size)
+    mine = items[env.rank * per : (env.rank + 1) * per]
+    padded = mine + [items[-1]] * (per - len(mine))
+    results = [r for s in range(0, per, per_call) for r in fn(padded[s : s + per_call])][: len(mine)]
+    gathered: list = [None] * env.world_size
+    dist.all_gather_object(gathered, results)
+    return [r for part in gathered for r in part]
+
+
 def _wire_device() -> torch.device:
     return device() if dist.get_backend() == "nccl" else torch.device("cpu")
 

@@ -39,8 +39,10 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field, model_validator
 
+from core import chat
 from core.util import file_sha256, write_json_atomic
-from trainers.batch import Encoded, check_supervised, encode, pad_batch, sequence_logprobs
+from trainers import data_cache, distributed, losses
+from trainers.batch import Encoded, check_supervised, pad_batch
 from trainers.common import (
     ConfigError,
     TrainConfig,
@@ -54,7 +56,7 @@ from trainers.common import (
 from trainers.loop import MicroLoss, run_job
 from trainers.rows import PreferenceRow, read_rows
 
-CACHE_FORMAT = 1  # bump when the rendering or the cached quantity changes
+CACHE_FORMAT = 2  # bump when the rendering or the cached quantity changes
 
 
 class DPOConfig(TrainConfig):
@@ -67,6 +69,11 @@ class DPOConfig(TrainConfig):
         None, description="Where reference log-probs are cached; None = <data dir>/ref_logp_cache."
     )
     heldout_fraction: float = Field(0.1, ge=0, lt=1, description="Share of pairs held out for reward accuracy/margin.")
+    max_prompt_length: int | None = Field(
+        None, gt=0, description="Prompt tokens kept (the last ones: the prompt is cut from the left); None = all.")
+    max_completion_length: int | None = Field(
+        None, gt=0, description="Longest answer (content + end-of-turn tokens); a pair with a longer answer is "
+        "dropped and counted (a preference voted on whole answers need not hold for cut ones); None = no limit.")
 
     @model_validator(mode="after")
     def _reference_exists(self) -> DPOConfig:
@@ -97,37 +104,61 @@ def cache_key(config: DPOConfig) -> str:
         "format": CACHE_FORMAT, "data": file_sha256(config.data_path), "ref": weights_sha256(config.reference),
         "tokenizer": file_sha256(config.model_path / "tokenizer.json"), "system_prompt": config.system_prompt,
         "max_len": config.max_len, "dtype": config.compute_dtype,  # a BF16 reference gives other log-probs than FP32
+        "max_prompt_length": config.max_prompt_length, "max_completion_length": config.max_completion_length,
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
-def encode_pairs(tokenizer, rows: list[PreferenceRow], config: DPOConfig) -> list[tuple[Encoded, Encoded]]:
-    def one(prompt, answer):
-        return encode(tokenizer, [*prompt, {"role": "assistant", "content": answer}], config.system_prompt, config.max_len)
+def cut_answer(tokenizer, prompt, answer: str, config: DPOConfig) -> Encoded | None:
+    """One side of a pair: the prompt cut from the left to max_prompt_length, the answer whole (None when it is
+    longer than max_completion_length), then the max_len cut on the right as for every row."""
+    r = chat.render(tokenizer, [*prompt, {"role": "assistant", "content": answer}], config.system_prompt)
+    start = _answer_start(r.loss_mask)
+    ids, mask = r.input_ids, r.loss_mask
+    if config.max_completion_length is not None and sum(mask[start:]) > config.max_completion_length:
+        return None
+    cut = config.max_prompt_length is not None and start > config.max_prompt_length
+    if cut:
+        keep = start - config.max_prompt_length
+        ids, mask = ids[keep:], [0] * config.max_prompt_length + mask[start:]
+    over = len(ids) > config.max_len
+    return Encoded(ids[: config.max_len], mask[: config.max_len], cut or over)
 
-    return [(one(r.prompt, r.chosen), one(r.prompt, r.rejected)) for r in rows]
+
+def _answer_start(mask: list[int]) -> int:
+    """Index of the final assistant answer's first token (the last run of supervised tokens)."""
+    end = max(i for i, m in enumerate(mask) if m)
+    while end > 0 and mask[end - 1]:
+        end -= 1
+    return end
 
 
 @torch.no_grad()
-def pair_logprobs(model, pairs: list[tuple[Encoded, Encoded]], pad_id: int, micro: int) -> list[tuple[float, float]]:
-    out = []
-    for start in range(0, len(pairs), micro):
-        chunk = pairs[start : start + micro]
-        batch = pad_batch([c for c, _ in chunk] + [r for _, r in chunk], pad_id).to(model.device)
-        logp = sequence_logprobs(model, batch)
-        out += list(zip(logp[: len(chunk)].tolist(), logp[len(chunk):].tolist(), strict=True))
-    return out
+def pair_logprobs(model, pairs: list[tuple[Encoded, Encoded]], pad_id: int, micro: int,
+                  chunk: int = 1024) -> list[tuple[float, float]]:
+    """(chosen, rejected) summed log-probs per pair; under several ranks each computes a share (frozen models are
+    sharded, so every rank runs the same number of forwards) and all get every result."""
+    def run(part):
+        batch = pad_batch([c for c, _ in part] + [r for _, r in part], pad_id).to(model.device)
+        logp = losses.sequence_logprobs(model, batch, chunk)
+        return list(zip(logp[: len(part)].tolist(), logp[len(part):].tolist(), strict=True))
+
+    return distributed.map_shared(run, pairs, micro)
 
 
 def reference_logprobs(config: DPOConfig, pairs, pad_id: int) -> tuple[list[tuple[float, float]], bool]:
     """Cached reference log-probs per pair, and whether they came from the cache."""
     path = config.cache_dir / f"{cache_key(config)}.json"
     if path.is_file():
-        return [tuple(x) for x in json.loads(path.read_text())["logps"]], True
+        return [None if x is None else tuple(x) for x in json.loads(path.read_text())["logps"]], True
     ref = load_frozen(config.reference, config.compute_dtype)
-    logps = pair_logprobs(ref, pairs, pad_id, config.micro_batch_size)
-    config.cache_dir.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(path, {"reference": str(config.reference), "logps": logps})
+    kept = [i for i, p in enumerate(pairs) if p is not None]
+    computed = iter(pair_logprobs(ref, [pairs[i] for i in kept], pad_id, config.micro_batch_size,
+                                  config.loss_chunk_tokens))
+    logps = [next(computed) if p is not None else None for p in pairs]
+    if distributed.setup().is_main:
+        config.cache_dir.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(path, {"reference": str(config.reference), "logps": logps})
     return logps, False
 
 
@@ -140,9 +171,10 @@ def chosen_nll(pi_c: torch.Tensor, n_c: torch.Tensor) -> torch.Tensor:
 class DPOObjective:
     """Sigmoid DPO + chosen NLL over the training pairs (loop rows index `train_ids`)."""
 
-    def __init__(self, pairs, ref, train_ids: list[int], pad_id: int, beta: float, nll_weight: float):
+    def __init__(self, pairs, ref, train_ids: list[int], pad_id: int, beta: float, nll_weight: float,
+                 chunk: int = 1024):
         self.pairs, self.ref, self.train_ids = pairs, ref, train_ids
-        self.pad_id, self.beta, self.nll_weight = pad_id, beta, nll_weight
+        self.pad_id, self.beta, self.nll_weight, self.chunk = pad_id, beta, nll_weight, chunk
         self.n_rows = len(train_ids)
 
     def normalizer(self, rows: list[int]) -> float:
@@ -152,7 +184,7 @@ class DPOObjective:
         ids = [self.train_ids[i] for i in rows]
         chosen, rejected = [self.pairs[i][0] for i in ids], [self.pairs[i][1] for i in ids]
         batch = pad_batch(chosen + rejected, self.pad_id).to(model.device)
-        logp = sequence_logprobs(model, batch)
+        logp = losses.sequence_logprobs(model, batch, self.chunk)
         pi_c, pi_r = logp[: len(ids)], logp[len(ids):]
         ref = torch.tensor([self.ref[i] for i in ids], device=logp.device)
         margin = self.beta * ((pi_c - ref[:, 0]) - (pi_r - ref[:, 1]))
@@ -167,14 +199,19 @@ class DPOObjective:
         return MicroLoss(loss, batch.tokens, int(batch.loss_mask.sum()), metrics)
 
 
-def heldout_metrics(model, pairs, ref, heldout: list[int], pad_id: int, beta: float, micro: int) -> dict[str, float]:
+def heldout_metrics(model, pairs, ref, heldout: list[int], pad_id: int, beta: float, micro: int,
+                    chunk: int = 1024) -> dict[str, float]:
     """Reward accuracy and mean margin on held-out pairs (reward = beta * (pi - ref))."""
     if not heldout:
         return {}
-    logps = pair_logprobs(model, [pairs[i] for i in heldout], pad_id, micro)
+    logps = pair_logprobs(model, [pairs[i] for i in heldout], pad_id, micro, chunk)
     margins = [beta * ((c - ref[i][0]) - (r - ref[i][1])) for i, (c, r) in zip(heldout, logps, strict=True)]
     return {"heldout_reward_accuracy": sum(m > 0 for m in margins) / len(margins),
             "heldout_reward_margin": sum(margins) / len(margins), "heldout_pairs": float(len(margins))}
+
+
+def keep_pairs(ids: list[int], pairs: list) -> list[int]:
+    return [i for i in ids if pairs[i] is not None]
 
 
 def validate(config: DPOConfig) -> list[PreferenceRow]:
@@ -194,17 +231,23 @@ def train(config: DPOConfig) -> TrainResult:
     if done is not None:
         return done
     tokenizer = load_tokenizer(config.model_path)
-    pairs = encode_pairs(tokenizer, rows, config)
-    check_supervised([e for pair in pairs for e in pair], config.data_path, config.max_len)
-    train_ids, heldout = split_heldout(rows, config.heldout_fraction)
+    pairs, _ = data_cache.encoded_pairs(rows, config)
+    kept = [p for p in pairs if p is not None]
+    check_supervised([e for pair in kept for e in pair], config.data_path, config.max_len)
+    # The split is drawn over all rows (stable whatever the length limits), then dropped pairs leave both sides.
+    train_ids, heldout = (keep_pairs(ids, pairs) for ids in split_heldout(rows, config.heldout_fraction))
+    if not train_ids:
+        raise ConfigError(f"max_completion_length: {config.max_completion_length} drops every training pair")
     ref, cached = reference_logprobs(config, pairs, tokenizer.pad_token_id)
-    objective = DPOObjective(pairs, ref, train_ids, tokenizer.pad_token_id, config.beta, config.nll_weight)
+    objective = DPOObjective(pairs, ref, train_ids, tokenizer.pad_token_id, config.beta, config.nll_weight,
+                             config.loss_chunk_tokens)
 
     def final(model) -> dict[str, float]:
-        extra = heldout_metrics(model, pairs, ref, heldout, tokenizer.pad_token_id, config.beta, config.micro_batch_size)
-        return {**extra, "ref_logps_cached": float(cached)}
+        extra = heldout_metrics(model, pairs, ref, heldout, tokenizer.pad_token_id, config.beta,
+                                config.micro_batch_size, config.loss_chunk_tokens)
+        return {**extra, "ref_logps_cached": float(cached), "dropped_pairs": float(len(pairs) - len(kept))}
 
-    truncated = sum(c.truncated or r.truncated for c, r in pairs)
+    truncated = sum(c.truncated or r.truncated for c, r in kept)
     return run_job(config, objective, final_metrics=final, truncated_rows=truncated)
 
 

@@ -27,7 +27,8 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field, model_validator
 
-from trainers.batch import Encoded, check_supervised, encode, logits, pad_batch
+from trainers import data_cache, losses
+from trainers.batch import Encoded, check_supervised, pad_batch
 from trainers.common import (
     TrainConfig,
     TrainResult,
@@ -67,33 +68,47 @@ class KLCEObjective:
     (and trainable lm_head copy) switched off, so no second copy of the model is held in memory.
     """
 
-    def __init__(self, encoded: list[Encoded], kl_only: list[bool], parent, pad_id: int, kl_coef: float):
+    def __init__(self, encoded: list[Encoded], kl_only: list[bool], parent, pad_id: int, kl_coef: float,
+                 chunk: int = 1024):
         self.encoded, self.kl_only, self.parent = encoded, kl_only, parent
-        self.pad_id, self.kl_coef = pad_id, kl_coef
+        self.pad_id, self.kl_coef, self.chunk = pad_id, kl_coef, chunk
         self.n_rows = len(encoded)
+        # A separate parent's head is called outside that model's forward: gathered once if it is sharded.
+        self.parent_head = None if parent is None else losses.frozen_head(parent.get_output_embeddings())
 
     def normalizer(self, rows: list[int]) -> float:
         return float(sum(self.encoded[i].supervised for i in rows))
 
     def loss(self, model, rows: list[int], normalizer: float) -> MicroLoss:
         batch = pad_batch([self.encoded[i] for i in rows], self.pad_id).to(model.device)
-        policy = logits(model, batch)
         with torch.no_grad():
-            parent = self._parent_logits(model, batch)
-        ce_rows = torch.tensor([0.0 if self.kl_only[i] else 1.0 for i in rows], device=policy.device)[:, None]
-        ce = F.cross_entropy(policy.transpose(1, 2), batch.input_ids[:, 1:], reduction="none")
-        ce_sum = (ce * batch.loss_mask * ce_rows).sum()
-        kl_sum = (forward_kl(parent, policy) * batch.loss_mask).sum()
+            parent_hidden, parent_head = self._parent(model, batch)
+        # Head and losses at supervised positions only, in chunks (trainers/losses.py): no [B, T, V] logits.
+        ce, kl, pos = losses.ce_and_kl(model, batch, parent_hidden, parent_head, self.chunk)
+        ce_rows = torch.tensor([0.0 if self.kl_only[i] else 1.0 for i in rows], device=ce.device)[pos.rows]
+        ce_sum = (ce * ce_rows).sum()
+        kl_sum = kl.sum()
         loss = (ce_sum + self.kl_coef * kl_sum) / normalizer
         metrics = {"ce": float(ce_sum.detach()) / normalizer, "kl": float(kl_sum.detach()) / normalizer}
         return MicroLoss(loss, batch.tokens, int(batch.loss_mask.sum()), metrics)
 
 
-    def _parent_logits(self, model, batch) -> torch.Tensor:
+    def _parent(self, model, batch):
+        """The parent's final hidden states at the supervised positions, and the head that maps them to logits."""
         if self.parent is not None:
-            return logits(self.parent, batch)
+            return losses.supervised_hidden(self.parent, batch), self.parent_head
+        from peft.utils import ModulesToSaveWrapper
+
+        trainable = [p for p in model.parameters() if p.requires_grad]
         with model.disable_adapter():
-            return logits(model, batch)
+            hidden = losses.supervised_hidden(model, batch)
+        # peft re-enables the head copy's requires_grad through its wrapper, which misses FSDP2's sharded
+        # parameters (the adapter then silently stopped training): restore the flags it turned off.
+        for p in trainable:
+            p.requires_grad_(True)
+        head = model.get_output_embeddings()
+        # With a trained head copy the parent's head is the wrapper's frozen original; else the shared frozen head.
+        return hidden, head.original_module if isinstance(head, ModulesToSaveWrapper) else None
 
 
 def validate(config: KLCEConfig) -> list[KLCERow]:
@@ -111,12 +126,14 @@ def train(config: KLCEConfig) -> TrainResult:
     if done is not None:
         return done
     tokenizer = load_tokenizer(config.model_path)
-    encoded = [encode(tokenizer, r.messages, config.system_prompt, config.max_len) for r in rows]
+    encoded, _ = data_cache.encoded_rows(rows, config.data_path, config.model_path, config.system_prompt,
+                                         config.max_len, "klce")
     check_supervised(encoded, config.data_path, config.max_len)
     # A LoRA policy over the parent's own weights reads the parent by switching its adapter off.
     own_base = config.lora is not None and config.parent_path in (None, config.model_path)
     parent = None if own_base else load_frozen(config.parent_path or config.model_path, config.compute_dtype)
-    objective = KLCEObjective(encoded, [r.kl_only for r in rows], parent, tokenizer.pad_token_id, config.kl_coef)
+    objective = KLCEObjective(encoded, [r.kl_only for r in rows], parent, tokenizer.pad_token_id, config.kl_coef,
+                              config.loss_chunk_tokens)
     return run_job(config, objective, truncated_rows=sum(e.truncated for e in encoded))
 
 

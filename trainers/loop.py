@@ -33,7 +33,7 @@ from torch.distributed.tensor import DTensor
 
 from core.chat import chat_template
 from core.util import file_sha256, write_json_atomic
-from trainers import checkpoint, distributed
+from trainers import checkpoint, distributed, memory
 from trainers.common import (
     ConfigError,
     NonFiniteLoss,
@@ -269,6 +269,9 @@ def run_job(
     if done is not None:
         return done
     paths = start_run(config) if env.is_main else RunPaths(root=config.output_dir)
+    estimate = memory.estimate_job(config, env.world_size)
+    if env.is_main:
+        write_json_atomic(paths.root / "memory_estimate.json", {**estimate.model_dump(), "total": estimate.total})
     distributed.barrier()
     tokenizer = load_tokenizer(config.model_path)
     # The saved checkpoint carries the template its rows were rendered with: training and serving cannot drift.
@@ -277,7 +280,10 @@ def run_job(
                         config.activation_checkpointing)
     state = run_loop(config, paths, model, objective)
     model.eval()
-    metrics = {**state.last_metrics, **(final_metrics(model) if final_metrics else {}), "max_save_s": state.save_s}
+    metrics = {**state.last_metrics, **(final_metrics(model) if final_metrics else {}), "max_save_s": state.save_s,
+               "estimated_peak_gib": estimate.total / memory.GIB}
+    if torch.cuda.is_available():
+        metrics["peak_gpu_gib"] = torch.cuda.max_memory_allocated() / memory.GIB
     checkpoint.save_final(model, tokenizer, paths.model, getattr(torch, config.compute_dtype))
     result = TrainResult(
         run_dir=paths.root, model_dir=paths.model, adapter=config.lora is not None, base_model_path=config.model_path,

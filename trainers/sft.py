@@ -27,7 +27,7 @@ import sys
 import torch
 from pydantic import Field
 
-from trainers import losses
+from trainers import data_cache, losses
 from trainers.batch import (
     Encoded,
     check_supervised,
@@ -102,7 +102,8 @@ def train(config: SFTConfig) -> TrainResult:
     """Runs (or resumes, or returns the finished result of) one SFT run."""
     rows = validate(config)
     tokenizer = load_tokenizer(config.model_path)
-    encoded = encode_rows(tokenizer, rows, config.system_prompt, config.max_len)
+    encoded, _ = data_cache.encoded_rows(rows, config.data_path, config.model_path, config.system_prompt,
+                                         config.max_len, "sft")
     check_supervised(encoded, config.data_path, config.max_len)
     packs = pack_rows(encoded, config.max_len) if config.packing else None
     objective = SFTObjective(encoded, tokenizer.pad_token_id, packs, config.loss_chunk_tokens)

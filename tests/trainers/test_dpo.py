@@ -101,3 +101,22 @@ def test_bad_dpo_configs_are_refused(model_dirs, pairs, tmp_path):
     with pytest.raises(ConfigError, match="heldout_fraction: 0.2 leaves no training pairs of 1"):
         train(_config(model_dirs["llama"], one, tmp_path / "run"))
     assert not (tmp_path / "run").exists()
+
+
+def test_long_prompts_are_cut_from_the_left_and_long_answers_drop_their_pair(model_dirs, pairs, tmp_path):
+    from trainers.dpo import cut_answer
+
+    tok = AutoTokenizer.from_pretrained(model_dirs["llama"])
+    config = _config(model_dirs["llama"], pairs, tmp_path / "run", max_prompt_length=6, max_completion_length=12)
+    prompt = [user("Please tell me, after thinking about it for a while: what is 2 + 2?")]
+    whole = chat.render(tok, [*prompt, {"role": "assistant", "content": "4."}], "Be brief.")
+    start = whole.loss_mask.index(1)
+    got = cut_answer(tok, prompt, "4.", config)
+    # The last 6 prompt tokens (the assistant header among them), then the whole answer with its end-of-turn.
+    assert got.input_ids == whole.input_ids[start - 6 :] and got.loss_mask == [0] * 6 + whole.loss_mask[start:]
+    assert got.truncated and got.supervised == sum(whole.loss_mask)
+    assert cut_answer(tok, prompt, "word " * 20, config) is None  # 21 answer tokens > 12: the pair is dropped
+    long = write_jsonl(tmp_path / "long.jsonl", [json.loads(x) for x in pairs.read_text().splitlines()]
+                       + [{"id": "long", "prompt": [user("Say a lot.")], "chosen": "word " * 20, "rejected": "No."}])
+    result = train(_config(model_dirs["llama"], long, tmp_path / "run", steps=2, max_completion_length=12))
+    assert result.metrics["dropped_pairs"] == 1.0 and result.steps == 2  # counted, and the run goes on

@@ -1,0 +1,195 @@
+"""Peak GPU memory of the project's training step on a Nemotron-H-shaped model, next to the memory estimate.
+
+Builds the model from a config with random initialisation (memory depends on shapes, not weights; nothing is
+read from disk or a hub), then for each configuration runs the trainers' own path under FSDP2 on this rank's
+GPU: sharded loading (`trainers.distributed.load_sharded`), bf16 compute with float32 master weights and AdamW
+state (full fine-tuning) or a bf16 frozen base with float32 adapters (LoRA), activation checkpointing per
+decoder block, the chunked head + loss at supervised positions (`trainers.losses`, through `SFTObjective`) and the
+loop's own step (`trainers.loop._one_step`, clipping, AdamW). It records per configuration the peak allocated and
+reserved GPU memory over `--steps` optimizer steps, tokens/s, the loss, and `trainers.memory.estimate` for the
+same configuration; a configuration that runs out of memory is recorded as such and the next one runs. It also
+writes the estimate extrapolated to the 30B-A3B shape on 1, 4 and 8 GPUs.
+
+The shape `bench-3b`: the first 26 blocks of the Nemotron-3-Nano-30B-A3B layer pattern (13 Mamba-2, 10 MoE,
+3 attention), hidden 2048, 64 routed experts (top-6, intermediate 768) + a shared expert, vocabulary 131072:
+about 3.0B parameters. `30b-a3b`: hidden 2688, 52 blocks (23 Mamba-2, 23 MoE, 6 attention), 128 experts top-6
+(intermediate 1856, shared 3712), vocabulary 131072, as in the public config.
+
+One H200, one process (torchrun starts the process group the trainers expect; NVLink multicast off):
+
+    NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 python3 -m torch.distributed.run --standalone \\
+        --nproc-per-node 1 bench/train_memory.py --out bench/results/train_memory-h200.json
+
+CPU smoke of the same code path on a tiny shape (gloo, float32; about a minute):
+
+    .venv/bin/torchrun --standalone --nproc-per-node 1 bench/train_memory.py --shape tiny --seq-len 256 --steps 1 \\
+        --out /tmp/train_memory-cpu.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from any directory
+
+import transformers  # noqa: E402
+from transformers import AutoModelForCausalLM, NemotronHConfig  # noqa: E402
+
+from trainers import distributed, loop  # noqa: E402
+from trainers.batch import Encoded  # noqa: E402
+from trainers.common import LoRASettings, make_trainable  # noqa: E402
+from trainers.memory import GIB, estimate, shape_of  # noqa: E402
+from trainers.sft import SFTObjective  # noqa: E402
+
+# M = Mamba-2, E = MoE, * = attention: the 30B-A3B block pattern.
+PATTERN_30B = "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME"
+BLOCK_TYPES = {"M": "linear_attention", "E": "moe", "*": "full_attention", "-": "mlp"}
+
+
+def nemotron_h(shape: str) -> NemotronHConfig:
+    if shape == "30b-a3b":
+        dims = dict(hidden_size=2688, pattern=PATTERN_30B, n_routed_experts=128, moe_intermediate_size=1856,
+                    moe_shared_expert_intermediate_size=3712, mamba_num_heads=64)
+    elif shape == "bench-3b":
+        dims = dict(hidden_size=2048, pattern=PATTERN_30B[:26], n_routed_experts=64, moe_intermediate_size=768,
+                    moe_shared_expert_intermediate_size=1536, mamba_num_heads=64)
+    else:  # tiny: the CPU smoke
+        dims = dict(hidden_size=64, pattern="MEM*E", n_routed_experts=4, moe_intermediate_size=32,
+                    moe_shared_expert_intermediate_size=32, mamba_num_heads=4)
+    pattern = dims.pop("pattern")
+    big = shape != "tiny"
+    return NemotronHConfig(
+        vocab_size=131072 if big else 1024, layers_block_type=[BLOCK_TYPES[c] for c in pattern],
+        num_attention_heads=32 if big else 4, num_key_value_heads=2, head_dim=128 if big else 16,
+        mamba_head_dim=64 if big else 16, ssm_state_size=128 if big else 16, n_groups=8 if big else 2,
+        chunk_size=128 if big else 16, num_experts_per_tok=6 if big else 2, intermediate_size=4 * dims["hidden_size"],
+        max_position_embeddings=8192, tie_word_embeddings=False, use_cache=False, **dims)
+
+
+def rows(n: int, seq_len: int, vocab: int, seed: int) -> list[Encoded]:
+    """Random token rows: the first quarter unsupervised (a prompt), the rest supervised (an answer)."""
+    g = torch.Generator().manual_seed(seed)
+    prompt = seq_len // 4
+    return [Encoded(torch.randint(4, vocab, (seq_len,), generator=g).tolist(), [0] * prompt + [1] * (seq_len - prompt),
+                    False) for _ in range(n)]
+
+
+def build(config: NemotronHConfig, lora: LoRASettings | None, dtype: torch.dtype, env) -> torch.nn.Module:
+    """The sharded trainable model, as load_policy builds it, with random weights instead of a checkpoint."""
+    storage = torch.float32 if lora is None else dtype
+    compute = dtype if dtype != torch.float32 else None
+
+    def random_init():
+        with torch.device(distributed.device(env)):  # initialise on the GPU: seconds, not minutes of CPU
+            return make_trainable(AutoModelForCausalLM.from_config(config, dtype=storage), None, lora, 0, True)
+
+    def skeleton():
+        return make_trainable(AutoModelForCausalLM.from_config(config, dtype=storage), None, lora, 0, True)
+
+    return distributed.load_sharded(skeleton, random_init, compute, env).train()
+
+
+def measure(config, name: str, lora, micro: int, seq_len: int, steps: int, dtype, env, chunk: int) -> dict:
+    torch.manual_seed(0)
+    shape = shape_of(config, lora)
+    est = estimate(shape, world_size=env.world_size, micro_batch_size=micro, seq_len=seq_len,
+                   compute_bytes=2 if dtype == torch.bfloat16 else 4, activation_checkpointing=True,
+                   loss_chunk_tokens=chunk)
+    out = {"config": name, "lora": lora.model_dump() if lora else None, "micro_batch_size": micro, "seq_len": seq_len,
+           "total_params": shape.total_params, "trainable_params": shape.trainable_params,
+           "estimate_gib": {k: v / GIB for k, v in est.model_dump().items() if k != "world_size"} | {
+               "total": est.total / GIB}}
+    model = None
+    try:
+        model = build(config, lora, dtype, env)
+        objective = SFTObjective(rows(micro, seq_len, config.vocab_size, 0), 0, None, chunk)
+        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        times, losses = [], []
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            loss, counts = loop._one_step(model, objective, list(range(micro)), micro)
+            torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+            losses.append(loss)
+        out |= {"status": "ok", "losses": losses, "step_s": times,
+                "tokens_per_s": micro * seq_len / min(times[1:] or times)}
+        if torch.cuda.is_available():
+            out |= {"peak_allocated_gib": torch.cuda.max_memory_allocated() / GIB,
+                    "peak_reserved_gib": torch.cuda.max_memory_reserved() / GIB}
+    except torch.OutOfMemoryError as e:
+        out |= {"status": "oom", "error": str(e).splitlines()[0]}
+    finally:
+        del model
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    return out
+
+
+def extrapolate(seq_len: int, micro: int, chunk: int) -> list[dict]:
+    """The estimate for the 30B-A3B shape (full fine-tuning and LoRA r64 + FP32 head) on 1, 4 and 8 GPUs."""
+    config = nemotron_h("30b-a3b")
+    out = []
+    for name, lora in (("full", None), ("lora-r64-head", LoRASettings(r=64, alpha=128, train_lm_head=True))):
+        shape = shape_of(config, lora)
+        for world in (1, 4, 8):
+            est = estimate(shape, world_size=world, micro_batch_size=micro, seq_len=seq_len, compute_bytes=2,
+                           activation_checkpointing=True, loss_chunk_tokens=chunk)
+            out.append({"config": name, "gpus": world, "total_params": shape.total_params,
+                        "trainable_params": shape.trainable_params, "estimate_total_gib": est.total / GIB,
+                        "parts_gib": {k: v / GIB for k, v in est.model_dump().items() if k != "world_size"}})
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shape", default="bench-3b", choices=["bench-3b", "tiny"])
+    p.add_argument("--seq-len", type=int, default=4096)
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--chunk", type=int, default=1024, help="loss_chunk_tokens")
+    p.add_argument("--out", type=Path, required=True)
+    args = p.parse_args()
+    env = distributed.setup()
+    dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32
+    config = nemotron_h(args.shape)
+    runs = [("full", None, 1), ("full", None, 2), ("lora-r64-head", LoRASettings(r=64, alpha=128, train_lm_head=True), 1),
+            ("lora-r64-head", LoRASettings(r=64, alpha=128, train_lm_head=True), 2)]
+    results = []
+    for name, lora, micro in runs:
+        results.append(measure(config, name, lora, micro, args.seq_len, args.steps, dtype, env, args.chunk))
+        if env.is_main:
+            print(json.dumps(results[-1]), flush=True)
+    report = {
+        "command": " ".join(sys.argv), "date": datetime.now(UTC).isoformat(), "shape": args.shape,
+        "model_config": config.to_dict() | {"layers_block_type": config.layers_block_type},
+        "hardware": torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor(),
+        "world_size": env.world_size,
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version()},
+        "runs": results, "extrapolation_30b_a3b": extrapolate(args.seq_len, 1, args.chunk),
+    }
+    if env.is_main:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=2, default=str) + "\n")
+        for r in results:
+            print(f"{r['config']:>14} micro {r['micro_batch_size']} x {r['seq_len']}: {r['status']:>4}  peak "
+                  f"{r.get('peak_allocated_gib', float('nan')):6.1f} GiB  estimate {r['estimate_gib']['total']:6.1f} GiB  "
+                  f"{r.get('tokens_per_s', float('nan')):8.0f} tok/s")
+    distributed.teardown()
+
+
+if __name__ == "__main__":
+    main()

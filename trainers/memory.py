@@ -1,0 +1,139 @@
+"""Peak GPU memory of a training job per rank, estimated before it runs (recorded with the run; admission refuses
+a job whose estimate exceeds the GPUs it asks for).
+
+Per rank, under FSDP2 over `world` ranks (the single-process case is world = 1 without sharding):
+
+- weights: trainable parameters as float32 master copies, frozen ones in the compute dtype, both / world;
+- gradients and AdamW: float32, 4 + 8 bytes per trainable parameter, / world;
+- gathered blocks: the largest decoder block unsharded in the compute dtype, twice (FSDP2 prefetches the next
+  block while one computes), plus the root's embeddings and head;
+- activations: per token per layer ~34 * hidden bytes in 16-bit (Korthikanti et al. 2022, "Reducing Activation
+  Recomputation in Large Transformer Models", eq. 2, with flash/SDPA attention so no s^2 term); with activation
+  checkpointing only each block's input (2 * hidden bytes) is kept per layer, plus one block recomputed;
+- head and loss: one chunk of float32 logits [chunk, vocab] three times (logits, log-softmax, gradient);
+  KL-CE adds the parent's chunk; a separate frozen parent/reference adds its sharded weights;
+- a fixed CUDA context and allocator reserve (CUDA_RESERVE_BYTES).
+
+The activation constant is for dense attention blocks; Mamba and MoE blocks differ, which is why the GPU
+benchmark (bench/train_memory.py) records the measured peak next to this estimate for each configuration.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from trainers.common import ACTIVATION_CHECKPOINTING_ABOVE, ConfigError, LoRASettings, TrainConfig
+
+ACT_BYTES_PER_TOKEN_LAYER_PER_HIDDEN = 34  # Korthikanti et al. 2022, 16-bit activations, no s^2 term
+CUDA_RESERVE_BYTES = 2 * 1024**3  # CUDA context, NCCL buffers, allocator fragmentation
+GIB = 1024**3
+
+
+class ModelShape(BaseModel):
+    """What the estimate needs from a model: counted on the meta device, no weights read."""
+
+    model_config = ConfigDict(frozen=True)
+    total_params: int = Field(description="All parameters (every expert of an MoE).")
+    trainable_params: int = Field(description="Parameters that take updates (all, or LoRA adapters + head copy).")
+    largest_block_params: int = Field(description="Parameters of the largest decoder block.")
+    root_params: int = Field(description="Parameters outside the decoder blocks (embeddings, final norm, head).")
+    hidden_size: int = Field(description="Model width.")
+    num_layers: int = Field(description="Decoder blocks.")
+    vocab_size: int = Field(description="Vocabulary (the head's output width).")
+
+
+class MemoryEstimate(BaseModel):
+    """Estimated peak GPU bytes per rank, by part."""
+
+    world_size: int = Field(description="Ranks the job runs on (one GPU each).")
+    weights: float = Field(description="Sharded weights: float32 trainable + compute-dtype frozen.")
+    grads_and_optimizer: float = Field(description="Sharded float32 gradients and AdamW moments.")
+    gathered_blocks: float = Field(description="Unsharded blocks in flight (2 x largest block) and the root.")
+    activations: float = Field(description="Stored activations at the configured micro-batch and length.")
+    head_and_loss: float = Field(description="Float32 logits of one loss chunk (x3), and the parent's for KL.")
+    frozen_models: float = Field(description="A separate parent/reference model's sharded weights.")
+    reserve: float = Field(description="CUDA context and allocator reserve.")
+
+    @property
+    def total(self) -> float:
+        return (self.weights + self.grads_and_optimizer + self.gathered_blocks + self.activations
+                + self.head_and_loss + self.frozen_models + self.reserve)
+
+
+def model_shape(model_path: Path | str, lora: LoRASettings | None) -> ModelShape:
+    """Parameter counts of the model (and its LoRA adapters) built on the meta device from its config."""
+    return shape_of(AutoConfig.from_pretrained(model_path), lora)
+
+
+def shape_of(config, lora: LoRASettings | None) -> ModelShape:
+    """model_shape for a transformers config object (no files needed: the 30B extrapolation uses it)."""
+    from trainers.common import make_trainable
+    from trainers.distributed import decoder_blocks
+
+    with torch.device("meta"):
+        model = make_trainable(AutoModelForCausalLM.from_config(config), None, lora, 0, False)
+    blocks = decoder_blocks(model)
+    in_blocks = sum(p.numel() for b in blocks for p in b.parameters())
+    total = sum(p.numel() for p in model.parameters())
+    return ModelShape(
+        total_params=total, trainable_params=sum(p.numel() for p in model.parameters() if p.requires_grad),
+        largest_block_params=max(sum(p.numel() for p in b.parameters()) for b in blocks),
+        root_params=total - in_blocks, hidden_size=config.hidden_size, num_layers=len(blocks),
+        vocab_size=config.vocab_size)
+
+
+def estimate(shape: ModelShape, *, world_size: int, micro_batch_size: int, seq_len: int, compute_bytes: int,
+             activation_checkpointing: bool, loss_chunk_tokens: int, parent_params: int = 0,
+             kl: bool = False) -> MemoryEstimate:
+    """Peak bytes per rank for one training configuration (see the module docstring for each term)."""
+    trainable, frozen = shape.trainable_params, shape.total_params - shape.trainable_params
+    tokens = micro_batch_size * seq_len
+    per_layer = ACT_BYTES_PER_TOKEN_LAYER_PER_HIDDEN * shape.hidden_size * tokens
+    if activation_checkpointing:
+        activations = 2 * shape.hidden_size * tokens * shape.num_layers + per_layer
+    else:
+        activations = per_layer * shape.num_layers
+    chunk_logits = 4 * min(loss_chunk_tokens, tokens) * shape.vocab_size
+    return MemoryEstimate(
+        world_size=world_size,
+        weights=(4 * trainable + compute_bytes * frozen) / world_size,
+        grads_and_optimizer=12 * trainable / world_size,
+        gathered_blocks=compute_bytes * (2 * shape.largest_block_params + shape.root_params),
+        activations=activations,
+        head_and_loss=3 * chunk_logits + (chunk_logits if kl else 0),
+        frozen_models=compute_bytes * parent_params / world_size,
+        reserve=CUDA_RESERVE_BYTES,
+    )
+
+
+def check_fits(est: MemoryEstimate, gpu_bytes: float, what: str) -> None:
+    """Refuses a job whose estimated peak per rank exceeds one GPU's memory, naming the largest parts."""
+    if est.total <= gpu_bytes:
+        return
+    parts = sorted(((k, v) for k, v in est.model_dump().items() if k != "world_size"), key=lambda kv: -kv[1])
+    top = ", ".join(f"{k} {v / GIB:.1f} GiB" for k, v in parts[:3])
+    raise ConfigError(f"{what}: estimated {est.total / GIB:.1f} GiB per GPU on {est.world_size} GPU(s) exceeds "
+                      f"{gpu_bytes / GIB:.1f} GiB ({top}); use more GPUs, LoRA, activation checkpointing or a "
+                      "smaller micro_batch_size")
+
+
+def estimate_job(config: TrainConfig, world_size: int) -> MemoryEstimate:
+    """The estimate for a trainer config on `world_size` GPUs (activation checkpointing resolved as the trainer
+    resolves it; KL-CE's separate parent counted; the DPO reference pass runs before training, so it is not)."""
+    from trainers.klce import KLCEConfig
+
+    shape = model_shape(config.model_path, config.lora)
+    checkpointing = config.activation_checkpointing
+    if checkpointing is None:
+        checkpointing = shape.total_params > ACTIVATION_CHECKPOINTING_ABOVE
+    kl = isinstance(config, KLCEConfig)
+    separate_parent = kl and not (config.lora is not None and config.parent_path in (None, config.model_path))
+    parent = model_shape(config.parent_path or config.model_path, None).total_params if separate_parent else 0
+    return estimate(shape, world_size=world_size, micro_batch_size=config.micro_batch_size, seq_len=config.max_len,
+                    compute_bytes=2 if config.compute_dtype == "bfloat16" else 4,
+                    activation_checkpointing=checkpointing, loss_chunk_tokens=config.loss_chunk_tokens,
+                    parent_params=parent, kl=kl)
