@@ -151,3 +151,47 @@ def test_lora_merge_back_matches_adapter_output(model_dirs, sft_data, tmp_path):
         got = AutoModelForCausalLM.from_pretrained(merged.output_dir).eval()(ids).logits
     assert (expected - plain).abs().max() > 1e-3  # the adapter really changes the output
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
+def _mixed_checkpoint(path, seed):
+    """Two shards of mixed dtypes, odd sizes, a scalar and an empty tensor: every edge of chunked streaming."""
+    from safetensors.torch import save_file
+
+    gen = torch.Generator().manual_seed(seed)
+    shards = {
+        "a.safetensors": {"big": torch.randn(37, 101, generator=gen).to(torch.bfloat16),
+                          "wide": torch.randn(2500, generator=gen),
+                          "scalar": torch.randn((), generator=gen)},
+        "b.safetensors": {"half": torch.randn(3, 777, generator=gen).to(torch.float16),
+                          "count": torch.randint(-1000, 1000, (999,), generator=gen),
+                          "empty": torch.zeros(0, 4)},
+    }
+    path.mkdir()
+    for name, tensors in shards.items():
+        save_file(tensors, path / name, metadata={"format": "pt"})
+    (path / INDEX).write_text(json.dumps({"weight_map": {k: n for n, ts in shards.items() for k in ts}}))
+    (path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    return path
+
+
+def test_chunked_streaming_equals_the_whole_tensor_formula(tmp_path, monkeypatch):
+    from core.util import file_sha256
+    from trainers import merge
+    from trainers.common import weights_sha256
+
+    a_dir, b_dir = _mixed_checkpoint(tmp_path / "a", 0), _mixed_checkpoint(tmp_path / "b", 1)
+    monkeypatch.setattr(merge, "CHUNK_ELEMENTS", 1000)  # every tensor but the scalar spans several chunks
+    result = soup(SoupConfig(models=[a_dir, b_dir], weights=[0.25, 0.75], output_dir=tmp_path / "s"))
+    mid = dose(DoseConfig(a=a_dir, b=b_dir, alpha=0.3, output_dir=tmp_path / "d"))
+    a, b, souped, dosed = (_all_tensors(d) for d in (a_dir, b_dir, result.output_dir, mid.output_dir))
+    assert souped.keys() == a.keys() and dosed.keys() == a.keys()
+    for k in a:
+        fa, fb = a[k].float(), b[k].float()
+        assert souped[k].dtype == a[k].dtype and souped[k].shape == a[k].shape
+        assert torch.equal(souped[k], (0.25 * fa + 0.75 * fb).to(a[k].dtype)), k
+        assert torch.equal(dosed[k], (fa + 0.3 * (fb - fa)).to(a[k].dtype)), k
+    # The digest taken while writing is the one a second read of the files gives.
+    assert result.weights_sha256 == weights_sha256(result.output_dir)
+    assert mid.weights_sha256 == weights_sha256(mid.output_dir)
+    assert result.weights_sha256 != weights_sha256(a_dir)
+    assert len({file_sha256(f) for f in result.output_dir.glob("*.safetensors")}) == result.shards == 2
