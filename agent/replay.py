@@ -158,7 +158,7 @@ class ReplayResult(BaseModel):
 def replay(lab_dir: Path, session: str, *, bars: Path | None = None, planner: str | None = None,
            protocol: str | None = None) -> ReplayResult:
     """Re-derive a session's decisions (see the module docstring); writes nothing in the lab."""
-    from agent.runner import lab_spec, make_planner
+    from agent.runner import lab_spec, make_planner, minute_cost
 
     paths = LabPaths(root=lab_dir)
     if not paths.notebook.exists():
@@ -182,7 +182,8 @@ def replay(lab_dir: Path, session: str, *, bars: Path | None = None, planner: st
             section = config.executor.model_copy(update={"kind": s.executor})
             forecaster = Launcher.from_section(scratch, session, section, Path(tmp) / "jobs")
             ctx = ToolContext(nb=scratch, session=session, paths=paths, lab=lab,
-                              jobs=ReplaySubmitter(original, scratch, session, forecaster))
+                              jobs=ReplaySubmitter(original, scratch, session, forecaster),
+                              minute_gpuh=minute_cost(forecaster))
             playbook = Playbook(settings)
             rt = Runtime(ctx=ctx, planner=make_planner(planner or s.planner, config, playbook), playbook=playbook,
                          forecaster=forecaster, reporter=Silent(), max_failed_arms=settings.max_failed_arms)

@@ -27,7 +27,7 @@ from memory.notebook import Notebook, NotebookError
 from tools.context import LabSpec, LabSuite, ToolContext
 from tools.datasets import ReplaySource
 from tools.executor import ExecutorSection
-from tools.launcher import Launcher
+from tools.launcher import Launcher, Resources
 from tools.paths import LabPaths
 from tools.promote import start_incumbent
 
@@ -78,11 +78,19 @@ def make_planner(kind: str, config: LabConfig, playbook: Playbook) -> Planner:
     return playbook
 
 
+def minute_cost(launcher: Launcher):
+    """One minute of a job's time-limit bound, as the launcher forecasts it (simulated charge included)."""
+    def cost(r: Resources) -> float:
+        return launcher.forecast("time-limit-bound", r.model_copy(update={"time_limit_min": 1.0, "work_units": None})).gpuh
+    return cost
+
+
 def _runtime(nb: Notebook, session: str, lab_dir: Path, config: LabConfig, executor: ExecutorSection,
              settings: PlaybookSettings, planner_kind: str, quiet: bool) -> Runtime:
     paths = LabPaths(root=lab_dir)
     launcher = Launcher.from_section(nb, session, executor, paths.jobs)
-    ctx = ToolContext(nb=nb, session=session, paths=paths, lab=lab_spec(config), jobs=launcher)
+    ctx = ToolContext(nb=nb, session=session, paths=paths, lab=lab_spec(config), jobs=launcher,
+                      minute_gpuh=minute_cost(launcher))
     playbook = Playbook(settings)
     return Runtime(ctx=ctx, planner=make_planner(planner_kind, config, playbook), playbook=playbook, forecaster=launcher,
                    reporter=reporter(paths.notebook, session, quiet), max_failed_arms=settings.max_failed_arms)

@@ -10,6 +10,7 @@ makes a resumed session act exactly once per step.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -109,9 +110,25 @@ class ToolContext:
     lab: LabSpec
     jobs: Submitter
     job_timeout_s: float | None = None
+    minute_gpuh: Callable[[Resources], float] | None = None
+    """What one minute of a job with these resources can cost at most (the launcher's time-limit bound)."""
 
-    def resources(self, **extra: Any) -> Resources:
-        return Resources(time_limit_min=self.lab.time_limit_min, model=self.lab.model_name, **extra)
+    def resources(self, nomination: bool = False, **extra: Any) -> Resources:
+        """A job's resources. Its time limit is the lab's, or shorter when only that much of the budget
+        is left above the reserve: a run never costs more than its limit, so a job admitted under that
+        bound cannot overrun the budget (with less than a minute left the launcher refuses it). The
+        nomination's jobs (bundle, sealed confirmation) are what the reserve is kept for: they are
+        admitted on a declared 0 and their limit is what is left including the reserve."""
+        r = Resources(time_limit_min=self.lab.time_limit_min, model=self.lab.model_name, **extra)
+        if self.minute_gpuh is None or (r.estimate_gpuh is not None and not nomination):
+            return r
+        ledger = self.nb.ledger(self.session)
+        left = ledger.budget_gpuh - ledger.spent_gpuh - ledger.reserved_gpuh - (0.0 if nomination else ledger.reserve_gpuh)
+        fit = math.floor(left / self.minute_gpuh(r) * 10) / 10
+        update: dict[str, Any] = {"estimate_gpuh": 0.0} if nomination else {}
+        if 1.0 <= fit < r.time_limit_min:
+            update["time_limit_min"] = fit
+        return r.model_copy(update=update)
 
     def wait(self, kind: str, fn: Callable[[Any], R], args: BaseModel, **extra: Any) -> tuple[R, str]:
         """Submit (or re-attach to) one keyed job and wait for its result."""

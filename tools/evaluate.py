@@ -95,9 +95,11 @@ def references_of(ctx: ToolContext, artifact_id: int) -> dict[str, str]:
     return {}
 
 
-def run_and_record(ctx: ToolContext, artifact_id: int, cfg: EvalJobConfig) -> tuple[list[EvalRecord], str]:
+def run_and_record(ctx: ToolContext, artifact_id: int, cfg: EvalJobConfig,
+                   nomination: bool = False) -> tuple[list[EvalRecord], str]:
     """Run (or re-attach to) the eval job and record its evals once."""
-    result, key = ctx.wait("eval", run_eval, cfg, work_units=float(len(cfg.suites) * cfg.replicates))
+    result, key = ctx.wait("eval", run_eval, cfg, work_units=float(len(cfg.suites) * cfg.replicates),
+                           nomination=nomination)
     known = [e for e in ctx.nb.evals(artifact_id=artifact_id, session=ctx.session) if e.job_key == key]
     return (known or record_result(ctx.nb, ctx.session, artifact_id, result, job_key=key)), key
 

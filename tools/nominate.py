@@ -67,9 +67,17 @@ def _checked(path: Path, sha256: str, notebook: Path) -> BundleOutcome:
 
 def _body(ctx: ToolContext, args: Args) -> ToolOutcome:
     artifact = ctx.nb.artifact(args.artifact)
+    served = served_of(ctx, args.artifact)
+    evals = [e for e in ctx.nb.evals(artifact_id=args.artifact, session=ctx.session)
+             if e.served and e.decoding_sha256 == served.fingerprint()]
+    if not evals:  # a bundle ships the decoding its evaluations used: nothing to bundle, no job
+        reason = f"{artifact.name} has no eval at its served decoding: a bundle ships what was measured"
+        ctx.nb.record_decision(ctx.session, "refuse", reason, {"tool": NAME, "args": args.model_dump(mode="json"),
+                                                               "reason": reason})
+        return ToolOutcome(tool=NAME, status="failed", summary=reason)
     cfg = BundleJob(notebook=ctx.paths.notebook, session=ctx.session, nominee=args.artifact,
                     parent=parent_of(ctx.nb, ctx.session), out_dir=ctx.paths.bundle(f"{ctx.session}-{artifact.name}"))
-    bundle, key = ctx.wait("bundle", bundle_job, cfg, gpus=0, estimate_gpuh=0.0)
+    bundle, key = ctx.wait("bundle", bundle_job, cfg, gpus=0, nomination=True)
     if not bundle.passed:
         reason = f"bundle of {artifact.name} failed its checks: " + " | ".join(bundle.problems)[:800]
         ctx.nb.record_decision(ctx.session, "refuse", reason, {"tool": NAME, "args": args.model_dump(mode="json"),
@@ -79,9 +87,6 @@ def _body(ctx: ToolContext, args: Args) -> ToolOutcome:
     if not known:
         ctx.nb.add_artifact(kind="bundle", name=Path(bundle.path).name, path=bundle.path, sha256=bundle.sha256,
                             parents=[args.artifact], job_key=key, session=ctx.session)
-    served = served_of(ctx, args.artifact)
-    evals = [e for e in ctx.nb.evals(artifact_id=args.artifact, session=ctx.session)
-             if e.served and e.decoding_sha256 == served.fingerprint()]
     firsts = {e.suite: e for e in reversed(evals) if e.replicate == 0}
     summary = (f"nominee {artifact.name} served at decoding {served.fingerprint()[:12]}: "
                f"{metrics_line(list(firsts.values()))}; bundle {bundle.path} passed check-bundle")

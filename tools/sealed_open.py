@@ -38,7 +38,7 @@ def _body(ctx: ToolContext, args: Args) -> ToolOutcome:
     # Judge suites confirm the nominee against the session's parent on the sealed prompts.
     reference = reference_completions(ctx, parent_of(ctx.nb, ctx.session), names)
     cfg = eval_job(ctx, args.artifact, names, served_of(ctx, args.artifact), True, 1, reference)
-    evals, key = run_and_record(ctx, args.artifact, cfg)
+    evals, key = run_and_record(ctx, args.artifact, cfg, nomination=True)
     summary = f"sealed confirmation of {ctx.nb.artifact(args.artifact).name}: {metrics_line(evals)}"
     record_once(ctx, "evaluate", summary, {"artifact_id": args.artifact, "eval_ids": [e.id for e in evals],
                                            "sealed": True, "job_key": key})

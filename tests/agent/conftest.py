@@ -36,9 +36,11 @@ class Finished:
     logs: list[str]
 
 
-def agent(*args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, str(REPO / "run_agent.py"), *args], cwd=REPO, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+def agent(log: Path, *args: str) -> subprocess.Popen:
+    # A log file, not a pipe: the jobs the agent started inherit its stdout and outlive a SIGKILL.
+    with open(log, "w") as out:
+        return subprocess.Popen([sys.executable, str(REPO / "run_agent.py"), *args], cwd=REPO, stdout=out,
+                                stderr=subprocess.STDOUT)
 
 
 def _job_started(lab: Path, kind: str) -> bool:
@@ -48,30 +50,34 @@ def _job_started(lab: Path, kind: str) -> bool:
         return any(j.kind == kind and j.state in ("pending", "running") for j in nb.jobs(session=SESSION))
 
 
-def kill_when(proc: subprocess.Popen, lab: Path, kind: str) -> str:
+def kill_when(proc: subprocess.Popen, log: Path, lab: Path, kind: str) -> str:
     """SIGKILL the agent (only the agent: its jobs live on) once a job of `kind` is in flight."""
     deadline = time.monotonic() + DEADLINE_S
     while not _job_started(lab, kind):
         if proc.poll() is not None:
-            raise AssertionError(f"agent ended before a {kind} job started:\n{proc.stdout.read()}")
+            raise AssertionError(f"agent ended before a {kind} job started:\n{log.read_text()}")
         if time.monotonic() > deadline:
             proc.kill()
             raise AssertionError(f"no {kind} job after {DEADLINE_S} s")
         time.sleep(0.5)
     os.kill(proc.pid, signal.SIGKILL)
-    out = proc.communicate(timeout=60)[0]
-    return out
+    proc.wait(timeout=60)
+    return log.read_text()
 
 
 @pytest.fixture(scope="session")
 def finished(tmp_path_factory: pytest.TempPathFactory) -> Finished:
-    lab = make_lab(tmp_path_factory.mktemp("agent") / "lab")
-    logs = [kill_when(agent("--budget", BUDGET, "--lab", str(lab), "--session", SESSION, "--protocol", "test",
-                            "--quiet"), lab, "eval")]
-    logs.append(kill_when(agent("resume", SESSION, "--lab", str(lab), "--quiet"), lab, "sft"))
+    root = tmp_path_factory.mktemp("agent")
+    lab, logs = make_lab(root / "lab"), []
+    first = root / "run.log"
+    logs.append(kill_when(agent(first, "--budget", BUDGET, "--lab", str(lab), "--session", SESSION, "--protocol",
+                                "test", "--quiet"), first, lab, "eval"))
+    second = root / "resume1.log"
+    logs.append(kill_when(agent(second, "resume", SESSION, "--lab", str(lab), "--quiet"), second, lab, "sft"))
     (lab / "graph.sqlite").unlink()
-    last = agent("resume", SESSION, "--lab", str(lab), "--quiet")
-    out = last.communicate(timeout=DEADLINE_S)[0]
-    logs.append(out)
-    assert last.returncode == 0, out
+    third = root / "resume2.log"
+    last = agent(third, "resume", SESSION, "--lab", str(lab), "--quiet")
+    last.wait(timeout=DEADLINE_S)
+    logs.append(third.read_text())
+    assert last.returncode == 0, logs[-1]
     return Finished(lab=lab, session=SESSION, kills=["eval", "sft"], logs=logs)

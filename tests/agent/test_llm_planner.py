@@ -30,7 +30,7 @@ SCRIPT = [
     ("delete_everything", "{}"),                          # unknown tool
     ("register_bars", '{"file": "/etc/passwd"}'),         # a path outside the lab: refused by the gates
     ("register_bars", "{}"),
-    ("calibrate", '{"artifact": 1, "k": 3}'),             # forecast 10 GPU-h (600-minute limit) > budget
+    ("calibrate", '{"artifact": 1, "k": 3}'),             # even its 1-minute bound busts a 1 GPU-minute budget
     ("stop", '{"reason": "scripted end"}'),
 ]
 
@@ -64,10 +64,10 @@ def llm_session(tmp_path_factory):
     server = ThreadingHTTPServer(("127.0.0.1", 0), Scripted)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     Scripted.requests, Scripted.replies = [], list(SCRIPT)
-    lab = make_lab(tmp_path_factory.mktemp("llm") / "lab", injected=True, time_limit_min=600,
+    lab = make_lab(tmp_path_factory.mktemp("llm") / "lab", injected=True,
                    planner_url=f"http://127.0.0.1:{server.server_address[1]}/v1")
     env = {**os.environ, "POSTLAB_TEST_PLANNER_KEY": "test-key"}
-    out = subprocess.run([sys.executable, str(REPO / "run_agent.py"), "--budget", "5gpuh", "--lab", str(lab),
+    out = subprocess.run([sys.executable, str(REPO / "run_agent.py"), "--budget", "1gpum", "--lab", str(lab),
                           "--session", "llm", "--quiet"], cwd=REPO, capture_output=True, text=True, timeout=1200,
                          env=env)
     server.shutdown()
@@ -86,9 +86,9 @@ def test_bad_replies_are_recorded_fed_back_and_replaced_by_the_playbook(llm_sess
         plans = nb.decisions("llm", kind="plan")
         fallback = [p for p in plans if "3 bad replies in a row" in p.rationale]
         assert len(fallback) == 1 and fallback[0].payload.tool == "ingest" and fallback[0].payload.planner == "playbook"
-        assert [p.payload.tool for p in plans] == ["ingest", "register_bars", "calibrate", "stop"]
+        assert [p.payload.tool for p in plans] == ["register_bars", "ingest", "register_bars", "calibrate", "stop"]
         assert [c.tool for c in nb.tool_calls("llm")][:2] == ["ingest", "register_bars"]
-        assert any("bundle of parent failed its checks" in r for r in refusals)
+        assert any("parent has no eval at its served decoding" in r for r in refusals)
         assert nb.session("llm").status == "failed" and nb.verify().ok
     # Each reason came back to the planner in the next request.
     assert "not valid JSON" in json.dumps(requests[1]) and "unknown tool" in json.dumps(requests[2])

@@ -1,0 +1,54 @@
+"""The same playbook session on the loopback Slurm cluster (scripts/slurm-up): every job went through
+sbatch, is in `sacct`, and its cost was settled from sacct's elapsed time and allocated GPUs."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from memory.notebook import Notebook
+
+sys.path.insert(0, str(Path(__file__).parent))
+from labkit import make_lab  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.slurm]
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _slurm_unreachable() -> str | None:
+    try:
+        out = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=15)
+    except (FileNotFoundError, subprocess.TimeoutExpired) as err:
+        return f"sinfo failed ({err}); start the cluster with scripts/slurm-up"
+    usable = {"idle", "mixed", "allocated"} & set(out.stdout.split())
+    return None if out.returncode == 0 and usable else f"no usable Slurm node: {out.stdout.strip() or out.stderr.strip()}"
+
+
+def test_session_on_slurm_settles_every_job_from_sacct(tmp_path):
+    reason = _slurm_unreachable()
+    if reason:
+        pytest.skip(reason)
+    lab = make_lab(tmp_path / "lab", slurm=True)
+    out = subprocess.run([sys.executable, str(REPO / "run_agent.py"), "--budget", "5gpuh", "--lab", str(lab),
+                          "--session", "slurm1", "--protocol", "test", "--quiet"], cwd=REPO, capture_output=True,
+                         text=True, timeout=3000)
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+    with Notebook.open(lab / "notebook.db", readonly=True) as nb:
+        assert nb.session("slurm1").status == "done" and nb.verify().ok
+        assert len(nb.decisions("slurm1", kind="nominate")) == 1
+        jobs = nb.jobs(session="slurm1")
+        assert jobs and all(j.executor == "slurm" and j.state == "completed" and j.external_id for j in jobs)
+        ledger = nb.ledger("slurm1")
+        assert ledger.spent_gpuh <= ledger.budget_gpuh
+    ids = ",".join(j.external_id for j in jobs)
+    sacct = subprocess.run(["sacct", "-j", ids, "-X", "-n", "-P", "-o", "JobID,State,ElapsedRaw"], capture_output=True,
+                           text=True, timeout=60, check=True).stdout.split()
+    rows = {line.split("|")[0]: line.split("|") for line in sacct}
+    for j in jobs:
+        job_id, state, elapsed = rows[j.external_id]
+        assert state == "COMPLETED"
+        # One device each (a GPU, or the one device a CPU-only data job is charged as).
+        assert j.gpu_hours == pytest.approx(float(elapsed) / 3600, rel=0.01, abs=1e-6)
