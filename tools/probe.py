@@ -154,7 +154,7 @@ def all_reduce(config: AllReduceConfig) -> AllReduceResult:
     try:
         total = torch.tensor([dist.get_rank() + 1])
         if dist.get_rank() == config.skip_rank:
-            time.sleep(config.timeout_s + 5)  # the others time out waiting for this rank
+            time.sleep(config.timeout_s + 1)  # the others time out waiting for this rank
             raise RuntimeError(f"rank {config.skip_rank} skipped the all_reduce")
         dist.all_reduce(total)
         pids: list[int] = [0] * dist.get_world_size()

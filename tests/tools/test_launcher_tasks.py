@@ -20,6 +20,7 @@ SESSION = "s1"  # the session the conftest's notebook fixture opens
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 
+@pytest.mark.slow  # two workers importing torch: ~30 s at a load of 10 on 2 cores
 def test_two_task_job_all_reduces_and_is_billed_for_its_tasks(launcher: Launcher, notebook: Notebook) -> None:
     slurm = launcher.backend.name == "slurm"
     # Slurm: two GPUs, hence two tasks (one per GPU); locally a CPU-only job of two processes.
@@ -45,17 +46,18 @@ def test_two_task_job_all_reduces_and_is_billed_for_its_tasks(launcher: Launcher
     assert attempt.gpu_hours == pytest.approx(attempt.device_seconds / 3600)
 
 
+@pytest.mark.slow  # two workers importing torch, then the group's timeout
 def test_a_rank_that_hangs_the_group_is_classified_nccl_timeout(notebook: Notebook, tmp_path: Path) -> None:
-    # Rank 1 never joins the all_reduce: rank 0 times out in gloo after 5 s; recorded, not retried.
+    # Rank 1 never joins the all_reduce: rank 0 times out in gloo after 3 s; recorded, not retried.
     launcher = Launcher.from_section(notebook, SESSION, ExecutorSection(kind="local"), tmp_path / "jobs", poll_s=0.2)
-    config = AllReduceConfig(tag="hang", skip_rank=1, timeout_s=5)
+    config = AllReduceConfig(tag="hang", skip_rank=1, timeout_s=3)
     job = launcher.submit("ranks", all_reduce, config, Resources(time_limit_min=3, signal_delay_s=10, tasks=2))
     with pytest.raises(JobFailed) as failed:
         job.result(timeout_s=180)
     record = failed.value.record
     assert record.failure_class == "nccl_timeout", record.failure_detail
-    assert "Timed out waiting 5000ms for recv operation" in record.failure_detail
-    assert len(job.attempts()) == 1 and record.device_seconds >= 2 * 5
+    assert "Timed out waiting 3000ms for recv operation" in record.failure_detail
+    assert len(job.attempts()) == 1 and record.device_seconds >= 2 * 3
     (fail,) = notebook.decisions(SESSION, kind="fail")
     assert fail.payload.failure_class == "nccl_timeout"
 
