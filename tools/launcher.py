@@ -481,12 +481,16 @@ def _spec_of_record(first: JobRecord) -> _Spec:
     if first.fn is None or first.result_type is None:
         raise LookupError(f"job {first.key[:12]} was recorded before jobs named their function; "
                           "submit it again with its function to re-attach")
-    fn = resolve(first.fn)
+    try:
+        fn, result_type = resolve(first.fn), resolve(first.result_type)
+    except (ImportError, AttributeError) as err:
+        raise LookupError(f"job {first.key[:12]}: its function {first.fn} or result model {first.result_type} "
+                          f"no longer imports ({err})") from err
     hints = typing.get_type_hints(fn)
     config_type = hints[next(iter(inspect.signature(fn).parameters))]
     stored = dict(first.resources)
     args = config_type.model_validate(stored.pop("args"))
-    return _Spec(first.kind, fn, args, Resources.model_validate(stored), resolve(first.result_type))
+    return _Spec(first.kind, fn, args, Resources.model_validate(stored), result_type)
 
 
 # ---- the launcher ------------------------------------------------------------------------------

@@ -101,6 +101,10 @@ def test_attach_refuses_what_it_cannot_rebuild(tmp_path: Path) -> None:
                  fn="tools.probe:count", result_type="tools.probe:CountResult")
     with pytest.raises(LookupError, match="ran on the slurm executor; this launcher is local"):
         launcher.attach("k" * 64)
+    nb.start_job("m" * 64, session="s1", kind="probe", executor="local", resources={}, forecast_gpuh=0.1,
+                 fn="tools.probe:renamed_since", result_type="tools.probe:CountResult")
+    with pytest.raises(LookupError, match="its function tools.probe:renamed_since .* no longer imports"):
+        launcher.attach("m" * 64)
 
     def nested(config: CountConfig) -> CountConfig:  # no import path a resumed agent could follow
         return config
@@ -110,4 +114,4 @@ def test_attach_refuses_what_it_cannot_rebuild(tmp_path: Path) -> None:
         launcher.submit("probe", nested, config, Resources(time_limit_min=1, signal_delay_s=10))
     with pytest.raises(TypeError, match="must take one argument annotated with the config's type EmptyConfig"):
         launcher.submit("probe", count, EmptyConfig(tag="wrong config"), Resources(time_limit_min=1, signal_delay_s=10))
-    assert nb.jobs(key="0" * 64) == [] and len(nb.jobs()) == 1
+    assert nb.jobs(key="0" * 64) == [] and len(nb.jobs()) == 2
