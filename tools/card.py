@@ -252,7 +252,7 @@ def _lineage_section(nb: Notebook, lineage: list[Artifact]) -> list[str]:
         inits = [nb.artifact(p) for p in art.parents]
         init = ", ".join(code(p.name) for p in inits if p.kind != "dataset") or "(base)"
         data = ", ".join(code(p.name) for p in inits if p.kind == "dataset") or "-"
-        method = code(job.kind) if job else code(art.recipe.get("method", art.kind))
+        method = code(job.kind) if job else code(art.recipe.get("method", "input"))
         steps = lr = job_id = "-"
         if job is not None:
             if job.result and isinstance(job.result.get("steps"), int):

@@ -228,24 +228,26 @@ def check_max_input_tokens(b: _Bundle) -> list[str]:
 
 
 def _shard_problems(b: _Bundle) -> list[str]:
-    index = json.loads((b.path / INDEX).read_text(encoding="utf-8"))
-    weight_map: dict[str, str] = index.get("weight_map", {})
-    named = sorted(set(weight_map.values()))
-    problems = [f"{INDEX} names {name}, which serving_config.json does not record" for name in named
-                if name not in b.serving.weights.files]
-    for name in sorted(set(b.serving.weights.files) - set(named)):
+    """The index against the shards: every named shard recorded and present, every shard named, and
+    every tensor of a shard mapped to it (and only tensors it holds)."""
+    weight_map: dict[str, str] = json.loads((b.path / INDEX).read_text(encoding="utf-8")).get("weight_map", {})
+    named, recorded = sorted(set(weight_map.values())), set(b.serving.weights.files)
+    problems = [f"{INDEX} names {name}, which serving_config.json does not record"
+                + ("" if (b.path / name).is_file() else " and which is missing") for name in named if name not in recorded]
+    for name in sorted(recorded - set(named)):
         problems.append(f"{name} is recorded in serving_config.json but {INDEX} names none of its tensors; "
                         "expected every shard in the index (its tensors would not load)")
-    recorded_or_named = set(named) | set(b.serving.weights.files)
-    for stray in sorted(p.name for p in b.path.glob("*.safetensors") if p.name not in recorded_or_named):
+    for stray in sorted(p.name for p in b.path.glob("*.safetensors") if p.name not in recorded | set(named)):
         problems.append(f"{stray} lies in the bundle but not in {INDEX}; expected every shard in the index")
-    for name in named:
-        if (b.path / name).is_file():
-            header = read_header(b.path / name)
-            missing = sorted(t for t in header if weight_map.get(t) != name)
-            if missing:
-                problems.append(f"{name}: {len(missing)} tensors (e.g. {missing[0]}) are not mapped to it in {INDEX}; "
-                                "expected every tensor indexed (unindexed weights load as random values)")
+    for name in (n for n in named if (b.path / n).is_file()):
+        header = read_header(b.path / name)
+        unmapped = sorted(t for t in header if weight_map.get(t) != name)
+        absent = sorted(t for t, shard in weight_map.items() if shard == name and t not in header)
+        if unmapped:
+            problems.append(f"{name}: {len(unmapped)} tensors (e.g. {unmapped[0]}) are not mapped to it in {INDEX}; "
+                            "expected every tensor indexed (unindexed weights load as random values)")
+        if absent:
+            problems.append(f"{INDEX} maps {len(absent)} tensors (e.g. {absent[0]}) to {name}, which does not hold them")
     return problems
 
 
@@ -429,7 +431,8 @@ def check_bundle(path: str | Path, notebook_path: str | Path | None = None) -> B
     return BundleReport(bundle=str(path), results=results, answers=answers)
 
 
-def print_report(report: BundleReport, out=sys.stdout) -> None:
+def print_report(report: BundleReport) -> None:
+    out = sys.stdout  # read at call time: a caller (or a test) may have redirected it
     for r in report.results:
         label = {"passed": "ok     ", "failed": "FAILED ", "skipped": "skipped"}[r.status]
         print(f"  {label} {r.name}" + (f": {r.messages[0]}" if r.messages else ""), file=out)
