@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from core import tiny
 from evals import bars, noise, synthetic
 from evals.compare import compare
 from evals.decoding import Decoding
@@ -24,7 +25,7 @@ from tools.datasets import WinnerSFTConfig, build_winner_sft, record_dataset
 from tools.executor import ExecutorSection
 from tools.launcher import Launcher, Resources
 from tools.splits import SplitConfig, ingest_feedback
-from trainers import sft, tiny
+from trainers import sft
 from trainers.common import weights_sha256
 
 SYSTEM = "You are a careful assistant."
