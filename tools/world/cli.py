@@ -2,6 +2,7 @@
 
     python run_agent.py world build [--lab DIR] [--seed N] [--size demo|test]
     python run_agent.py world truth CHECKPOINT [--lab DIR] [--vs OTHER|opponent] [--n 2000] [--seed S] [--json FILE]
+                                               [--device cpu|cuda]
 
 Exit status: 0 on success, 2 on bad input (nothing written).
 """
@@ -29,6 +30,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     t.add_argument("--n", type=int, default=2000, help="prompts in the fresh sample")
     t.add_argument("--seed", type=int, default=0, help="truth sample seed (kept apart from every pool of the build)")
     t.add_argument("--json", type=Path, help="also write the result as JSON to this file")
+    t.add_argument("--device", default="cpu", help="torch device that generates the answers (cpu, cuda)")
 
 
 def _build(args: argparse.Namespace) -> int:
@@ -52,7 +54,7 @@ def _truth(args: argparse.Namespace) -> int:
         if not (path / "config.json").is_file() and not (path / "adapter_config.json").is_file():
             print(f"error: {path}: not a checkpoint directory (no config.json)", file=sys.stderr)
             return 2
-    result = truth(args.lab, args.checkpoint, args.vs, n=args.n, seed=args.seed)
+    result = truth(args.lab, args.checkpoint, args.vs, n=args.n, seed=args.seed, device=args.device)
     print(render(result))
     if args.json:
         write_json_atomic(args.json, result.model_dump(mode="json"))

@@ -14,7 +14,9 @@ answer and a correct worked reference, so the oracle needs no table of answers a
 too. The worked references are byte-identical to `evals.synthetic`'s (tests/world checks it), so every
 SFT target in the world has one style.
 
-Drawing (`draw`) is deterministic in (family, n, seed) and skips every prompt the caller's leak index
+The world draws its own instances in those templates, smaller than evals.synthetic's (short words,
+numbers below 10,000, one or two chain steps), so a ~1M-parameter model has headroom on every family;
+the solver reads either size. Drawing (`draw`) is deterministic in (family, n, seed) and skips every prompt the caller's leak index
 already matches (`tools.leak.ReferenceIndex`), adding each accepted prompt to it: the pools of a world
 (battles, suites, training data, truth samples) are disjoint under the same audit the agent's dataset
 builders run.
@@ -243,20 +245,88 @@ def _task(family: WorldFamily, messages: list[Message], gold: str, reference: st
     return WorldTask(id=f"{family}/{digest}", family=family, messages=tuple(messages), gold=gold, reference=reference)
 
 
-def _derive(family: WorldFamily, base: synthetic.Task, rng: random.Random) -> WorldTask:
-    """The world task built on one synthetic task (itself, its JSON form, or its follow-up)."""
-    question = base.item.messages[0].content
-    if family in synthetic.FAMILIES:
-        return _task(family, [Message(role="user", content=question)], base.item.gold, base.reference)
+# Short words and small numbers: the world's tasks are sized for a ~1M-parameter model, which at
+# evals.synthetic's sizes (12-digit sums, 6-step chains) scored near 0% on every family but letter counts.
+_WORDS = (
+    "cat dog sun hat pen cup box map egg owl fox bee ant cow pig hen ice oak jar key kite lamp moon nest "
+    "rose star tree boat cake door fish frog gold king leaf milk rain ring sand ship snow sock tent wind "
+    "apple bread chair cloud grape horse lemon mango melon onion pearl plant river stone table tiger water"
+).split()
+_LETTERS = "abcdefghijklmnopqrstuvwxyz"
+
+
+def _phrase(rng: random.Random, lo: int, hi: int) -> str:
+    return " ".join(rng.choice(_WORDS) for _ in range(rng.randint(lo, hi)))
+
+
+def _q_letter_count(rng: random.Random) -> str:
+    phrase = _phrase(rng, 1, 2)
+    present = sorted(set(phrase.replace(" ", "")))
+    letter = rng.choice(present) if rng.random() < 0.8 else rng.choice(_LETTERS)
+    return f'How many times does the letter "{letter}" appear in "{phrase}"?'
+
+
+def _q_word_count(rng: random.Random) -> str:
+    return f'How many words are in this sentence: "{_phrase(rng, 2, 6)}"?'
+
+
+def _q_digit_sum(rng: random.Random) -> str:
+    return f"What is the sum of the digits of {rng.randint(10, 9999)}?"
+
+
+def _q_long_division(rng: random.Random) -> str:
+    b = rng.randint(2, 9)
+    return f"Divide {rng.randint(b, 199)} by {b}. Give the quotient and the remainder."
+
+
+def _q_arithmetic_chain(rng: random.Random) -> str:
+    steps = []
+    for _ in range(rng.randint(1, 2)):
+        op = rng.choice(("add", "subtract", "times"))
+        steps.append(f"{op} {rng.randint(2, 5) if op == 'times' else rng.randint(1, 20)}")
+    return f"Start with {rng.randint(1, 20)}. {', '.join(steps).capitalize()}."
+
+
+def _q_string_edit(rng: random.Random) -> str:
+    word = rng.choice(_WORDS)
+    kind = rng.choice(("reverse", "remove", "replace"))
+    # Removing a letter must leave something (a one-letter word would give an empty gold).
+    removable = sorted(c for c in set(word) if word.replace(c, ""))
+    if kind == "reverse" or not removable:
+        return f'Write "{word}" backwards, letter by letter.'
+    letter = rng.choice(removable)
+    if kind == "remove":
+        return f'Remove every "{letter}" from "{word}".'
+    new = rng.choice([c for c in _LETTERS if c != letter])
+    return f'Replace every "{letter}" with "{new}" in "{word}".'
+
+
+_QUESTIONS: dict[Family, Callable[[random.Random], str]] = {
+    "letter_count": _q_letter_count, "word_count": _q_word_count, "digit_sum": _q_digit_sum,
+    "long_division": _q_long_division, "arithmetic_chain": _q_arithmetic_chain, "string_edit": _q_string_edit,
+}
+# Bases of follow-ups: questions of 13+ words, so no single-turn prompt of 8-12 words (an arithmetic
+# chain) can sit whole inside a follow-up conversation and trip the leak audit across splits.
+FOLLOW_BASES: tuple[Family, ...] = ("letter_count", "word_count", "digit_sum")
+
+
+def _single(family: WorldFamily, text: str) -> WorldTask:
+    solved = _solve_turn(text)
+    return _task(family, [Message(role="user", content=text)], solved.gold, solved.reference)
+
+
+def _new_task(family: WorldFamily, rng: random.Random) -> WorldTask:
+    """One task of a family, drawn from `rng`; gold and reference come from the solver (one source)."""
+    if family in _QUESTIONS:
+        return _single(family, f"{_QUESTIONS[family](rng)} {FINISH}")
     if family == "json_format":
-        text = question.removesuffix(f" {FINISH}") + f" {JSON_INSTRUCTION}"
-        return _task(family, [Message(role="user", content=text)], base.item.gold,
-                     json.dumps({"answer": int(base.item.gold)}))
+        return _single(family, f"{_QUESTIONS[rng.choice(NUMERIC_BASES)](rng)} {JSON_INSTRUCTION}")
+    first = _single(family, f"{_QUESTIONS[rng.choice(FOLLOW_BASES)](rng)} {FINISH}")
     op = rng.choice(sorted(_FOLLOW_OPS))
-    k = rng.randint(2, 9) if op == "multiply" else rng.randint(1, 99)
+    k = rng.randint(2, 5) if op == "multiply" else rng.randint(1, 20)
     follow = _FOLLOW_OPS[op][0].format(k=k)
-    solved = _follow_up(question, follow)
-    messages = [Message(role="user", content=question), Message(role="assistant", content=base.reference),
+    solved = _follow_up(first.messages[0].content, follow)
+    messages = [first.messages[0], Message(role="assistant", content=first.reference),
                 Message(role="user", content=follow)]
     return _task(family, messages, solved.gold, solved.reference)
 
@@ -264,14 +334,11 @@ def _derive(family: WorldFamily, base: synthetic.Task, rng: random.Random) -> Wo
 def draw(family: WorldFamily, n: int, seed: int, index: ReferenceIndex, source: str) -> list[WorldTask]:
     """`n` tasks of one family that the index does not match; each accepted prompt is added to it."""
     rng = random.Random(f"world:{family}:{seed}")
-    bases = synthetic.FAMILIES if family in synthetic.FAMILIES else NUMERIC_BASES
     out: list[WorldTask] = []
-    for attempt in range(50 * n):  # redraw prompts the index matches instead of returning fewer
+    for _ in range(50 * n):  # redraw prompts the index matches instead of returning fewer
         if len(out) == n:
             break
-        base_family = family if family in synthetic.FAMILIES else bases[attempt % len(bases)]
-        base = synthetic.generate(base_family, 1, seed=hash_seed(seed, family, attempt))[0]
-        task = _derive(family, base, rng)
+        task = _new_task(family, rng)
         if index.match(0, task.prompt()) is not None:
             continue
         index.add(Reference(source=source, key=task.id, text=task.prompt()))

@@ -91,11 +91,12 @@ def draw_sample(lab: Path, n: int, seed: int) -> tuple[list[WorldTask], list[Ref
     return draw_mix(n, hash_seed(spec.seed, "truth", seed), index, "truth"), refs
 
 
-def _answers(path: Path, items, decoding, seed: int) -> list[str]:
+def _answers(path: Path, items, decoding, seed: int, device: str) -> list[str]:
     from evals.generate import generate, load
 
     with one_thread():  # see tools.world.build.one_thread
-        return [c.text for c in generate(load(path), items, decoding, seed=seed)]
+        loaded = load(path, device=device)
+        return [c.text for c in generate(loaded, items, decoding, seed=seed, batch_size=64 if device == "cpu" else 512)]
 
 
 def _outcome(prompt: str, mine: str, theirs: str) -> str:
@@ -111,7 +112,8 @@ def _ci(points: list[float]) -> tuple[float, float, float]:
     return mean, mean - half, mean + half
 
 
-def truth(lab: Path, checkpoint: Path, other: str | None = None, n: int = 2000, seed: int = 0) -> TruthResult:
+def truth(lab: Path, checkpoint: Path, other: str | None = None, n: int = 2000, seed: int = 0,
+          device: str = "cpu") -> TruthResult:
     """The checkpoint's true win rate against `other` (a checkpoint path, 'opponent', or None = the parent)."""
     from evals.judge import judged_prompt
 
@@ -123,11 +125,11 @@ def truth(lab: Path, checkpoint: Path, other: str | None = None, n: int = 2000, 
     prompts = [judged_prompt(i) for i in items]
     decoding = served_decoding(lab / TOKENIZER, load_spec(lab).sizes)
     other_name = other or str(lab / PARENT)
-    mine = _answers(checkpoint, items, decoding, seed=hash_seed(seed, "truth-a") % 2**31)
+    mine = _answers(checkpoint, items, decoding, hash_seed(seed, "truth-a") % 2**31, device)
     if other_name == OPPONENT:
         theirs = [opponent.answer(p) for p in prompts]
     else:
-        theirs = _answers(Path(other_name), items, decoding, seed=hash_seed(seed, "truth-b") % 2**31)
+        theirs = _answers(Path(other_name), items, decoding, hash_seed(seed, "truth-b") % 2**31, device)
     outcomes = [_outcome(p, a, b) for p, a, b in zip(prompts, mine, theirs, strict=True)]
     solved = [solve(p) for p in prompts]
     right = [is_correct(s, a) for s, a in zip(solved, mine, strict=True)]

@@ -1,0 +1,148 @@
+"""Is the world worth researching? Recipe arms from the parent, each scored by ground truth; and job costs.
+
+    python -m tools.world.measure --lab DIR --out DIR [--device cuda] [--n 2000] [--arms NAME,...] [--costs]
+
+What it measures (DESIGN.md section 6; issue 12 item 5), with the project's own builders and trainers:
+
+- the parent's true win rate against the opponent;
+- recipe arms trained from the parent by `trainers.sft` on data built by `tools.datasets` from the world's
+  train split (winner SFT at several learning rates and repeat counts, synthetic verified SFT), each
+  scored by `world truth` against the parent on the same fresh sample;
+- with --costs: the device-seconds of one toy SFT arm and of one eval job (the synthetic, loop and stop
+  suites at the served decoding, K = 3 replicates), which fix the cost model (tools/world/cost.py).
+
+Everything goes to OUT/measure.json (and is printed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from core.util import write_json_atomic
+from tools.world import build as world
+from tools.world.truth import OPPONENT, truth
+
+SPLIT = {"dev_fraction": 0.15, "sealed_fraction": 0.1, "stratify_by": "family"}  # the world's lab.toml [feedback]
+
+
+class Arm(BaseModel):
+    """One recipe setting."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    data: str = Field(description="'winner' (winner SFT on decisive train battles) or 'synthetic' (verified tasks).")
+    lr: float = Field(description="Peak learning rate.")
+    steps: int = Field(description="Optimizer steps (batch 8).")
+    repeat: int = Field(1, description="Times each winner row is repeated (winner data only).")
+
+
+ARMS: dict[str, Arm] = {
+    "winner-lr1e-3": Arm(data="winner", lr=1e-3, steps=150),
+    "winner-lr3e-2": Arm(data="winner", lr=3e-2, steps=150),
+    "winner-rep8": Arm(data="winner", lr=1e-3, steps=600, repeat=8),
+    "synthetic-lr1e-3": Arm(data="synthetic", lr=1e-3, steps=150),
+}
+
+
+def _split(lab: Path, out: Path) -> Path:
+    from tools.splits import SplitConfig, split_file
+
+    _, split = split_file(lab / world.FEEDBACK, SplitConfig(**SPLIT))
+    path = out / "split.json"
+    path.write_text(split.model_dump_json(indent=1) + "\n", encoding="utf-8")
+    return path
+
+
+def _data(lab: Path, out: Path, split: Path, arm: Arm) -> Path:
+    from tools.datasets import (
+        SyntheticVerifiedConfig,
+        WinnerSFTConfig,
+        build_synthetic_verified,
+        build_winner_sft,
+    )
+
+    common = {"tokenizer": lab / world.TOKENIZER, "feedback": lab / world.FEEDBACK, "split": split,
+              "eval_suites": [lab / world.SYNTHETIC_SUITE, lab / world.LOOPS_SUITE],
+              "system_prompt": world.SYSTEM_PROMPT}
+    path = out / f"data-{arm.data}-r{arm.repeat}.jsonl"
+    if path.is_file():
+        return path
+    if arm.data == "winner":
+        build_winner_sft(WinnerSFTConfig(out=path, repeat=arm.repeat, **common))
+    else:
+        from evals.synthetic import FAMILIES
+
+        build_synthetic_verified(SyntheticVerifiedConfig(out=path, counts={f: 100 for f in FAMILIES}, seed=4242,
+                                                         **common))
+    return path
+
+
+def _train(lab: Path, out: Path, name: str, arm: Arm, data: Path) -> tuple[Path, float]:
+    from trainers.sft import SFTConfig, train
+
+    config = SFTConfig(model_path=lab / world.PARENT, data_path=data, output_dir=out / f"run-{name}",
+                       system_prompt=world.SYSTEM_PROMPT, lr=arm.lr, steps=arm.steps, batch_size=8,
+                       micro_batch_size=8, max_len=384, warmup_steps=max(1, arm.steps // 10), seed=0,
+                       log_every=max(1, arm.steps // 5))
+    result = train(config)
+    return result.model_dir, result.wall_time_s
+
+
+def eval_job_seconds(lab: Path, out: Path) -> float:
+    """Wall seconds of one eval job of the parent: synthetic, loops and stop suites, K = 3 (CPU)."""
+    from evals.job import EvalJobConfig, SuiteSpec, run
+
+    spec = world.load_spec(lab)
+    suites = (SuiteSpec(name="synthetic", scorer="synthetic", items_path=lab / world.SYNTHETIC_SUITE),
+              SuiteSpec(name="loops", scorer="loops", items_path=lab / world.LOOPS_SUITE),
+              SuiteSpec(name="stop", scorer="length_stop", items_path=lab / world.LOOPS_SUITE))
+    config = EvalJobConfig(checkpoint=lab / world.PARENT, decoding=world.served_decoding(lab / world.TOKENIZER, spec.sizes),
+                           suites=suites, replicates=3, output_dir=out / "eval-job")
+    t0 = time.perf_counter()
+    with world.one_thread():
+        run(config)
+    return time.perf_counter() - t0
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the arms (and costs) and write OUT/measure.json."""
+    p = argparse.ArgumentParser(description=main.__doc__)
+    p.add_argument("--lab", type=Path, required=True)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--n", type=int, default=2000)
+    p.add_argument("--arms", default=",".join(ARMS))
+    p.add_argument("--costs", action="store_true", help="only time one SFT arm and one eval job (CPU)")
+    args = p.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    report: dict = {"lab": str(args.lab), "n": args.n, "device": args.device}
+    split = _split(args.lab, args.out)
+    if args.costs:
+        with world.one_thread():
+            _, train_s = _train(args.lab, args.out, "cost-arm", Arm(data="winner", lr=1e-3, steps=150),
+                                _data(args.lab, args.out, split, Arm(data="winner", lr=1e-3, steps=150)))
+        report["costs"] = {"sft_arm_150_steps_s": train_s, "eval_job_k3_s": eval_job_seconds(args.lab, args.out)}
+    else:
+        report["parent_vs_opponent"] = truth(args.lab, args.lab / world.PARENT, OPPONENT, args.n,
+                                             device=args.device).model_dump(mode="json")
+        for name in [a for a in args.arms.split(",") if a]:
+            arm = ARMS[name]
+            model, train_s = _train(args.lab, args.out, name, arm, _data(args.lab, args.out, split, arm))
+            result = truth(args.lab, model, None, args.n, device=args.device)
+            vs_opp = truth(args.lab, model, OPPONENT, args.n, device=args.device)
+            report[name] = {"arm": arm.model_dump(), "train_s": train_s, "vs_parent": result.model_dump(mode="json"),
+                            "vs_opponent_win_rate": vs_opp.win_rate}
+            print(f"{name}: vs parent {result.win_rate:.3f} [{result.ci_low:.3f}, {result.ci_high:.3f}], "
+                  f"accuracy {result.accuracy:.3f} (parent {result.other_accuracy:.3f}), "
+                  f"vs opponent {vs_opp.win_rate:.3f}", flush=True)
+            write_json_atomic(args.out / "measure.json", report)
+    write_json_atomic(args.out / "measure.json", report)
+    print(json.dumps({k: v for k, v in report.items() if k != "parent_vs_opponent"}, indent=1)[:4000])
+
+
+if __name__ == "__main__":
+    main()
