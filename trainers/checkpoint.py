@@ -10,7 +10,8 @@ each rank then reseeds from (seed, step, rank), which only matters for dropout.
 Frozen weights are not saved (they are the base model); only parameters with requires_grad are.
 
 The final model is consolidated to Hugging Face safetensors shards of at most `MAX_SHARD_SIZE` (loadable with
-`from_pretrained`), or for LoRA a peft adapter directory, written by rank 0.
+`from_pretrained`), or for LoRA a peft adapter directory, written by rank 0 with its weights manifest (each
+file's sha256, size and mtime: `trainers.common.weights_sha256` then reads it instead of the files).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.tensor import DTensor
 
 from trainers import distributed
+from trainers.common import write_weights_manifest
 
 MAX_SHARD_SIZE = "2GB"  # per safetensors file of the consolidated model
 _TRAINABLE_ONLY = StateDictOptions(ignore_frozen_params=True)
@@ -106,6 +108,7 @@ def save_final(model, tokenizer, out_dir: Path, save_dtype: torch.dtype) -> None
     if not env.distributed:
         model.save_pretrained(out_dir, max_shard_size=MAX_SHARD_SIZE)
         tokenizer.save_pretrained(out_dir)
+        write_weights_manifest(out_dir)
         return
     if isinstance(model, PeftModel):
         state = trainable_full_state(model)  # only the adapter (and head copy) travels, never the frozen base
@@ -117,6 +120,7 @@ def save_final(model, tokenizer, out_dir: Path, save_dtype: torch.dtype) -> None
             _plain_model(model.config, state, save_dtype).save_pretrained(out_dir, max_shard_size=MAX_SHARD_SIZE)
     if env.is_main:
         tokenizer.save_pretrained(out_dir)
+        write_weights_manifest(out_dir)
     distributed.barrier()
 
 

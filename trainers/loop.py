@@ -9,6 +9,13 @@ gradient accumulation with one normaliser per optimizer step (so the loss does n
 micro-batch size the launcher picks after an OOM), AdamW with linear warm-up and decay, a NaN/inf
 stop that names the step, and metrics.jsonl lines.
 
+Distributed (one process per GPU, `trainers/distributed.py`): every rank walks the same step sequence and takes
+its contiguous share of each step's rows; the normaliser still covers the whole step, so the loss and gradient
+equal one process's over the same global batch. Resume state is a DCP checkpoint (`trainers/checkpoint.py`),
+saved on a signal seen by any rank (the flag is all-reduced every step), every `save_every` steps and every
+`save_every_minutes`; the longest save is recorded (`max_save_s`: the launcher's signal lead time must exceed
+it). Rank 0 writes metrics, the memory estimate, the result and the consolidated model.
+
 The objective is the plug point: `Objective.normalizer(rows)` and `Objective.loss(model, rows, norm)`.
 """
 

@@ -1,7 +1,7 @@
 """FSDP2 over 2 gloo ranks on the CPU (started by torchrun, as the local executor starts a multi-task job) against
 one process with the same global batch: same loss and gradient-norm trajectory, same final weights; a SIGTERM on
 one rank mid-run saves a DCP checkpoint on both, and the requeued job ends on the uninterrupted run's weights; the
-consolidated model loads with from_pretrained.
+consolidated model loads with from_pretrained; a copy of the interrupted run resumes on 1 rank (DCP reshards).
 
 Tolerances. The two runs compute every micro-batch identically (rank r takes rows [4r, 4r+4) of each 8-row step,
 in micro-batches of 2, exactly the single process's micro-batches 2r and 2r+1), so they differ only in how float32
@@ -17,6 +17,7 @@ over ranks halve the recorded gradient norm (AdamW itself is blind to that scale
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -150,6 +151,10 @@ def test_sigterm_on_one_rank_saves_dcp_on_both_and_resume_matches(two_rank_runs,
     run = Path(base.output_dir)
     assert {p.name for p in (run / "resume").iterdir()} >= {".metadata", "rank0.pt", "rank1.pt"}
     assert _lines(run / "metrics.jsonl")[-1]["step"] == 3
+    # A copy of the run directory resumes in one process: DCP reshards the 2-rank checkpoint onto 1 rank.
+    moved = base.model_copy(update={"output_dir": tmp_path / "one-rank"})
+    shutil.copytree(run, moved.output_dir)
+    (moved.output_dir / "config.json").write_text(moved.model_dump_json())
     again = _torchrun({"jobs": [{"trainer": "sft", "config": _payload(base)}]}, tmp_path / "again.json")
     output, _ = again.communicate(timeout=600)  # what the launcher does on requeue: the same job again
     assert again.returncode == 0, output[-4000:]
@@ -159,6 +164,9 @@ def test_sigterm_on_one_rank_saves_dcp_on_both_and_resume_matches(two_rank_runs,
     sft.train(straight)  # one process, uninterrupted
     _assert_same_run(base, straight)
     assert [line["step"] for line in _lines(run / "metrics.jsonl")] == list(range(1, 9))
+    resharded = sft.train(moved)
+    assert resharded.resumed_at_steps == [3] and resharded.world_size == 1
+    _assert_same_run(moved, straight)
 
 
 def _lines(path: Path) -> list[dict]:

@@ -34,3 +34,4 @@ def test_sharding_checkpointing_and_refusal(model_dirs, sft_data, tmp_path):
                                  micro_batch_size=2, batch_size=8, max_len=4096), 1)
     assert job.total == pytest.approx(estimate(shape, world_size=1, activation_checkpointing=False,
                                                **(kw | {"compute_bytes": 4})).total)
+
