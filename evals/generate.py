@@ -6,11 +6,15 @@ length so each batch wastes little padding, left-padded (new tokens then line up
 edge) and decoded with exactly the served settings: greedy or temperature/top_p (top_k off, since
 a served decoding has none), repetition penalty, max new tokens and stop ids.
 
-`static_cache=True` (GPU) uses a preallocated KV cache, which transformers compiles with CUDA graphs
-("reduce-overhead"): decode then stops paying Python and kernel-launch overhead per step, the
-bottleneck of eager decoding (bench/gen_throughput.py). Prompt widths are rounded up to a
-multiple of `WIDTH_BUCKET` so a few compiled shapes serve a whole job. Outputs are the same
-tokens under greedy decoding up to floating-point reassociation.
+`static_cache=True` runs the engine's own decode loop over a preallocated KV cache (attention-only
+models; recurrent ones keep `model.generate`): the prompt is prefilled once, then every decode
+step's forward is one replay of a CUDA graph captured for the batch's shape (on CUDA; plain calls
+on CPU), so decode stops paying Python and kernel-launch overhead per step, the bottleneck of
+eager decoding, and nothing is compiled (capturing a shape costs two forward passes, not the
+24-41 s of torch.compile). Prompt widths are rounded up to a multiple of `WIDTH_BUCKET` so a few
+captured shapes serve a whole call. Logits go through transformers' own repetition-penalty,
+temperature and top-p processors and `torch.multinomial`, step for step as `generate` does, so the
+tokens are `generate`'s up to floating-point reassociation (tests/evals/test_engine_job.py).
 
 Seeding: the global torch generator is seeded once per call; with the same items, decoding, seed
 and batch size a replicate is reproducible. Different seeds give the sampling replicates of a
@@ -24,7 +28,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedModel
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    GenerationConfig,
+    LogitsProcessorList,
+    PreTrainedModel,
+    RepetitionPenaltyLogitsProcessor,
+    StaticCache,
+    TemperatureLogitsWarper,
+    TopPLogitsWarper,
+)
 from transformers import PreTrainedTokenizerBase as Tokenizer
 
 from core.chat import render, render_prompt
@@ -62,15 +76,17 @@ def stop_ids(loaded: Loaded, decoding: Decoding) -> list[int]:
 
 
 WIDTH_BUCKET = 64
+# Plain decoder-only attention models, whose whole state is one KV cache per layer: the engine's own
+# static-cache loop serves these; others (Mamba hybrids keep recurrent state) go through `generate`.
+STATIC_LOOP_MODEL_TYPES = {"llama", "qwen2", "qwen3"}
 
 
-def generation_config(decoding: Decoding, stops: list[int], pad_id: int, static_cache: bool = False) -> GenerationConfig:
+def generation_config(decoding: Decoding, stops: list[int], pad_id: int) -> GenerationConfig:
     # top_k=0: a served decoding has no top-k, and transformers would otherwise default it to 50.
     sampled = {} if decoding.greedy else {"temperature": decoding.temperature, "top_p": decoding.top_p, "top_k": 0}
     return GenerationConfig(
         do_sample=not decoding.greedy, repetition_penalty=decoding.repetition_penalty,
         max_new_tokens=decoding.max_new_tokens, eos_token_id=stops, pad_token_id=pad_id, **sampled,
-        **({"cache_implementation": "static"} if static_cache else {}),
     )
 
 
@@ -104,20 +120,124 @@ def generate(loaded: Loaded, items: Sequence[Item], decoding: Decoding, seed: in
     system = decoding.system_prompt or None
     prompts = [render_prompt(tok, item.messages, system) for item in items]
     stops = stop_ids(loaded, decoding)
-    config = generation_config(decoding, stops, pad_id, static_cache)
+    config = generation_config(decoding, stops, pad_id)
     order = sorted(range(len(items)), key=lambda i: len(prompts[i]))
     out: dict[int, Completion] = {}
+    own_loop = static_cache and loaded.model.config.model_type in STATIC_LOOP_MODEL_TYPES
+    decoders: dict[tuple[int, int], _Decoder] = {}
     torch.manual_seed(seed)
     for start in range(0, len(order), batch_size):
         batch = order[start:start + batch_size]
         ids, mask = _left_pad([prompts[i] for i in batch], pad_id, loaded.device,
                               WIDTH_BUCKET if static_cache else 1)
         with torch.inference_mode():
-            seqs = loaded.model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+            if own_loop:
+                new_ids = _decode_static(loaded.model, ids, mask, config, stops, decoders)
+            else:
+                new_ids = loaded.model.generate(input_ids=ids, attention_mask=mask,
+                                                generation_config=config)[:, ids.shape[1]:]
         for row, i in enumerate(batch):
-            new = seqs[row, ids.shape[1]:].tolist()
-            out[i] = _record(items[i].id, new, stops, tok)
+            out[i] = _record(items[i].id, new_ids[row].tolist(), stops, tok)
     return [out[i] for i in range(len(items))]
+
+
+def _processors(config: GenerationConfig) -> LogitsProcessorList:
+    """transformers' own processors, in the order `generate` applies them for a served decoding."""
+    procs = LogitsProcessorList()
+    if config.repetition_penalty != 1.0:
+        procs.append(RepetitionPenaltyLogitsProcessor(config.repetition_penalty))
+    if config.do_sample and config.temperature != 1.0:
+        procs.append(TemperatureLogitsWarper(config.temperature))
+    if config.do_sample and config.top_p < 1.0:
+        procs.append(TopPLogitsWarper(config.top_p))
+    return procs
+
+
+class _Decoder:
+    """A static KV cache for one (batch, width) shape and one decode step over it, replayed as a CUDA graph.
+
+    The step reads its token, position and cache slot from fixed buffers and its attention from an
+    additive [B, 1, 1, L] mask (a 4D mask reaches attention as is, with no host-side mask building),
+    so one capture serves every step of every batch of this shape."""
+
+    def __init__(self, model: PreTrainedModel, batch: int, width: int, new_tokens: int):
+        self.model, self.width, device = model, width, model.device
+        length = width + new_tokens
+        self.cache = StaticCache(config=model.config, max_cache_len=length)
+        self.token = torch.zeros((batch, 1), dtype=torch.long, device=device)
+        self.position = torch.zeros((batch, 1), dtype=torch.long, device=device)
+        self.slot = torch.full((1,), width, dtype=torch.long, device=device)
+        self.bias = torch.zeros((batch, 1, 1, length), dtype=model.dtype, device=device)
+        self.graph: torch.cuda.CUDAGraph | None = None
+        if device.type == "cuda":
+            self._capture()
+
+    def _forward(self) -> torch.Tensor:
+        return self.model(input_ids=self.token, attention_mask=self.bias, position_ids=self.position,
+                          past_key_values=self.cache, cache_position=self.slot, use_cache=True).logits
+
+    def _capture(self) -> None:
+        # Warm-up on a side stream first (lazy cache and library initialisation must not be captured);
+        # what it writes into the cache is cleared by the reset before each batch's prefill.
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                self._forward()
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.logits = self._forward()
+
+    def prefill(self, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Fills the cache with the prompts; returns the last logits (float32) and each row's last position."""
+        self.cache.reset()
+        positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)  # as `generate` derives them
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=self.cache,
+                         cache_position=torch.arange(self.width, device=ids.device), use_cache=True,
+                         logits_to_keep=1)
+        self.bias.fill_(torch.finfo(self.bias.dtype).min)
+        self.bias[:, 0, 0, : self.width].masked_fill_(mask.bool(), 0)
+        return out.logits[:, -1].to(copy=True, dtype=torch.float32), positions[:, -1:]
+
+    def step(self, token: torch.Tensor, position: torch.Tensor, t: int) -> torch.Tensor:
+        """Feeds `token` at decode step t (cache slot width + t); returns the next logits (float32)."""
+        self.token.copy_(token[:, None])
+        self.position.copy_(position)
+        self.slot.fill_(self.width + t)
+        self.bias[:, 0, 0, self.width + t] = 0
+        if self.graph is None:
+            return self._forward()[:, -1].float()
+        self.graph.replay()
+        return self.logits[:, -1].float()
+
+
+def _decode_static(model: PreTrainedModel, ids: torch.Tensor, mask: torch.Tensor, config: GenerationConfig,
+                   stops: list[int], decoders: dict[tuple[int, int], _Decoder]) -> torch.Tensor:
+    """`generate`'s sampling loop (processors, multinomial or argmax, pad after a stop) over a _Decoder."""
+    batch, width = ids.shape
+    n_new = config.max_new_tokens
+    if (batch, width) not in decoders:
+        decoders[(batch, width)] = _Decoder(model, batch, width, n_new)
+    decoder, procs = decoders[(batch, width)], _processors(config)
+    seqs = torch.full((batch, width + n_new), config.pad_token_id, dtype=torch.long, device=ids.device)
+    seqs[:, :width] = ids
+    stop_t = torch.tensor(stops, device=ids.device)
+    unfinished = torch.ones(batch, dtype=torch.bool, device=ids.device)
+    logits, position = decoder.prefill(ids, mask)
+    for t in range(n_new):
+        scores = procs(seqs[:, : width + t], logits)
+        if config.do_sample:
+            token = torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1).squeeze(1)
+        else:
+            token = scores.argmax(dim=-1)
+        token = torch.where(unfinished, token, config.pad_token_id)
+        seqs[:, width + t] = token
+        unfinished &= ~torch.isin(token, stop_t)
+        if t == n_new - 1 or not bool(unfinished.any()):
+            return seqs[:, width : width + t + 1]
+        logits = decoder.step(token, position + 1 + t, t)
+    raise AssertionError("unreachable: the loop returns at its last step")
 
 
 def answer_logprobs(loaded: Loaded, items: Sequence[Item], answers: Sequence[str], decoding: Decoding,

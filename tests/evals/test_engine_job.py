@@ -38,6 +38,22 @@ def test_static_cache_matches_dynamic(tiny_models, item):
     assert generate(loaded, items, dec, seed=0, static_cache=True) == generate(loaded, items, dec, seed=0)
 
 
+def test_static_loop_sampled_and_stopped_match_generate(tiny_models, item):
+    # The engine's own loop (several batches, a reused and a second captured shape, rows stopping at
+    # different steps) against `generate`: sampled with repetition penalty, and greedy with a stop id.
+    loaded = load(tiny_models["llama"])
+    items = [item(f"q{i}", "tell me " + "more and more " * i) for i in range(7)]
+    sampled = Decoding(max_new_tokens=8, temperature=0.8, top_p=0.9, repetition_penalty=1.3)
+    fast = generate(loaded, items, sampled, seed=3, batch_size=3, static_cache=True)
+    assert fast == generate(loaded, items, sampled, seed=3, batch_size=3)
+    assert fast != generate(loaded, items, sampled, seed=4, batch_size=3, static_cache=True)  # really sampled
+    free = generate(loaded, items, Decoding(max_new_tokens=10, repetition_penalty=1.2), seed=0)
+    stop = loaded.tokenizer(free[0].text, add_special_tokens=False)["input_ids"][2]
+    greedy = Decoding(max_new_tokens=10, repetition_penalty=1.2, stop_token_ids=(stop,))
+    fast = generate(loaded, items, greedy, seed=0, batch_size=3, static_cache=True)
+    assert fast == generate(loaded, items, greedy, seed=0, batch_size=3) and fast[0].stopped
+
+
 def test_stop_ids_cut_and_count(tiny_models, item):
     loaded = load(tiny_models["llama"])
     it = _items(item, 1)
