@@ -107,6 +107,14 @@ class BundleReport(BaseModel):
         return {r.name: r.messages for r in self.results if r.status == "failed"}
 
 
+def _json(path: Path) -> dict:
+    """A bundle JSON file; a broken one raises ValueError naming the file."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path.name}: not valid JSON ({err})") from None
+
+
 class _Bundle:
     """The parsed files of one bundle, read once."""
 
@@ -168,7 +176,7 @@ def check_tokenizer_template(b: _Bundle) -> list[str]:
     from transformers import AutoTokenizer
 
     problems = []
-    config = json.loads((b.path / "tokenizer_config.json").read_text(encoding="utf-8"))
+    config = _json(b.path / "tokenizer_config.json")
     if config.get("chat_template") != b.template:
         problems.append(f"tokenizer_config.json chat_template differs from {b.serving.chat_template_file}; "
                         "expected the same template in both")
@@ -190,7 +198,7 @@ def check_system_prompt(b: _Bundle) -> list[str]:
 
 
 def check_generation_config(b: _Bundle) -> list[str]:
-    gen = json.loads((b.path / "generation_config.json").read_text(encoding="utf-8"))
+    gen = _json(b.path / "generation_config.json")
     d = b.serving.decoding
     eos = gen.get("eos_token_id")
     want = {"eos_token_id": list(d.stop_token_ids), "max_new_tokens": d.max_new_tokens,
@@ -230,7 +238,7 @@ def check_max_input_tokens(b: _Bundle) -> list[str]:
 def _shard_problems(b: _Bundle) -> list[str]:
     """The index against the shards: every named shard recorded and present, every shard named, and
     every tensor of a shard mapped to it (and only tensors it holds)."""
-    weight_map: dict[str, str] = json.loads((b.path / INDEX).read_text(encoding="utf-8")).get("weight_map", {})
+    weight_map: dict[str, str] = _json(b.path / INDEX).get("weight_map", {})
     named, recorded = sorted(set(weight_map.values())), set(b.serving.weights.files)
     problems = [f"{INDEX} names {name}, which serving_config.json does not record"
                 + ("" if (b.path / name).is_file() else " and which is missing") for name in named if name not in recorded]
@@ -271,7 +279,7 @@ def check_adapter_base(b: _Bundle) -> list[str]:
     from trainers.common import weights_sha256
 
     base = b.serving.weights.base
-    adapter = json.loads((b.path / ADAPTER_CONFIG).read_text(encoding="utf-8"))
+    adapter = _json(b.path / ADAPTER_CONFIG)
     named = adapter.get("base_model_name_or_path")
     if named is None or Path(named).resolve() != Path(base.path).resolve():
         return [f"{ADAPTER_CONFIG} base_model_name_or_path is {named!r}; expected the recorded base {base.path}"]
@@ -363,6 +371,15 @@ def _skipped(name: str, why: str) -> CheckResult:
     return CheckResult(name=name, status="skipped", messages=[why])
 
 
+def _why(err: OSError | ValidationError) -> str:
+    if isinstance(err, OSError):
+        return f"cannot be read ({err.strerror})"
+    first = err.errors()[0]
+    where = ".".join(str(p) for p in first["loc"]) or "(top level)"
+    more = f" (and {err.error_count() - 1} more problems)" if err.error_count() > 1 else ""
+    return f"{where}: {first['msg']}{more}; expected a serving config as tools.bundle writes it"
+
+
 def _missing(path: Path, serving: ServingConfig | None) -> list[str]:
     """Files a server reads that are not in the bundle (those serving_config.json names included)."""
     names = list(REQUIRED)
@@ -379,9 +396,7 @@ def _parse(path: Path) -> tuple[list[CheckResult], _Bundle | None]:
         parsed = CheckResult(name="serving_config", status="passed", messages=[])
     except (OSError, ValidationError) as err:
         serving = None
-        first = " ".join(str(err).splitlines()[:3])
-        parsed = CheckResult(name="serving_config", status="failed",
-                             messages=[f"serving_config.json: {first}; expected tools.bundle.ServingConfig"])
+        parsed = CheckResult(name="serving_config", status="failed", messages=[f"serving_config.json: {_why(err)}"])
     missing = _missing(path, serving)
     files = CheckResult(name="files", status="failed" if missing else "passed",
                         messages=[f"{f} is missing; expected it in the bundle" for f in missing])
