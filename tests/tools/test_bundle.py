@@ -357,6 +357,26 @@ def test_adapter_pointing_at_another_base_fails(toy, tmp_path):
     assert next(r for r in report.results if r.name == "reload").status == "skipped"
 
 
+def test_unreadable_bundles_are_reported_not_raised(toy, tmp_path):
+    empty = check_bundle(tmp_path)
+    assert set(empty.failures()) == {"files", "serving_config"}
+    assert "serving_config.json: cannot be read" in empty.failures()["serving_config"][0]
+    broken = _copy(toy.full, tmp_path / "broken")
+    (broken / "generation_config.json").write_text("{not json")
+    (broken / "serving_config.json").write_text(json.dumps({"format_version": 1}))
+    report = check_bundle(broken)
+    assert list(report.failures()) == ["serving_config"]
+    assert re.match(r"serving_config\.json: weights: Field required \(and \d+ more problems\)",
+                    report.failures()["serving_config"][0])
+    garbled = _copy(toy.full, tmp_path / "garbled")
+    (garbled / "generation_config.json").write_text("{not json")
+    assert _failure(garbled, "generation_config").startswith("ValueError: generation_config.json: not valid JSON")
+
+
+def _failure(bundle: Path, check: str) -> str:
+    return check_bundle(bundle).failures()[check][0]
+
+
 # ---- the CLI ----------------------------------------------------------------------------------
 
 
