@@ -419,10 +419,10 @@ class Notebook:
                 return f"session {s.name!r}: no open decision vouches for its row (added outside the notebook)"
             seq, vouched = opens[s.name]
             for field in ("budget_gpuh", "reserve_gpuh", "planner", "executor"):
-                if getattr(s, field) != vouched[field]:
-                    return (f"session {s.name!r}: {field} is {getattr(s, field)!r} in its row but {vouched[field]!r} "
-                            f"in its open decision (seq {seq}): the row was edited after it opened")
-            if sha256_text(canonical_json(s.config)) != vouched["config_sha256"]:
+                if getattr(s, field) != vouched.get(field):
+                    return (f"session {s.name!r}: {field} is {getattr(s, field)!r} in its row but "
+                            f"{vouched.get(field)!r} in its open decision (seq {seq}): the row was edited after it opened")
+            if sha256_text(canonical_json(s.config)) != vouched.get("config_sha256"):
                 return (f"session {s.name!r}: its config does not match the hash in its open decision (seq {seq}): "
                         "the row was edited after it opened")
             if vouched.get("session_sha256") not in (None, session_sha256(s)):
