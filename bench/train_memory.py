@@ -29,6 +29,7 @@ CPU smoke of the same code path on a tiny shape (gloo, float32; about a minute):
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import platform
 import sys
@@ -107,36 +108,38 @@ def measure(config, name: str, lora, micro: int, seq_len: int, steps: int, dtype
            "total_params": shape.total_params, "trainable_params": shape.trainable_params,
            "estimate_gib": {k: v / GIB for k, v in est.model_dump().items() if k != "world_size"} | {
                "total": est.total / GIB}}
-    model = None
     try:
-        model = build(config, lora, dtype, env)
-        objective = SFTObjective(rows(micro, seq_len, config.vocab_size, 0), 0, None, chunk)
-        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5)
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-        times, losses = [], []
-        for _ in range(steps):
-            t0 = time.perf_counter()
-            loss, counts = loop._one_step(model, objective, list(range(micro)), micro)
-            torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()
-            times.append(time.perf_counter() - t0)
-            losses.append(loss)
-        out |= {"status": "ok", "losses": losses, "step_s": times,
-                "tokens_per_s": micro * seq_len / min(times[1:] or times)}
-        if torch.cuda.is_available():
-            out |= {"peak_allocated_gib": torch.cuda.max_memory_allocated() / GIB,
-                    "peak_reserved_gib": torch.cuda.max_memory_reserved() / GIB}
+        out |= _steps(config, lora, micro, seq_len, steps, dtype, env, chunk)
     except torch.OutOfMemoryError as e:
         out |= {"status": "oom", "error": str(e).splitlines()[0]}
-    finally:
-        del model
+    gc.collect()  # the model and optimizer of this configuration, before the next one is built
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return out
+
+
+def _steps(config, lora, micro: int, seq_len: int, steps: int, dtype, env, chunk: int) -> dict:
+    model = build(config, lora, dtype, env)
+    objective = SFTObjective(rows(micro, seq_len, config.vocab_size, 0), 0, None, chunk)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5)
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    times, losses = [], []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        loss, _counts = loop._one_step(model, objective, list(range(micro)), micro)
+        torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
         if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+        losses.append(loss)
+    out = {"status": "ok", "losses": losses, "step_s": times, "tokens_per_s": micro * seq_len / min(times[1:] or times)}
+    if torch.cuda.is_available():
+        out |= {"peak_allocated_gib": torch.cuda.max_memory_allocated() / GIB,
+                "peak_reserved_gib": torch.cuda.max_memory_reserved() / GIB}
     return out
 
 

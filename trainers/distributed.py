@@ -196,10 +196,9 @@ def load_sharded(build, load_full, compute_dtype: torch.dtype | None, env: DistE
     set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
     full_buffers = dict(full.named_buffers()) if full is not None else {}
     for name, buf in model.named_buffers():
-        src = full_buffers[name].to(device=buf.device, dtype=buf.dtype) if full is not None else buf
-        dist.broadcast(src if full is not None else buf, src=0)
         if full is not None:
-            buf.copy_(src)
+            buf.copy_(full_buffers[name])
+        dist.broadcast(buf, src=0)
     del full
     return model
 

@@ -275,7 +275,7 @@ def run_job(
     done = finished_result(config)
     if done is not None:
         return done
-    paths = start_run(config) if env.is_main else RunPaths(root=config.output_dir)
+    paths = start_run(config)  # on every rank: a refusal stops all of them; identical atomic writes do not collide
     estimate = memory.estimate_job(config, env.world_size)
     if env.is_main:
         write_json_atomic(paths.root / "memory_estimate.json", {**estimate.model_dump(), "total": estimate.total})

@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from core.util import write_json_atomic
 from evals.decoding import Decoding
 from evals.types import Completion, Item, Outcome
+from trainers import distributed
 from trainers.common import (
     ConfigError,
     TrainConfig,
@@ -136,9 +137,18 @@ def sample(config: RFTConfig, items: list[Item]) -> list[list[tuple[Completion, 
 def sampling_phase(config: RFTConfig, items: list[Item]) -> SamplingStats:
     """Samples, verifies, selects and writes samples.jsonl and sft.jsonl (skipped when already done)."""
     stats_path = config.output_dir / "sampling.json"
-    if stats_path.is_file():  # a requeued job does not resample
+    if distributed.broadcast_object(stats_path.is_file()):  # a requeued job does not resample
         return SamplingStats.model_validate_json(stats_path.read_text())
-    per_item = sample(config, items)
+    # Under several ranks each samples its share of the prompts with its own copy of the policy (generation needs
+    # no sharding), and rank 0 writes the files the SFT phase then reads on every rank.
+    per_item = distributed.map_shared(lambda part: sample(config, part), items, len(items))
+    stats = _write_samples(config, items, per_item) if distributed.setup().is_main else None
+    distributed.barrier()
+    return distributed.broadcast_object(stats)
+
+
+def _write_samples(config: RFTConfig, items: list[Item], per_item) -> SamplingStats:
+    stats_path = config.output_dir / "sampling.json"
     samples_path, data_path = config.output_dir / "samples.jsonl", config.output_dir / "sft_data.jsonl"
     with open(samples_path, "w") as f:
         for item, samples in zip(items, per_item, strict=True):
@@ -172,6 +182,8 @@ def train(config: RFTConfig) -> RFTResult:
     items = read_rows(config.data_path, Item)
     if config.lora is not None:
         check_lora_targets(config.model_path, config.lora)
+    # Every rank checks (the same files give the same answer, so a refusal cannot leave ranks waiting on each other);
+    # the identical atomic writes of config.json do not collide.
     paths = start_run(config)  # refuses a run directory that holds another config
     if paths.result.is_file():  # a requeued finished job does no compute
         return RFTResult.model_validate_json(paths.result.read_text())
@@ -179,7 +191,9 @@ def train(config: RFTConfig) -> RFTResult:
     if stats.kept == 0:
         raise ConfigError(f"rft: no verified answer among {config.k} samples for any of {stats.prompts} prompts")
     result = RFTResult(sampling=stats, train=sft_train(sft_config(config, stats.sft_data_path)))
-    write_json_atomic(paths.result, json.loads(result.model_dump_json()))
+    if distributed.setup().is_main:
+        write_json_atomic(paths.result, json.loads(result.model_dump_json()))
+    distributed.barrier()
     return result
 
 

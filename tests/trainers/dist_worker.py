@@ -2,7 +2,7 @@
 
     .venv/bin/torchrun --standalone --nproc-per-node 2 tests/trainers/dist_worker.py JOBS.json
 
-JOBS.json: {"jobs": [{"trainer": "sft" | "dpo" | "klce", "config": {...}}], "hold": null | {"step": N, "until":
+JOBS.json: {"jobs": [{"trainer": "sft" | "dpo" | "klce" | "rft", "config": {...}}], "hold": null | {"step": N, "until":
 PATH}}. With `hold`, rank 1 writes its pid to PATH.pid, and at its N-th optimizer step of the last job touches
 PATH.held and waits until PATH exists (the test sends that rank a SIGTERM meanwhile, so the signal arrives mid-run, on one rank only).
 """
@@ -15,9 +15,10 @@ from pathlib import Path
 
 import torch
 
-from trainers import dpo, klce, loop, sft
+from trainers import dpo, klce, loop, rft, sft
 
-TRAINERS = {"sft": (sft.SFTConfig, sft.train), "dpo": (dpo.DPOConfig, dpo.train), "klce": (klce.KLCEConfig, klce.train)}
+TRAINERS = {"sft": (sft.SFTConfig, sft.train), "dpo": (dpo.DPOConfig, dpo.train), "klce": (klce.KLCEConfig, klce.train),
+            "rft": (rft.RFTConfig, rft.train)}
 
 
 def _hold_rank1(step: int, until: Path) -> None:

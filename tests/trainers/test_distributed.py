@@ -29,7 +29,8 @@ from safetensors.torch import load_file
 from trainer_testkit import MEMO, assistant, metric_series, user, write_jsonl
 from transformers import AutoModelForCausalLM
 
-from trainers import dpo, klce, sft
+from evals import synthetic
+from trainers import dpo, klce, rft, sft
 from trainers.common import LoRASettings
 from trainers.distributed import DistEnv, rank_share, read_env
 
@@ -66,7 +67,21 @@ def jobs(model_dirs, tmp_path_factory) -> dict:
     for name, (config_type, model_dir, data, extra) in specs.items():
         out[name] = tuple(config_type.model_validate(_common(model_dir, data, root / f"{name}-{n}") | extra)
                           for n in ("2ranks", "1proc"))
+    out["rft"] = (_rft_config(model_dirs["llama"], root), None)
     return out
+
+
+def _rft_config(model_dir, root: Path) -> rft.RFTConfig:
+    """RFT from a policy that sometimes answers digit sums right (a short SFT on reference answers)."""
+    tasks = synthetic.generate("digit_sum", 4, 7)
+    items = write_jsonl(root / "items.jsonl", [json.loads(t.item.model_dump_json()) for t in tasks])
+    refs = write_jsonl(root / "refs.jsonl", [
+        {"messages": [m.model_dump() for m in t.item.messages] + [{"role": "assistant", "content": t.reference}]}
+        for t in tasks])
+    policy = sft.train(sft.SFTConfig(model_path=model_dir, data_path=refs, output_dir=root / "rft-pre", lr=1e-2,
+                                     steps=40, batch_size=4, micro_batch_size=4)).model_dir
+    return rft.RFTConfig(model_path=policy, data_path=items, output_dir=root / "rft-2ranks", lr=1e-2, steps=4,
+                         batch_size=2, micro_batch_size=1, k=4, temperature=1.0, max_new_tokens=40)
 
 
 def _torchrun(spec: dict, path: Path, **popen) -> subprocess.Popen:
@@ -132,6 +147,17 @@ def test_two_ranks_match_one_process(name, jobs, two_rank_runs):
     _assert_same_run(two, one)
     if name == "dpo":
         assert result["metrics"]["heldout_reward_accuracy"] == single.metrics["heldout_reward_accuracy"]
+
+
+@pytest.mark.slow
+def test_rft_samples_each_prompt_once_across_ranks_then_trains_on_both(two_rank_runs):
+    run = Path(two_rank_runs["rft"].output_dir)
+    samples = [json.loads(x) for x in (run / "samples.jsonl").read_text().splitlines()]
+    # 4 prompts x k=4: each rank sampled its half, rank 0 wrote them all once.
+    assert len(samples) == 16 and sorted({s["item_id"] for s in samples}) == sorted(
+        json.loads(x)["id"] for x in Path(two_rank_runs["rft"].data_path).read_text().splitlines())
+    result = json.loads((run / "result.json").read_text())
+    assert result["sampling"]["kept"] > 0 and result["train"]["world_size"] == 2 and result["train"]["steps"] == 4
 
 
 @pytest.mark.slow
