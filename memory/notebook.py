@@ -97,6 +97,15 @@ def _decode(row: dict[str, Any], where: str) -> dict[str, Any]:
     return out
 
 
+def _json_object(text: str) -> dict[str, Any]:
+    """A stored payload as a dict; {} when it is not a JSON object (verify then names the mismatch)."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
 def _row_name(row: dict[str, Any]) -> str:
     for key in ("id", "seq", "name"):
         if key in row:
@@ -412,7 +421,7 @@ class Notebook:
         opens: dict[str, tuple[int, dict[str, Any]]] = {}
         for seq, name, payload in self.db.execute("SELECT seq, session, payload FROM decision WHERE kind = 'open' "
                                                   "ORDER BY seq"):
-            opens.setdefault(name, (seq, json.loads(payload)))
+            opens.setdefault(name, (seq, _json_object(payload)))
         sessions = self.sessions()
         for s in sessions:
             if s.name not in opens:
