@@ -11,6 +11,8 @@ import functools
 import sqlite3
 from pathlib import Path
 
+from memory.views import V4
+
 V1 = """
 CREATE TABLE session (
     name         TEXT PRIMARY KEY,
@@ -177,7 +179,8 @@ CREATE INDEX comparison_session ON comparison(session);
 CREATE INDEX tool_call_job ON tool_call(job_key);
 """
 
-MIGRATIONS: list[str] = [V1, V2, V3]
+# V4 (memory/views.py): read-only views with readable columns for a reviewer browsing the notebook.
+MIGRATIONS: list[str] = [V1, V2, V3, V4]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
