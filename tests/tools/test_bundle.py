@@ -525,11 +525,22 @@ def test_card_holds_every_section_the_issue_lists(toy):
     assert re.search(r"- `chat` has only 4<!-- nb eval:\d+ count\(items\) --> items", card)
 
 
+_DRIVER = """
+import os, sys
+for bundle, snippet in zip(sys.argv[1::2], sys.argv[2::2]):
+    os.chdir(bundle)
+    print("=== " + bundle, flush=True)
+    exec(compile(snippet, os.path.join(bundle, "README.md"), "exec"), {"__name__": "__main__"})
+"""
+
+
 def test_card_usage_snippet_runs_against_the_bundle(toy):
-    # A fresh interpreter in the bundle directory, as a reader would run it.
+    # One fresh interpreter runs each card's snippet from inside its bundle directory, as a reader would.
+    args = []
     for bundle in (toy.full, toy.adapter):
-        card = (bundle / "README.md").read_text()
-        [snippet] = re.findall(r"```python\n(.*?)```", card, flags=re.S)
-        run = subprocess.run([sys.executable, "-c", snippet], cwd=bundle, capture_output=True, text=True, timeout=300)
-        assert run.returncode == 0, run.stderr[-2000:]
-        assert run.stdout.strip(), "the snippet printed no answer"
+        [snippet] = re.findall(r"```python\n(.*?)```", (bundle / "README.md").read_text(), flags=re.S)
+        args += [str(bundle), snippet]
+    run = subprocess.run([sys.executable, "-c", _DRIVER, *args], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    answers = re.split(r"^=== .*$", run.stdout, flags=re.M)[1:]
+    assert len(answers) == 2 and all(a.strip() for a in answers), run.stdout
