@@ -10,6 +10,8 @@
     python run_agent.py world truth CHECKPOINT [--vs OTHER|opponent] [--n 2000]
                                                         true win rate in the toy world (noise-free oracle)
     python run_agent.py check-bundle DIR [--lab DIR]     check a serving bundle (template, reload, consistency)
+    python run_agent.py report [--lab DIR] [--session S] [-o FILE]
+                                                        one self-contained HTML report of a session (DIR/report.html)
 
 Exit status: 0 on success, 1 when a check fails (verify, check-bundle), 2 on bad input (flags, lab.toml, files);
 bad input writes nothing.
@@ -197,6 +199,23 @@ def cmd_check_bundle(args: argparse.Namespace) -> int:
     return check_bundle_command(args.bundle, args.lab)
 
 
+# ---- report --------------------------------------------------------------------------------------
+
+
+def add_report_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--lab", type=Path, default=Path("lab"), help="lab directory (holds notebook.db)")
+    p.add_argument("--session", help="session to report (default: the latest one)")
+    p.add_argument("-o", "--output", type=Path, help="HTML file to write (default: LAB/report.html)")
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from memory.report import write_report
+
+    session, out = write_report(args.lab / NOTEBOOK_FILE, args.session, args.output or args.lab / "report.html")
+    print(f"{out}: report of session {session.name} ({out.stat().st_size} bytes)")
+    return 0
+
+
 # ---- dispatch ------------------------------------------------------------------------------------
 
 SUBCOMMANDS = {
@@ -207,12 +226,12 @@ SUBCOMMANDS = {
     "resume": (add_resume_args, cmd_resume, "continue a session that died, launching nothing twice"),
     "replay": (add_replay_args, cmd_replay, "re-derive a session's decisions from the notebook (no jobs, no writes)"),
     "world": (add_world_args, cmd_world, "build the toy world, or measure a checkpoint's ground truth in it"),
+    "report": (add_report_args, cmd_report, "write one self-contained HTML report of a session, read from the notebook"),
 }
 
 # Commands DESIGN.md names that this release does not have yet: each says what brings it instead of being
 # read as `run` (which would ask for --budget). A name moves to SUBCOMMANDS when its issue lands.
 RESERVED = {
-    "report": "human review (the HTML report of a session)",
     "world": "the toy world (build the embedded lab and score checkpoints against its ground truth)",
 }
 
