@@ -30,8 +30,9 @@ import torch
 import torch.distributed as dist
 from pydantic import BaseModel, ConfigDict, Field
 
-# How long a collective may wait for the slowest rank before the job fails (and is classified nccl_timeout).
-COLLECTIVE_TIMEOUT = timedelta(minutes=10)
+# How long a collective may wait for the slowest rank before the job fails (tools/failures.py classifies the
+# backend's timeout message as nccl_timeout); the launcher may set TRAINER_COLLECTIVE_TIMEOUT_S.
+COLLECTIVE_TIMEOUT_S = 600.0
 
 
 class DistEnv(BaseModel):
@@ -42,6 +43,8 @@ class DistEnv(BaseModel):
     world_size: int = Field(1, ge=1, description="Processes in the job (one per GPU).")
     local_rank: int = Field(0, ge=0, description="Rank on this node (selects the GPU).")
     source: str = Field("single", description="Where the rank came from: single, torchrun or slurm.")
+    collective_timeout_s: float = Field(COLLECTIVE_TIMEOUT_S, gt=0, description="Seconds a collective waits for "
+                                        "the slowest rank before the job fails.")
 
     @property
     def distributed(self) -> bool:
@@ -55,12 +58,13 @@ class DistEnv(BaseModel):
 
 def read_env(environ: Mapping[str, str]) -> DistEnv:
     """The job's layout from its environment: torchrun variables first, then a multi-task Slurm step."""
+    timeout = float(environ.get("TRAINER_COLLECTIVE_TIMEOUT_S", COLLECTIVE_TIMEOUT_S))
     if "RANK" in environ and "WORLD_SIZE" in environ:
         return DistEnv(rank=int(environ["RANK"]), world_size=int(environ["WORLD_SIZE"]),
-                       local_rank=int(environ.get("LOCAL_RANK", "0")), source="torchrun")
+                       local_rank=int(environ.get("LOCAL_RANK", "0")), source="torchrun", collective_timeout_s=timeout)
     if int(environ.get("SLURM_NTASKS", "1")) > 1 and "SLURM_PROCID" in environ:
         return DistEnv(rank=int(environ["SLURM_PROCID"]), world_size=int(environ["SLURM_NTASKS"]),
-                       local_rank=int(environ.get("SLURM_LOCALID", "0")), source="slurm")
+                       local_rank=int(environ.get("SLURM_LOCALID", "0")), source="slurm", collective_timeout_s=timeout)
     return DistEnv()
 
 
@@ -81,7 +85,8 @@ def setup() -> DistEnv:
     if env.distributed and not dist.is_initialized():
         if torch.cuda.is_available():
             torch.cuda.set_device(device(env))
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", timeout=COLLECTIVE_TIMEOUT)
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo",
+                                timeout=timedelta(seconds=env.collective_timeout_s))
     _ENV = env
     return env
 

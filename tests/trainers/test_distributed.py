@@ -84,11 +84,11 @@ def _rft_config(model_dir, root: Path) -> rft.RFTConfig:
                          batch_size=2, micro_batch_size=1, k=4, temperature=1.0, max_new_tokens=40)
 
 
-def _torchrun(spec: dict, path: Path, **popen) -> subprocess.Popen:
+def _torchrun(spec: dict, path: Path, timeout_s: float = 600) -> subprocess.Popen:
     path.write_text(json.dumps(spec))
-    env = os.environ | {"OMP_NUM_THREADS": "1"}
+    env = os.environ | {"OMP_NUM_THREADS": "1", "TRAINER_COLLECTIVE_TIMEOUT_S": str(timeout_s)}
     return subprocess.Popen([str(TORCHRUN), "--standalone", "--nproc-per-node", "2", str(WORKER), str(path)],
-                            cwd=REPO, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **popen)
+                            cwd=REPO, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
 def _payload(config) -> dict:
@@ -195,6 +195,20 @@ def test_sigterm_on_one_rank_saves_dcp_on_both_and_resume_matches(two_rank_runs,
     _assert_same_run(moved, straight)
 
 
+@pytest.mark.slow
+def test_a_rank_that_hangs_fails_the_job_as_nccl_timeout(model_dirs, sft_data, tmp_path):
+    from tools.failures import classify
+
+    # Rank 1 stops at step 2 for 20 s; rank 0 waits in the step's collective for 5 s, then fails.
+    config = sft.SFTConfig.model_validate(_common(model_dirs["llama"], sft_data, tmp_path / "run"))
+    spec = {"jobs": [{"trainer": "sft", "config": _payload(config)}],
+            "hold": {"step": 2, "until": str(tmp_path / "never"), "exit_after_s": 20}}
+    proc = _torchrun(spec, tmp_path / "jobs.json", timeout_s=5)
+    output, _ = proc.communicate(timeout=600)
+    assert proc.returncode != 0
+    assert classify("FAILED", proc.returncode, output).failure_class == "nccl_timeout", output[-4000:]
+
+
 def _lines(path: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines()] if path.is_file() else []
 
@@ -206,6 +220,7 @@ def test_env_torchrun_first_then_slurm_then_single():
     assert read_env(slurm) == DistEnv(rank=3, world_size=4, local_rank=1, source="slurm")
     assert read_env({"SLURM_NTASKS": "1", "SLURM_PROCID": "0"}) == DistEnv()  # a one-task Slurm job is one process
     assert read_env({}) == DistEnv() and not DistEnv().distributed
+    assert read_env(torchrun | {"TRAINER_COLLECTIVE_TIMEOUT_S": "5"}).collective_timeout_s == 5.0
 
 
 def test_rank_shares_cover_the_step_once():
