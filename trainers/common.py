@@ -109,6 +109,9 @@ class TrainConfig(BaseModel):
         "1e9 parameters (ACTIVATION_CHECKPOINTING_ABOVE).")
     loss_chunk_tokens: int = Field(
         1024, gt=0, description="Supervised positions per chunk of the head + loss (bounds float32 logits memory).")
+    allow_slow_mamba: bool = Field(
+        False, description="On a GPU, train a Mamba/hybrid model even without mamba-ssm and causal-conv1d's kernels "
+        "(the `gpu` extra): transformers then falls back to its pure-torch scan, ~15x slower. False = refuse.")
 
     @field_validator("model_path")
     @classmethod
@@ -137,6 +140,8 @@ class TrainConfig(BaseModel):
             raise ValueError(f"warmup_steps ({self.warmup_steps}) must be below steps ({self.steps})")
         if self.batch_size % self.micro_batch_size:
             raise ValueError(f"batch_size ({self.batch_size}) must be a multiple of micro_batch_size ({self.micro_batch_size})")
+        if torch.cuda.is_available() and not self.allow_slow_mamba:
+            check_mamba_kernels(AutoConfig.from_pretrained(self.model_path).model_type, mamba_kernels_missing())
         return self
 
 
@@ -246,6 +251,32 @@ def finished_result(config: TrainConfig) -> TrainResult | None:
         return None
     start_run(config)  # refuses a different config in the same directory
     return TrainResult.model_validate_json(paths.result.read_text())
+
+
+def mamba_kernels_missing() -> list[str]:
+    """The fused Mamba kernels transformers would use for training that do not import here (each package must
+    import at its root: mamba_ssm pulls in its CUDA extension); transformers silently falls back without them."""
+    missing = []
+    try:
+        from causal_conv1d import causal_conv1d_fn  # noqa: F401
+    except ImportError as err:
+        missing.append(f"causal_conv1d.causal_conv1d_fn ({err})")
+    try:
+        from mamba_ssm.ops.triton.ssd_combined import (  # noqa: F401
+            mamba_chunk_scan_combined,
+            mamba_split_conv1d_scan_combined,
+        )
+    except ImportError as err:
+        missing.append(f"mamba_ssm.ops.triton.ssd_combined ({err})")
+    return missing
+
+
+def check_mamba_kernels(model_type: str, missing: list[str]) -> None:
+    """Refuses GPU training of a recurrent model whose kernels are missing: no silent 15x slowdown."""
+    if model_type in RECURRENT_MODEL_TYPES and missing:
+        raise ValueError(
+            f"model_path: a {model_type} model on a GPU needs the Mamba kernels, missing here: {'; '.join(missing)}; "
+            "install them (pip install -e '.[gpu]') or set allow_slow_mamba: true to accept the pure-torch scan")
 
 
 def is_recurrent(model_path: Path) -> bool:

@@ -202,9 +202,10 @@ def _copy_side_files(src: Path, dst: Path) -> None:
             shutil.copy2(f, dst / f.name)
 
 
-# Elements per streamed chunk: 16 MiB of FP32 scratch, large enough for torch's vector loops and for file
-# reads near memory speed, small enough that a merge's memory stays a few chunks whatever the tensor sizes.
-CHUNK_ELEMENTS = 1 << 22
+# Elements per streamed chunk: 1 MiB of FP32 scratch, so the several elementwise passes of a combine
+# (convert, scale, add, cast back) run in cache instead of each going out to memory (2-3x faster than
+# 16 MiB chunks on a 2-core host), while reads and writes stay large; memory is a few chunks per shard.
+CHUNK_ELEMENTS = 1 << 18
 # Output shards written at once: each has its own sha256 (a sequential hash runs near 2 GB/s on one core),
 # so several shards in flight keep hashing and page-cache writes off the critical path.
 MAX_WORKERS = 4
