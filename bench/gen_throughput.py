@@ -8,10 +8,15 @@ of every sequence, so tokens/s <= batch * bandwidth / (weight bytes + batch * KV
 The bandwidth is measured in the same run with a device-to-device copy (bytes read + written).
 
 Nothing is downloaded: the tokenizer is built offline (core.tiny) and the model is randomly
-initialised from a config: `tiny` (the tiny Llama of core.tiny) or `llama-1b` (Llama-3.2-1B
+initialised from a config: `tiny` (the tiny Llama of core.tiny), `llama-1b` (Llama-3.2-1B
 shaped: hidden 2048, 16 layers, 32 heads, 8 KV heads, MLP 8192; ~0.97B parameters without the
-small offline vocabulary's embeddings). The one-at-a-time loop runs on the first
-`--baseline-prompts` prompts only (it is slow); rates, not totals, are compared.
+small offline vocabulary's embeddings) or `nemotron-h` (a scaled-down Nemotron-H hybrid: 18 layers
+of Mamba2, MoE and attention, hidden 2048; ~0.9B parameters; served through `generate`, since the
+engine's own static loop covers attention-only models). The one-at-a-time loop runs on the first
+`--baseline-prompts` prompts only (it is slow); rates, not totals, are compared. `--sampled` uses
+the served sampling settings (temperature 0.7, top-p 0.9, repetition penalty 1.1) on both sides;
+the model is saved once and `evals.generate.load` timed on it (an eval job pays that once for
+all its suites).
 
 CPU smoke (about a minute on 2 cores):
 
@@ -57,6 +62,8 @@ def build(model_name: str, device: str, dtype: torch.dtype, workdir: Path) -> Lo
     if model_name == "tiny":
         path = tiny.build_model("llama", tok_dir, workdir / "model")
         model = LlamaForCausalLM.from_pretrained(path, dtype=dtype)
+    elif model_name == "nemotron-h":
+        model = _nemotron_h(tokenizer, device, dtype)
     else:
         config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=2048, intermediate_size=8192,
                              num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
@@ -66,6 +73,37 @@ def build(model_name: str, device: str, dtype: torch.dtype, workdir: Path) -> Lo
         with torch.device(device):
             model = LlamaForCausalLM(config).to(dtype)
     return Loaded(model=model.to(device).eval(), tokenizer=tokenizer, device=torch.device(device))
+
+
+def _nemotron_h(tokenizer, device: str, dtype: torch.dtype):
+    from transformers import NemotronHConfig, NemotronHForCausalLM
+
+    block = ["linear_attention", "moe", "linear_attention", "moe", "full_attention", "moe"]
+    config = NemotronHConfig(vocab_size=len(tokenizer), hidden_size=2048, layers_block_type=block * 3,
+                             num_attention_heads=16, num_key_value_heads=4, head_dim=128, intermediate_size=4096,
+                             mamba_num_heads=64, mamba_head_dim=64, ssm_state_size=128, n_groups=8, chunk_size=128,
+                             n_routed_experts=16, num_experts_per_tok=4, moe_intermediate_size=1024,
+                             moe_shared_expert_intermediate_size=2048, max_position_embeddings=4096,
+                             tie_word_embeddings=False, pad_token_id=tokenizer.pad_token_id,
+                             eos_token_id=eot_id(tokenizer))
+    torch.manual_seed(0)
+    with torch.device(device):
+        return NemotronHForCausalLM(config).to(dtype)
+
+
+def load_seconds(loaded: Loaded, device: str, dtype: str, workdir: Path) -> float:
+    """Seconds `evals.generate.load` takes on this model saved to local disk (weights and tokenizer)."""
+    from evals.generate import load
+
+    loaded.model.save_pretrained(workdir / "saved")
+    loaded.tokenizer.save_pretrained(workdir / "saved")
+    sync(device)
+    start = time.perf_counter()
+    again = load(workdir / "saved", device=device, dtype=dtype)
+    sync(device)
+    seconds = time.perf_counter() - start
+    del again
+    return seconds
 
 
 def make_items(n: int, seed: int = 0) -> list[Item]:
@@ -114,20 +152,24 @@ def decode_bound(loaded: Loaded, batch: int, context: float, bandwidth: float) -
     cfg = loaded.model.config
     elem = next(loaded.model.parameters()).element_size()
     weight_bytes = sum(p.numel() * p.element_size() for p in loaded.model.parameters())
-    head_dim = cfg.hidden_size // cfg.num_attention_heads
-    kv_per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * elem
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    # Hybrids keep a KV cache in their attention layers only (Mamba state is per sequence, not per token).
+    attention_layers = getattr(cfg, "layers_block_type", None)
+    n_kv_layers = attention_layers.count("full_attention") if attention_layers else cfg.num_hidden_layers
+    kv_per_token = 2 * n_kv_layers * cfg.num_key_value_heads * head_dim * elem
     return batch * bandwidth / (weight_bytes + batch * context * kv_per_token)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
-    parser.add_argument("--model", choices=["tiny", "llama-1b"], default="tiny")
+    parser.add_argument("--model", choices=["tiny", "llama-1b", "nemotron-h"], default="tiny")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     parser.add_argument("--prompts", type=int, default=64, help="prompts generated by the engine")
     parser.add_argument("--batch-size", type=int, default=64, help="engine batch size (>= 64 for the goal)")
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--static-cache", action="store_true", help="engine with static KV cache + CUDA graphs")
+    parser.add_argument("--sampled", action="store_true", help="served sampling (T 0.7, top-p 0.9, rep. penalty 1.1)")
     parser.add_argument("--baseline-prompts", type=int, default=8, help="prompts for the one-at-a-time loop")
     parser.add_argument("--copy-mib", type=int, default=0, help="copy size for bandwidth (0: 1024 on cuda, 256 on cpu)")
     parser.add_argument("--out", type=Path, default=None, help="result JSON (default bench/results/...)")
@@ -136,8 +178,10 @@ def main() -> None:
         torch.set_num_threads(2)
     with tempfile.TemporaryDirectory() as tmp:
         loaded = build(args.model, args.device, getattr(torch, args.dtype), Path(tmp))
+        load_s = load_seconds(loaded, args.device, args.dtype, Path(tmp))
     items = make_items(args.prompts)
-    decoding = Decoding(max_new_tokens=args.max_new_tokens, stop_token_ids=(eot_id(loaded.tokenizer),))
+    sampling = {"temperature": 0.7, "top_p": 0.9, "repetition_penalty": 1.1} if args.sampled else {}
+    decoding = Decoding(max_new_tokens=args.max_new_tokens, stop_token_ids=(eot_id(loaded.tokenizer),), **sampling)
     bandwidth = copy_bandwidth(args.device, args.copy_mib or (1024 if args.device.startswith("cuda") else 256))
     generate(loaded, items[:4], decoding.model_copy(update={"max_new_tokens": 4}), seed=0, batch_size=4)  # warm-up
 
@@ -171,6 +215,8 @@ def main() -> None:
                   "parameters": sum(p.numel() for p in loaded.model.parameters())},
         "config": vars(args) | {"out": str(args.out), "mean_prompt_tokens": prompt_len},
         "copy_bandwidth_gbs": bandwidth / 1e9,
+        "load_seconds": load_s,
+        "decoding": decoding.model_dump(mode="json"),
         "engine": {"tokens": engine_tokens, "seconds": engine_s, "first_pass_seconds": passes[0],
                    "tokens_per_s": engine_tps,
                    "stopped": sum(c.stopped for c in comps), "bound_tokens_per_s": engine_bound,
@@ -184,7 +230,8 @@ def main() -> None:
     out = args.out or RESULTS / f"gen_throughput-{args.device.split(':')[0]}-{args.model}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps({k: result[k] for k in ("engine", "one_at_a_time", "speedup", "copy_bandwidth_gbs")}, indent=2))
+    print(json.dumps({k: result[k] for k in ("engine", "one_at_a_time", "speedup", "copy_bandwidth_gbs", "load_seconds")},
+                     indent=2))
     print(f"wrote {out}")
 
 
