@@ -1,0 +1,358 @@
+"""Decision quality: how often the agent's promotions are real, against naive policies, in the toy world.
+
+    .venv/bin/python bench/decision_quality.py [--seeds 10] [--first-seed 1] [--size test|demo] [--budget 10gpuh]
+        [--protocol test|full] [--truth-n 2000] [--work DIR] [--out bench/results/decision_quality.json]
+
+For each world seed: build the world (cached in WORK/world-SEED), run one playbook session on it
+(`run_agent.py --budget B --protocol P`, a real session with real jobs; a finished session found there is
+reused), then judge its decisions against the world's ground truth: a fresh truth sample, never seen by the
+agent, answered by every checkpoint the session made (tools/world/decision_quality.TruthBank, the sample
+`world truth` draws) and judged pairwise by the noise-free oracle.
+
+Four policies are applied to the same session's candidates (no extra training):
+
+- playbook: the session's own promotions and nominee, read from the notebook; `agent.replay` re-derives the
+  session's decisions from the recorded evals and must reproduce them (`replay_reproduced`);
+- greedy: walk the trained and merged candidates in the order the session made them and promote whenever the
+  dev-holdout win score at greedy decoding beats the incumbent's (no noise floor, no bars). The session
+  evaluated at served decoding only, so each greedy look is an extra eval job (the holdout judge suite against
+  the parent's reference completions), run by this benchmark and charged apart (`extra_gpuh`);
+- last_arm: nominate the last trained candidate (one promotion, parent -> it);
+- oracle_best: the candidate with the highest true win rate against the parent (the ceiling).
+
+Per promotion: the new incumbent against the one it replaced on the truth sample; a false promotion is one
+that is not truly better (its 95% CI does not lie above 0.5). Per session and policy: nominee against
+parent (truly better / truly worse at the CI), the true improvement (win rate - 0.5) per GPU-hour (the
+session's settled GPU-hours, plus the policy's extra evals), and whether the nominee's CI reaches the
+oracle-best's true win rate. The summary checks issue 16's goals.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from agent.config import load_lab_config, parse_budget  # noqa: E402
+from agent.runner import lab_spec  # noqa: E402
+from agent.summary import summarize  # noqa: E402
+from evals.decoding import Decoding  # noqa: E402
+from memory.notebook import Notebook  # noqa: E402
+from tools.promote import parent_of  # noqa: E402
+from tools.world.build import build  # noqa: E402
+from tools.world.decision_quality import PairTruth, TruthBank, answer_key  # noqa: E402
+
+SESSION = "dq"
+POLICIES = ("playbook", "greedy", "last_arm", "oracle_best")
+GOALS = {
+    "nominee_truly_worse_sessions": "== 0",
+    "nominee_truly_better_share": ">= 0.90",
+    "false_promotion_share": "<= 0.05",
+    "improvement_per_gpuh_vs_greedy": ">= 1.5",
+    "within_oracle_ci_share": ">= 0.70",
+}
+
+
+# ---- one session --------------------------------------------------------------------------------
+
+
+def run_session(lab: Path, budget: str, protocol: str, log: Path) -> float:
+    """Run the playbook session on `lab` unless a finished one is there; returns its wall seconds (0 if reused)."""
+    if (lab / "notebook.db").exists():
+        with Notebook.open(lab / "notebook.db", readonly=True) as nb:
+            if any(s.name == SESSION and s.status != "open" for s in nb.sessions()):
+                return 0.0
+        raise SystemExit(f"{lab}: a notebook without a finished session {SESSION!r}; remove {lab / 'notebook.db'}")
+    start = time.monotonic()
+    with open(log, "w") as out:
+        rc = subprocess.call([sys.executable, str(REPO / "run_agent.py"), "--budget", budget, "--lab", str(lab),
+                              "--session", SESSION, "--protocol", protocol, "--quiet"], cwd=REPO, stdout=out,
+                             stderr=subprocess.STDOUT)
+    if rc not in (0, 1):
+        raise SystemExit(f"session on {lab} exited {rc}; see {log}")
+    return time.monotonic() - start
+
+
+def session_facts(nb: Notebook, lab: Path) -> dict[str, Any]:
+    """What the session decided, from its notebook: candidates in the order made, promotions, nominee."""
+    served = lab_spec(load_lab_config(lab)).served
+    s = summarize(nb, SESSION)
+    cands = []
+    for c in s.checkpoints:
+        a = nb.artifact(c.id)
+        decoding = Decoding.model_validate(a.recipe["served_decoding"]) if "served_decoding" in a.recipe else served
+        cands.append({"id": c.id, "name": c.name, "origin": c.origin, "path": a.path, "sha256": a.sha256,
+                      "decoding": decoding.model_dump(mode="json"), "key": answer_key(a.sha256, decoding)})
+    promotions = [(d.payload.get("previous"), d.payload.get("artifact_id")) for d in nb.decisions(SESSION, kind="promote")
+                  if d.payload.get("action") == "incumbent"]
+    nominations = nb.decisions(SESSION, kind="nominate")
+    parent = parent_of(nb, SESSION)
+    return {"parent": parent, "candidates": cands, "promotions": promotions,
+            "nominee": nominations[-1].payload.get("artifact_id") if nominations else (promotions or [(0, parent)])[-1][1],
+            "spent_gpuh": nb.ledger(SESSION).spent_gpuh, "status": nb.session(SESSION).status}
+
+
+def replay_reproduced(lab: Path) -> bool:
+    """Whether `agent.replay` re-derives the session's decision sequence exactly from the recorded evals."""
+    from agent.replay import replay
+
+    return replay(lab, SESSION).same
+
+
+# ---- greedy looks (extra eval jobs) ---------------------------------------------------------------
+
+
+def greedy_looks(lab: Path, facts: dict[str, Any], work: Path) -> dict[int, dict[str, float]]:
+    """Dev-holdout win score at greedy decoding of the parent and every weights candidate (cached per lab)."""
+    cache = work / "greedy.json"
+    looks = {int(k): v for k, v in json.loads(cache.read_text()).items()} if cache.is_file() else {}
+    ids = [facts["parent"]] + [c["id"] for c in facts["candidates"] if _weights(c)]
+    missing = [i for i in ids if i not in looks]
+    if missing:
+        looks |= _run_greedy(lab, facts, missing)
+        cache.write_text(json.dumps({str(k): v for k, v in looks.items()}, indent=1))
+    return looks
+
+
+def _weights(c: dict[str, Any]) -> bool:
+    return c["origin"].startswith(("train:", "merge:"))
+
+
+def _run_greedy(lab: Path, facts: dict[str, Any], ids: list[int]) -> dict[int, dict[str, float]]:
+    from evals.job import run as run_eval
+    from tools.context import ToolContext
+    from tools.evaluate import eval_job, references_of
+    from tools.paths import LabPaths
+
+    config = load_lab_config(lab)
+    factor = config.executor.simulated_gpuh_per_device_s or 1 / 3600
+    out = {}
+    with Notebook.open(lab / "notebook.db", readonly=True) as nb:
+        ctx = ToolContext(nb=nb, session=SESSION, paths=LabPaths(root=lab), lab=lab_spec(config), jobs=None)
+        reference = references_of(ctx, facts["parent"])
+        suite = next(s.name for s in ctx.lab.open_suites if s.judged)
+        for i in ids:
+            served = next(Decoding.model_validate(c["decoding"]) for c in facts["candidates"] if c["id"] == i)
+            greedy = served.model_copy(update={"temperature": 0.0, "top_p": 1.0})
+            cfg = eval_job(ctx, i, [suite], greedy, False, 1, reference)
+            start = time.monotonic()
+            result = run_eval(cfg)
+            seconds = time.monotonic() - start
+            out[i] = {"win_score": result.suites[0].metrics["win_score"], "device_s": seconds, "gpuh": seconds * factor}
+    return out
+
+
+# ---- policies -----------------------------------------------------------------------------------
+
+
+def policy_greedy(facts: dict[str, Any], looks: dict[int, dict[str, float]]) -> tuple[list[tuple[int, int]], int]:
+    """Promote each weights candidate, in the order made, whose greedy holdout score beats the incumbent's."""
+    inc, promotions = facts["parent"], []
+    for c in facts["candidates"]:
+        if _weights(c) and looks[c["id"]]["win_score"] - looks[inc]["win_score"] > 0:
+            promotions.append((inc, c["id"]))
+            inc = c["id"]
+    return promotions, inc
+
+
+def policy_last_arm(facts: dict[str, Any]) -> tuple[list[tuple[int, int]], int]:
+    trained = [c["id"] for c in facts["candidates"] if c["origin"].startswith("train:")]
+    return ([(facts["parent"], trained[-1])], trained[-1]) if trained else ([], facts["parent"])
+
+
+def policy_oracle_best(facts: dict[str, Any], vs_parent: dict[int, PairTruth]) -> tuple[list[tuple[int, int]], int]:
+    best = max(vs_parent, key=lambda i: (vs_parent[i].win_rate, -i))
+    return ([(facts["parent"], best)] if best != facts["parent"] else []), best
+
+
+# ---- truth ----------------------------------------------------------------------------------------
+
+
+def judge_policy(name: str, promotions: list[tuple[int, int]], nominee: int, facts: dict[str, Any],
+                 bank: TruthBank, keys: dict[int, str], vs_parent: dict[int, PairTruth], gpuh: float) -> dict[str, Any]:
+    rows = []
+    for prev, new in promotions:
+        t = bank.pair(keys[new], keys[prev])
+        rows.append({"from": prev, "to": new, "win_rate": t.win_rate, "ci_low": t.ci_low, "ci_high": t.ci_high,
+                     "truly_better": t.truly_better, "false": not t.truly_better})
+    nom = vs_parent[nominee]
+    best = max(v.win_rate for v in vs_parent.values())
+    return {
+        "policy": name, "nominee": nominee, "nominee_name": _name(facts, nominee),
+        "nominee_vs_parent": {"win_rate": nom.win_rate, "ci_low": nom.ci_low, "ci_high": nom.ci_high},
+        "nominee_truly_better": nom.truly_better, "nominee_truly_worse": nom.truly_worse,
+        "promotions": rows, "n_promotions": len(rows), "n_false": sum(r["false"] for r in rows),
+        "gpuh": gpuh, "true_improvement": nom.win_rate - 0.5,
+        "improvement_per_gpuh": (nom.win_rate - 0.5) / gpuh if gpuh > 0 else 0.0,
+        "within_oracle_ci": nom.ci_high >= best,
+    }
+
+
+def _name(facts: dict[str, Any], artifact: int) -> str:
+    return next(c["name"] for c in facts["candidates"] if c["id"] == artifact)
+
+
+def judge_session(seed: int, lab: Path, work: Path, truth_n: int, truth_seed: int, device: str) -> dict[str, Any]:
+    with Notebook.open(lab / "notebook.db", readonly=True) as nb:
+        facts = session_facts(nb, lab)
+    reproduced = replay_reproduced(lab)
+    looks = greedy_looks(lab, facts, work)
+    bank = TruthBank(lab, work, n=truth_n, seed=truth_seed, device=device)
+    keys = {}
+    for c in facts["candidates"]:
+        bank.answers(c["key"], Path(c["path"]), Decoding.model_validate(c["decoding"]))
+        keys[c["id"]] = c["key"]
+    vs_parent = {i: bank.pair(k, keys[facts["parent"]]) for i, k in keys.items()}
+    extra = sum(v["gpuh"] for v in looks.values())
+    spent = facts["spent_gpuh"]
+    chosen = {"playbook": (facts["promotions"], facts["nominee"], spent),
+              "greedy": (*policy_greedy(facts, looks), spent + extra),
+              "last_arm": (*policy_last_arm(facts), spent),
+              "oracle_best": (*policy_oracle_best(facts, vs_parent), spent)}
+    policies = {name: judge_policy(name, p, n, facts, bank, keys, vs_parent, g) for name, (p, n, g) in chosen.items()}
+    cands = [{k: c[k] for k in ("id", "name", "origin", "key")} | {"vs_parent": vs_parent[c["id"]].model_dump(
+        include={"win_rate", "ci_low", "ci_high"})} for c in facts["candidates"]]
+    return {"seed": seed, "session": SESSION, "lab": str(lab), "status": facts["status"], "spent_gpuh": spent,
+            "replay_reproduced": reproduced, "parent": facts["parent"], "candidates": cands,
+            "greedy_looks": {str(k): v for k, v in looks.items()}, "extra_eval_gpuh": extra,
+            "truth_generation_s": bank.generation_s, "policies": policies}
+
+
+# ---- summary --------------------------------------------------------------------------------------
+
+
+def summarize_policy(sessions: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    ps = [s["policies"][name] for s in sessions]
+    promotions = sum(p["n_promotions"] for p in ps)
+    false = sum(p["n_false"] for p in ps)
+    gpuh = sum(p["gpuh"] for p in ps)
+    return {
+        "sessions": len(ps), "nominee_truly_worse_sessions": sum(p["nominee_truly_worse"] for p in ps),
+        "nominee_truly_better_share": sum(p["nominee_truly_better"] for p in ps) / len(ps),
+        "promotions": promotions, "false_promotions": false,
+        "false_promotion_share": false / promotions if promotions else 0.0,
+        "mean_true_improvement": sum(p["true_improvement"] for p in ps) / len(ps), "gpuh": gpuh,
+        "improvement_per_gpuh": sum(p["true_improvement"] for p in ps) / gpuh if gpuh > 0 else 0.0,
+        "within_oracle_ci_share": sum(p["within_oracle_ci"] for p in ps) / len(ps),
+    }
+
+
+def check_goals(summary: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    play, greedy = summary["playbook"], summary["greedy"]
+    ratio = (play["improvement_per_gpuh"] / greedy["improvement_per_gpuh"]
+             if greedy["improvement_per_gpuh"] > 0 else None)
+    measured = {k: play[k] for k in GOALS if k in play} | {"improvement_per_gpuh_vs_greedy": ratio}
+    out = []
+    for goal, rule in GOALS.items():
+        op, target = rule.split()
+        value = measured[goal]
+        met = value is not None and {"==": value == float(target), ">=": value >= float(target),
+                                     "<=": value <= float(target)}[op]
+        out.append({"goal": goal, "target": rule, "measured": value, "met": bool(met)})
+    return out
+
+
+def table(summary: dict[str, dict[str, Any]]) -> str:
+    head = ("| policy | sessions | nominee truly better | nominee truly worse | promotions | false | "
+            "mean true gain | gain per GPU-h | within oracle CI |")
+    lines = [head, "|" + "---|" * 9]
+    for name, p in summary.items():
+        lines.append(f"| {name} | {p['sessions']} | {p['nominee_truly_better_share']:.0%} | "
+                     f"{p['nominee_truly_worse_sessions']} | {p['promotions']} | {p['false_promotions']} "
+                     f"({p['false_promotion_share']:.0%}) | {p['mean_true_improvement']:+.3f} | "
+                     f"{p['improvement_per_gpuh']:+.4f} | {p['within_oracle_ci_share']:.0%} |")
+    return "\n".join(lines)
+
+
+# ---- main -----------------------------------------------------------------------------------------
+
+
+def one_seed(args: argparse.Namespace, seed: int) -> dict[str, Any]:
+    """Build, run and judge one world seed; the row is also written to WORK/seed-SEED.json."""
+    lab = args.work / f"world-{seed}"
+    t0 = time.monotonic()
+    build(lab, seed=seed, size=args.size)
+    build_s = time.monotonic() - t0
+    session_s = run_session(lab, args.budget, args.protocol, args.work / f"session-{seed}.log")
+    t1 = time.monotonic()
+    row = judge_session(seed, lab, args.work / f"judge-{seed}", args.truth_n, args.truth_seed, args.device)
+    row |= {"build_s": build_s, "session_s": session_s, "judge_s": time.monotonic() - t1}
+    (args.work / f"seed-{seed}.json").write_text(json.dumps(row, indent=1) + "\n")
+    print(f"seed {seed}: " + ", ".join(f"{k} nominee {v['nominee_name']} {v['nominee_vs_parent']['win_rate']:.3f}"
+                                       for k, v in row["policies"].items()), flush=True)
+    return row
+
+
+def run_seeds(args: argparse.Namespace, seeds: list[int], argv: list[str]) -> list[dict[str, Any]]:
+    """Every seed, `--parallel` at a time (each in its own process: sessions and truth generation are heavy)."""
+    args.work.mkdir(parents=True, exist_ok=True)
+    if args.parallel <= 1:
+        return [one_seed(args, seed) for seed in seeds]
+    pending, running = list(seeds), []
+    while pending or running:
+        while pending and len(running) < args.parallel:
+            seed = pending.pop(0)
+            log = open(args.work / f"seed-{seed}.log", "w")
+            running.append((seed, log, subprocess.Popen([sys.executable, __file__, *argv, "--one-seed", str(seed)],
+                                                        cwd=REPO, stdout=log, stderr=subprocess.STDOUT)))
+        time.sleep(1.0)
+        for item in [r for r in running if r[2].poll() is not None]:
+            running.remove(item)
+            item[1].close()
+            if item[2].returncode != 0:
+                raise SystemExit(f"seed {item[0]} failed (exit {item[2].returncode}); see {args.work}/seed-{item[0]}.log")
+    return [json.loads((args.work / f"seed-{seed}.json").read_text()) for seed in seeds]
+
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--seeds", type=int, default=10, help="world seeds (sessions)")
+    p.add_argument("--first-seed", type=int, default=1, help="first world seed")
+    p.add_argument("--size", choices=["test", "demo"], default="demo", help="world size preset")
+    p.add_argument("--budget", default="10gpuh", help="session budget (run_agent.py --budget)")
+    p.add_argument("--protocol", choices=["test", "full"], default="full", help="playbook size")
+    p.add_argument("--truth-n", type=int, default=2000, help="prompts of the truth sample")
+    p.add_argument("--truth-seed", type=int, default=0, help="truth sample seed")
+    p.add_argument("--device", default="cpu", help="device of the truth generation")
+    p.add_argument("--work", type=Path, default=Path("/tmp/decision-quality"), help="worlds, sessions and caches")
+    p.add_argument("--parallel", type=int, default=1, help="seeds run at the same time")
+    p.add_argument("--one-seed", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--out", type=Path, default=REPO / "bench/results/decision_quality.json")
+    args = p.parse_args(argv)
+    try:
+        parse_budget(args.budget)
+    except ValueError as exc:
+        p.error(f"--budget {args.budget}: {exc}")
+    start = time.monotonic()
+    seeds = list(range(args.first_seed, args.first_seed + args.seeds))
+    if args.one_seed is not None:
+        one_seed(args, args.one_seed)
+        return 0
+    sessions = run_seeds(args, seeds, argv if argv is not None else sys.argv[1:])
+    summary = {name: summarize_policy(sessions, name) for name in POLICIES}
+    result = {
+        "command": "python bench/decision_quality.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "host": {"machine": platform.machine(), "python": platform.python_version()},
+        "wall_s": time.monotonic() - start, "sessions": sessions, "summary": summary, "goals": check_goals(summary),
+        "table": table(summary),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    print(result["table"])
+    for g in result["goals"]:
+        print(f"goal {g['goal']} {g['target']}: measured {g['measured']} -> {'met' if g['met'] else 'NOT met'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
