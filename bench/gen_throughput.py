@@ -75,11 +75,15 @@ def build(model_name: str, device: str, dtype: torch.dtype, workdir: Path) -> Lo
     return Loaded(model=model.to(device).eval(), tokenizer=tokenizer, device=torch.device(device))
 
 
+# M = Mamba-2, E = MoE, * = attention. Passed as `hybrid_override_pattern`, which transformers 5.24 converts to
+# `layers_block_type` and the GPU machine's 5.17 reads as is.
+HYBRID_PATTERN = "MEME*E" * 3
+
+
 def _nemotron_h(tokenizer, device: str, dtype: torch.dtype):
     from transformers import NemotronHConfig, NemotronHForCausalLM
 
-    block = ["linear_attention", "moe", "linear_attention", "moe", "full_attention", "moe"]
-    config = NemotronHConfig(vocab_size=len(tokenizer), hidden_size=2048, layers_block_type=block * 3,
+    config = NemotronHConfig(vocab_size=len(tokenizer), hidden_size=2048, hybrid_override_pattern=HYBRID_PATTERN,
                              num_attention_heads=16, num_key_value_heads=4, head_dim=128, intermediate_size=4096,
                              mamba_num_heads=64, mamba_head_dim=64, ssm_state_size=128, n_groups=8, chunk_size=128,
                              n_routed_experts=16, num_experts_per_tok=4, moe_intermediate_size=1024,
@@ -147,16 +151,14 @@ def one_at_a_time(loaded: Loaded, items: list[Item], decoding: Decoding) -> tupl
     return total, time.perf_counter() - start
 
 
-def decode_bound(loaded: Loaded, batch: int, context: float, bandwidth: float) -> float:
-    """Upper bound on tokens/s of decode: per step, read all weights plus each sequence's KV cache."""
+def decode_bound(loaded: Loaded, batch: int, context: float, bandwidth: float, kv_layers: int) -> float:
+    """Upper bound on tokens/s of decode: per step, read all weights plus each sequence's KV cache
+    (`kv_layers` attention layers; a hybrid's Mamba state is per sequence, not per token)."""
     cfg = loaded.model.config
     elem = next(loaded.model.parameters()).element_size()
     weight_bytes = sum(p.numel() * p.element_size() for p in loaded.model.parameters())
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    # Hybrids keep a KV cache in their attention layers only (Mamba state is per sequence, not per token).
-    attention_layers = getattr(cfg, "layers_block_type", None)
-    n_kv_layers = attention_layers.count("full_attention") if attention_layers else cfg.num_hidden_layers
-    kv_per_token = 2 * n_kv_layers * cfg.num_key_value_heads * head_dim * elem
+    kv_per_token = 2 * kv_layers * cfg.num_key_value_heads * head_dim * elem
     return batch * bandwidth / (weight_bytes + batch * context * kv_per_token)
 
 
@@ -203,8 +205,9 @@ def main() -> None:
     prompt_len = sum(len(render_prompt(loaded.tokenizer, i.messages)) for i in items) / len(items)
     context = prompt_len + args.max_new_tokens / 2
     engine_tps, base_tps = engine_tokens / engine_s, base_tokens / base_s
-    engine_bound = decode_bound(loaded, min(args.batch_size, args.prompts), context, bandwidth)
-    base_bound = decode_bound(loaded, 1, context, bandwidth)
+    kv_layers = HYBRID_PATTERN.count("*") if args.model == "nemotron-h" else loaded.model.config.num_hidden_layers
+    engine_bound = decode_bound(loaded, min(args.batch_size, args.prompts), context, bandwidth, kv_layers)
+    base_bound = decode_bound(loaded, 1, context, bandwidth, kv_layers)
     result = {
         "bench": "gen_throughput",
         "command": " ".join(["python", *sys.argv]),
