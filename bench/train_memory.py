@@ -50,9 +50,9 @@ from trainers.common import LoRASettings, make_trainable  # noqa: E402
 from trainers.memory import GIB, estimate, shape_of  # noqa: E402
 from trainers.sft import SFTObjective  # noqa: E402
 
-# M = Mamba-2, E = MoE, * = attention: the 30B-A3B block pattern.
+# M = Mamba-2, E = MoE, * = attention: the 30B-A3B block pattern. Passed as `hybrid_override_pattern`, which
+# transformers 5.24 converts to `layers_block_type` and older 5.x releases (the GPU machine's 5.17) read as is.
 PATTERN_30B = "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME"
-BLOCK_TYPES = {"M": "linear_attention", "E": "moe", "*": "full_attention", "-": "mlp"}
 
 
 def nemotron_h(shape: str) -> NemotronHConfig:
@@ -68,7 +68,7 @@ def nemotron_h(shape: str) -> NemotronHConfig:
     pattern = dims.pop("pattern")
     big = shape != "tiny"
     return NemotronHConfig(
-        vocab_size=131072 if big else 1024, layers_block_type=[BLOCK_TYPES[c] for c in pattern],
+        vocab_size=131072 if big else 1024, hybrid_override_pattern=pattern, num_hidden_layers=len(pattern),
         num_attention_heads=32 if big else 4, num_key_value_heads=2, head_dim=128 if big else 16,
         mamba_head_dim=64 if big else 16, ssm_state_size=128 if big else 16, n_groups=8 if big else 2,
         chunk_size=128 if big else 16, num_experts_per_tok=6 if big else 2, intermediate_size=4 * dims["hidden_size"],
@@ -178,7 +178,7 @@ def main() -> None:
             print(json.dumps(results[-1]), flush=True)
     report = {
         "command": " ".join(sys.argv), "date": datetime.now(UTC).isoformat(), "shape": args.shape,
-        "model_config": config.to_dict() | {"layers_block_type": config.layers_block_type},
+        "model_config": config.to_dict(),
         "hardware": torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor(),
         "world_size": env.world_size,
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version()},
