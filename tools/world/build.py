@@ -80,6 +80,8 @@ class SizeSpec(BaseModel):
     sft_steps: int = Field(description="Optimizer steps of stage-1 SFT (few: the parent must stay mediocre).")
     stage1_families: tuple[str, ...] = Field(
         WORLD_FAMILIES, description="Families the stage-1 SFT covers (the base saw all of them in pretraining).")
+    stage1_loop_share: float = Field(
+        0.0, description="Share of stage-1 answers that run on, repeating their answer line (the parent learns to loop).")
     batch_size: int = Field(description="Rows per optimizer step (both stages).")
     pretrain_lr: float = Field(description="Peak learning rate of pretraining.")
     sft_lr: float = Field(description="Peak learning rate of stage-1 SFT.")
@@ -97,11 +99,12 @@ SIZES: dict[Size, SizeSpec] = {
                      layers=("linear_attention", "moe", "full_attention", "mlp"), experts=4, vocab=512,
                      max_new_tokens=32),
     # The stage-1 SFT leaves out string edits and the JSON and follow-up requests (a stage 1 that under-served
-    # them), which the base saw only as plain text: the feedback shows those weaknesses.
+    # them), which the base saw only as plain text, and 40% of its answers run on: the parent often loops,
+    # and the feedback shows both weaknesses.
     "demo": SizeSpec(battles=480, synthetic_per_family=40, loops_items=80, pretrain_rows=3000, pretrain_steps=1200,
                      sft_rows=800, sft_steps=60, stage1_families=("letter_count", "word_count", "digit_sum",
                                                                   "long_division", "arithmetic_chain"),
-                     batch_size=8, pretrain_lr=3e-3, sft_lr=1e-3, hidden=128,
+                     stage1_loop_share=0.4, batch_size=8, pretrain_lr=3e-3, sft_lr=1e-3, hidden=128,
                      layers=("linear_attention", "moe", "full_attention", "mlp", "linear_attention", "moe"),
                      experts=4, vocab=1024, max_new_tokens=128),
 }
@@ -198,8 +201,13 @@ def _jsonl(path: Path, rows: list[dict]) -> None:
     write_atomic(path, "".join(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n" for r in rows))
 
 
-def _conversation(task: WorldTask) -> list[dict]:
-    return [m.model_dump() for m in task.messages] + [{"role": "assistant", "content": task.reference}]
+def _conversation(task: WorldTask, loop_share: float = 0.0) -> list[dict]:
+    """The task answered by its reference; for a `loop_share` of tasks (chosen by id hash) the answer runs
+    on, repeating its final line, as a sloppy stage-1 data set would (the oracle and the loop suite see it)."""
+    answer = task.reference
+    if int(sha256_text(task.id)[:8], 16) / 16**8 < loop_share:
+        answer += f"\nAnswer: {task.gold}" * 12
+    return [m.model_dump() for m in task.messages] + [{"role": "assistant", "content": answer}]
 
 
 # ---- models ------------------------------------------------------------------------------------------
@@ -393,12 +401,12 @@ max_new_tokens = {spec.max_new_tokens}
 
 # ---- the build ---------------------------------------------------------------------------------------
 
-def _write_pools(world: Path, pools: Pools) -> None:
+def _write_pools(world: Path, pools: Pools, share: float) -> None:
     root = world.parent
     _jsonl(root / SYNTHETIC_SUITE, [json.loads(t.item("synthetic").model_dump_json()) for t in pools.synthetic])
     _jsonl(root / LOOPS_SUITE, [json.loads(t.item("loops").model_dump_json()) for t in pools.loops])
-    _jsonl(root / STAGE1_DATA,
-           [{"id": f"stage1-{t.id.replace('/', '-')}", "messages": _conversation(t)} for t in pools.stage1])
+    _jsonl(root / STAGE1_DATA, [{"id": f"stage1-{t.id.replace('/', '-')}", "messages": _conversation(t, share)}
+                                for t in pools.stage1])
 
 
 def _train(world: Path, scratch: Path, pools: Pools, spec: SizeSpec, seed: int) -> int:
@@ -414,7 +422,10 @@ def _train(world: Path, scratch: Path, pools: Pools, spec: SizeSpec, seed: int) 
     (world / "models").mkdir(parents=True, exist_ok=True)
     sft(scratch / "init", pretrain, scratch / "run-pretrain", root / BASE, spec.pretrain_steps,
         spec.pretrain_lr, spec, None, hash_seed(seed, "pretrain-run") % 2**31)
-    sft(root / BASE, root / STAGE1_DATA, scratch / "run-stage1", root / PARENT, spec.sft_steps, spec.sft_lr, spec, SYSTEM_PROMPT,
+    # Train from a scratch copy: the trainer may keep a token cache beside its data file, and the world's
+    # files must be only the world's.
+    stage1 = shutil.copy(root / STAGE1_DATA, scratch / "stage1.jsonl")
+    sft(root / BASE, Path(stage1), scratch / "run-stage1", root / PARENT, spec.sft_steps, spec.sft_lr, spec, SYSTEM_PROMPT,
         hash_seed(seed, "stage1-run") % 2**31)
     return params
 
@@ -423,7 +434,7 @@ def _build_into(stage: Path, seed: int, size: Size) -> None:
     spec = SIZES[size]
     world = stage / WORLD_DIR
     pools = draw_pools(seed, spec)
-    _write_pools(world, pools)
+    _write_pools(world, pools, spec.stage1_loop_share)
     params = _train(world, stage / "scratch", pools, spec, seed)
     decoding = served_decoding(stage / TOKENIZER, spec)
     rows, dropped = battles(stage / PARENT, pools.battles, decoding, hash_seed(seed, "battles-gen") % 2**31)
@@ -453,8 +464,13 @@ def one_thread() -> Iterator[None]:
         torch.set_num_threads(before)
 
 
+# The trainer's cache of a checkpoint's weight hashes, keyed by file size and mtime: it differs between two
+# builds of the same bytes, and the trainer re-checks it itself, so the manifest leaves it out.
+UNHASHED = {"weights_manifest.json"}
+
+
 def _files(root: Path) -> dict[str, str]:
-    paths = sorted(p for p in root.rglob("*") if p.is_file())
+    paths = sorted(p for p in root.rglob("*") if p.is_file() and p.name not in UNHASHED)
     return {p.relative_to(root).as_posix(): file_sha256(p) for p in paths}
 
 

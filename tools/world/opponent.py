@@ -18,8 +18,8 @@ from tools.world.tasks import Solved, WorldFamily, solve
 
 # Per-family chance of a wrong final answer: weak on long computations, strong on short lookups.
 ERROR_RATE: dict[WorldFamily, float] = {
-    "letter_count": 0.35, "word_count": 0.35, "digit_sum": 0.45, "long_division": 0.6,
-    "arithmetic_chain": 0.55, "string_edit": 0.35, "json_format": 0.45, "follow_up": 0.45,
+    "letter_count": 0.45, "word_count": 0.45, "digit_sum": 0.55, "long_division": 0.7,
+    "arithmetic_chain": 0.65, "string_edit": 0.45, "json_format": 0.55, "follow_up": 0.55,
 }
 SALT = "toy-world-opponent-v1"
 
