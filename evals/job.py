@@ -105,7 +105,7 @@ class EvalJobConfig(BaseModel):
     replicates: int = Field(1, ge=1, le=32, description="Replicates per suite (K >= 3 for a noise floor).")
     seed: int = Field(0, ge=0, description="Base seed: sampling seed of replicate k is seed + k.")
     batch_size: int = Field(64, ge=1, description="Prompts generated together.")
-    static_cache: bool = Field(False, description="GPU: static KV cache compiled with CUDA graphs (see evals/generate.py).")
+    static_cache: bool = Field(False, description="The engine's static-KV-cache decode loop, each step one CUDA graph replay on GPU (attention-only models; see evals/generate.py).")
     device: str = Field("cpu", description="torch device, e.g. cpu or cuda.")
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Weights dtype.")
     output_dir: Path = Field(description="Directory for config, completions, judgments and result.")
