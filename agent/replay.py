@@ -9,7 +9,8 @@ each job the recorded session ran (same idempotency key: same tool, same argumen
 attempts, result and launch/fail decisions into the scratch notebook. A job the session never ran
 is not launched: its tool reports "would launch: <kind> <key>" and the loop goes on without it.
 
-The recorded and replayed decision sequences are compared kind by kind, payloads normalised (row
+The lab's latest feedback split from before the session is carried into the scratch notebook (a
+re-ingestion keeps its assignments). The recorded and replayed decision sequences are compared kind by kind, payloads normalised (row
 ids that differ between notebooks are dropped, artifact ids become artifact names, the bars' hash is
 left out since other bars are the point of `--bars`). Identical: exit 0. Otherwise the first decision
 that differs and everything after it are printed side by side, each replayed step that would have
@@ -33,6 +34,7 @@ from agent.graph import Runtime, drive
 from agent.live import Silent
 from agent.planners.playbook import Playbook, PlaybookSettings
 from memory.notebook import Decision, JobRecord, Notebook, NotebookError
+from memory.records import BudgetRefusal
 from tools.context import ToolContext, WouldLaunch
 from tools.launcher import BudgetRefused, JobFailed, Launcher, Resources
 from tools.paths import LabPaths
@@ -67,8 +69,14 @@ class ReplaySubmitter:
         key = self.launcher.key(kind, fn, args)
         forecast = self.launcher.forecast(kind, resources)
         ledger = self.scratch.ledger(self.session)
-        if not ledger.admits(forecast.gpuh):
-            raise BudgetRefused(f"{kind}: forecast {forecast.gpuh:.3f} GPU-h does not fit (replay)")
+        if not ledger.admits(forecast.gpuh):  # the launcher's admission, and its refusal, word for word
+            self.scratch.record_decision(
+                self.session, "refuse", f"{kind} would overrun the budget: forecast {forecast.gpuh:.3f} + spent "
+                f"{ledger.spent_gpuh:.3f} + reserved {ledger.reserved_gpuh:.3f} + reserve {ledger.reserve_gpuh:.3f} "
+                f"> budget {ledger.budget_gpuh:.3f} GPU-h",
+                BudgetRefusal(key=key, kind=kind, attempt=1, forecast_gpuh=forecast.gpuh, forecast_source=forecast.source,
+                              executor=self.launcher.backend.name))
+            raise BudgetRefused(f"{kind}: forecast {forecast.gpuh:.3f} GPU-h does not fit")
         attempts = self.original.jobs(session=self.session, key=key)
         if not attempts:
             raise WouldLaunch(kind, key)
@@ -187,9 +195,20 @@ def replay(lab_dir: Path, session: str, *, bars: Path | None = None, planner: st
             playbook = Playbook(settings)
             rt = Runtime(ctx=ctx, planner=make_planner(planner or s.planner, config, playbook), playbook=playbook,
                          forecaster=forecaster, reporter=Silent(), max_failed_arms=settings.max_failed_arms)
+            _carry_lab_state(original, scratch, s.started_at)
             start_incumbent(ctx)
             drive(rt, InMemorySaver())
             return _compare(original, scratch, session)
+
+
+def _carry_lab_state(original: Notebook, scratch: Notebook, started_at: str) -> None:
+    """What the session found in the lab when it started: the latest earlier feedback split (whose
+    assignments a re-ingestion keeps, so the session's split job depends on it)."""
+    earlier = original.latest_split()
+    if earlier is not None and earlier.created_at < started_at:
+        scratch.record_split(source_path=earlier.source_path, source_sha256=earlier.source_sha256,
+                             config=earlier.config, counts=earlier.counts, assignment=earlier.assignment,
+                             session=earlier.session)
 
 
 def _compare(original: Notebook, scratch: Notebook, session: str) -> ReplayResult:
