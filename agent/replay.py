@@ -76,7 +76,8 @@ class ReplaySubmitter:
                 f"> budget {ledger.budget_gpuh:.3f} GPU-h",
                 BudgetRefusal(key=key, kind=kind, attempt=1, forecast_gpuh=forecast.gpuh, forecast_source=forecast.source,
                               executor=self.launcher.backend.name))
-            raise BudgetRefused(f"{kind}: forecast {forecast.gpuh:.3f} GPU-h does not fit")
+            raise BudgetRefused(f"{kind}: forecast {forecast.gpuh:.3f} GPU-h does not fit; "
+                                f"{ledger.left_gpuh - ledger.reserve_gpuh:.3f} GPU-h left above the reserve")
         attempts = self.original.jobs(session=self.session, key=key)
         if not attempts:
             raise WouldLaunch(kind, key)

@@ -99,7 +99,8 @@ def next_step(s: Summary, cfg: PlaybookSettings) -> ToolCall:
     if inc not in s.calibrated:
         calibration = s.call("calibrate", {"artifact": inc, "k": cfg.k})
         if calibration is not None and calibration.status != "open":
-            return _call("stop", {"reason": f"calibration of incumbent {inc} failed: {calibration.summary}"},
+            name = s.checkpoint(inc).name if s.checkpoint(inc) else inc
+            return _call("stop", {"reason": f"calibration of incumbent {name} failed: {calibration.summary}"},
                          "no noise floor, no comparison")
         return _call("calibrate", {"artifact": inc, "k": cfg.k},
                      f"noise before deltas: K={cfg.k} replicates of incumbent {inc} on every open suite (its baseline)")
