@@ -74,8 +74,10 @@ def _cached(kind: str, rows: list[BaseModel], data_path: Path, tokenizer_path: P
                                              remove_columns=list(plain[0]))
         tmp = root.with_name(root.name + f".tmp{os.getpid()}")
         table.save_to_disk(str(tmp))
-        shutil.rmtree(root, ignore_errors=True)
-        tmp.rename(root)
+        try:
+            tmp.rename(root)
+        except OSError:  # another job on the same data finished first: its identical table stays
+            shutil.rmtree(tmp)
     distributed.barrier()
     return load_from_disk(str(root)), reused
 
