@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from memory.notebook import Notebook
+from memory.notebook import Notebook, NotebookError
 
 sys.path.insert(0, str(Path(__file__).parent))
 from labkit import make_lab  # noqa: E402
@@ -44,10 +44,11 @@ def agent(log: Path, *args: str) -> subprocess.Popen:
 
 
 def _job_started(lab: Path, kind: str) -> bool:
-    if not (lab / "notebook.db").exists():
+    try:
+        with Notebook.open(lab / "notebook.db", readonly=True) as nb:
+            return any(j.kind == kind and j.state in ("pending", "running") for j in nb.jobs(session=SESSION))
+    except NotebookError:  # not there yet, or still being created by the agent
         return False
-    with Notebook.open(lab / "notebook.db", readonly=True) as nb:
-        return any(j.kind == kind and j.state in ("pending", "running") for j in nb.jobs(session=SESSION))
 
 
 def kill_when(proc: subprocess.Popen, log: Path, lab: Path, kind: str) -> str:
