@@ -114,6 +114,7 @@ def run_mode(config, mode: str, preset: Preset, global_batch: int, env) -> dict:
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=preset.lr)
     if torch.cuda.is_available():
         torch.cuda.synchronize()
+        torch.cuda.empty_cache()  # rank 0's full copy from the build, so the reserved peak is the training step's
         torch.cuda.reset_peak_memory_stats()
     losses, grad_norms, step_s = [], [], []
     for step in range(preset.steps):
