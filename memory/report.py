@@ -161,9 +161,13 @@ def write_report(notebook: Path, session: str | None, out: Path) -> tuple[Sessio
 
 
 def _hours(start: str, at: str | None) -> float:
+    """Hours from `start` to `at` (0 when `at` is unknown)."""
     if at is None:
         return 0.0
-    return (datetime.fromisoformat(at) - datetime.fromisoformat(start)).total_seconds() / 3600
+    try:
+        return (datetime.fromisoformat(at) - datetime.fromisoformat(start)).total_seconds() / 3600
+    except (TypeError, ValueError):  # the notebook writes ISO-8601 UTC; anything else was written by hand
+        raise ReportError(f"time {at!r} or session start {start!r} is not an ISO-8601 time with a zone") from None
 
 
 def _num(v: float | None, digits: int = 4) -> str:
@@ -356,6 +360,8 @@ def _sweeps(d: _Data) -> dict[tuple[int, int], list[tuple[float, int]]]:
             alpha = float(r["alpha"])
         elif r.get("merge") == "soup":
             weights = r.get("weights") or [0.5, 0.5]
+            if sum(weights) <= 0:
+                continue
             alpha = weights[1] / sum(weights)
         else:
             continue
