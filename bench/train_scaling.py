@@ -20,11 +20,15 @@ out as warm-up), speed-up and scaling efficiency against one GPU, peak memory pe
 memory; peak host RSS on the CPU), the memory estimate, and both trajectories. World sizes above the visible GPU
 count are recorded as not run. Goal (issue 19): >= 1.7x on 2 GPUs, >= 3.2x on 4.
 
-H200 machine (bench-3b shape, seq 4096, bf16; results to bench/results/train_scaling.json):
+GPU machine (bench-3b shape, seq 4096, bf16, micro-batch 1 per GPU; results to bench/results/train_scaling.json;
+the GPU image lacks pydantic, so the wheels in bench/.wheels travel with the call and are installed first):
 
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+        bench/.wheels/*.whl && export PYTHONPATH=/tmp/site
     python3 bench/train_scaling.py --preset h200
 
-CPU smoke (tiny shape, gloo, 1 and 2 processes; about half a minute):
+CPU smoke (tiny shape, gloo, 1 and 2 processes, float32; 3 minutes on the shared 2-core host at load average ~20,
+mostly interpreter start-up; not a performance figure):
 
     .venv/bin/python bench/train_scaling.py --preset cpu-smoke --out /tmp/scaling
 """
