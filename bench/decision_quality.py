@@ -102,9 +102,13 @@ def session_facts(nb: Notebook, lab: Path) -> dict[str, Any]:
 
 def replay_reproduced(lab: Path) -> bool:
     """Whether `agent.replay` re-derives the session's decision sequence exactly from the recorded evals."""
+    from agent.errors import SessionError
     from agent.replay import replay
 
-    return replay(lab, SESSION).same
+    try:
+        return replay(lab, SESSION).same
+    except SessionError:
+        return False
 
 
 # ---- greedy looks (extra eval jobs) ---------------------------------------------------------------
@@ -112,6 +116,7 @@ def replay_reproduced(lab: Path) -> bool:
 
 def greedy_looks(lab: Path, facts: dict[str, Any], work: Path) -> dict[int, dict[str, float]]:
     """Dev-holdout win score at greedy decoding of the parent and every weights candidate (cached per lab)."""
+    work.mkdir(parents=True, exist_ok=True)
     cache = work / "greedy.json"
     looks = {int(k): v for k, v in json.loads(cache.read_text()).items()} if cache.is_file() else {}
     ids = [facts["parent"]] + [c["id"] for c in facts["candidates"] if _weights(c)]
@@ -129,7 +134,7 @@ def _weights(c: dict[str, Any]) -> bool:
 def _run_greedy(lab: Path, facts: dict[str, Any], ids: list[int]) -> dict[int, dict[str, float]]:
     from evals.job import run as run_eval
     from tools.context import ToolContext
-    from tools.evaluate import eval_job, references_of
+    from tools.evaluate import MissingReference, eval_job, references_of
     from tools.paths import LabPaths
 
     config = load_lab_config(lab)
@@ -142,7 +147,10 @@ def _run_greedy(lab: Path, facts: dict[str, Any], ids: list[int]) -> dict[int, d
         for i in ids:
             served = next(Decoding.model_validate(c["decoding"]) for c in facts["candidates"] if c["id"] == i)
             greedy = served.model_copy(update={"temperature": 0.0, "top_p": 1.0})
-            cfg = eval_job(ctx, i, [suite], greedy, False, 1, reference)
+            try:
+                cfg = eval_job(ctx, i, [suite], greedy, False, 1, reference)
+            except MissingReference:  # the parent's calibration failed: no reference answers, no greedy look
+                return {}
             start = time.monotonic()
             result = run_eval(cfg)
             seconds = time.monotonic() - start
@@ -157,7 +165,7 @@ def policy_greedy(facts: dict[str, Any], looks: dict[int, dict[str, float]]) -> 
     """Promote each weights candidate, in the order made, whose greedy holdout score beats the incumbent's."""
     inc, promotions = facts["parent"], []
     for c in facts["candidates"]:
-        if _weights(c) and looks[c["id"]]["win_score"] - looks[inc]["win_score"] > 0:
+        if _weights(c) and c["id"] in looks and looks[c["id"]]["win_score"] - looks[inc]["win_score"] > 0:
             promotions.append((inc, c["id"]))
             inc = c["id"]
     return promotions, inc
