@@ -1,6 +1,6 @@
 """Decision quality: how often the agent's promotions are real, against naive policies, in the toy world.
 
-    .venv/bin/python bench/decision_quality.py [--seeds 10] [--first-seed 1] [--size test|demo] [--budget 10gpuh]
+    .venv/bin/python bench/decision_quality.py [--seeds 10] [--first-seed 1] [--size test|demo] [--budget 60gpuh]
         [--protocol test|full] [--truth-n 2000] [--work DIR] [--out bench/results/decision_quality.json]
 
 For each world seed: build the world (cached in WORK/world-SEED), run one playbook session on it
@@ -326,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, default=10, help="world seeds (sessions)")
     p.add_argument("--first-seed", type=int, default=1, help="first world seed")
     p.add_argument("--size", choices=["test", "demo"], default="demo", help="world size preset")
-    p.add_argument("--budget", default="10gpuh", help="session budget (run_agent.py --budget)")
+    p.add_argument("--budget", default="60gpuh", help="session budget (run_agent.py --budget)")
     p.add_argument("--protocol", choices=["test", "full"], default="full", help="playbook size")
     p.add_argument("--truth-n", type=int, default=2000, help="prompts of the truth sample")
     p.add_argument("--truth-seed", type=int, default=0, help="truth sample seed")
