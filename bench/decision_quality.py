@@ -321,10 +321,18 @@ def run_seeds(args: argparse.Namespace, seeds: list[int], argv: list[str]) -> li
 
 
 
+def _seed_list(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated integers, e.g. 0,1,2") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seeds", type=int, default=10, help="world seeds (sessions)")
     p.add_argument("--first-seed", type=int, default=1, help="first world seed")
+    p.add_argument("--seed-list", type=_seed_list, help="comma-separated world seeds (instead of --seeds/--first-seed)")
     p.add_argument("--size", choices=["test", "demo"], default="demo", help="world size preset")
     p.add_argument("--budget", default="60gpuh", help="session budget (run_agent.py --budget)")
     p.add_argument("--protocol", choices=["test", "full"], default="full", help="playbook size")
@@ -341,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         p.error(f"--budget {args.budget}: {exc}")
     start = time.monotonic()
-    seeds = list(range(args.first_seed, args.first_seed + args.seeds))
+    seeds = args.seed_list or list(range(args.first_seed, args.first_seed + args.seeds))
     if args.one_seed is not None:
         one_seed(args, args.one_seed)
         return 0
