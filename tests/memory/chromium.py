@@ -95,7 +95,8 @@ class Browser:
                 raise RuntimeError(f"{CHROMIUM} did not open its DevTools port (exit {proc.poll()})")
             time.sleep(0.1)
         port, path = port_file.read_text().splitlines()
-        return cls(proc, connect(f"ws://127.0.0.1:{port}{path}", max_size=None, open_timeout=timeout))
+        ws = connect(f"ws://127.0.0.1:{port}{path}", max_size=None, open_timeout=timeout)
+        return cls(proc, ws.__enter__())  # closed in close()
 
     def send(self, method: str, params: dict[str, Any], session_id: str | None = None,
              sink: list[dict[str, Any]] | None = None, timeout: float = 60.0) -> dict[str, Any]:
