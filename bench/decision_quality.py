@@ -151,11 +151,26 @@ def _run_greedy(lab: Path, facts: dict[str, Any], ids: list[int]) -> dict[int, d
                 cfg = eval_job(ctx, i, [suite], greedy, False, 1, reference)
             except MissingReference:  # the parent's calibration failed: no reference answers, no greedy look
                 return {}
-            start = time.monotonic()
-            result = run_eval(cfg)
-            seconds = time.monotonic() - start
+            result, seconds = _look(cfg, run_eval)
             out[i] = {"win_score": result.suites[0].metrics["win_score"], "device_s": seconds, "gpuh": seconds * factor}
     return out
+
+
+def _look(cfg, run_eval):
+    """Run one greedy look, or read back its result when an earlier run of the bench finished it (the job
+    writes result.json last; a folder without one is an interrupted look, and judgments are written once)."""
+    import shutil
+
+    from evals.job import EvalResult
+
+    done = cfg.output_dir / "result.json"
+    if done.is_file():
+        result = EvalResult.model_validate_json(done.read_text())
+        return result, result.load_s + result.generation_s
+    shutil.rmtree(cfg.output_dir, ignore_errors=True)
+    start = time.monotonic()
+    result = run_eval(cfg)
+    return result, time.monotonic() - start
 
 
 # ---- policies -----------------------------------------------------------------------------------
