@@ -300,7 +300,9 @@ def table(summary: dict[str, dict[str, Any]]) -> str:
 
 def one_seed(args: argparse.Namespace, seed: int) -> dict[str, Any]:
     """Build, run and judge one world seed; the row is also written to WORK/seed-SEED.json."""
-    lab = args.work / f"world-{seed}"
+    lab, done = args.work / f"world-{seed}", args.work / f"seed-{seed}.json"
+    if args.reuse_rows and done.is_file():
+        return json.loads(done.read_text())
     t0 = time.monotonic()
     build(lab, seed=seed, size=args.size)
     build_s = time.monotonic() - t0
@@ -308,7 +310,7 @@ def one_seed(args: argparse.Namespace, seed: int) -> dict[str, Any]:
     t1 = time.monotonic()
     row = judge_session(seed, lab, args.work / f"judge-{seed}", args.truth_n, args.truth_seed, args.device)
     row |= {"build_s": build_s, "session_s": session_s, "judge_s": time.monotonic() - t1}
-    (args.work / f"seed-{seed}.json").write_text(json.dumps(row, indent=1) + "\n")
+    done.write_text(json.dumps(row, indent=1) + "\n")
     print(f"seed {seed}: " + ", ".join(f"{k} nominee {v['nominee_name']} {v['nominee_vs_parent']['win_rate']:.3f}"
                                        for k, v in row["policies"].items()), flush=True)
     return row
@@ -356,6 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cpu", help="device of the truth generation")
     p.add_argument("--work", type=Path, default=Path("/tmp/decision-quality"), help="worlds, sessions and caches")
     p.add_argument("--parallel", type=int, default=1, help="seeds run at the same time")
+    p.add_argument("--reuse-rows", action="store_true", help="take a seed's row from WORK/seed-SEED.json when there")
     p.add_argument("--one-seed", type=int, help=argparse.SUPPRESS)
     p.add_argument("--out", type=Path, default=REPO / "bench/results/decision_quality.json")
     args = p.parse_args(argv)
