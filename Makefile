@@ -29,7 +29,7 @@ install: $(VENV)/.installed
 install-dev: $(VENV)/.installed-dev
 
 demo: $(VENV)/.installed
-	$(PY) run_agent.py --budget 60gpuh
+	$(PY) run_agent.py --budget 60gpuh; rc=$$?; $(PY) run_agent.py report -o lab/report.html; exit $$rc
 
 # Starts the loopback Slurm cluster (skipped tests say why if it cannot start), runs the whole
 # suite, stops the cluster, and exits with pytest's status (5, "no tests ran", is a failure too).

@@ -25,10 +25,13 @@ import re
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from agent.config import LAB_FILE, BudgetError, LabConfig, LabConfigError, load_lab_config, parse_budget
 from agent.errors import SessionError
-from memory.notebook import Notebook, NotebookError
+
+if TYPE_CHECKING:
+    from memory.notebook import Notebook
 
 NOTEBOOK_FILE = "notebook.db"
 SESSION_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", re.ASCII)
@@ -124,6 +127,8 @@ def _lab_config(args: argparse.Namespace) -> LabConfig | None:
 
 
 def _open_readonly(path: Path) -> Notebook:
+    from memory.notebook import Notebook
+
     return Notebook.open(path, readonly=True)
 
 
@@ -223,16 +228,10 @@ SUBCOMMANDS = {
     "verify": (add_verify_args, cmd_verify, "re-walk the notebook's decision hash chain"),
     "check-feedback": (add_check_feedback_args, cmd_check_feedback, "validate a feedback file and summarize it"),
     "check-bundle": (add_check_bundle_args, cmd_check_bundle, "check a serving bundle (template, reload, consistency)"),
+    "world": (add_world_args, cmd_world, "build the toy world, or measure a checkpoint's ground truth in it"),
     "resume": (add_resume_args, cmd_resume, "continue a session that died, launching nothing twice"),
     "replay": (add_replay_args, cmd_replay, "re-derive a session's decisions from the notebook (no jobs, no writes)"),
-    "world": (add_world_args, cmd_world, "build the toy world, or measure a checkpoint's ground truth in it"),
     "report": (add_report_args, cmd_report, "write one self-contained HTML report of a session, read from the notebook"),
-}
-
-# Commands DESIGN.md names that this release does not have yet: each says what brings it instead of being
-# read as `run` (which would ask for --budget). A name moves to SUBCOMMANDS when its issue lands.
-RESERVED = {
-    "world": "the toy world (build the embedded lab and score checkpoints against its ground truth)",
 }
 
 
@@ -264,19 +263,26 @@ def _glue_budget(argv: list[str]) -> list[str]:
     return out
 
 
+def _bad_input_errors() -> tuple[type[BaseException], ...]:
+    """The exceptions that mean bad input (exit 2). The notebook module (sqlite-utils pulls in pandas) is
+    imported only by commands that open a notebook, so `check-feedback` starts fast; if a handler raised a
+    NotebookError, that module is loaded by then."""
+    errors: list[type[BaseException]] = [UsageError, BudgetError, LabConfigError, SessionError]
+    notebook = sys.modules.get("memory.notebook")
+    if notebook is not None:
+        errors.append(notebook.NotebookError)
+    return tuple(errors)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in RESERVED and argv[0] not in SUBCOMMANDS:
-        print(f"error: run_agent.py {argv[0]}: not in this release yet; it arrives with {RESERVED[argv[0]]}",
-              file=sys.stderr)
-        return 2
     if not argv or argv[0] not in SUBCOMMANDS and argv[0] not in ("-h", "--help"):
         argv = ["run", *argv]  # the default command: `run_agent.py --budget 60gpuh`
     argv = _glue_budget(argv)
     args = build_parser().parse_args(argv)
     try:
         return args.handler(args)
-    except (UsageError, BudgetError, LabConfigError, NotebookError, SessionError) as exc:
+    except _bad_input_errors() as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 

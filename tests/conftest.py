@@ -1,4 +1,5 @@
-"""One finished playbook session shared by the agent tests (session-scoped: a session runs real jobs).
+"""One finished playbook session shared by the agent and report tests (session-scoped: a session runs real
+jobs, so the whole suite runs it once).
 
 It is also the resume test's session: the agent is SIGKILLed while the incumbent's calibration job
 runs, resumed from its graph checkpoint, SIGKILLed again while the SFT arm trains, its checkpoint
@@ -19,10 +20,10 @@ import pytest
 
 from memory.notebook import Notebook, NotebookError
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parent / "agent"))
 from labkit import make_lab  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 SESSION = "s1"
 BUDGET = "5gpuh"
 DEADLINE_S = 1800

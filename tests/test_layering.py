@@ -61,9 +61,9 @@ def test_the_walker_sees_function_level_imports(tmp_path):
     assert [m for _, m in _imports(probe)] == ["agent.graph", "tools.launcher"]
 
 
-def _heavy_modules_after(code: str) -> str:
+def _heavy_modules_after(code: str, heavy: tuple[str, ...] = ("torch", "transformers")) -> str:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    probe = code + "\nimport sys\nprint(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
+    probe = code + f"\nimport sys\nprint(sorted(m for m in {heavy!r} if m in sys.modules))"
     proc = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.strip().splitlines()[-1]
@@ -73,9 +73,10 @@ def test_compare_imports_neither_torch_nor_transformers():
     assert _heavy_modules_after("import evals.compare, evals.noise, evals.sealed, evals.records") == "[]"
 
 
-def test_check_feedback_imports_neither_torch_nor_transformers(tmp_path):
+def test_check_feedback_imports_neither_torch_nor_transformers_nor_the_notebook(tmp_path):
     feedback = tmp_path / "f.jsonl"
     feedback.write_text('{"id": "a", "messages": [{"role": "user", "content": "hi"}], "own": "x", "other": "y", '
                         '"vote": "own"}\n')
     code = f"import run_agent\nrc = run_agent.main(['check-feedback', {str(feedback)!r}])\nassert rc == 0, rc"
-    assert _heavy_modules_after(code) == "[]"
+    # pandas arrives with sqlite-utils (the notebook): a feedback check opens no notebook, so it stays out too.
+    assert _heavy_modules_after(code, ("torch", "transformers", "pandas", "memory.notebook")) == "[]"

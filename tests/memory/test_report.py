@@ -1,6 +1,6 @@
 """The session report (`run_agent.py report`), opened in headless Chromium.
 
-The report of the agent tests' finished session (tests/agent/conftest.py `finished`: a real playbook
+The report of the agent tests' finished session (tests/conftest.py `finished`: a real playbook
 session on the small lab, killed twice and resumed) loads with no console error and no request
 leaving the file, every plot drawn; a copy of that notebook extended through the Notebook API with a
 failed job, a refusal and a longer dose sweep shows all three; bad inputs exit 2 with one line.
@@ -9,7 +9,6 @@ failed job, a refusal and a longer dose sweep shows all three; bad inputs exit 2
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import shutil
 import sqlite3
@@ -28,11 +27,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from chromium import CHROMIUM, Browser  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
-# The agent tests' session fixture, imported (not copied): one definition of a finished session.
-_spec = importlib.util.spec_from_file_location("agent_session_fixture", REPO / "tests" / "agent" / "conftest.py")
-_agent_fixture = sys.modules[_spec.name] = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_agent_fixture)
-finished = _agent_fixture.finished
+# `finished` (tests/conftest.py) is the agent tests' session: the suite runs it once for both.
 
 HOSTILE = '<script>document.title="owned"</script><img src="https://example.com/x.png" onerror="alert(1)">'
 needs_chromium = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"{CHROMIUM} missing: run `make chromium`")
