@@ -23,8 +23,8 @@ Four policies are applied to the same session's candidates (no extra training):
 Per promotion: the new incumbent against the one it replaced on the truth sample; a false promotion is one
 that is not truly better (its 95% CI does not lie above 0.5). Per session and policy: nominee against
 parent (truly better / truly worse at the CI), the true improvement (win rate - 0.5) per GPU-hour (the
-session's settled GPU-hours, plus the policy's extra evals), and whether the nominee's CI reaches the
-oracle-best's true win rate. The summary checks issue 16's goals.
+session's settled GPU-hours, plus the policy's extra evals), and whether the nominee is within the CI of the
+oracle-best (the oracle-best does not truly beat it head to head). The summary checks issue 16's goals.
 """
 
 from __future__ import annotations
@@ -207,7 +207,9 @@ def judge_policy(name: str, promotions: list[tuple[int, int]], nominee: int, fac
         rows.append({"from": prev, "to": new, "win_rate": t.win_rate, "ci_low": t.ci_low, "ci_high": t.ci_high,
                      "truly_better": t.truly_better, "false": not t.truly_better})
     nom = vs_parent[nominee]
-    best = max(v.win_rate for v in vs_parent.values())
+    best = max(vs_parent, key=lambda i: (vs_parent[i].win_rate, -i))
+    # within the CI of the ceiling: the oracle-best does not truly beat the nominee head to head
+    beaten = bank.pair(keys[best], keys[nominee]).truly_better
     return {
         "policy": name, "nominee": nominee, "nominee_name": _name(facts, nominee),
         "nominee_vs_parent": {"win_rate": nom.win_rate, "ci_low": nom.ci_low, "ci_high": nom.ci_high},
@@ -215,7 +217,7 @@ def judge_policy(name: str, promotions: list[tuple[int, int]], nominee: int, fac
         "promotions": rows, "n_promotions": len(rows), "n_false": sum(r["false"] for r in rows),
         "gpuh": gpuh, "true_improvement": nom.win_rate - 0.5,
         "improvement_per_gpuh": (nom.win_rate - 0.5) / gpuh if gpuh > 0 else 0.0,
-        "within_oracle_ci": nom.ci_high >= best,
+        "within_oracle_ci": not beaten,
     }
 
 
