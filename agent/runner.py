@@ -56,7 +56,8 @@ def lab_spec(config: LabConfig) -> LabSpec:
     parent = config.model.parent or config.model.base
     tokenizer = config.model.tokenizer or parent
     judge = _judge(config)
-    suites = [LabSuite(name=e.name, scorer=e.scorer, file=e.file, sealed=e.sealed) for e in config.evals
+    suites = [LabSuite(name=e.name, scorer=e.scorer, file=e.file, sealed=e.sealed, constraint_mode=e.constraint_mode)
+              for e in config.evals
               if (e.scorer == "judge" and judge is not None) or e.file is not None]
     if not any(not s.sealed for s in suites):
         raise SessionError("lab.toml: [[evals]] needs at least one open (not sealed) suite it can score")

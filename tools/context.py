@@ -39,6 +39,8 @@ class LabSuite(BaseModel):
     file: Path | None = Field(None, description="Items file; None for judge suites, which read the dev (or, sealed, "
                                                 "the sealed) battles of the session's split.")
     sealed: bool = Field(False, description="Scored once, for the nominee only.")
+    constraint_mode: Literal["plain", "ifeval"] = Field(
+        "plain", description="constraints suites: the instructions' plain meaning, or IFEval's exact semantics.")
 
     @property
     def judged(self) -> bool:

@@ -37,7 +37,8 @@ def suite_specs(ctx: ToolContext, names: list[str], reference: dict[str, str]) -
     for name in names:
         suite = ctx.lab.suite(name)
         if not suite.judged:
-            specs.append(SuiteSpec(name=name, scorer=suite.scorer, items_path=suite.file, sealed=suite.sealed))
+            specs.append(SuiteSpec(name=name, scorer=suite.scorer, items_path=suite.file, sealed=suite.sealed,
+                                   constraint_mode=suite.constraint_mode))
             continue
         items = suite.file or holdout_items(ctx, suite.sealed)
         if items is None or name not in reference:

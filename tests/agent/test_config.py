@@ -136,3 +136,20 @@ def test_constraint_mode_is_for_constraints_suites_only(lab: Path):
     (lab / "lab.toml").write_text(toml.replace('scorer = "math"', 'scorer = "math"\nconstraint_mode = "strict"', 1))
     with pytest.raises(LabConfigError, match=r"evals\[0\]\.constraint_mode"):
         load_lab_config(lab)
+
+
+def test_constraint_mode_reaches_the_eval_job(lab: Path):
+    from agent.runner import lab_spec
+
+    write = sys.modules["hostile_kit"].write_jsonl
+    write(lab / "data/if.jsonl", [{"id": "i1", "messages": [{"role": "user", "content": "Answer in lowercase."}],
+                                   "constraints": [{"type": "lowercase"}]}])
+    toml = (lab / "lab.toml").read_text()
+    (lab / "lab.toml").write_text(toml + '\n[[evals]]\nname = "ifeval"\nscorer = "constraints"\n'
+                                  'file = "data/if.jsonl"\nconstraint_mode = "ifeval"\n')
+    from core.tiny import build_tokenizer
+
+    config = load_lab_config(lab)
+    build_tokenizer(config.model.tokenizer or config.model.parent or config.model.base)  # lab_spec reads its stop id
+    suite = lab_spec(config).suite("ifeval")
+    assert (suite.scorer, suite.constraint_mode) == ("constraints", "ifeval")
