@@ -97,7 +97,8 @@ def session_facts(nb: Notebook, lab: Path) -> dict[str, Any]:
     parent = parent_of(nb, SESSION)
     return {"parent": parent, "candidates": cands, "promotions": promotions,
             "nominee": nominations[-1].payload.get("artifact_id") if nominations else (promotions or [(0, parent)])[-1][1],
-            "spent_gpuh": nb.ledger(SESSION).spent_gpuh, "status": nb.session(SESSION).status}
+            "spent_gpuh": nb.ledger(SESSION).spent_gpuh, "status": nb.session(SESSION).status,
+            "budget_gpuh": nb.session(SESSION).budget_gpuh}
 
 
 def replay_reproduced(lab: Path) -> bool:
@@ -245,7 +246,8 @@ def judge_session(seed: int, lab: Path, work: Path, truth_n: int, truth_seed: in
     policies = {name: judge_policy(name, p, n, facts, bank, keys, vs_parent, g) for name, (p, n, g) in chosen.items()}
     cands = [{k: c[k] for k in ("id", "name", "origin", "key")} | {"vs_parent": vs_parent[c["id"]].model_dump(
         include={"win_rate", "ci_low", "ci_high"})} for c in facts["candidates"]]
-    return {"seed": seed, "session": SESSION, "lab": str(lab), "status": facts["status"], "spent_gpuh": spent,
+    return {"seed": seed, "session": SESSION, "lab": str(lab), "status": facts["status"],
+            "budget_gpuh": facts["budget_gpuh"], "spent_gpuh": spent,
             "replay_reproduced": reproduced, "parent": facts["parent"], "candidates": cands,
             "greedy_looks": {str(k): v for k, v in looks.items()}, "extra_eval_gpuh": extra,
             "truth_generation_s": bank.generation_s, "policies": policies}

@@ -28,7 +28,7 @@ from tools.world.truth import draw_sample
 REPO = Path(__file__).resolve().parents[1]
 TRUTH_N = 60
 SEEDS = (0, 1, 2)
-SESSION_KEYS = {"seed", "session", "lab", "status", "spent_gpuh", "replay_reproduced", "parent", "candidates",
+SESSION_KEYS = {"seed", "session", "lab", "status", "budget_gpuh", "spent_gpuh", "replay_reproduced", "parent", "candidates",
                 "greedy_looks", "extra_eval_gpuh", "truth_generation_s", "policies", "build_s", "session_s", "judge_s"}
 POLICY_KEYS = {"policy", "nominee", "nominee_name", "nominee_vs_parent", "nominee_truly_better", "nominee_truly_worse",
                "promotions", "n_promotions", "n_false", "gpuh", "true_improvement", "improvement_per_gpuh",
