@@ -130,6 +130,10 @@ def test_false_promotions_recomputed_from_the_notebooks(bench_run):
         false = sum(_false(lab, cache, _key(db, new, served), _key(db, old, served)) for old, new in promotions)
         assert false == s["policies"]["playbook"]["n_false"]
         total += false
+        for name in ("greedy", "last_arm", "oracle_best"):  # the baselines' promotions, classified here again
+            rows = s["policies"][name]["promotions"]
+            again = sum(_false(lab, cache, _key(db, r["to"], served), _key(db, r["from"], served)) for r in rows)
+            assert again == s["policies"][name]["n_false"], name
     assert total == result["summary"]["playbook"]["false_promotions"]
 
 
