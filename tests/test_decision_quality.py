@@ -37,7 +37,8 @@ SUMMARY_KEYS = {"sessions", "nominee_truly_worse_sessions", "nominee_truly_bette
                 "false_promotions", "false_promotion_share", "mean_true_improvement", "gpuh", "improvement_per_gpuh",
                 "within_oracle_ci_share"}
 
-pytestmark = pytest.mark.slow  # three real sessions: see the report for the measured time
+# Three real toy-world sessions (18-32 min each on the shared 2-core machine): a benchmark, not a suite test.
+pytestmark = [pytest.mark.slow, pytest.mark.bench]
 
 
 @pytest.fixture(scope="module")
