@@ -20,6 +20,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -35,7 +36,8 @@ from trainers.common import LoRASettings
 from trainers.distributed import DistEnv, rank_share, read_env
 
 REPO = Path(__file__).resolve().parents[2]
-TORCHRUN = REPO / ".venv" / "bin" / "torchrun"
+# torchrun of the interpreter running the tests (whatever venv or clone that is).
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 WORKER = Path(__file__).with_name("dist_worker.py")
 STEPS, LR = 4, 1e-2
 WEIGHT_ATOL = STEPS * LR * 1e-4
@@ -87,7 +89,7 @@ def _rft_config(model_dir, root: Path) -> rft.RFTConfig:
 def _torchrun(spec: dict, path: Path, timeout_s: float = 600) -> subprocess.Popen:
     path.write_text(json.dumps(spec))
     env = os.environ | {"OMP_NUM_THREADS": "1", "TRAINER_COLLECTIVE_TIMEOUT_S": str(timeout_s)}
-    return subprocess.Popen([str(TORCHRUN), "--standalone", "--nproc-per-node", "2", str(WORKER), str(path)],
+    return subprocess.Popen([*TORCHRUN, "--standalone", "--nproc-per-node", "2", str(WORKER), str(path)],
                             cwd=REPO, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
