@@ -36,7 +36,7 @@ def main() -> None:
         assert report.ok and report.count == args.decisions, report
         size = (Path(tmp) / "notebook.db").stat().st_size
     result = {
-        "command": "python bench/notebook_bench.py --decisions %d" % args.decisions,
+        "command": f"python bench/notebook_bench.py --decisions {args.decisions}",
         "machine": f"{platform.machine()} {platform.processor() or ''} python {platform.python_version()}",
         "decisions": args.decisions,
         "append_per_s": round((args.decisions - 1) / append_s),
