@@ -42,7 +42,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from safetensors import safe_open
 
-from trainers.common import weights_sha256
+from trainers.common import weights_sha256, write_weights_manifest
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
@@ -331,19 +331,11 @@ def stream_merge(models: list[Path], combine: Combine, output_dir: Path) -> Merg
     index = {"metadata": {"total_size": total}, "weight_map": {k: names[s] for k, s in sorted(first_map.items())}}
     (tmp / INDEX).write_text(json.dumps(index, indent=2) + "\n")
     _copy_side_files(models[0], tmp)
+    # The digests taken while writing become the output's weights manifest (replacing the first model's, which
+    # the side files brought along), so neither this result nor a later weights_sha256 re-reads the shards.
+    digest = write_weights_manifest(tmp, shard_sha)
     tmp.rename(output_dir)
-    return MergeResult(output_dir=output_dir, tensors=len(first_map), shards=len(shards),
-                       weights_sha256=_combined_sha256(shard_sha))
-
-
-def _combined_sha256(shard_sha: dict[str, str]) -> str:
-    """trainers.common.weights_sha256's recipe (name, then the file's hex sha256, in name order) from
-    digests taken while writing."""
-    digest = hashlib.sha256()
-    for name in sorted(shard_sha):
-        digest.update(name.encode())
-        digest.update(shard_sha[name].encode())
-    return digest.hexdigest()
+    return MergeResult(output_dir=output_dir, tensors=len(first_map), shards=len(shards), weights_sha256=digest)
 
 
 def _soup_combine(weights: list[float]) -> Combine:

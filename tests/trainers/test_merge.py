@@ -177,7 +177,7 @@ def _mixed_checkpoint(path, seed):
 def test_chunked_streaming_equals_the_whole_tensor_formula(tmp_path, monkeypatch):
     from core.util import file_sha256
     from trainers import merge
-    from trainers.common import weights_sha256
+    from trainers.common import WEIGHTS_MANIFEST, weights_sha256
 
     a_dir, b_dir = _mixed_checkpoint(tmp_path / "a", 0), _mixed_checkpoint(tmp_path / "b", 1)
     monkeypatch.setattr(merge, "CHUNK_ELEMENTS", 1000)  # every tensor but the scalar spans several chunks
@@ -190,8 +190,12 @@ def test_chunked_streaming_equals_the_whole_tensor_formula(tmp_path, monkeypatch
         assert souped[k].dtype == a[k].dtype and souped[k].shape == a[k].shape
         assert torch.equal(souped[k], (0.25 * fa + 0.75 * fb).to(a[k].dtype)), k
         assert torch.equal(dosed[k], (fa + 0.3 * (fb - fa)).to(a[k].dtype)), k
-    # The digest taken while writing is the one a second read of the files gives.
-    assert result.weights_sha256 == weights_sha256(result.output_dir)
-    assert mid.weights_sha256 == weights_sha256(mid.output_dir)
+    # The digest taken while writing is the one a second read of the files gives (the manifest set aside, so
+    # the bytes are hashed), and the output's manifest is its own, not the first model's copied along.
+    for out in (result, mid):
+        (out.output_dir / WEIGHTS_MANIFEST).rename(tmp_path / "manifest")
+        assert out.weights_sha256 == weights_sha256(out.output_dir)
+        (tmp_path / "manifest").rename(out.output_dir / WEIGHTS_MANIFEST)
+        assert json.loads((out.output_dir / WEIGHTS_MANIFEST).read_text())["weights_sha256"] == out.weights_sha256
     assert result.weights_sha256 != weights_sha256(a_dir)
     assert len({file_sha256(f) for f in result.output_dir.glob("*.safetensors")}) == result.shards == 2
