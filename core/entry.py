@@ -68,12 +68,12 @@ def run_main(
     argv: Sequence[str] | None = None,
     bad_input: tuple[type[BaseException], ...] = (),
     check_failed: tuple[type[BaseException], ...] = (),
-    summary: Callable[[Any], str] | None = None,
+    summary: Callable[[Any, Any], str] | None = None,
 ) -> int:
     """Parses `[KIND] CONFIG.json`, runs the job and prints its result; returns the exit status.
 
     `bad_input` exceptions exit 2 (the input is wrong), `check_failed` ones exit 1 (a check refused a valid
-    input, e.g. a leak audit); `summary` turns the result into the printed line instead of its JSON."""
+    input, e.g. a leak audit); `summary(config, result)` is the printed line instead of the result's JSON."""
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         config_type, fn, path = _pick(prog, jobs, args)
@@ -89,7 +89,7 @@ def run_main(
         print(f"error: {path}: {e}", file=sys.stderr)
         return 2
     if summary is not None:
-        print(summary(result))
+        print(summary(config, result))
     elif isinstance(result, BaseModel):
         print(result.model_dump_json(indent=2))
     elif result is not None:

@@ -290,16 +290,10 @@ def main(argv: list[str] | None = None) -> int:
     from core.entry import run_main
     from core.util import file_sha256
 
-    def summary(_: EvalResult) -> str:
+    def summary(cfg: EvalJobConfig, _: EvalResult) -> str:
         return json.dumps({"result": str(cfg.output_dir / "result.json"), "sha256": file_sha256(cfg.output_dir / "result.json")})
 
-    def job(config: EvalJobConfig) -> EvalResult:
-        nonlocal cfg
-        cfg = config
-        return run(config)
-
-    cfg: EvalJobConfig | None = None
-    return run_main("python -m evals.job", (EvalJobConfig, job), argv, bad_input=(ValueError, OSError), summary=summary)
+    return run_main("python -m evals.job", (EvalJobConfig, run), argv, bad_input=(ValueError, OSError), summary=summary)
 
 
 if __name__ == "__main__":

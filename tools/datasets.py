@@ -491,7 +491,7 @@ BUILDERS = {
 }
 
 
-def _summary(manifest: DatasetManifest) -> str:
+def _summary(_: BaseModel, manifest: DatasetManifest) -> str:
     return (f"{manifest.path}: {manifest.rows} rows, {manifest.tokens} tokens, sha256 {manifest.sha256}, audit passed "
             f"({manifest.audit.rows_checked} prompts vs {sum(manifest.audit.references.values())} references)")
 
