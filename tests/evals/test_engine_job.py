@@ -175,6 +175,20 @@ def test_bad_items_file_names_the_line(tiny_models, item, tmp_path):
         run(cfg)
 
 
+def test_command_line_prints_the_result_file_and_its_sha256(tiny_models, item, tmp_path, capsys):
+    from core.util import file_sha256
+    from evals.job import main
+
+    items = tmp_path / "items.jsonl"
+    _write_items(items, _items(item, 2))
+    cfg = EvalJobConfig(checkpoint=tiny_models["llama"], decoding=Decoding(max_new_tokens=4),
+                        output_dir=tmp_path / "o", suites=[SuiteSpec(name="s", scorer="loops", items_path=items)])
+    (tmp_path / "cfg.json").write_text(cfg.model_dump_json())
+    assert main([str(tmp_path / "cfg.json")]) == 0
+    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert printed == {"result": str(tmp_path / "o" / "result.json"), "sha256": file_sha256(tmp_path / "o" / "result.json")}
+
+
 def test_sealed_suite_refuses_replicates(tiny_models, tmp_path):
     with pytest.raises(ValueError, match="sealed suites are scored once"):
         EvalJobConfig(checkpoint=tiny_models["llama"], decoding=Decoding(), output_dir=tmp_path, replicates=3,
