@@ -127,7 +127,7 @@ class ToolContext:
         ledger = self.nb.ledger(self.session)
         left = ledger.budget_gpuh - ledger.spent_gpuh - ledger.reserved_gpuh - (0.0 if nomination else ledger.reserve_gpuh)
         fit = math.floor(left / self.minute_gpuh(r) * 10) / 10
-        update: dict[str, Any] = {"estimate_gpuh": 0.0} if nomination else {}
+        update: dict[str, Any] = {"estimate_gpuh": 0.0, "nomination": True} if nomination else {}
         if 1.0 <= fit < r.time_limit_min:
             update["time_limit_min"] = fit
         return r.model_copy(update=update)

@@ -4,8 +4,11 @@ Kept apart from tools/launcher.py so that a worker unpickling a job imports only
 module (the launcher's notebook imports cost about a second per job start).
 
 Each run of a job appends to `<job folder>/<job id>_events.jsonl`: `start` (time, pid), then
-`checkpoint` (time, reason preempted|timeout) when requeued, or `end` (time, ok). The launcher
-turns these into attempt rows and local wall-time costs. A run's start is its worker process's
+`end` (time, ok). The launcher turns these into attempt rows and local wall-time costs.
+
+A job is never requeued in place from the worker: on the preemption/timeout signal the wrapper
+ends the run with a 'preempted:' or 'timeout:' error, and the launcher, which holds the ledger,
+decides whether a new run is admitted against what is left of the budget (tools/launcher.py). A run's start is its worker process's
 start, not the moment the job function is reached: the executor's time limit counts from there,
 and imports take seconds on a loaded machine (Linux: read from /proc). In a job of several tasks
 (one process per GPU) rank 0 writes the events: all ranks start and stop together.
@@ -25,7 +28,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import submitit
 from submitit.core.utils import JobPaths
@@ -56,20 +59,21 @@ class RunPaths(JobPaths):
 
 
 class RunInterrupted(Exception):
-    """Raised inside a job when a preemption/timeout signal arrives and no requeue is left."""
+    """Raised inside a job when the preemption/timeout signal arrives: the run ends here."""
 
 
 class Resumable(submitit.helpers.Checkpointable):
     """Runs `fn(config)` and logs each run to `<job folder>/<job id>_events.jsonl`.
 
     On the checkpoint signal it decides whether this is a timeout (the run is near its time
-    limit) or a preemption, and requeues the same call unless the job used up `max_requeues`.
+    limit) or a preemption and ends the run with that reason. It never requeues itself: a requeue
+    costs a new run, which only the launcher can admit against the budget (a job function that
+    keeps its state in its output directory resumes from it when the launcher submits it again).
     """
 
-    def __init__(self, fn: Callable[[Any], Any], time_limit_s: float, signal_delay_s: float, max_requeues: int,
+    def __init__(self, fn: Callable[[Any], Any], time_limit_s: float, signal_delay_s: float,
                  env: dict[str, str] | None = None):
         self.fn, self.time_limit_s, self.signal_delay_s = fn, time_limit_s, signal_delay_s
-        self.max_requeues = max_requeues
         self.env = dict(env or {})  # set on the worker before the rendezvous is read (local: MASTER_ADDR/PORT)
         self._started = 0.0
 
@@ -95,15 +99,13 @@ class Resumable(submitit.helpers.Checkpointable):
         _append_event({"event": "end", "t": time.time(), "ok": True})
         return result
 
-    def checkpoint(self, config: Any) -> submitit.helpers.DelayedSubmission:
+    def checkpoint(self, config: Any) -> NoReturn:
+        # Raised from submitit's signal handler into the job function: the run ends as a failure
+        # whose message starts with the reason, which tools/failures.py classifies.
         elapsed = time.time() - self._started
         reason = "timeout" if near_time_limit(elapsed, self.time_limit_s, self.signal_delay_s) else "preempted"
-        earlier = sum(1 for e in read_events(_events_path()) if e["event"] == "checkpoint")
-        if earlier >= self.max_requeues:
-            raise RunInterrupted(f"{reason}: after {elapsed:.0f} s of a {self.time_limit_s:.0f} s limit, "
-                                 f"{earlier} requeue(s) already used of {self.max_requeues}")
-        _append_event({"event": "checkpoint", "t": time.time(), "reason": reason})
-        return submitit.helpers.DelayedSubmission(self, config)
+        raise RunInterrupted(f"{reason}: after {elapsed:.0f} s of a {self.time_limit_s:.0f} s limit; "
+                             "a new run needs the launcher's admission")
 
 
 def distributed_env() -> dict[str, str]:

@@ -16,16 +16,24 @@ What happens, in order (DESIGN.md invariants 5 and 6):
    kind and model, else the time-limit bound) plus spent plus reserved plus the session's reserve
    must fit the budget; otherwise a `refuse` decision is recorded and `BudgetRefused` raised.
 3. The attempt row (state pending, forecast reserved) and a `launch` decision are written, then the
-   job is submitted. Every job runs inside `Resumable` (tools/jobrun.py), a submitit Checkpointable:
-   on the preemption/timeout signal it is requeued in place and the function is called again with
-   the same config (trainers resume from their output directory). A job runs `tasks` processes
-   (one per GPU by default) with the torch.distributed rendezvous exported.
+   job is submitted. Every job runs inside `Resumable` (tools/jobrun.py): on the preemption/timeout
+   signal the run ends as `preempted`/`timeout`; it is never requeued in place behind the ledger's
+   back (Slurm jobs are submitted `--no-requeue`). A job runs `tasks` processes (one per GPU by
+   default) with the torch.distributed rendezvous exported.
 4. Each run of the job is one attempt row with its own settled cost: Slurm `sacct` elapsed times
    allocated GPUs, or local wall time times devices (a CPU-only job counts one device per process).
    The row keeps the measured device-seconds and the GPU-hours charged for them: the same number
    (/3600) unless the lab declares a simulated cost (the toy world's `simulated_gpuh_per_device_s`,
    local executor only), then `charge = 'simulated'`. A failed run is classified
    (tools/failures.py) and the policy applied (requeue, OOM retry, or record).
+5. Every requeue and retry is admitted again, as a new attempt submitted with the same config (a job
+   resumes from the state in its output directory): its forecast is the job's forecast or, when
+   larger, the most one run can cost (its time limit on its devices: a run that overran its forecast
+   once is not re-admitted on it), against what is left of the budget above the reserve (nomination
+   checks may use the reserve). A refused requeue is a `refuse` decision; the job then ends failed
+   with the run's class, the refusal in its detail and a `fail` decision. A run that Slurm requeued
+   anyway (an administrator's `scontrol requeue`) is admitted the same way when the launcher sees it,
+   and cancelled when it does not fit.
 """
 
 from __future__ import annotations
@@ -99,7 +107,10 @@ class Resources(BaseModel):
     estimate_gpuh: float | None = Field(None, ge=0, description="Declared forecast in GPU-hours; wins over measured throughput.")
     model: str | None = Field(None, description="Model the job works on; earlier jobs of the same kind and model give throughput.")
     work_units: float | None = Field(None, gt=0, description="Size of the job (tokens, items) for throughput forecasts.")
-    max_requeues: int = Field(3, ge=0, description="Most requeues after preemption or timeout before the job is a failure.")
+    max_requeues: int = Field(3, ge=0, description="Most requeues after preemption or timeout before the job is a failure "
+                              "(each one admitted against the budget first).")
+    nomination: bool = Field(False, description="A nomination check (bundle, sealed confirmation): admitted against what "
+                             "is left including the reserve, which is kept for it.")
     signal_delay_s: int = Field(30, ge=1, description="Seconds before the time limit when the job gets the checkpoint signal.")
     metrics_file: Path | None = Field(None, description="metrics.jsonl the job appends to; the progress line shows its last record.")
 
@@ -230,7 +241,7 @@ class LocalBackend:
             if start is not None:
                 runs.append(Run(state="RUNNING", started=start, ended=None, elapsed_s=time.time() - start,
                                 devices=devices, exit_code=None))
-            elif runs and runs[-1].state != "REQUEUED":
+            elif runs:
                 # The function returned but the worker is still writing its result: not over yet.
                 runs[-1] = runs[-1].model_copy(update={"state": "RUNNING"})
             else:
@@ -240,7 +251,7 @@ class LocalBackend:
             end = _last_write(folder, job_id)
             runs.append(Run(state=self._death_state(paths, end - start, resources), started=start,
                             ended=end, elapsed_s=end - start, devices=devices, exit_code=None))
-        elif not runs or runs[-1].state == "REQUEUED":  # died before the function started
+        elif not runs:  # died before the function started
             runs.append(Run(state=self._death_state(paths, 0.0, resources), started=None, ended=None,
                             elapsed_s=0.0, devices=devices, exit_code=None))
         elif runs[-1].state == "FAILED" and not paths.result_pickle.exists():
@@ -279,7 +290,7 @@ def _runs_from_events(events: list[dict[str, Any]], devices: int) -> tuple[list[
         if e["event"] == "start":
             start = e["t"]
         elif start is not None:
-            state = "REQUEUED" if e["event"] == "checkpoint" else "COMPLETED" if e.get("ok") else "FAILED"
+            state = "COMPLETED" if e.get("ok") else "FAILED"
             runs.append(Run(state=state, started=start, ended=e["t"], elapsed_s=e["t"] - start,
                             devices=devices, exit_code=None))
             start = None
@@ -351,7 +362,10 @@ class SlurmBackend:
             "job_name": kind, "partition": self.partition, "time": math.ceil(resources.time_limit_min),
             "nodes": 1, "gpus_per_node": self._gpus(resources), "ntasks_per_node": self.tasks(resources),
             "cpus_per_task": resources.cpus or self.cpus_per_task, "mem": f"{resources.mem_gb or self.mem_gb}GB",
-            "signal_delay_s": resources.signal_delay_s, "additional_parameters": dict(self.additional_parameters),
+            "signal_delay_s": resources.signal_delay_s,
+            # Slurm would requeue a preempted or failed-node job in place, a new run no admission saw: the
+            # job ends instead and the launcher admits (or refuses) the requeue.
+            "additional_parameters": {"no-requeue": True, **self.additional_parameters},
         }
         if self.account:
             params["account"] = self.account
@@ -569,10 +583,21 @@ class Launcher:
         rate = self._throughput(kind, resources.model)
         if rate is not None and resources.work_units is not None:
             return Forecast(gpuh=resources.work_units / rate, source="throughput")
-        # The most one run can cost: its whole time limit on all its devices, charged as runs are.
-        # Requeues and retries are forecast (and admitted) again when they happen.
+        return self._run_bound(resources)
+
+    def _run_bound(self, resources: Resources) -> Forecast:
+        """The most one run can cost: its whole time limit on all its devices, charged as runs are."""
         device_seconds = resources.time_limit_min * 60 * self.backend.devices(resources)
         return Forecast(gpuh=self.backend.charge(device_seconds).gpu_hours, source="time_limit")
+
+    def admission_forecast(self, kind: str, resources: Resources, attempt: int) -> Forecast:
+        """What an attempt is admitted on: the job's forecast; for a requeue or retry at least one run's
+        bound, since the run before it already outlived any smaller estimate."""
+        forecast = self.forecast(kind, resources)
+        if attempt == 1:
+            return forecast
+        bound = self._run_bound(resources)
+        return bound if bound.gpuh > forecast.gpuh else forecast
 
     def _throughput(self, kind: str, model: str | None) -> float | None:
         """Work units per GPU-hour over completed earlier jobs of this kind and model (all attempts count)."""
@@ -582,37 +607,42 @@ class Launcher:
         hours = sum(j.gpu_hours or 0.0 for j in attempts if j.key in done)
         return units / hours if units and hours else None
 
-    def _launch(self, key: str, spec: _Spec, attempt: int, reason: str) -> None:
-        """Admission, then the attempt row and the launch decision, then the submission."""
-        args = self._attempt_args(key, spec)
-        forecast = self.forecast(spec.kind, spec.resources)
+    def _admit(self, key: str, spec: _Spec, attempt: int) -> LaunchPayload:
+        """The launch payload of an attempt whose forecast fits what is left of the budget (above the
+        reserve, unless it is a nomination check); otherwise a recorded refusal and BudgetRefused."""
+        forecast = self.admission_forecast(spec.kind, spec.resources, attempt)
         payload = LaunchPayload(key=key, kind=spec.kind, attempt=attempt, forecast_gpuh=forecast.gpuh,
                                 forecast_source=forecast.source, executor=self.backend.name)
         ledger = self.nb.ledger(self.session)
-        if not ledger.admits(forecast.gpuh):
-            self.nb.record_decision(self.session, "refuse", f"{spec.kind} would overrun the budget: forecast "
-                                    f"{forecast.gpuh:.3f} + spent {ledger.spent_gpuh:.3f} + reserved "
-                                    f"{ledger.reserved_gpuh:.3f} + reserve {ledger.reserve_gpuh:.3f} > budget "
-                                    f"{ledger.budget_gpuh:.3f} GPU-h", BudgetRefusal(**payload.model_dump()))
-            raise BudgetRefused(f"{spec.kind}: forecast {forecast.gpuh:.3f} GPU-h does not fit; "
-                                f"{ledger.left_gpuh - ledger.reserve_gpuh:.3f} GPU-h left above the reserve")
+        reserve = 0.0 if spec.resources.nomination else ledger.reserve_gpuh
+        if forecast.gpuh + ledger.spent_gpuh + ledger.reserved_gpuh + reserve <= ledger.budget_gpuh:
+            return payload
+        what = spec.kind if attempt == 1 else f"{spec.kind} attempt {attempt}"
+        self.nb.record_decision(self.session, "refuse", f"{what} would overrun the budget: forecast "
+                                f"{forecast.gpuh:.3f} + spent {ledger.spent_gpuh:.3f} + reserved "
+                                f"{ledger.reserved_gpuh:.3f} + reserve {reserve:.3f} > budget "
+                                f"{ledger.budget_gpuh:.3f} GPU-h", BudgetRefusal(**payload.model_dump()))
+        raise BudgetRefused(f"{what}: forecast {forecast.gpuh:.3f} GPU-h does not fit; "
+                            f"{ledger.left_gpuh - reserve:.3f} GPU-h left above the reserve")
+
+    def _launch(self, key: str, spec: _Spec, attempt: int, reason: str) -> None:
+        """Admission, then the attempt row and the launch decision, then the submission."""
+        args = self._attempt_args(key, spec)
+        payload = self._admit(key, spec, attempt)
         folder = self.root / f"{key[:16]}-{attempt}"
         resources = {**spec.resources.model_dump(mode="json"), "args": args.model_dump(mode="json")}
         # The row and its decision together; the submission after them (a crash in between is
         # recovered by `attach`: the row says what to submit).
         with self.nb.transaction():
             self.nb.start_job(key, session=self.session, kind=spec.kind, executor=self.backend.name,
-                              resources=resources, forecast_gpuh=forecast.gpuh, attempt=attempt,
+                              resources=resources, forecast_gpuh=payload.forecast_gpuh, attempt=attempt,
                               folder=str(folder), fn=import_path(spec.fn), result_type=import_path(spec.result_type))
             self.nb.record_decision(self.session, "launch", f"{spec.kind}: {reason}", payload)
         self._submit(key, spec, folder, attempt, args)
 
     def _submit(self, key: str, spec: _Spec, folder: Path, attempt: int, args: BaseModel) -> None:
-        # Requeues are counted over the whole job: a resubmission (after a job raised 'preempted:')
-        # may requeue in place only as often as the earlier attempts left.
-        used = sum(1 for a in self.attempts(key) if a.attempt < attempt and a.failure_class in _REQUEUED_CLASSES)
         wrapped = Resumable(spec.fn, spec.resources.time_limit_min * 60, spec.resources.signal_delay_s,
-                            max(0, spec.resources.max_requeues - used), env=self.backend.worker_env())
+                            env=self.backend.worker_env())
         sub = self.backend.submit(folder, spec.kind, spec.resources, wrapped, args)
         self.nb.update_job(key, attempt, external_id=sub.job_id, log_path=str(sub.paths.stderr))
 
@@ -666,6 +696,8 @@ class Launcher:
         spec, folder = self._spec(key), Path(record.folder or "")
         runs = self.backend.runs(record.external_id, folder, spec.resources)
         record = self._close_requeued_runs(key, spec, record, runs)
+        if record.state == "failed":  # a requeue the budget refused: cancelled
+            return record
         last = runs[-1]
         if last.state == "RUNNING" and record.state != "running":
             return self.nb.update_job(key, record.attempt, state="running", started_at=_iso(last.started))
@@ -684,22 +716,41 @@ class Launcher:
                 "gpu_hours": charge.gpu_hours, "device_seconds": charge.device_seconds, "charge": charge.charge}
 
     def _close_requeued_runs(self, key: str, spec: _Spec, record: JobRecord, runs: list[Run]) -> JobRecord:
-        """Runs before the last one were requeued: each gets (or already has) its own attempt row."""
+        """Runs before the last one were requeued in place by Slurm itself (jobs are submitted
+        `--no-requeue`, so only an administrator's requeue does that): each closes its attempt as
+        preempted, and the next run is admitted like any requeue, or refused and the job cancelled."""
         same = [a for a in self.attempts(key) if a.external_id == record.external_id]
-        events = read_events(RunPaths(Path(record.folder or ""), record.external_id).events)
-        reasons = [e["reason"] for e in events if e["event"] == "checkpoint"]
         for i in range(len(same) - 1, len(runs) - 1):
-            run, reason = runs[i], reasons[i] if i < len(reasons) else "preempted"
+            detail = f"requeued in place by the executor (run {i + 1}: {runs[i].state})"
             with self.nb.transaction():
-                self.nb.update_job(key, record.attempt, state="failed", failure_class=reason,
-                                   failure_detail=f"requeued in place after {reason} (run {i + 1})", **self._cost(run))
-                spent = sum(a.gpu_hours or 0.0 for a in self.attempts(key))
+                record = self.nb.update_job(key, record.attempt, state="failed", failure_class="preempted",
+                                            failure_detail=detail, **self._cost(runs[i]))
+                try:
+                    payload = self._admit(key, spec, record.attempt + 1)
+                except BudgetRefused as refused:
+                    return self._refuse_requeue(key, spec, record, Failure(failure_class="preempted", detail=detail),
+                                                refused, cancel=True)
                 self.nb.start_job(key, session=self.session, kind=spec.kind, executor=self.backend.name,
-                                  resources=record.resources, forecast_gpuh=max(0.0, record.forecast_gpuh - spent),
+                                  resources=record.resources, forecast_gpuh=payload.forecast_gpuh,
                                   attempt=record.attempt + 1, folder=record.folder, fn=record.fn,
                                   result_type=record.result_type)
+                self.nb.record_decision(self.session, "launch", f"{spec.kind}: requeued in place by the executor",
+                                        payload)
                 record = self.nb.update_job(key, record.attempt + 1, external_id=record.external_id,
                                             log_path=record.log_path)
+        return record
+
+    def _refuse_requeue(self, key: str, spec: _Spec, record: JobRecord, failure: Failure, refused: BudgetRefused,
+                        cancel: bool = False) -> JobRecord:
+        """The job ends with its last run's failure; the refusal (already a `refuse` decision) is in
+        its detail and in the `fail` decision."""
+        if cancel and record.external_id:
+            self.backend.cancel(record.external_id, Path(record.folder or ""))
+        detail = f"{failure.detail}; requeue refused: {refused}"
+        record = self.nb.update_job(key, record.attempt, failure_detail=detail)
+        payload = FailPayload(key=key, attempt=record.attempt, failure_class=failure.failure_class, detail=detail)
+        self.nb.record_decision(self.session, "fail", f"{spec.kind} failed ({failure.failure_class}); the retry "
+                                "did not fit the budget", payload)
         return record
 
     def _settle(self, key: str, spec: _Spec, record: JobRecord, run: Run, folder: Path) -> JobRecord:
@@ -752,9 +803,8 @@ class Launcher:
                   else f"{failure.failure_class}: requeue from the last checkpoint")
         try:
             self._launch(key, spec, record.attempt + 1, reason)
-        except BudgetRefused:
-            self.nb.record_decision(self.session, "fail", f"{spec.kind} failed ({failure.failure_class}); the retry "
-                                    "did not fit the budget", payload)
+        except BudgetRefused as refused:
+            self._refuse_requeue(key, spec, record, failure, refused)
 
 
 class Job(Generic[R]):

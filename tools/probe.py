@@ -53,8 +53,9 @@ class CountConfig(_Model):
     grad_accum: int = Field(1, ge=1, description="Accumulation steps; the OOM retry doubles it.")
     item_mb: int = Field(0, ge=0, description="MiB allocated per micro-batch item each step (0: none).")
     on_signal: Literal["requeue", "raise"] = Field(
-        "requeue", description="On SIGUSR2: let submitit checkpoint and requeue in place, or raise 'preempted:' "
-        "after the current step like trainers/loop.py does (the launcher then resubmits).",
+        "requeue", description="On SIGUSR2: leave it to submitit's handler (the job wrapper ends the run as "
+        "preempted), or raise 'preempted:' after the current step like trainers/loop.py does; either way the "
+        "launcher admits the requeue and resubmits.",
     )
     nan_at_step: int | None = Field(None, ge=1, description="Step whose loss turns NaN; the job stops the way trainers do.")
     memory_limit_mb: int | None = Field(

@@ -208,3 +208,58 @@ def test_submitted_but_not_recorded_is_adopted_on_resume(tmp_path: Path) -> None
     assert again.record.external_id == job_id
     assert again.result(timeout_s=60).pid > 0
     assert len(list((tmp_path / "jobs").glob("*/*_submitted.pkl"))) == 1 and len(nb.jobs()) == 1
+
+
+def test_a_requeue_that_would_overrun_the_budget_is_refused(tmp_path: Path) -> None:
+    # The bug of a 10 GPU-h test session: an eval timed out and was requeued in place twice after the
+    # ledger had passed the budget. Here a real job times out at a 12 s limit (signal at 8 s), charged
+    # 0.5 GPU-h per device-second: one run's bound is 6 GPU-h, admitted on 10 - 0.5 reserve; after the
+    # first run (>= 4 GPU-h) a second run's 6 GPU-h does not fit and must not run.
+    nb = Notebook.open(tmp_path / "notebook.db")
+    nb.open_session("s1", lab=str(tmp_path), budget_gpuh=10.0, reserve_gpuh=0.5, planner="playbook",
+                    executor="local", config={})
+    section = ExecutorSection(kind="local", simulated_gpuh_per_device_s=0.5)
+    launcher = Launcher.from_section(nb, "s1", section, tmp_path / "jobs", poll_s=0.2)
+    config = CountConfig(steps=600, step_seconds=0.2, output_dir=tmp_path / "out")
+    job = launcher.submit("eval", count, config, Resources(time_limit_min=0.2, signal_delay_s=4, max_requeues=3))
+    with pytest.raises(JobFailed, match="requeue refused") as failed:
+        job.result(timeout_s=90)
+    record = failed.value.record
+    assert record.failure_class == "timeout" and record.attempt == 1, record.failure_detail
+    ledger = nb.ledger("s1")
+    assert 4.0 <= ledger.spent_gpuh <= ledger.budget_gpuh and ledger.reserved_gpuh == 0
+    (refusal,) = nb.decisions("s1", kind="refuse")
+    assert (refusal.payload.attempt, refusal.payload.forecast_gpuh) == (2, pytest.approx(6.0))
+    assert "attempt 2 would overrun the budget" in refusal.rationale
+    (fail,) = nb.decisions("s1", kind="fail")
+    assert (fail.payload.attempt, fail.payload.failure_class) == (1, "timeout")
+    assert "did not fit the budget" in fail.rationale
+    assert len(nb.decisions("s1", kind="launch")) == len(nb.jobs()) == 1
+
+
+@pytest.mark.parametrize("nomination", [False, True])
+def test_a_requeue_is_admitted_on_one_runs_bound_and_nomination_checks_may_use_the_reserve(
+        tmp_path: Path, nomination: bool) -> None:
+    # Attempt 1 (declared 0 GPU-h, as nomination checks are) was preempted. Its requeue is admitted on
+    # one run's bound (60 s on one device: 1/60 GPU-h), not on the estimate the first run outlived:
+    # that does not fit above a 0.99 reserve, and fits inside it for a nomination check only.
+    nb, launcher = _launcher(tmp_path, budget=1.0, reserve=0.99)
+    config = CountConfig(steps=3, step_seconds=0, output_dir=tmp_path / "out")
+    resources = Resources(time_limit_min=1, signal_delay_s=10, estimate_gpuh=0.0, nomination=nomination)
+    key = launcher.key("probe", count, config)
+    nb.start_job(key, session="s1", kind="probe", executor="local", resources={}, forecast_gpuh=0.0,
+                 folder=str(tmp_path / "jobs" / "attempt-1"))
+    nb.update_job(key, 1, external_id="1", state="failed", failure_class="preempted", failure_detail="PREEMPTED",
+                  gpu_hours=0.001)
+    assert launcher.admission_forecast("probe", resources, 1).gpuh == 0.0
+    assert launcher.admission_forecast("probe", resources, 2).gpuh == pytest.approx(1 / 60)
+    job = launcher.submit("probe", count, config, resources)
+    if nomination:
+        assert job.result(timeout_s=60).total == 0 + 1 + 4
+        (launch,) = nb.decisions("s1", kind="launch")
+        assert (launch.payload.attempt, launch.payload.forecast_source) == (2, "time_limit")
+    else:
+        with pytest.raises(JobFailed, match="requeue refused"):
+            job.result(timeout_s=5)
+        assert len(nb.jobs()) == 1 and nb.decisions("s1", kind="launch") == []
+    assert nb.ledger("s1").spent_gpuh <= 1.0
