@@ -41,13 +41,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
+import transformers
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from any directory
 
 from core import tiny  # noqa: E402
 from core.chat import Message, eot_id, render_prompt  # noqa: E402
 from evals.decoding import Decoding  # noqa: E402
-from evals.generate import Loaded, generate, generation_config  # noqa: E402
+from evals.generate import STATIC_LOOP_MODEL_TYPES, Loaded, generate, generation_config  # noqa: E402
 from evals.types import Item  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -135,6 +136,47 @@ def copy_bandwidth(device: str, mib: int) -> float:
     return 2 * src.numel() * reps / (time.perf_counter() - start)
 
 
+def check_static_decoder(loaded: Loaded, items: list[Item], steps: int = 8) -> dict:
+    """The engine's static-cache decode (one CUDA graph replay per step on a GPU, plain calls on the CPU) against
+    one full forward over the same tokens: prompts left-padded and bucketed as the engine pads them, then `steps`
+    fixed random tokens fed one step at a time. Returns the relative error of the step logits (each row centred,
+    so the part that depends on the current token alone does not dominate) and, to show the check can tell, the
+    error of a reference given the wrong context (each row's prompt taken from the next row)."""
+    from evals.generate import WIDTH_BUCKET, _Decoder, _left_pad
+
+    tok, device = loaded.tokenizer, loaded.device
+    prompts = [render_prompt(tok, i.messages) for i in items]
+    ids, mask = _left_pad(prompts, tok.pad_token_id, device, WIDTH_BUCKET)
+    fed = torch.randint(4, len(tok), (len(prompts), steps - 1), generator=torch.Generator().manual_seed(0)).to(device)
+    with torch.inference_mode():
+        decoder = _Decoder(loaded.model, len(prompts), ids.shape[1], steps)
+        logits, position = decoder.prefill(ids, mask)
+        got = [logits] + [decoder.step(fed[:, t], position + 1 + t, t) for t in range(steps - 1)]
+        got_t = torch.stack(got, 1)
+        refs = [_full_logits(loaded.model, c_ids, c_mask, fed) for c_ids, c_mask in
+                ((ids, mask), (ids.roll(1, 0), mask.roll(1, 0)))]
+
+    def rel(ref: torch.Tensor) -> float:
+        centred = ref - ref.mean(-1, keepdim=True)
+        return float((got_t - got_t.mean(-1, keepdim=True) - centred).norm() / centred.norm())
+
+    return {"rows": len(prompts), "steps": steps, "relative_error": rel(refs[0]),
+            "wrong_context_relative_error": rel(refs[1]), "graph_replayed": decoder.graph is not None}
+
+
+def _full_logits(model, ids: torch.Tensor, mask: torch.Tensor, fed: torch.Tensor) -> torch.Tensor:
+    """Float32 logits at the last prompt position and every fed position, from one plain forward."""
+    full_ids, full_mask = torch.cat([ids, fed], 1), torch.cat([mask, torch.ones_like(fed)], 1)
+    positions = (full_mask.cumsum(-1) - 1).masked_fill(full_mask == 0, 1)
+    out = model(input_ids=full_ids, attention_mask=full_mask, position_ids=positions, use_cache=False).logits
+    return out[:, ids.shape[1] - 1:].float()
+
+
+# Tolerances of the static decoder check: float32 agrees to rounding; bf16 decode-shaped products round
+# differently from the prefill-shaped ones of the reference (Hopper bf16 products: 1e-3..1e-2 relative).
+DECODER_TOLERANCE = {"float32": 1e-4, "bfloat16": 5e-2}
+
+
 def one_at_a_time(loaded: Loaded, items: list[Item], decoding: Decoding) -> tuple[int, float]:
     """The seeds' loop: model.generate on each prompt alone; returns (new tokens, seconds)."""
     tok = loaded.tokenizer
@@ -185,6 +227,13 @@ def main() -> None:
     sampling = {"temperature": 0.7, "top_p": 0.9, "repetition_penalty": 1.1} if args.sampled else {}
     decoding = Decoding(max_new_tokens=args.max_new_tokens, stop_token_ids=(eot_id(loaded.tokenizer),), **sampling)
     bandwidth = copy_bandwidth(args.device, args.copy_mib or (1024 if args.device.startswith("cuda") else 256))
+    check = None
+    if args.static_cache and loaded.model.config.model_type in STATIC_LOOP_MODEL_TYPES:
+        check = check_static_decoder(loaded, items[:8])
+        print(f"static decoder check: {check}", flush=True)
+        if not (check["relative_error"] <= DECODER_TOLERANCE[args.dtype]
+                and check["relative_error"] < 0.25 * check["wrong_context_relative_error"]):
+            raise SystemExit(f"static decoder disagrees with a full forward: {check}")
     generate(loaded, items[:4], decoding.model_copy(update={"max_new_tokens": 4}), seed=0, batch_size=4)  # warm-up
 
     # Two engine passes: the first pays one-time costs (compilation with --static-cache), the second
@@ -214,6 +263,9 @@ def main() -> None:
         "at": datetime.now(UTC).isoformat(timespec="seconds"),
         "hardware": {"device": torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.processor() or "cpu",
                      "torch": torch.__version__, "threads": torch.get_num_threads()},
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
+                     "python": platform.python_version()},
+        "static_decoder_check": check,
         "model": {"name": args.model, "dtype": args.dtype,
                   "parameters": sum(p.numel() for p in loaded.model.parameters())},
         "config": vars(args) | {"out": str(args.out), "mean_prompt_tokens": prompt_len},
@@ -221,6 +273,7 @@ def main() -> None:
         "load_seconds": load_s,
         "decoding": decoding.model_dump(mode="json"),
         "engine": {"tokens": engine_tokens, "seconds": engine_s, "first_pass_seconds": passes[0],
+                   "one_time_seconds": passes[0] - passes[1],
                    "tokens_per_s": engine_tps,
                    "stopped": sum(c.stopped for c in comps), "bound_tokens_per_s": engine_bound,
                    "fraction_of_bound": engine_tps / engine_bound},

@@ -100,6 +100,13 @@ def check_soup(a: Path, b: Path, work: Path) -> float:
     return worst
 
 
+def filesystem(path: Path) -> str:
+    """The mount holding `path` (device, mount point, type), from /proc/mounts: which disk was measured."""
+    mounts = [line.split()[:3] for line in Path("/proc/mounts").read_text().splitlines()]
+    best = max((m for m in mounts if str(path.resolve()).startswith(m[1])), key=lambda m: len(m[1]))
+    return " ".join(best)
+
+
 def run_child(op: str, a: Path, b: Path, out: Path) -> dict:
     code = CHILD.format(repo=str(REPO))
     proc = subprocess.run([sys.executable, "-c", code, op, str(a), str(b), str(out)], capture_output=True, text=True,
@@ -126,6 +133,7 @@ def main() -> None:
         size = build_checkpoint(work / "a", args.size_gb, args.shard_gb, seed=1)
         build_checkpoint(work / "b", args.size_gb, args.shard_gb, seed=2)
         build_s = time.perf_counter() - t0
+        disk = filesystem(work)
         max_err = check_soup(work / "a", work / "b", work)
         if max_err != 0.0:
             raise SystemExit(f"soup differs from the FP32 formula cast back: max abs error {max_err}")
@@ -145,7 +153,7 @@ def main() -> None:
     result = {
         "command": "python bench/merge_throughput.py " + " ".join(sys.argv[1:]),
         "machine": f"{platform.node()} {platform.machine()} cores={os.cpu_count()}",
-        "python": platform.python_version(),
+        "python": platform.python_version(), "filesystem": disk,
         "checkpoint_gb": gb, "shard_gb": shard_bytes / 1e9, "build_seconds": build_s,
         "soup_equals_fp32_formula": True,
         "soup": table["soup"], "copy": table["copy"],

@@ -158,6 +158,20 @@ def extrapolate(seq_len: int, micro: int, chunk: int) -> list[dict]:
     return out
 
 
+def write_extrapolation(args) -> None:
+    rows_30b = extrapolate(args.seq_len, 1, args.chunk)
+    report = {"command": " ".join(sys.argv), "date": datetime.now(UTC).isoformat(), "shape": "30b-a3b",
+              "model_config": nemotron_h("30b-a3b").to_dict(), "micro_batch_size": 1, "seq_len": args.seq_len,
+              "loss_chunk_tokens": args.chunk, "activation_checkpointing": True, "compute_dtype": "bfloat16",
+              "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+              "extrapolation_30b_a3b": rows_30b}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    for r in rows_30b:
+        print(f"{r['config']:>14} on {r['gpus']} GPU(s): {r['estimate_total_gib']:6.1f} GiB per GPU  "
+              + "  ".join(f"{k} {v:.1f}" for k, v in r["parts_gib"].items()))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shape", default="bench-3b", choices=["bench-3b", "tiny"])
@@ -165,7 +179,12 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--chunk", type=int, default=1024, help="loss_chunk_tokens")
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--extrapolate-only", action="store_true",
+                   help="write only the 30B-A3B estimate on 1, 4 and 8 GPUs (CPU, no process group, no training)")
     args = p.parse_args()
+    if args.extrapolate_only:
+        write_extrapolation(args)
+        return
     env = distributed.setup()
     dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32
     config = nemotron_h(args.shape)

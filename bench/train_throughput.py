@@ -29,6 +29,7 @@ CPU smoke (a few minutes on 2 cores):
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import platform
@@ -37,7 +38,9 @@ import statistics
 import sys
 import tempfile
 import time
+import traceback
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -159,16 +162,22 @@ def project_run(kind: str, model_dir: Path, data: Path, out: Path, args, dtype: 
         from trainers.sft import SFTConfig, train
 
         config = SFTConfig(**common, lora=LoRASettings(r=LORA_RANK, alpha=2 * LORA_RANK) if kind == "sft-lora" else None)
-    if torch.cuda.is_available():
-        torch.cuda.reset_peak_memory_stats()
+    _fresh_gpu()
+    start = time.perf_counter()
     train(config)
+    wall = time.perf_counter() - start
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    step_s = [(r["tokens"] - (lines[i - 1]["tokens"] if i else 0)) / r["tokens_per_s"] for i, r in enumerate(lines)]
     return {"losses": [r["loss"] for r in lines], "step_tokens_per_s": [r["tokens_per_s"] for r in lines],
-            "peak_gb": torch.cuda.max_memory_allocated() / 1e9 if torch.cuda.is_available() else None}
+            "peak_gb": torch.cuda.max_memory_allocated() / 1e9 if torch.cuda.is_available() else None,
+            "wall_s": wall, "steps_s": sum(step_s),
+            "wall_includes": "model load, data encoding, DPO reference pass, steps, final save"}
 
 
-def trl_run(kind: str, model_dir: Path, data: Path, out: Path, args, step_tokens: float) -> dict:
-    """TRL's SFTTrainer (full or LoRA) or DPOTrainer with its defaults, the same rows, length, batch and steps."""
+def trl_run(kind: str, model_dir: Path, data: Path, out: Path, args, step_tokens: float,
+            checkpointing: bool | None = None) -> dict:
+    """TRL's SFTTrainer (full or LoRA) or DPOTrainer with its defaults, the same rows, length, batch and steps;
+    `checkpointing` False overrides TRL's default gradient checkpointing (on since TRL 0.2x)."""
     import datasets
     import trl
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
@@ -178,6 +187,8 @@ def trl_run(kind: str, model_dir: Path, data: Path, out: Path, args, step_tokens
     common = dict(output_dir=str(out), max_length=args.seq_len, per_device_train_batch_size=args.batch,
                   max_steps=args.steps, learning_rate=1e-5, logging_steps=1, save_strategy="no", report_to=[],
                   bf16=cuda, use_cpu=not cuda)
+    if checkpointing is not None:
+        common["gradient_checkpointing"] = checkpointing
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16 if cuda else torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     times: list[float] = []
@@ -207,12 +218,32 @@ def trl_run(kind: str, model_dir: Path, data: Path, out: Path, args, step_tokens
         dataset = datasets.Dataset.from_list([{"messages": r["messages"]} for r in rows])
         trainer = trl.SFTTrainer(model=model, args=trl.SFTConfig(**common), train_dataset=dataset,
                                  processing_class=tokenizer, peft_config=peft, callbacks=[Clock()])
-    if cuda:
-        torch.cuda.reset_peak_memory_stats()
+    _fresh_gpu()
+    start = time.perf_counter()
     trainer.train()
+    wall = time.perf_counter() - start
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     return {"losses": losses, "step_tokens_per_s": [step_tokens / t for t in times],
-            "peak_gb": torch.cuda.max_memory_allocated() / 1e9 if cuda else None}
+            "peak_gb": torch.cuda.max_memory_allocated() / 1e9 if cuda else None,
+            "gradient_checkpointing": trainer.args.gradient_checkpointing, "wall_s": wall, "steps_s": sum(times),
+            "wall_includes": "trainer.train() only (model load and dataset tokenization happen before)"}
+
+
+def _fresh_gpu() -> None:
+    """Frees what earlier runs left and restarts the peak counter, so each run's peak is its own."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def _versions() -> dict:
+    import peft
+    import transformers
+    import trl
+
+    return {"torch": torch.__version__, "transformers": transformers.__version__, "peft": peft.__version__,
+            "trl": trl.__version__, "python": platform.python_version()}
 
 
 def check(name: str, kind: str, losses: list[float], vocab: int) -> None:
@@ -235,6 +266,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--kinds", nargs="+", default=["sft-full", "sft-lora", "dpo"])
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--trl-no-checkpointing", action="store_true",
+                        help="also run TRL with gradient checkpointing off (its default is on), as run '<kind>-noac'")
     args = parser.parse_args()
     if args.device == "cpu":
         torch.set_num_threads(2)
@@ -248,33 +281,62 @@ def main() -> None:
         sft, dpo = write_rows(work, args.batch * args.steps, args.seq_len)
         fpt, total, active = flops_per_token(model_dir, args.seq_len)
         vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
+        out = args.out or RESULTS / f"train_throughput-{args.shape}.json"
         for kind in args.kinds:
             data = dpo if kind == "dpo" else sft
-            ours = project_run(kind, model_dir, data, work / f"ours-{kind}", args, dtype)
             step_tokens = tokens_per_step(data, kind, model_dir, args.seq_len, args.batch)
-            theirs = trl_run(kind, model_dir, data, work / f"trl-{kind}", args, step_tokens)
-            for side, r in (("project", ours), ("trl", theirs)):
-                check(f"{side} {kind}", kind, r["losses"], vocab)
-                tps = statistics.median(r["step_tokens_per_s"][1:] or r["step_tokens_per_s"])
-                table[f"{side}-{kind}"] = r | {"tokens_per_s": tps, "mfu": tps * fpt / peak if peak else None}
+            sides = [("project", partial(project_run, kind, model_dir, data, work / f"ours-{kind}", args, dtype)),
+                     ("trl", partial(trl_run, kind, model_dir, data, work / f"trl-{kind}", args, step_tokens))]
+            if args.trl_no_checkpointing:
+                sides.append(("trl-noac", partial(trl_run, kind, model_dir, data, work / f"trl-noac-{kind}", args,
+                                                  step_tokens, checkpointing=False)))
+            for side, run in sides:
+                table[f"{side}-{kind}"] = measured(f"{side} {kind}", kind, run, vocab, fpt, peak)
+                write_result(out, args, peak, (fpt, total, active), table)
+    print(f"{'run':20} {'tokens/s':>10} {'MFU':>6} {'peak GB':>8} {'first loss':>10}")
+    for name, r in table.items():
+        if r["status"] != "ok":
+            print(f"{name:20} {r['status']}: {r['error'][:200]}")
+            continue
+        mfu = f"{r['mfu']:.1%}" if r["mfu"] is not None else "-"
+        peak_gb = f"{r['peak_gb']:.1f}" if r["peak_gb"] is not None else "-"
+        print(f"{name:20} {r['tokens_per_s']:10.0f} {mfu:>6} {peak_gb:>8} {r['losses'][0]:10.3f}")
+    print(f"wrote {out}")
+    if any(r["status"] != "ok" for r in table.values()):
+        sys.exit(1)
+
+
+def measured(name: str, kind: str, run, vocab: int, fpt: float, peak: float | None) -> dict:
+    """One trainer run with its checks; a run that raises or fails its check is recorded with its error and no
+    figures, and the bench goes on with the next run (one GPU call measures them all)."""
+    try:
+        r = run()
+        check(name, kind, r["losses"], vocab)
+    # Any failure of one run (an OOM, a library version's API, a failed check) is this run's result: recorded with
+    # its traceback, the other runs still measured, and the bench exits 1 at the end.
+    except (Exception, SystemExit) as err:  # noqa: BLE001
+        print(f"{name}: FAILED:\n{traceback.format_exc()}", flush=True)
+        return {"status": "failed", "error": f"{type(err).__name__}: {err}"[:2000]}
+    tps = statistics.median(r["step_tokens_per_s"][1:] or r["step_tokens_per_s"])
+    print(f"{name}: {tps:.0f} tokens/s", flush=True)
+    return r | {"status": "ok", "tokens_per_s": tps, "mfu": tps * fpt / peak if peak else None}
+
+
+def write_result(out: Path, args, peak: float | None, counts: tuple[float, int, int], table: dict) -> None:
+    """Rewrites the result file after every run, so a call cut short keeps what ran."""
+    fpt, total, active = counts
     result = {
         "bench": "train_throughput", "command": " ".join(["python", *sys.argv]),
         "at": datetime.now(UTC).isoformat(timespec="seconds"),
         "hardware": {"device": torch.cuda.get_device_name() if args.device == "cuda" else platform.processor() or "cpu",
                      "torch": torch.__version__, "bf16_matmul_flops": peak},
+        "versions": _versions(),
         "model": {"shape": args.shape, "parameters": total, "active_parameters": active, "flops_per_token": fpt},
         "config": vars(args) | {"out": str(args.out)},
         "runs": table,
     }
-    out = args.out or RESULTS / f"train_throughput-{args.shape}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"{'run':20} {'tokens/s':>10} {'MFU':>6} {'peak GB':>8} {'first loss':>10}")
-    for name, r in table.items():
-        mfu = f"{r['mfu']:.1%}" if r["mfu"] is not None else "-"
-        peak_gb = f"{r['peak_gb']:.1f}" if r["peak_gb"] is not None else "-"
-        print(f"{name:20} {r['tokens_per_s']:10.0f} {mfu:>6} {peak_gb:>8} {r['losses'][0]:10.3f}")
-    print(f"wrote {out}")
+    out.write_text(json.dumps(result, indent=2, default=str) + "\n")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# All GPU benchmarks of issues 17 and 18 in one call on the lent H200, as the device tool runs it (repository root,
+# $OUT set, wheels carried in bench/.wheels/h6: pydantic, TRL, datasets, peft and transformers 5.24 to match the
+# development pins; the GPU image has torch 2.11 and transformers 5.17):
+#
+#     run(command="bash bench/h200.sh 560 PART...", carry=["bench/.wheels/h6"], timeout_s=600)
+#
+# The first argument is the call's budget in seconds; each PART runs in its own process, in the order given, under
+# `timeout` (its own limit, or what is left of the budget), and is skipped when too little is left. Results and logs
+# land in $OUT/r and come back as $OUT/results.tgz (the tool returns at most 8 files); the end of each part's log is
+# printed. Parts: gen-b128 gen-b64 gen-b128-sampled gen-nemotron train-dense train-hybrid variants memory merge.
+set -u
+BUDGET=$1; shift
+START=$(date +%s)
+R=$OUT/r; mkdir -p "$R"
+export PYTHONUNBUFFERED=1 TQDM_DISABLE=1 HF_DATASETS_DISABLE_PROGRESS_BARS=1 TRANSFORMERS_NO_ADVISORY_WARNINGS=1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    bench/.wheels/h6/*.whl || exit 3
+export PYTHONPATH=/tmp/site
+{ nvidia-smi; df -h /tmp .; python3 -c "import torch, transformers, trl, peft, datasets, pydantic, pyarrow;
+print('torch', torch.__version__, 'transformers', transformers.__version__, 'trl', trl.__version__, 'peft',
+      peft.__version__, 'datasets', datasets.__version__, 'pyarrow', pyarrow.__version__, 'cuda', torch.version.cuda)"
+} > "$R/env.txt" 2>&1
+tail -4 "$R/env.txt"
+G="python3 bench/gen_throughput.py --device cuda --dtype bfloat16 --prompts 256 --max-new-tokens 256"
+T="python3 bench/train_throughput.py --device cuda --seq-len 4096"
+declare -A CMD=(
+  [gen-b128]="$G --model llama-1b --batch-size 128 --static-cache --baseline-prompts 2 --out $R/gen-llama-b128.json"
+  [gen-b64]="$G --model llama-1b --batch-size 64 --static-cache --baseline-prompts 1 --out $R/gen-llama-b64.json"
+  [gen-b128-sampled]="$G --model llama-1b --batch-size 128 --static-cache --sampled --baseline-prompts 1 --out $R/gen-llama-b128-sampled.json"
+  [gen-b128-dynamic]="$G --model llama-1b --batch-size 128 --baseline-prompts 1 --out $R/gen-llama-b128-dynamic.json"
+  [gen-nemotron]="python3 bench/gen_throughput.py --device cuda --dtype bfloat16 --model nemotron-h --prompts 64 --batch-size 64 --max-new-tokens 64 --baseline-prompts 1 --out $R/gen-nemotron-h.json"
+  [train-dense]="$T --shape llama-1b --batch 4 --steps 6 --trl-no-checkpointing --out $R/train_throughput-llama-1b.json"
+  [train-hybrid]="$T --shape nemotron-h --batch 2 --steps 3 --kinds sft-full sft-lora --out $R/train_throughput-nemotron-h.json"
+  [variants]="python3 bench/train_step_variants.py --device cuda --profile --out $R/train_step_variants-llama-1b.json"
+  [memory]="python3 -m torch.distributed.run --standalone --nproc-per-node 1 bench/train_memory.py --out $R/train_memory-h200.json"
+  [merge]="python3 bench/merge_throughput.py --size-gb 4 --shard-gb 1 --repeats 2 --results $R/merge_throughput-h200.json"
+)
+declare -A LIMIT=([gen-b128]=110 [gen-b64]=70 [gen-b128-sampled]=70 [gen-b128-dynamic]=90 [gen-nemotron]=100
+                  [train-dense]=240 [train-hybrid]=150 [variants]=90 [memory]=170 [merge]=140)
+for part in "$@"; do
+  left=$(( BUDGET - ($(date +%s) - START) ))
+  limit=${LIMIT[$part]}; (( limit > left )) && limit=$left
+  if (( limit < 30 )); then echo "== $part: skipped, ${left}s left" | tee -a "$R/summary.txt"; continue; fi
+  t0=$(date +%s)
+  timeout -k 5 "$limit" ${CMD[$part]} > "$R/$part.log" 2>&1
+  rc=$?
+  echo "== $part: rc $rc in $(( $(date +%s) - t0 ))s (limit ${limit}s)" | tee -a "$R/summary.txt"
+  grep -v -e Warning -e warnings.warn -e '^ *return forward_call' "$R/$part.log" | tail -n 14
+done
+tar -czf "$OUT/results.tgz" -C "$OUT" r
