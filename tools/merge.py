@@ -3,7 +3,7 @@ become a candidate artifact served like its first input.
 
     soup:  models [a, b, ...] with weights summing to 1 (equal when not given)
     dose:  models [a, b] and alpha: a + alpha * (b - a) (alpha outside [0, 1] extrapolates)
-    lora:  models [base, adapter]: the adapter merged into its base, a full checkpoint
+    lora:  models [base, adapter]: the adapter merged into its base, a full checkpoint in the base's dtypes
 """
 
 from __future__ import annotations
@@ -63,7 +63,9 @@ def _job(args: Args, paths: list[Path], out: Path):
         case "dose":
             return merge.dose, _make(merge.DoseConfig, out, a=paths[0], b=paths[1], alpha=args.alpha)
         case "lora":
-            return merge.merge_lora, _make(merge.LoRAMergeConfig, out, base=paths[0], adapter=paths[1], dtype="float32")
+            # Streamed shard by shard in the base's stored dtypes (trainers.merge.merge_lora), so the merged
+            # checkpoint has its base's layout and can be souped with its siblings.
+            return merge.merge_lora, _make(merge.LoRAMergeConfig, out, base=paths[0], adapter=paths[1])
 
 
 def _body(ctx: ToolContext, args: Args) -> ToolOutcome:

@@ -1,6 +1,9 @@
 """Weight merges: LoRA merge-back, linear soups and dose interpolation, streamed across safetensors shards.
 
-- `merge_lora(LoRAMergeConfig)`: base + peft adapter -> full weights (peft `merge_and_unload`).
+- `merge_lora(LoRAMergeConfig)`: base + peft LoRA adapter -> full weights W + s * B @ A, streamed like the soups:
+  each stored tensor read chunk by chunk in its stored dtype, the update added in FP32 and cast back, so the merged
+  model has the base's keys, shapes and dtypes (it can be souped with its siblings) and memory stays a few chunks
+  plus the LoRA factors of the tensors in flight, never the model (peft's `merge_and_unload` loads all of it).
 - `soup(SoupConfig)`: sum_i w_i * theta_i with weights summing to 1 (Wortsman et al. 2022, "Model
   soups", uniform/weighted soup).
 - `dose(DoseConfig)`: a + alpha * (b - a), alpha may lie outside [0, 1] (extrapolation past b or
@@ -14,8 +17,11 @@ shard in flight, not shards or models (bench/merge_throughput.py measures it aga
 inputs before anything is written; the output is built in a temporary directory and renamed into
 place, with config and tokenizer files copied from the first model and a fresh shard index.
 
-Why in-house: peft's `add_weighted_adapter` and mergekit-style tools load whole models; a plain
-streamed loop is short and keeps the memory bound.
+Why in-house: peft's `add_weighted_adapter` / `merge_and_unload` and mergekit-style tools load whole models; a
+plain streamed loop is short and keeps the memory bound. What the LoRA merge folds in where is still peft's and
+transformers' own answer: peft wraps a meta-device copy of the base (no weights) to name every adapter tensor, its
+target parameter and its scale, and transformers' load-time key conversion (e.g. Nemotron-H's `backbone.` prefix
+and per-expert tensors stacked into one 3-D parameter) maps each target back to the stored tensors.
 
 Commands:
 
@@ -32,6 +38,8 @@ import math
 import os
 import shutil
 import sys
+import threading
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
@@ -42,10 +50,13 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from safetensors import safe_open
 
-from trainers.common import weights_sha256, write_weights_manifest
+from trainers.common import write_weights_manifest
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+# Side files a merge does not carry over: the adapter's own config and peft's adapter model card.
+NOT_SIDE_FILES = {INDEX, "adapter_config.json", "README.md"}
 
 
 class MergeError(ValueError):
@@ -121,13 +132,12 @@ class DoseConfig(BaseModel):
 
 
 class LoRAMergeConfig(BaseModel):
-    """Fold a peft LoRA adapter into its base model's weights."""
+    """Fold a peft LoRA adapter into its base model's weights (streamed; the output keeps the base's dtypes)."""
 
     model_config = ConfigDict(extra="forbid")
     base: Path = Field(description="The base model directory the adapter was trained on.")
     adapter: Path = Field(description="The peft adapter directory (adapter_config.json, adapter_model.safetensors).")
     output_dir: Path = Field(description="Where the merged full model is written (must not exist).")
-    dtype: str = Field("float32", pattern="^(float32|bfloat16)$", description="Dtype the merge is computed and saved in.")
 
     @field_validator("base")
     @classmethod
@@ -144,6 +154,8 @@ class LoRAMergeConfig(BaseModel):
     def _adapter(cls, v: Path) -> Path:
         if not (v / "adapter_config.json").is_file():
             raise ValueError(f"{v}: no adapter_config.json (expected a peft adapter directory)")
+        if not (v / ADAPTER_WEIGHTS).is_file():
+            raise ValueError(f"{v}: no {ADAPTER_WEIGHTS} (expected a peft adapter saved as safetensors)")
         return v
 
 
@@ -196,9 +208,9 @@ def check_compatible(models: list[Path]) -> dict[str, str]:
 
 
 def _copy_side_files(src: Path, dst: Path) -> None:
-    """config, generation config, tokenizer, chat template: everything but weights and the index."""
+    """config, generation config, tokenizer, chat template: everything but weights, the index and adapter files."""
     for f in src.iterdir():
-        if f.is_file() and not f.name.endswith(".safetensors") and f.name != INDEX:
+        if f.is_file() and not f.name.endswith(".safetensors") and f.name not in NOT_SIDE_FILES:
             shutil.copy2(f, dst / f.name)
 
 
@@ -213,8 +225,9 @@ _DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF
            "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
            "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2}
 
-# combine(input chunks, output chunk, fp32 scratch, fp32 scratch): writes the merged chunk into the output.
-Combine = Callable[[list[torch.Tensor], torch.Tensor, torch.Tensor, torch.Tensor], None]
+# combine(tensor name, index of the chunk's first element, input chunks, output chunk, fp32 scratch, fp32 scratch):
+# writes the merged chunk into the output.
+Combine = Callable[[str, int, list[torch.Tensor], torch.Tensor, torch.Tensor, torch.Tensor], None]
 
 
 class _Entry(NamedTuple):
@@ -290,7 +303,7 @@ def _write_shard(out_path: Path, keys: list[str], sources: list[dict[str, tuple[
                 n = min(CHUNK_ELEMENTS, numel - first)
                 chunks = [_pread(fds[path], path, buf[: n * size], entry.start + first * size).view(dtypes[k])
                           for buf, (path, entry) in zip(in_bufs, (src[k] for src in sources), strict=True)]
-                combine(chunks, out_buf[: n * size].view(dtypes[k]), acc[:n], tmp[:n])
+                combine(k, first, chunks, out_buf[: n * size].view(dtypes[k]), acc[:n], tmp[:n])
                 view = memoryview(out_buf[: n * size].numpy())
                 digest.update(view)
                 out.write(view)
@@ -306,12 +319,13 @@ def _sources(models: list[Path], maps: list[dict[str, str]]) -> list[dict[str, t
     return out
 
 
-def stream_merge(models: list[Path], combine: Combine, output_dir: Path) -> MergeResult:
+def stream_merge(models: list[Path], combine: Combine, output_dir: Path, side_files: Path | None = None) -> MergeResult:
     """Writes combine(chunks of all models) for every tensor, shard by shard, then swaps the dir in.
 
     Inputs are read with plain reads chunk by chunk (no memory maps held open), merged into preallocated
     FP32 scratch, and each output shard is hashed as it is written, so the result's weights_sha256 needs no
-    second pass over the output; up to MAX_WORKERS shards are written at once."""
+    second pass over the output; up to MAX_WORKERS shards are written at once. Side files (config, tokenizer)
+    come from the first model, then from `side_files` when given (a LoRA adapter's tokenizer and chat template)."""
     first_map = check_compatible(models)
     shards = sorted(set(first_map.values()))
     names = {s: f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i, s in enumerate(shards)}
@@ -331,6 +345,8 @@ def stream_merge(models: list[Path], combine: Combine, output_dir: Path) -> Merg
     index = {"metadata": {"total_size": total}, "weight_map": {k: names[s] for k, s in sorted(first_map.items())}}
     (tmp / INDEX).write_text(json.dumps(index, indent=2) + "\n")
     _copy_side_files(models[0], tmp)
+    if side_files is not None:
+        _copy_side_files(side_files, tmp)
     # The digests taken while writing become the output's weights manifest (replacing the first model's, which
     # the side files brought along), so neither this result nor a later weights_sha256 re-reads the shards.
     digest = write_weights_manifest(tmp, shard_sha)
@@ -339,7 +355,8 @@ def stream_merge(models: list[Path], combine: Combine, output_dir: Path) -> Merg
 
 
 def _soup_combine(weights: list[float]) -> Combine:
-    def combine(chunks: list[torch.Tensor], out: torch.Tensor, acc: torch.Tensor, tmp: torch.Tensor) -> None:
+    def combine(_key: str, _first: int, chunks: list[torch.Tensor], out: torch.Tensor, acc: torch.Tensor,
+                tmp: torch.Tensor) -> None:
         # sum_i w_i * float(t_i) with each product rounded to FP32 before the sum, as `acc += w * t.float()`
         # would do, but in place: no FP32 temporaries per tensor.
         acc.copy_(chunks[0]).mul_(weights[0])
@@ -351,7 +368,8 @@ def _soup_combine(weights: list[float]) -> Combine:
 
 
 def _dose_combine(alpha: float) -> Combine:
-    def combine(chunks: list[torch.Tensor], out: torch.Tensor, acc: torch.Tensor, tmp: torch.Tensor) -> None:
+    def combine(_key: str, _first: int, chunks: list[torch.Tensor], out: torch.Tensor, acc: torch.Tensor,
+                tmp: torch.Tensor) -> None:
         a, b = chunks
         # The endpoints are returned as stored: a + 0*(b-a) would turn -0.0 into +0.0, and
         # a + 1*(b-a) can round away from b, so "alpha=0 is a" would not hold bit for bit.
@@ -376,21 +394,251 @@ def dose(config: DoseConfig) -> MergeResult:
     return stream_merge([config.a, config.b], _dose_combine(config.alpha), config.output_dir)
 
 
-def merge_lora(config: LoRAMergeConfig) -> MergeResult:
-    """Loads base + adapter, folds the adapter in, and saves full weights with the adapter's tokenizer."""
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+class _Target(NamedTuple):
+    """The LoRA update of one runtime parameter: for each expert e (one block for nn.Linear), the block
+    scale * (B_e @ A_e), transposed when the parameter is laid out (experts, in, out)."""
 
-    base = AutoModelForCausalLM.from_pretrained(config.base, dtype=getattr(torch, config.dtype))
-    merged = PeftModel.from_pretrained(base, config.adapter).merge_and_unload()
-    tmp = config.output_dir.with_name(config.output_dir.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    merged.save_pretrained(tmp)
-    AutoTokenizer.from_pretrained(config.adapter).save_pretrained(tmp)
-    tmp.rename(config.output_dir)
-    weight_map = shard_map(config.output_dir)
-    return MergeResult(output_dir=config.output_dir, tensors=len(weight_map), shards=len(set(weight_map.values())),
-                       weights_sha256=weights_sha256(config.output_dir))
+    lora_a: str
+    lora_b: str
+    scale: float
+    experts: int
+    transposed: bool
+
+
+class _Update(NamedTuple):
+    """What one stored tensor receives: blocks `blocks` of its runtime parameter's update, stacked by rows."""
+
+    target: str
+    blocks: range
+
+
+class _LoRAPlan(NamedTuple):
+    """Which stored tensor gets which update, found and checked before anything is written."""
+
+    targets: dict[str, _Target]
+    updates: dict[str, _Update]
+    replaced: dict[str, str]
+
+
+def _adapter_config(adapter: Path):
+    """The peft LoraConfig, refusing what this merge does not fold in (each a different update formula)."""
+    from peft import LoraConfig
+
+    path = adapter / "adapter_config.json"
+    if json.loads(path.read_text()).get("peft_type") != "LORA":
+        raise MergeError(f"{path}: field peft_type: expected 'LORA'")
+    config = LoraConfig.from_pretrained(adapter)
+    refused = {"use_dora": config.use_dora, "fan_in_fan_out": config.fan_in_fan_out, "lora_bias": config.lora_bias,
+               "bias": config.bias != "none", "trainable_token_indices": bool(config.trainable_token_indices),
+               "layer_replication": bool(config.layer_replication)}
+    for field, used in refused.items():
+        if used:
+            raise MergeError(f"{path}: field {field}: {getattr(config, field)!r} is not supported by the streamed "
+                             "merge (plain LoRA only)")
+    config.inference_mode = True
+    return config
+
+
+def _runtime_sources(skeleton, stored: list[str]) -> dict[str, tuple[list[str], bool]]:
+    """runtime parameter name -> (its stored tensors, stacked), by transformers' own load-time key conversion:
+    renamings, then at most one converter; `stacked` = per-expert tensors stacked on dim 0 (MergeModulelist),
+    listed in the order from_pretrained stacks them. Tensors under any other converter map to an empty list."""
+    from transformers.conversion_mapping import get_model_conversion_mapping
+    from transformers.core_model_loading import (
+        MergeModulelist,
+        WeightConverter,
+        WeightRenaming,
+        dot_natural_key,
+        rename_source_key,
+    )
+
+    transforms = get_model_conversion_mapping(skeleton)
+    renamings = [t for t in transforms if isinstance(t, WeightRenaming)]
+    converters = [t for t in transforms if isinstance(t, WeightConverter)]
+    by_pattern = {p: c for c in converters for p in c.source_patterns}
+    meta = skeleton.state_dict()
+    prefix = skeleton.base_model_prefix
+    out: dict[str, tuple[list[str], bool]] = {}
+    for key in sorted(stored, key=dot_natural_key):  # from_pretrained's order, which fixes the expert index
+        name, pattern = rename_source_key(key, renamings, converters, prefix, meta)
+        if name not in meta and key in meta:  # as from_pretrained: a stored name that needs no renaming
+            name, pattern = rename_source_key(key, [], [], prefix, meta)
+        converter = by_pattern.get(pattern) if pattern is not None else None
+        stacked = converter is not None and len(converter.source_patterns) == 1 and len(converter.operations) == 1 \
+            and isinstance(converter.operations[0], MergeModulelist) and converter.operations[0].dim == 0
+        keys, _ = out.setdefault(name, ([], stacked))
+        if converter is None or stacked:
+            keys.append(key)
+    return out
+
+
+def _check_adapter_tensors(adapter: Path, expected: dict[str, list[int]], entries: dict[str, _Entry]) -> None:
+    """The adapter file holds exactly the tensors peft would save for this config and base, in their shapes."""
+    missing, unexpected = sorted(set(expected) - set(entries)), sorted(set(entries) - set(expected))
+    if missing or unexpected:
+        raise MergeError(f"{adapter / ADAPTER_WEIGHTS}: tensors differ from what adapter_config.json gives for this "
+                         f"base (missing {missing[:3]}, unexpected {unexpected[:3]})")
+    for key, shape in expected.items():
+        if entries[key].shape != shape:
+            raise MergeError(f"{adapter / ADAPTER_WEIGHTS}: tensor {key} is {entries[key].shape}, the base "
+                             f"needs {shape}")
+
+
+def _lora_plan(base: Path, adapter: Path, base_entries: dict[str, _Entry],
+               adapter_entries: dict[str, _Entry]) -> _LoRAPlan:
+    """Names every adapter tensor's target on a meta-device copy of the base wrapped by peft, then maps each
+    target to its stored tensors, checking names, shapes and dtypes."""
+    from peft import get_peft_model
+    from peft.tuners.lora import Linear, ParamWrapper
+    from peft.tuners.tuners_utils import BaseTunerLayer
+    from peft.utils import ModulesToSaveWrapper, get_peft_model_state_dict
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = _adapter_config(adapter)
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(base))
+    sources = _runtime_sources(skeleton, list(base_entries))
+    shapes = {k: list(v.shape) for k, v in skeleton.state_dict().items()}
+    try:
+        wrapped = get_peft_model(skeleton, config)
+    except ValueError as e:  # peft's refusal of targets the base lacks
+        raise MergeError(f"{adapter}: the adapter does not fit {base}: {str(e).splitlines()[0]}") from None
+    _check_adapter_tensors(adapter, {k: list(v.shape) for k, v in get_peft_model_state_dict(wrapped).items()},
+                           adapter_entries)
+    targets, copies = {}, {}
+    for name, module in wrapped.named_modules():
+        runtime = name.removeprefix("base_model.model.").replace(".base_layer", "")
+        if isinstance(module, ModulesToSaveWrapper):
+            copies |= {f"{runtime}.{p}": f"{name}.{p}" for p, _ in module.original_module.named_parameters()}
+        elif isinstance(module, ParamWrapper):
+            # peft's rule: a 3-D parameter is (experts, out, in) unless its module says `is_transposed`.
+            transposed = module.num_experts > 1 and bool(getattr(module.get_base_layer(), "is_transposed", False))
+            targets[f"{runtime}.{module.parameter_name}"] = _Target(
+                f"{name}.lora_A.weight", f"{name}.lora_B.weight", module.scaling["default"], module.num_experts,
+                transposed)
+        elif isinstance(module, Linear):
+            targets[f"{runtime}.weight"] = _Target(f"{name}.lora_A.weight", f"{name}.lora_B.weight",
+                                                   module.scaling["default"], 1, False)
+        elif isinstance(module, BaseTunerLayer):
+            raise MergeError(f"{adapter}: {runtime} is a LoRA {type(module).__name__} layer; the streamed merge "
+                             "folds Linear and parameter (expert) targets only")
+    updates = {}
+    for param, target in targets.items():
+        updates |= _stored_updates(base, param, target, shapes[param], sources, base_entries)
+    replaced = {_single_stored(base, param, shapes[param], sources, base_entries): key for param, key in copies.items()}
+    return _LoRAPlan(targets=targets, updates=updates, replaced=replaced)
+
+
+def _stored_updates(base: Path, param: str, target: _Target, shape: list[int],
+                    sources: dict[str, tuple[list[str], bool]], entries: dict[str, _Entry]) -> dict[str, _Update]:
+    """stored tensor -> its update: the whole parameter's blocks, or one expert's block of a stacked one."""
+    keys, stacked = sources.get(param, ([], False))
+    if not stacked:
+        key = _single_stored(base, param, shape, sources, entries)
+        updates = {key: _Update(param, range(target.experts))}
+    elif len(keys) != shape[0] or any(entries[k].shape != shape[1:] for k in keys):
+        raise MergeError(f"{base}: the {len(keys)} stored tensors of {param} do not stack to its shape {shape}")
+    else:
+        updates = {k: _Update(param, range(e, e + 1)) for e, k in enumerate(keys)}
+    for key in updates:
+        if entries[key].dtype not in ("F32", "BF16", "F16"):
+            raise MergeError(f"{base}: tensor {key} is {entries[key].dtype}; a LoRA update needs a float tensor")
+    return updates
+
+
+def _single_stored(base: Path, param: str, shape: list[int], sources: dict[str, tuple[list[str], bool]],
+                   entries: dict[str, _Entry]) -> str:
+    """The one stored tensor a runtime parameter loads from unchanged (renamed at most)."""
+    keys, stacked = sources.get(param, ([], False))
+    if stacked or len(keys) != 1:
+        raise MergeError(f"{base}: LoRA target {param} is not stored as one tensor (stored as {keys[:3] or 'none'}; "
+                         "the streamed merge follows renamings and expert stacking only)")
+    if entries[keys[0]].shape != shape:
+        raise MergeError(f"{base}: tensor {keys[0]} is {entries[keys[0]].shape}, the model needs {shape} for {param}")
+    return keys[0]
+
+
+class _LoRACombine:
+    """combine() of merge_lora: W + scale * lhs @ rhs in FP32 (cast back to W's dtype), or the adapter's own copy
+    of the tensor (peft modules_to_save), or W unchanged. The factors of a target are read once, when the first of
+    its stored tensors is written, and dropped after the last: memory is the factors of the targets in flight."""
+
+    def __init__(self, plan: _LoRAPlan, adapter_file: Path, fd: int, base_entries: dict[str, _Entry]):
+        self._plan, self._file, self._fd = plan, adapter_file, fd
+        self._entries, self._base = read_header(adapter_file), base_entries
+        self._pending = Counter(u.target for u in plan.updates.values())
+        self._blocks: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, key: str, first: int, chunks: list[torch.Tensor], out: torch.Tensor, acc: torch.Tensor,
+                 _tmp: torch.Tensor) -> None:
+        (weight,) = chunks
+        if key in self._plan.replaced:
+            out.copy_(self._read(self._plan.replaced[key], first, len(out)))
+        elif key in self._plan.updates:
+            out.copy_(acc.copy_(weight).add_(self._delta(key, first, len(out))))
+            if first + len(out) == math.prod(self._base[key].shape):
+                self._release(self._plan.updates[key].target)
+        else:
+            out.copy_(weight)
+
+    def _delta(self, key: str, first: int, n: int) -> torch.Tensor:
+        """The update of elements [first, first + n) of the stored tensor (rows of its last dim), in FP32."""
+        update = self._plan.updates[key]
+        scale = self._plan.targets[update.target].scale
+        blocks = self._factors(update.target)[update.blocks.start:update.blocks.stop]
+        cols, height = self._base[key].shape[-1], blocks[0][0].shape[0]
+        lo, hi = first // cols, -(-(first + n) // cols)
+        rows = [(lhs[max(lo - b * height, 0):hi - b * height] @ rhs) * scale  # peft's (B @ A) * scaling
+                for b, (lhs, rhs) in enumerate(blocks) if b * height < hi and (b + 1) * height > lo]
+        flat = (torch.cat(rows) if len(rows) > 1 else rows[0]).view(-1)
+        return flat[first - lo * cols:first - lo * cols + n]
+
+    def _factors(self, name: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per expert (lhs, rhs) of a target in FP32: B_e, A_e with peft's layout (A rows grouped by expert, B
+        columns interleaved: B viewed (out, r, experts)), swapped and transposed for an (experts, in, out) layout."""
+        with self._lock:
+            if name not in self._blocks:
+                target = self._plan.targets[name]
+                a, b = self._tensor(target.lora_a), self._tensor(target.lora_b)
+                rank = a.shape[0] // target.experts
+                pairs = [(b[:, e::target.experts], a[e * rank:(e + 1) * rank]) for e in range(target.experts)]
+                if target.transposed:
+                    pairs = [(rhs.T, lhs.T) for lhs, rhs in pairs]
+                self._blocks[name] = [(lhs.contiguous(), rhs.contiguous()) for lhs, rhs in pairs]
+            return self._blocks[name]
+
+    def _release(self, name: str) -> None:
+        with self._lock:
+            self._pending[name] -= 1
+            if self._pending[name] == 0:
+                self._blocks.pop(name, None)
+
+    def _tensor(self, key: str) -> torch.Tensor:
+        entry = self._entries[key]
+        return self._read(key, 0, math.prod(entry.shape)).reshape(entry.shape).float()
+
+    def _read(self, key: str, first: int, n: int) -> torch.Tensor:
+        """Elements [first, first + n) of an adapter tensor, as stored, by a plain read."""
+        entry = self._entries[key]
+        dtype = _dtype(self._file, entry.dtype)
+        buf = torch.empty(n * dtype.itemsize, dtype=torch.uint8)
+        return _pread(self._fd, self._file, buf, entry.start + first * dtype.itemsize).view(dtype)
+
+
+def merge_lora(config: LoRAMergeConfig) -> MergeResult:
+    """Streams base + scale * B @ A into config.output_dir in the base's layout and dtypes, with the adapter's
+    tokenizer and chat template; every name, shape and dtype is checked before anything is written."""
+    base_map = shard_map(config.base)
+    base_entries = {k: entry for k, (_, entry) in _sources([config.base], [base_map])[0].items()}
+    adapter_file = config.adapter / ADAPTER_WEIGHTS
+    plan = _lora_plan(config.base, config.adapter, base_entries, read_header(adapter_file))
+    fd = os.open(adapter_file, os.O_RDONLY)
+    try:
+        combine = _LoRACombine(plan, adapter_file, fd, base_entries)
+        return stream_merge([config.base], combine, config.output_dir, side_files=config.adapter)
+    finally:
+        os.close(fd)
 
 
 def main(argv: list[str] | None = None) -> int:
