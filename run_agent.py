@@ -50,8 +50,9 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--session", help="session name (default: s-<UTC timestamp>)")
     p.add_argument("--planner", choices=["playbook", "openai"], help="override [planner] kind of lab.toml")
     p.add_argument("--executor", choices=["local", "slurm"], help="override [executor] kind of lab.toml")
-    p.add_argument("--protocol", choices=["full", "test"], default="full",
-                   help="playbook size: full, or test (one SFT arm of 4 steps, one dose, one serving alternative)")
+    p.add_argument("--protocol", choices=["full", "test", "short"], default="full",
+                   help="playbook size: full, test (one SFT arm of 4 steps, one dose, one serving alternative) or short "
+                        "(two screened arms, one dose: the decision-quality benchmark)")
     p.add_argument("--quiet", action="store_true", help="plain log lines instead of the live view")
 
 
@@ -106,7 +107,7 @@ def add_replay_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lab", type=Path, default=Path("lab"), help="lab directory (holds lab.toml and notebook.db)")
     p.add_argument("--bars", type=Path, help="other bars (TOML) registered in place of the session's")
     p.add_argument("--planner", choices=["playbook", "openai"], help="another planner than the session's")
-    p.add_argument("--protocol", choices=["full", "test"], help="another playbook size than the session's")
+    p.add_argument("--protocol", choices=["full", "test", "short"], help="another playbook size than the session's")
 
 
 def cmd_replay(args: argparse.Namespace) -> int:

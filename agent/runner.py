@@ -129,7 +129,7 @@ def start(lab_dir: Path, session: str, budget_gpuh: float, planner: str, executo
           quiet: bool) -> int:
     """Open a new session in the lab and drive it to a nomination."""
     config = load_lab_config(lab_dir)
-    settings = PlaybookSettings.test() if protocol == "test" else PlaybookSettings()
+    settings = PlaybookSettings.named(protocol)
     section = config.executor.model_copy(update={"kind": executor})
     with Notebook.open(LabPaths(root=lab_dir).notebook) as nb:
         nb.open_session(session, lab=str(lab_dir), budget_gpuh=budget_gpuh,

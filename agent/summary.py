@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from agent.toolbox import canonical_args
 from evals.decoding import Decoding
 from memory.notebook import Notebook
+from memory.records import GateRefusal
 from tools.promote import incumbent_of, parent_of
 
 _ARM_TOOLS = ("train", "merge", "tune_serving")
@@ -68,6 +69,12 @@ class Call(_View):
     data: dict[str, Any] = Field(description="Ids the outcome produced.")
 
 
+class Refused(_View):
+    tool: str = Field(description="Tool a gate refused.")
+    args: dict[str, Any] = Field(description="Its canonical arguments.")
+    reason: str = Field(description="The gate's reason.")
+
+
 class Summary(_View):
     session: str = Field(description="Session name.")
     budget: Budget = Field(description="The GPU-hour ledger.")
@@ -81,6 +88,7 @@ class Summary(_View):
     datasets: list[Dataset] = Field(description="Every dataset built in the session.")
     calls: list[Call] = Field(description="Every tool call, in order.")
     refusals: list[str] = Field(description="The latest refusals (gates, planner replies, admission).")
+    gate_refusals: list[Refused] = Field(default_factory=list, description="Every step a gate refused, oldest first.")
     failures: list[str] = Field(description="Failed job attempts: kind and failure class.")
     consecutive_failed_arms: int = Field(description="Arms in a row (latest last) that failed or missed the bars.")
     nominee: int | None = Field(description="The nominated checkpoint, once nominated.")
@@ -93,6 +101,11 @@ class Summary(_View):
             if c.tool == tool and c.args == wanted:
                 return c
         return None
+
+    def refused(self, tool: str, args: dict[str, Any]) -> Refused | None:
+        """The gate refusal of `tool` with these arguments, if a gate refused it."""
+        wanted = canonical_args(tool, args)
+        return next((r for r in self.gate_refusals if r.tool == tool and r.args == wanted), None)
 
     def checkpoint(self, artifact_id: int) -> Checkpoint | None:
         return next((c for c in self.checkpoints if c.id == artifact_id), None)
@@ -174,7 +187,7 @@ def summarize(nb: Notebook, session: str) -> Summary:
         record = nb.bars(registered[-1].payload.get("bars_id"))
         rules = [f"{b['suite']}/{b['metric']} {b['statistic']} {b['op']} {b['value']:g}"
                  f"{' * noise_floor' if b['unit'] == 'noise_floor' else ''}" for b in record.spec["bars"]]
-        bars = {"id": record.id, "sha256": record.sha256, "rules": rules}
+        bars = {"id": record.id, "sha256": record.sha256, "rules": rules, "p_family": record.spec.get("p_family")}
     calls = [Call(id=c.id, tool=c.tool, args=c.args, status=c.status, summary=(c.result or {}).get("summary", ""),
                   data=(c.result or {}).get("data", {})) for c in nb.tool_calls(session)]
     checkpoints = _checkpoints(nb, session)
@@ -191,14 +204,18 @@ def summarize(nb: Notebook, session: str) -> Summary:
     datasets = [Dataset(id=a.id, name=a.name, builder=a.recipe.get("builder", ""), row_kind=a.recipe.get("row_kind", ""),
                         rows=a.recipe.get("rows", 0), audit_passed="audit" in a.recipe and not a.recipe["audit"].get("hits"))
                 for a in nb.artifacts(kind="dataset", session=session)]
-    refusals = [d.rationale for d in nb.decisions(session, kind="refuse")][-5:]
+    refused = nb.decisions(session, kind="refuse")
+    refusals = [d.rationale for d in refused][-5:]
+    gate_refusals = [Refused(tool=d.payload.tool, args=d.payload.args, reason=d.payload.reason) for d in refused
+                     if isinstance(d.payload, GateRefusal)]
     failures = [f"{j.kind} {j.key[:12]} attempt {j.attempt}: {j.failure_class}" for j in nb.jobs(session=session)
                 if j.state == "failed"]
     nominations = nb.decisions(session, kind="nominate")
     return Summary(
         session=session, budget=budget, split=split, bars=bars, parent=parent_of(nb, session),
         incumbent=incumbent_of(nb, session), calibrated=sorted(calibrated), noise_floors=floors,
-        checkpoints=checkpoints, datasets=datasets, calls=calls, refusals=refusals, failures=failures,
+        checkpoints=checkpoints, datasets=datasets, calls=calls, refusals=refusals, gate_refusals=gate_refusals,
+        failures=failures,
         consecutive_failed_arms=_trailing_false(_arm_outcomes(calls, {c.id: c for c in checkpoints})),
         nominee=nominations[-1].payload.get("artifact_id") if nominations else None,
         sealed_opened=bool(nb.decisions(session, kind="confirm")),

@@ -1,13 +1,18 @@
 """Decision quality: how often the agent's promotions are real, against naive policies, in the toy world.
 
     .venv/bin/python bench/decision_quality.py [--seeds 10] [--first-seed 1] [--size test|demo] [--budget 60gpuh]
-        [--protocol test|full] [--truth-n 2000] [--work DIR] [--out bench/results/decision_quality.json]
+        [--protocol short|test|full] [--world-seed 0] [--truth-n 2000] [--work DIR] [--parallel 1]
+        [--out bench/results/decision_quality.json]
 
-For each world seed: build the world (cached in WORK/world-SEED), run one playbook session on it
-(`run_agent.py --budget B --protocol P`, a real session with real jobs; a finished session found there is
-reused), then judge its decisions against the world's ground truth: a fresh truth sample, never seen by the
-agent, answered by every checkpoint the session made (tools/world/decision_quality.TruthBank, the sample
-`world truth` draws) and judged pairwise by the noise-free oracle.
+The world (seed `--world-seed`) is built once, in WORK/world. Each session seed gets its own copy of it
+with the feedback drawn afresh (WORK/lab-SEED, tools/world/decision_quality.redraw_feedback: new battle
+prompts, the parent's answers and the oracle's votes at that seed), so a seed costs a battle generation,
+not a world build. Its bars get the p-value family the protocol really uses
+(`PlaybookSettings.comparisons()`). One playbook session runs on it (`run_agent.py --budget B --protocol
+P`, a real session with real jobs; a finished session found there is reused), then its decisions are
+judged against the world's ground truth: a fresh truth sample, never seen by the agent, answered by every
+checkpoint the session made (tools/world/decision_quality.TruthBank, the sample `world truth` draws) and
+judged pairwise by the noise-free oracle.
 
 Four policies are applied to the same session's candidates (no extra training):
 
@@ -32,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import re
 import subprocess
 import sys
 import time
@@ -42,13 +48,14 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from agent.config import load_lab_config, parse_budget  # noqa: E402
+from agent.planners.playbook import PROTOCOLS, PlaybookSettings  # noqa: E402
 from agent.runner import lab_spec  # noqa: E402
 from agent.summary import summarize  # noqa: E402
 from evals.decoding import Decoding  # noqa: E402
 from memory.notebook import Notebook  # noqa: E402
 from tools.promote import parent_of  # noqa: E402
 from tools.world.build import build  # noqa: E402
-from tools.world.decision_quality import PairTruth, TruthBank, answer_key  # noqa: E402
+from tools.world.decision_quality import PairTruth, TruthBank, answer_key, redraw_feedback  # noqa: E402
 
 SESSION = "dq"
 POLICIES = ("playbook", "greedy", "last_arm", "oracle_best")
@@ -302,18 +309,32 @@ def table(summary: dict[str, dict[str, Any]]) -> str:
 # ---- main -----------------------------------------------------------------------------------------
 
 
+def register_family(lab: Path, protocol: str) -> int:
+    """Pre-register in the lab's bars the p-value family the protocol really uses; returns it."""
+    family = PlaybookSettings.named(protocol).comparisons()
+    path = lab / load_lab_config(lab).bars
+    text, n = re.subn(r"(?m)^p_family = \d+$", f"p_family = {family}", path.read_text(encoding="utf-8"))
+    if n != 1:
+        raise SystemExit(f"{path}: expected one `p_family = N` line, found {n}")
+    path.write_text(text, encoding="utf-8")
+    return family
+
+
 def one_seed(args: argparse.Namespace, seed: int) -> dict[str, Any]:
-    """Build, run and judge one world seed; the row is also written to WORK/seed-SEED.json."""
-    lab, done = args.work / f"world-{seed}", args.work / f"seed-{seed}.json"
+    """Redraw, run and judge one session seed; the row is also written to WORK/seed-SEED.json."""
+    lab, done = args.work / f"lab-{seed}", args.work / f"seed-{seed}.json"
     if args.reuse_rows and done.is_file():
         return json.loads(done.read_text())
     t0 = time.monotonic()
-    build(lab, seed=seed, size=args.size)
-    build_s = time.monotonic() - t0
+    fresh = not (lab / "notebook.db").exists()
+    redraw = redraw_feedback(args.work / "world", lab, seed)
+    family = register_family(lab, args.protocol) if fresh else None
+    redraw_s = time.monotonic() - t0
     session_s = run_session(lab, args.budget, args.protocol, args.work / f"session-{seed}.log")
     t1 = time.monotonic()
     row = judge_session(seed, lab, args.work / f"judge-{seed}", args.truth_n, args.truth_seed, args.device)
-    row |= {"build_s": build_s, "session_s": session_s, "judge_s": time.monotonic() - t1}
+    row |= {"feedback": redraw.model_dump(), "p_family": family, "redraw_s": redraw_s, "session_s": session_s,
+            "judge_s": time.monotonic() - t1}
     done.write_text(json.dumps(row, indent=1) + "\n")
     print(f"seed {seed}: " + ", ".join(f"{k} nominee {v['nominee_name']} {v['nominee_vs_parent']['win_rate']:.3f}"
                                        for k, v in row["policies"].items()), flush=True)
@@ -356,7 +377,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed-list", type=_seed_list, help="comma-separated world seeds (instead of --seeds/--first-seed)")
     p.add_argument("--size", choices=["test", "demo"], default="demo", help="world size preset")
     p.add_argument("--budget", default="60gpuh", help="session budget (run_agent.py --budget)")
-    p.add_argument("--protocol", choices=["test", "full"], default="full", help="playbook size")
+    p.add_argument("--protocol", choices=PROTOCOLS, default="short", help="playbook size")
+    p.add_argument("--world-seed", type=int, default=0, help="seed of the one world every session's feedback is drawn in")
     p.add_argument("--truth-n", type=int, default=2000, help="prompts of the truth sample")
     p.add_argument("--truth-seed", type=int, default=0, help="truth sample seed")
     p.add_argument("--device", default="cpu", help="device of the truth generation")
@@ -375,13 +397,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.one_seed is not None:
         one_seed(args, args.one_seed)
         return 0
+    t0 = time.monotonic()
+    build(args.work / "world", seed=args.world_seed, size=args.size)  # once, before any seed copies it
+    build_s = time.monotonic() - t0
     sessions = run_seeds(args, seeds, argv if argv is not None else sys.argv[1:])
     summary = {name: summarize_policy(sessions, name) for name in POLICIES}
     result = {
         "command": "python bench/decision_quality.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "host": {"machine": platform.machine(), "python": platform.python_version()},
-        "wall_s": time.monotonic() - start, "sessions": sessions, "summary": summary, "goals": check_goals(summary),
+        "wall_s": time.monotonic() - start, "world_build_s": build_s, "sessions": sessions, "summary": summary, "goals": check_goals(summary),
         "table": table(summary),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

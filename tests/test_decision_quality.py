@@ -1,10 +1,11 @@
-"""The decision-quality benchmark on a reduced run: 3 world seeds at `--size test`, the test playbook.
+"""The decision-quality benchmark on a reduced run (3 session seeds at `--size test`, the short playbook),
+and the playbook's decision rules on hand-made summaries.
 
-Real parts throughout: three toy worlds (seed 0 is the test suite's shared world, copied), three real
-sessions through run_agent.py, greedy holdout evals as real eval jobs, and the truth sample answered by
-every checkpoint. The false-promotion count is then recomputed here from the notebooks alone (raw SQL on
-the promote decisions and artifacts, the truth sample redrawn, the oracle applied to the cached answers)
-and must match the benchmark's.
+Real parts throughout the reduced run: the test suite's shared toy world (seed 0, copied), three feedback
+redraws of it, three real sessions through run_agent.py (run side by side), greedy holdout evals as real
+eval jobs, and the truth sample answered by every checkpoint. The false-promotion count is then recomputed
+here from the notebooks alone (raw SQL on the promote decisions and artifacts, the truth sample redrawn,
+the oracle applied to the cached answers) and must match the benchmark's.
 """
 
 from __future__ import annotations
@@ -15,21 +16,27 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 
+from agent.planners.playbook import PlaybookSettings, next_step
+from agent.summary import Budget, Call, Checkpoint, Refused, Summary, Verdict
+from agent.toolbox import canonical_args
 from evals.decoding import Decoding
 from tools.world import oracle
+from tools.world.build import BARS
 from tools.world.decision_quality import answer_key
 from tools.world.testing import session_world
 from tools.world.truth import draw_sample
 
 REPO = Path(__file__).resolve().parents[1]
 TRUTH_N = 60
-SEEDS = (0, 1, 2)
+SEEDS = (1, 2, 3)
 SESSION_KEYS = {"seed", "session", "lab", "status", "budget_gpuh", "spent_gpuh", "replay_reproduced", "parent", "candidates",
-                "greedy_looks", "extra_eval_gpuh", "truth_generation_s", "policies", "build_s", "session_s", "judge_s"}
+                "greedy_looks", "extra_eval_gpuh", "truth_generation_s", "policies", "feedback", "p_family", "redraw_s",
+                "session_s", "judge_s"}
 POLICY_KEYS = {"policy", "nominee", "nominee_name", "nominee_vs_parent", "nominee_truly_better", "nominee_truly_worse",
                "promotions", "n_promotions", "n_false", "gpuh", "true_improvement", "improvement_per_gpuh",
                "within_oracle_ci"}
@@ -37,32 +44,30 @@ SUMMARY_KEYS = {"sessions", "nominee_truly_worse_sessions", "nominee_truly_bette
                 "false_promotions", "false_promotion_share", "mean_true_improvement", "gpuh", "improvement_per_gpuh",
                 "within_oracle_ci_share"}
 
-# Three real toy-world sessions (18-32 min each on the shared 2-core machine): a benchmark, not a suite test.
-pytestmark = [pytest.mark.slow, pytest.mark.bench]
-
 
 @pytest.fixture(scope="module")
 def bench_run(tmp_path_factory) -> tuple[dict, Path]:
     work = tmp_path_factory.mktemp("dq")
     shared = session_world(tmp_path_factory)  # seed 0, already built for the other world tests
-    (work / "world-0").mkdir()
-    shutil.copytree(shared / "world", work / "world-0" / "world")
-    shutil.copy(shared / "lab.toml", work / "world-0" / "lab.toml")
+    (work / "world").mkdir()
+    shutil.copytree(shared / "world", work / "world" / "world")
+    shutil.copy(shared / "lab.toml", work / "world" / "lab.toml")
     out = work / "out.json"
     # The budget is not under test: the toy world charges measured seconds x a factor, and on a loaded 2-core
     # machine the test sessions' evals measured about 10x their idle seconds (at 200gpuh the launcher refused
     # the parent's calibration on a forecast of 287 GPU-h).
     proc = subprocess.run([sys.executable, str(REPO / "bench/decision_quality.py"), "--seeds", str(len(SEEDS)),
-                           "--first-seed", str(SEEDS[0]), "--size", "test", "--protocol", "test", "--budget", "5000gpuh",
-                           "--truth-n", str(TRUTH_N), "--work", str(work), "--out", str(out)],
+                           "--first-seed", str(SEEDS[0]), "--size", "test", "--protocol", "short", "--budget", "5000gpuh",
+                           "--truth-n", str(TRUTH_N), "--work", str(work), "--out", str(out), "--parallel", "3"],
                           cwd=REPO, capture_output=True, text=True, timeout=3600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads(out.read_text()), work
 
 
+@pytest.mark.slow  # three real sessions side by side (see the module docstring for the cost)
 def test_json_has_every_field_and_the_baselines(bench_run):
     result, _ = bench_run
-    assert {"command", "config", "host", "wall_s", "sessions", "summary", "goals", "table"} <= set(result)
+    assert {"command", "config", "host", "wall_s", "world_build_s", "sessions", "summary", "goals", "table"} <= set(result)
     assert [s["seed"] for s in result["sessions"]] == list(SEEDS)
     for s in result["sessions"]:
         assert SESSION_KEYS <= set(s), SESSION_KEYS - set(s)
@@ -75,6 +80,11 @@ def test_json_has_every_field_and_the_baselines(bench_run):
         assert all(p["nominee_vs_parent"]["win_rate"] <= best for p in s["policies"].values())
         assert str(s["parent"]) in s["greedy_looks"]  # the greedy baseline's looks ran as extra eval jobs
         assert s["extra_eval_gpuh"] > 0
+        assert s["p_family"] == PlaybookSettings.short().comparisons()  # the family the protocol really uses
+        assert s["feedback"]["feedback_seed"] == s["seed"]
+    # each session learned from its own feedback draw
+    assert len({json.dumps(s["feedback"]["votes"], sort_keys=True) for s in result["sessions"]}) > 1 or \
+        len({(Path(s["lab"]) / "world/feedback/battles.jsonl").read_text() for s in result["sessions"]}) == len(SEEDS)
     assert set(result["summary"]) == {"playbook", "greedy", "last_arm", "oracle_best"}
     for summary in result["summary"].values():
         assert SUMMARY_KEYS <= set(summary)
@@ -115,6 +125,7 @@ def _false(lab: Path, cache: Path, new: str, old: str) -> bool:
     return mean - 1.96 * sd / math.sqrt(len(points)) <= 0.5
 
 
+@pytest.mark.slow  # three real sessions side by side (see the module docstring for the cost)
 def test_false_promotions_recomputed_from_the_notebooks(bench_run):
     result, work = bench_run
     total = 0
@@ -144,6 +155,7 @@ def _served(db: Path, parent: int) -> dict:
     return json.loads(recipe)["served_decoding"]
 
 
+@pytest.mark.slow  # three real sessions side by side (see the module docstring for the cost)
 def test_greedy_baseline_rewalked_from_its_looks(bench_run):
     result, _ = bench_run
     for s in result["sessions"]:
@@ -155,3 +167,104 @@ def test_greedy_baseline_rewalked_from_its_looks(bench_run):
                 inc = c["id"]
         assert [(p["from"], p["to"]) for p in s["policies"]["greedy"]["promotions"]] == walked
         assert s["policies"]["greedy"]["nominee"] == inc
+
+
+# ---- the playbook's decision rules, on hand-made summaries (pure: no job, no notebook) ----------------
+
+RULES = ["holdout/win_score p <= 0.05", "synthetic/correct delta >= -1 * noise_floor",
+         "loops/looping delta <= 1 * noise_floor"]
+FLOORS = {"synthetic/correct": 0.05, "loops/looping": 0.05}
+
+
+def _cp(id_: int, origin: str, metrics: dict, verdicts: list | None = None, parent: int | None = 1) -> Checkpoint:
+    return Checkpoint(id=id_, name=f"c{id_}", origin=origin, parent=parent, served_decoding="", metrics=metrics,
+                      verdicts=verdicts or [])
+
+
+def _done(id_: int, tool: str, args: dict, data: dict | None = None, status: str = "done") -> Call:
+    return Call(id=id_, tool=tool, args=canonical_args(tool, args), status=status, summary="", data=data or {})
+
+
+def _summary(checkpoints: list[Checkpoint], calls: list[Call], *, incumbent: int = 1, p_family: int | None = 2,
+             refused: list[Refused] | None = None) -> Summary:
+    budget = Budget(budget_gpuh=100, spent_gpuh=10, reserved_gpuh=0, reserve_gpuh=5, left_above_reserve_gpuh=85)
+    return Summary(session="s", budget=budget, split={"id": 1, "sha256": "x", "counts": {}},
+                   bars={"id": 1, "sha256": "y", "rules": RULES, "p_family": p_family}, parent=1, incumbent=incumbent,
+                   calibrated=[incumbent], noise_floors=FLOORS, checkpoints=checkpoints, datasets=[], calls=calls,
+                   refusals=[], gate_refusals=refused or [], failures=[], consecutive_failed_arms=0, nominee=None,
+                   sealed_opened=False)
+
+
+PARENT_METRICS = {"synthetic": {"correct": 0.50}, "loops": {"looping": 0.20}, "holdout": {"win_score": 0.5}}
+SHORT = PlaybookSettings.short()
+
+
+def _arms(sft: dict, klce: dict) -> tuple[list[Checkpoint], list[Call]]:
+    """The short protocol after its dataset and both first arms were made (artifacts 3 and 4)."""
+    args = {f: {"trainer": f, "parent": 1, "dataset": 2, "lr": SHORT.lr[f], "steps": SHORT.steps,
+                "batch_size": SHORT.batch_size} for f in ("sft", "klce")}
+    calls = [_done(1, "build_dataset", {"builder": "winner_sft"}, {"artifact_id": 2}),
+             _done(2, "train", args["sft"], {"artifact_id": 3}), _done(3, "train", args["klce"], {"artifact_id": 4})]
+    cps = [_cp(1, "parent", PARENT_METRICS, parent=None), _cp(3, "train:sft", sft), _cp(4, "train:klce", klce)]
+    return cps, calls
+
+
+def test_both_arms_are_screened_on_the_cheap_suites_before_any_holdout_eval():
+    cps, calls = _arms({}, {})
+    step = next_step(_summary(cps, calls), SHORT)
+    assert (step.tool, step.args) == ("evaluate", {"artifact": 3, "suites": ["synthetic", "loops"]})
+    cps[1] = _cp(3, "train:sft", {"synthetic": {"correct": 0.6}, "loops": {"looping": 0.2}})
+    step = next_step(_summary(cps, calls), SHORT)
+    assert (step.tool, step.args) == ("evaluate", {"artifact": 4, "suites": ["synthetic", "loops"]})
+
+
+def test_only_the_best_screened_arm_spends_a_holdout_eval_and_a_p_value():
+    # sft: +2 floors on synthetic, klce: +4 (0.70 vs 0.50 at a floor of 0.05) -> klce is the one finalist
+    cps, calls = _arms({"synthetic": {"correct": 0.60}, "loops": {"looping": 0.20}},
+                       {"synthetic": {"correct": 0.70}, "loops": {"looping": 0.20}})
+    step = next_step(_summary(cps, calls), SHORT)
+    assert (step.tool, step.args) == ("evaluate", {"artifact": 4, "suites": ["holdout"]})
+    cps[2] = _cp(4, "train:klce", cps[2].metrics | {"holdout": {"win_score": 0.6}})
+    step = next_step(_summary(cps, calls), SHORT)
+    assert (step.tool, step.args) == ("compare", {"candidate": 4})
+
+
+def test_no_arm_that_screens_no_better_than_the_incumbent_is_compared():
+    worse = {"synthetic": {"correct": 0.50}, "loops": {"looping": 0.30}}  # looping up 2 floors: -2
+    cps, calls = _arms(worse, worse)
+    step = next_step(_summary(cps, calls), SHORT)
+    # nothing promoted, so no dose; the short protocol has no serving alternatives: it is complete
+    assert step.tool == "stop" and step.args["reason"] == "protocol complete"
+
+
+def test_no_comparison_beyond_the_pre_registered_p_family():
+    cps, calls = _arms({"synthetic": {"correct": 0.60}, "loops": {"looping": 0.20}},
+                       {"synthetic": {"correct": 0.70}, "loops": {"looping": 0.20}})
+    cps[2] = _cp(4, "train:klce", cps[2].metrics | {"holdout": {"win_score": 0.6}})
+    spent = [_done(9, "compare", {"candidate": 99}, {}), _done(10, "compare", {"candidate": 98}, {})]
+    assert next_step(_summary(cps, calls + spent, p_family=2), SHORT).tool == "stop"
+    assert next_step(_summary(cps, calls + spent, p_family=3), SHORT).tool == "compare"
+
+
+def test_a_step_a_gate_refused_is_never_proposed_again():
+    # the test protocol's last step: the serving alternative of the incumbent, refused by the budget gate
+    test = PlaybookSettings.test()
+    args = {"trainer": "sft", "parent": 1, "dataset": 2, "lr": test.lr["sft"], "steps": test.steps,
+            "batch_size": test.batch_size}
+    rejected = [Verdict(comparison_id=1, incumbent=1, promoted=False, bars=[])]
+    full = PARENT_METRICS | {"stop": {"stopped": 1.0}}
+    cps = [_cp(1, "parent", full, parent=None), _cp(3, "train:sft", full, rejected)]
+    calls = [_done(1, "build_dataset", {"builder": "winner_sft"}, {"artifact_id": 2}),
+             _done(2, "train", args, {"artifact_id": 3}), _done(3, "evaluate", {"artifact": 3}),
+             _done(4, "compare", {"candidate": 3})]
+    step = next_step(_summary(cps, calls, p_family=None), test)
+    assert step.tool == "tune_serving"
+    refusal = Refused(tool="tune_serving", args=canonical_args("tune_serving", step.args),
+                      reason="budget: forecast 9 GPU-h + spent 10 > budget 12")
+    again = next_step(_summary(cps, calls, p_family=None, refused=[refusal]), test)
+    assert (again.tool, again.args["reason"]) == ("stop", "protocol complete")
+
+
+def test_the_world_bars_register_the_full_protocols_comparisons():
+    assert tomllib.loads(BARS)["p_family"] == PlaybookSettings().comparisons()
+    assert PlaybookSettings.short().comparisons() == 2  # one screened finalist and one dose

@@ -10,17 +10,32 @@ step (what resume and replay rely on). The protocol, in order:
    too small for another step;
 4. first arms, one per family at conservative settings, each from the session's parent: winner
    SFT on every human-preferred answer, DPO + NLL on battle pairs, KL-leashed CE (with replay when
-   the lab has replay data), RFT on verified synthetic tasks. Each arm: build its data, train,
-   evaluate at served decoding, compare against the incumbent under the bars, promote if it clears;
-5. a learning-rate sweep along the family whose first arm scored best on the primary bar's metric;
+   the lab has replay data), RFT on verified synthetic tasks;
+5. a learning-rate sweep along the family whose first arm screened best;
 6. a soup of the promoted siblings (two or more), and dose interpolation from the parent along the
    best promoted trained checkpoint (alpha < 1 backs off, alpha > 1 extrapolates); the bars pick
    the knee, since only a dose that clears them against the incumbent is promoted;
 7. serving tuning with the weights fixed (decoding alternatives of the incumbent's weights);
 8. stop; the graph then nominates the incumbent and opens the sealed confirmation once.
 
-Trajectory selection over saved checkpoints of a run is not part of the protocol yet: the trainers
-keep resume state, not intermediate models (see the report's limitations).
+Each stage (the first arms, the sweep, each merge, each serving alternative) runs as successive
+halving (Jamieson & Talwalkar 2016; Li et al. 2018, Hyperband): every candidate of the stage is made,
+then screened on the cheap suites (those of the noise-floor bars: verified tasks, loops, stops) at
+served decoding; only the best `finalists` of them whose screen score beats the incumbent go on to the
+expensive judged holdout and a comparison under the bars. The screen score is the sum, over the
+noise-floor bars, of the candidate's delta from the incumbent in units of that bar's noise floor, signed
+so that better is positive. A p-value is the scarcest thing a session has: the bars pre-register a
+family of `p_family` p-values, Holm-adjusted with the untested rest counted as p = 1, so every
+comparison spent on a candidate that already looks no better on the verified suites raises the bar of
+the ones that matter. The playbook never compares more often than `p_family` allows, and
+`PlaybookSettings.comparisons()` is the family a protocol needs (the toy world's bars register the
+full protocol's).
+
+A step a gate refused (the budget, most often) is never proposed again: the protocol moves on to
+the next step, or stops when none is left.
+
+Trajectory selection over saved checkpoints of a run is not part of the protocol: the trainers keep
+resume state, not intermediate models, so there is no trajectory to select from.
 """
 
 from __future__ import annotations
@@ -45,7 +60,8 @@ class ServingAlternative(BaseModel):
 
 
 class PlaybookSettings(BaseModel):
-    """Sizes of the protocol; `test()` is the few-arm setting the test suite and `--protocol test` use."""
+    """Sizes of the protocol: `full()` (the default), `test()` (the few-arm setting of the test suite and
+    `--protocol test`) and `short()` (the decision-quality benchmark's short budget, `--protocol short`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     families: tuple[Trainer, ...] = Field(("sft", "dpo", "klce", "rft"), description="First arms, in order.")
@@ -64,13 +80,35 @@ class PlaybookSettings(BaseModel):
     rft_counts: dict[Family, int] = Field({"digit_sum": 24, "arithmetic_chain": 24, "letter_count": 24},
                                           description="Verified tasks per family for RFT prompts.")
     min_step_gpuh: float = Field(0.0, ge=0, description="Stop when less than this is left above the reserve.")
+    screen: bool = Field(True, description="Successive halving: screen each stage's candidates on the cheap suites "
+                                           "first; off, every candidate is evaluated on every suite and compared.")
+    finalists: int = Field(2, ge=1, description="Screened candidates per stage that go on to the judged holdout and a "
+                                                "comparison (only those whose screen score beats the incumbent).")
 
     @classmethod
     def test(cls) -> PlaybookSettings:
         return cls(families=("sft",), steps=4, sweep=(), dose_alphas=(0.5,),
-                   serving=(ServingAlternative(temperature=0.0),), rft_counts={"digit_sum": 8})
+                   serving=(ServingAlternative(temperature=0.0),), rft_counts={"digit_sum": 8}, screen=False)
+
+    @classmethod
+    def short(cls) -> PlaybookSettings:
+        """Two first arms on one dataset (winner SFT, KL-leashed CE), one finalist, one dose, no serving."""
+        return cls(families=("sft", "klce"), steps=16, sweep=(), soup=False, dose_alphas=(0.5,), serving=(),
+                   finalists=1)
+
+    @classmethod
+    def named(cls, protocol: str) -> PlaybookSettings:
+        return {"full": cls, "test": cls.test, "short": cls.short}[protocol]()
+
+    def comparisons(self) -> int:
+        """The most comparisons (p-values) this protocol makes: the p_family its bars should register."""
+        first = min(self.finalists, len(self.families)) if self.screen else len(self.families)
+        swept = min(self.finalists, len(self.sweep)) if self.screen else len(self.sweep)
+        soup = int(self.soup and first + swept >= 2)
+        return first + swept + soup + len(self.dose_alphas) + len(self.serving)
 
 
+PROTOCOLS = ("full", "test", "short")
 _BUILDERS = {"sft": "winner_sft", "dpo": "battle_pairs", "klce": "winner_sft", "rft": "synthetic_verified"}
 
 
@@ -107,11 +145,8 @@ def next_step(s: Summary, cfg: PlaybookSettings) -> ToolCall:
     stop = _stop_reason(s, cfg)
     if stop:
         return _call("stop", {"reason": stop}, stop)
-    for producer in _arms(s, cfg):
-        step = _advance(s, producer)
-        if step is not None:
-            return step
-    return _call("stop", {"reason": "protocol complete"}, "every arm of the protocol has run")
+    step = next(_protocol(s, cfg), None)
+    return step or _call("stop", {"reason": "protocol complete"}, "every step of the protocol has run or was refused")
 
 
 def _stop_reason(s: Summary, cfg: PlaybookSettings) -> str | None:
@@ -123,29 +158,146 @@ def _stop_reason(s: Summary, cfg: PlaybookSettings) -> str | None:
     return None
 
 
-def _advance(s: Summary, producer: ToolCall) -> ToolCall | None:
-    """The next step of one arm: produce the candidate, evaluate it, compare it, promote it; None when done."""
-    made = s.call(producer.tool, producer.args)
-    if made is None or made.status == "open":  # not run yet, or interrupted: (re)run it
-        return producer
-    if made.status != "done":
-        return None
-    cand = s.checkpoint(made.data["artifact_id"])
-    if cand is None:
-        return None
-    if not cand.metrics:
-        evaluated = s.call("evaluate", {"artifact": cand.id})
-        if evaluated is not None and evaluated.status != "open":
-            return None  # its evaluation failed
-        return _call("evaluate", {"artifact": cand.id}, f"evaluate {cand.name} at its served decoding")
+# ---- the protocol: each generator yields the steps still to take, in order; the first one is taken -------
+
+
+def _protocol(s: Summary, cfg: PlaybookSettings) -> Iterator[ToolCall]:
+    first = yield from _first_arms(s, cfg)
+    if not first:
+        return
+    best_score, best = first[0]
+    family, dataset = best.args["trainer"], best.args["dataset"]
+    sweep = [_call("train", _train_args(s, family, dataset, cfg, cfg.lr[family] * f),
+                   f"lr sweep along the best family {family} (first arm screened {best_score:+.2f}): "
+                   f"lr {cfg.lr[family] * f:g}") for f in cfg.sweep]
+    yield from _stage(s, cfg, sweep)
+    for merge in _merges(s, cfg):
+        yield from _stage(s, cfg, [merge])
+    base = _weights_incumbent(s)
+    for alt in cfg.serving:
+        args = {"artifact": base, **alt.model_dump(exclude_none=True)}
+        yield from _stage(s, cfg, [_call("tune_serving", args, "serving alternative for the incumbent's weights: "
+                                                              f"{alt.model_dump(exclude_none=True)}")])
+
+
+def _first_arms(s: Summary, cfg: PlaybookSettings) -> Iterator[ToolCall]:
+    """Build each family's data and train its arm; returns the arms ranked, best first."""
+    producers = []
+    for family in cfg.families:
+        dataset, build = _dataset_step(s, family, cfg)
+        if build is not None:
+            yield build
+            return []
+        if dataset is None:
+            continue
+        producers.append(_call("train", _train_args(s, family, dataset, cfg, cfg.lr[family]),
+                               f"first {family} arm at a conservative lr {cfg.lr[family]:g}, {cfg.steps} steps, "
+                               "from the parent"))
+    return (yield from _stage(s, cfg, producers))
+
+
+def _stage(s: Summary, cfg: PlaybookSettings, producers: list[ToolCall]) -> Iterator[ToolCall]:
+    """One stage of successive halving: make every candidate, screen them, judge the finalists. Returns the
+    (score, producer) of every candidate made, best first."""
+    made = []
+    for producer in producers:
+        if s.refused(producer.tool, producer.args) is not None:
+            continue  # a gate said no (the budget, most often): never proposed again
+        call = s.call(producer.tool, producer.args)
+        if call is None or call.status == "open":  # not run yet, or interrupted: (re)run it
+            yield producer
+            return []
+        cand = s.checkpoint(call.data.get("artifact_id", -1)) if call.status == "done" else None
+        if cand is not None:
+            made.append((cand, producer))
+    cheap, judged = _suites(s) if cfg.screen else (None, None)
+    if cheap:
+        for cand, _ in made:
+            yield from _evaluate(s, cand, cheap, f"screen {cand.name} on the cheap suites {', '.join(cheap)}")
+        ranked = sorted(((_screen(s, c), n, c, p) for n, (c, p) in enumerate(made) if _has(c, cheap)),
+                        key=lambda t: (-t[0], t[1]))
+        compared = [c for _, _, c, _ in ranked if s.call("compare", {"candidate": c.id}) is not None]
+        hopeful = [c for score, _, c, _ in ranked if score > 0 and c.id != s.incumbent and c not in compared]
+        for cand in (compared + hopeful)[:max(cfg.finalists, len(compared))]:
+            yield from _judge(s, cand, judged, f"screened {_screen(s, cand):+.2f} noise floors above the incumbent")
+        return [(score, p) for score, _, _, p in ranked]
+    for cand, _ in made:
+        yield from _judge(s, cand, None, _primary_line(s, cand))
+    scored = [(_score(s, c.id), p) for c, p in made]
+    return sorted(((x, p) for x, p in scored if x is not None), key=lambda t: -t[0])
+
+
+def _judge(s: Summary, cand, suites: list[str] | None, why: str) -> Iterator[ToolCall]:
+    """Evaluate the candidate on `suites` (None: every open suite), compare it with the incumbent, promote it."""
+    ok = yield from _evaluate(s, cand, suites, f"evaluate {cand.name} at its served decoding")
+    if not ok:
+        return
     compared = s.call("compare", {"candidate": cand.id})
     if compared is None or compared.status == "open":
-        return _call("compare", {"candidate": cand.id},
-                     f"compare {cand.name} ({_primary_line(s, cand)}) with incumbent {s.incumbent} under the bars")
+        if s.refused("compare", {"candidate": cand.id}) is not None or not _p_fits(s):
+            return  # no p-value left in the pre-registered family: the candidate is not judged
+        yield _call("compare", {"candidate": cand.id},
+                    f"compare {cand.name} ({why}) with incumbent {s.incumbent} under the bars")
+        return
     mine = [v for v in cand.verdicts if v.incumbent == s.incumbent]
-    if mine and mine[-1].promoted and cand.id != s.incumbent and s.call("promote", {"candidate": cand.id}) is None:
-        return _call("promote", {"candidate": cand.id}, f"{cand.name} cleared every bar: " + "; ".join(mine[-1].bars))
-    return None
+    if mine and mine[-1].promoted and cand.id != s.incumbent and s.call("promote", {"candidate": cand.id}) is None \
+            and s.refused("promote", {"candidate": cand.id}) is None:
+        yield _call("promote", {"candidate": cand.id}, f"{cand.name} cleared every bar: " + "; ".join(mine[-1].bars))
+
+
+def _evaluate(s: Summary, cand, suites: list[str] | None, why: str) -> Iterator[ToolCall]:
+    """The eval step the candidate still needs on `suites`; returns whether its metrics are there."""
+    if _has(cand, suites):
+        return True
+    args: dict[str, Any] = {"artifact": cand.id} | ({"suites": suites} if suites else {})
+    done = s.call("evaluate", args)
+    if (done is None or done.status == "open") and s.refused("evaluate", args) is None:
+        yield _call("evaluate", args, why)
+    return False  # not evaluated yet, or its evaluation failed or was refused
+
+
+def _has(cand, suites: list[str] | None) -> bool:
+    return all(x in cand.metrics for x in suites) if suites else bool(cand.metrics)
+
+
+def _rules(s: Summary) -> list[tuple[str, str, str, str]]:
+    """(suite, metric, statistic, op) of every registered bar."""
+    out = []
+    for rule in s.bars["rules"]:
+        target, statistic, op = rule.split()[:3]
+        suite, metric = target.split("/", 1)
+        out.append((suite, metric, statistic, op))
+    return out
+
+
+def _suites(s: Summary) -> tuple[list[str], list[str]]:
+    """(cheap, judged): the suites of the noise-floor bars, and those of the p bars (the judged holdout)."""
+    rules = _rules(s)
+    judged = list(dict.fromkeys(suite for suite, _, stat, _ in rules if stat == "p"))
+    cheap = list(dict.fromkeys(suite for suite, _, stat, _ in rules if stat != "p" and suite not in judged))
+    return cheap, judged
+
+
+def _screen(s: Summary, cand) -> float:
+    """Sum over the noise-floor bars of the candidate's delta from the incumbent, in noise floors, better > 0."""
+    inc = s.checkpoint(s.incumbent)
+    total = 0.0
+    for suite, metric, stat, op in _rules(s):
+        mine, theirs = cand.metrics.get(suite, {}).get(metric), inc.metrics.get(suite, {}).get(metric)
+        if stat == "p" or mine is None or theirs is None:
+            continue
+        floor = s.noise_floors.get(f"{suite}/{metric}") or 1.0
+        total += (mine - theirs) / floor * (1 if ">" in op else -1)
+    return round(total, 6)
+
+
+def _p_fits(s: Summary) -> bool:
+    """Whether one more comparison fits the pre-registered p-value family (each comparison that ran spent one
+    p-value per p bar)."""
+    family = s.bars.get("p_family")
+    per = sum(stat == "p" for _, _, stat, _ in _rules(s))
+    spent = sum(c.tool == "compare" and c.status == "done" for c in s.calls) * per
+    return family is None or family - spent >= per
 
 
 def _primary(s: Summary) -> tuple[str, str]:
@@ -166,11 +318,13 @@ def _primary_line(s: Summary, cand) -> str:
 
 
 def _dataset_step(s: Summary, family: str, cfg: PlaybookSettings) -> tuple[int | None, ToolCall | None]:
-    """The family's dataset id, or the build step that makes it (None, None when the build failed)."""
+    """The family's dataset id, or the build step that makes it (None, None when the build failed or was refused)."""
     builder = _BUILDERS[family]
     args: dict[str, Any] = {"builder": builder}
     if builder == "synthetic_verified":
         args |= {"rows": "items", "counts": dict(cfg.rft_counts), "seed": 1000}
+    if s.refused("build_dataset", args) is not None:
+        return None, None
     call = s.call("build_dataset", args)
     if call is None or call.status == "open":
         return None, _call("build_dataset", args, f"{family} arm needs {builder} data (leak-audited)")
@@ -182,41 +336,6 @@ def _dataset_step(s: Summary, family: str, cfg: PlaybookSettings) -> tuple[int |
 def _train_args(s: Summary, family: str, dataset: int, cfg: PlaybookSettings, lr: float) -> dict[str, Any]:
     return {"trainer": family, "parent": s.parent, "dataset": dataset, "lr": lr, "steps": cfg.steps,
             "batch_size": cfg.batch_size}
-
-
-def _first_arms(s: Summary, cfg: PlaybookSettings) -> Iterator[tuple[str, int, ToolCall]]:
-    for family in cfg.families:
-        dataset, build = _dataset_step(s, family, cfg)
-        if build is not None:
-            yield family, -1, build
-            return
-        if dataset is None:
-            continue
-        args = _train_args(s, family, dataset, cfg, cfg.lr[family])
-        yield family, dataset, _call("train", args, f"first {family} arm at a conservative lr {cfg.lr[family]:g}, "
-                                                    f"{cfg.steps} steps, from the parent")
-
-
-def _arms(s: Summary, cfg: PlaybookSettings) -> Iterator[ToolCall]:
-    scored: list[tuple[float, str, int]] = []
-    for family, dataset, producer in _first_arms(s, cfg):
-        yield producer
-        made = s.call(producer.tool, producer.args) if producer.tool == "train" else None
-        score = _score(s, made.data["artifact_id"]) if made and made.status == "done" else None
-        if score is not None:
-            scored.append((score, family, dataset))
-    if not scored:
-        return
-    best_score, family, dataset = max(scored, key=lambda t: (t[0], -cfg.families.index(t[1])))
-    for factor in cfg.sweep:
-        lr = cfg.lr[family] * factor
-        yield _call("train", _train_args(s, family, dataset, cfg, lr),
-                    f"lr sweep along the best family {family} (first arm {best_score:.3f}): lr {lr:g}")
-    yield from _merges(s, cfg)
-    base = _weights_incumbent(s)
-    for alt in cfg.serving:
-        args = {"artifact": base, **alt.model_dump(exclude_none=True)}
-        yield _call("tune_serving", args, f"serving alternative for the incumbent's weights: {alt.model_dump(exclude_none=True)}")
 
 
 def _promoted_trained(s: Summary) -> list[int]:

@@ -304,7 +304,9 @@ def battles(parent: Path, tasks: list[WorldTask], decoding, seed: int) -> tuple[
 # ---- config files ------------------------------------------------------------------------------------
 
 BARS = """# Default promotion bars of the toy world (registered before any candidate is scored).
-p_family = 24
+# p_family: the comparisons the full playbook makes (agent.planners.playbook.PlaybookSettings().comparisons());
+# a larger family only raises every p bar (Holm counts the untested rest as p = 1).
+p_family = 9
 
 [[bar]]
 suite = "holdout"
@@ -342,7 +344,7 @@ tokenizer = "{TOKENIZER}"
 
 [feedback]
 file = "{FEEDBACK}"
-dev_fraction = 0.15
+dev_fraction = 0.3
 sealed_fraction = 0.1
 stratify_by = "family"
 

@@ -10,22 +10,44 @@ once at its own sampling seed, caches the answers on disk, and judges any pair w
 
 A pair of the same key (the same weights served the same way) is the same answers: every prompt ties and
 the win rate is exactly 0.5, so such a "promotion" is never truly better.
+
+`redraw_feedback` makes the benchmark's sessions cheap to set up: instead of a full world build per
+session (tokenizer, pretraining, stage-1 SFT), every session gets a copy of one built world whose
+feedback file is drawn afresh (new battle prompts, disjoint from the world's other pools under the leak
+audit, answered by the same parent, voted by the same noisy oracle with a new seed). The parent, suites
+and opponent stay; what differs between sessions is the feedback the agent learns and selects from,
+its split, its sampling seeds and so its decisions.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import shutil
+import tempfile
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from core.util import write_atomic
+from core.util import file_sha256, write_atomic, write_json_atomic
 from evals.decoding import Decoding
-from tools.leak import DEFAULT_NGRAM, audit
+from tools.leak import DEFAULT_NGRAM, Reference, ReferenceIndex, audit
 from tools.world import oracle
-from tools.world.build import WorldError, one_thread
-from tools.world.tasks import hash_seed
+from tools.world.build import (
+    COMMIT,
+    FEEDBACK,
+    MANIFEST,
+    PARENT,
+    TOKENIZER,
+    WORLD_DIR,
+    WorldError,
+    battles,
+    draw_pools,
+    load_spec,
+    one_thread,
+    served_decoding,
+)
+from tools.world.tasks import draw_mix, hash_seed
 from tools.world.truth import draw_sample
 
 _POINTS = {"A": 1.0, "B": 0.0, "tie": 0.5, "both_bad": 0.5}
@@ -119,3 +141,65 @@ def _verdict(prompt: str, a: str, b: str) -> str:
     if found is None:  # every truth prompt comes from the world's generators, so the oracle can solve it
         raise WorldError(f"truth sample prompt the oracle cannot solve: {prompt[:60]!r}")
     return found[0]
+
+
+# ---- one world, many feedback draws -------------------------------------------------------------------
+
+REDRAW = "world/redraw.json"
+
+
+class Redraw(BaseModel):
+    """world/redraw.json: which built world this lab copies and which feedback draw it holds."""
+
+    model_config = ConfigDict(extra="forbid")
+    world_manifest_sha256: str = Field(description="sha256 of the copied world's manifest.json.")
+    feedback_seed: int = Field(description="Seed of the battle prompts, the parent's sampling and the votes.")
+    battles: int = Field(description="Battles written (those with an empty parent answer are dropped).")
+    dropped: int = Field(description="Battles dropped for an empty parent answer.")
+    votes: dict[str, int] = Field(description="Battles per vote.")
+
+
+def redraw_feedback(world: Path, lab: Path, feedback_seed: int) -> Redraw:
+    """`lab` becomes a copy of the built world in `world` with its feedback drawn afresh for `feedback_seed`
+    (done once: a lab holding this draw of this world is kept). The copy has no manifest commit, so no build
+    takes it for the world itself; its world.json counts the new votes."""
+    if not (world / WORLD_DIR / COMMIT).is_file():
+        raise WorldError(f"{world}: not a finished world build (no {WORLD_DIR}/{COMMIT})")
+    want = file_sha256(world / WORLD_DIR / MANIFEST)
+    found = lab / REDRAW
+    if found.is_file():
+        known = Redraw.model_validate_json(found.read_text(encoding="utf-8"))
+        if (known.world_manifest_sha256, known.feedback_seed) == (want, feedback_seed):
+            return known
+    lab.parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=".redraw-", dir=lab.parent))
+    try:
+        shutil.copytree(world / WORLD_DIR, stage / WORLD_DIR)
+        shutil.copy(world / "lab.toml", stage / "lab.toml")
+        (stage / WORLD_DIR / COMMIT).unlink()
+        info = _redraw_into(stage, feedback_seed, want)
+        shutil.rmtree(lab, ignore_errors=True)
+        stage.rename(lab)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    return info
+
+
+def _redraw_into(stage: Path, feedback_seed: int, manifest_sha256: str) -> Redraw:
+    spec = load_spec(stage)
+    pools = draw_pools(spec.seed, spec.sizes)
+    # every pool but the battles, so the new battle prompts are disjoint from suites, replay and pretraining
+    kept = pools.synthetic + pools.loops + pools.stage1 + pools.pretrain
+    index = ReferenceIndex([Reference(source="world", key=t.id, text=t.prompt()) for t in kept], DEFAULT_NGRAM)
+    tasks = draw_mix(spec.sizes.battles, hash_seed(spec.seed, "feedback-redraw", feedback_seed), index, "battles")
+    decoding = served_decoding(stage / TOKENIZER, spec.sizes)
+    with one_thread():  # see tools.world.build.one_thread
+        rows, dropped = battles(stage / PARENT, tasks, decoding, hash_seed(feedback_seed, "redraw-gen") % 2**31)
+    write_atomic(stage / FEEDBACK, "".join(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n" for r in rows))
+    votes = {v: sum(r["vote"] == v for r in rows) for v in ("own", "other", "tie", "both_bad")}
+    write_json_atomic(stage / WORLD_DIR / "world.json",
+                      json.loads(spec.model_copy(update={"votes": votes, "battles_dropped": dropped}).model_dump_json()))
+    info = Redraw(world_manifest_sha256=manifest_sha256, feedback_seed=feedback_seed, battles=len(rows),
+                  dropped=dropped, votes=votes)
+    write_atomic(stage / REDRAW, info.model_dump_json(indent=1) + "\n")
+    return info
