@@ -11,7 +11,9 @@
 - act: the tool runs (it records its tool call, job and decision in the notebook);
 - record: decide whether the loop ends: the planner stopped, the budget above the reserve is spent,
   or N arms in a row failed their bars;
-- nominate: nominate the incumbent, open the sealed confirmation once, end the session.
+- nominate: nominate the first candidate (incumbent, earlier incumbents, parent) whose bundle passes
+  check-bundle (each refused one is a recorded `refuse`), open the sealed confirmation once, for
+  that nominee, publish its bundle with the sealed result in the card, end the session.
 
 State (agent/state.py) holds JSON and ids; it is checkpointed after every node with LangGraph's
 SQLite checkpointer in its own file (`lab/graph.sqlite`), thread id = session name.
@@ -165,15 +167,18 @@ def record(rt: Runtime, state: AgentState) -> dict[str, Any]:
 
 
 def _gated_run(rt: Runtime, tool: str, args: dict[str, Any]) -> ToolOutcome | None:
-    """A nomination-step tool through the same gates; None when refused (recorded)."""
+    """A nomination-step tool through the same gates; None when refused (recorded). A call already in
+    the notebook was gated when it was made: a resumed step re-enters it (its tool resumes or returns
+    the recorded outcome) instead of being refused, e.g. a sealed suite opened before a crash."""
     s = summarize(rt.ctx.nb, rt.ctx.session)
     model = toolbox.args_model(tool).model_validate(args)
-    forecast = toolbox.forecast_gpuh(rt.ctx, rt.forecaster, tool, model)
-    reason = gates.check(tool, model.model_dump(mode="json"), s, forecast, rt.ctx.paths.root)
-    if reason is not None:
-        rt.ctx.nb.record_decision(rt.ctx.session, "refuse", f"gate: {reason}",
-                                  {"tool": tool, "args": model.model_dump(mode="json"), "reason": reason})
-        return None
+    if s.call(tool, model.model_dump(mode="json")) is None:
+        forecast = toolbox.forecast_gpuh(rt.ctx, rt.forecaster, tool, model)
+        reason = gates.check(tool, model.model_dump(mode="json"), s, forecast, rt.ctx.paths.root)
+        if reason is not None:
+            rt.ctx.nb.record_decision(rt.ctx.session, "refuse", f"gate: {reason}",
+                                      {"tool": tool, "args": model.model_dump(mode="json"), "reason": reason})
+            return None
     outcome = toolbox.run(rt.ctx, tool, model, None)
     rt.reporter.event(f"{tool}: {outcome.status}: {outcome.summary}")
     return outcome
@@ -186,27 +191,48 @@ def _nominees(s: Summary) -> list[int]:
     return [i for n, i in enumerate(order) if i is not None and i not in order[:n]]
 
 
+def _runner_up(s: Summary, nominee: int) -> int | None:
+    """The best candidate not nominated: the next in the nomination order (an earlier incumbent, or
+    one whose bundle was refused), else the compared candidate whose latest comparison held the most
+    bars (the latest on a tie); never the parent, which has its own column."""
+    others = [i for i in _nominees(s) if i not in (nominee, s.parent)]
+    if others:
+        return others[0]
+    compared = [c for c in reversed(s.checkpoints) if c.verdicts and c.id not in (nominee, s.parent)]
+    if not compared:
+        return None
+    return max(compared, key=lambda c: sum(b.endswith("holds") for b in c.verdicts[-1].bars)).id
+
+
+def _end(rt: Runtime, status: Literal["done", "failed"], why: str) -> dict[str, Any]:
+    rt.ctx.nb.end_session(rt.ctx.session, status, why)
+    rt.reporter.event(f"session {rt.ctx.session} {status}: {why}")
+    return {"finished": True}
+
+
 def nominate(rt: Runtime, state: AgentState) -> dict[str, Any]:
-    """Nominate the first candidate whose bundle passes its checks; open the sealed confirmation for it."""
+    """Nominate the first candidate whose bundle passes its checks; open the sealed confirmation once,
+    for it; publish its bundle with the sealed result in the card."""
     nb, session = rt.ctx.nb, rt.ctx.session
     if nb.session(session).status != "open":
         return {"finished": True}
+    s = summarize(nb, session)
     nominee = None
-    for candidate in _nominees(summarize(nb, session)):
-        outcome = _gated_run(rt, "nominate", {"artifact": candidate})
+    for candidate in _nominees(s):
+        outcome = _gated_run(rt, "nominate", {"artifact": candidate, "runner_up": _runner_up(s, candidate)})
         if outcome is not None and outcome.status == "done":
             nominee = candidate
             break
-    if nominee is not None and rt.ctx.lab.sealed_suites:
-        _gated_run(rt, "sealed_open", {"artifact": nominee})
     if nominee is None:
-        nb.end_session(session, "failed", "no candidate's bundle passed its checks: nothing nominated")
-        rt.reporter.event(f"session {session} failed: nothing nominated")
-        return {"finished": True}
+        return _end(rt, "failed", "no candidate's bundle passed its checks: nothing nominated")
     name = nb.artifact(nominee).name
-    nb.end_session(session, "done", f"nominated {name} ({state.get('stop_reason') or 'loop ended'})")
-    rt.reporter.event(f"session {session} done: nominee {name}")
-    return {"finished": True}
+    if rt.ctx.lab.sealed_suites:
+        _gated_run(rt, "sealed_open", {"artifact": nominee})
+    published = _gated_run(rt, "publish", {"artifact": nominee, "runner_up": _runner_up(s, nominee)})
+    if published is None or published.status != "done":
+        why = published.summary if published is not None else "refused by the gates"
+        return _end(rt, "failed", f"nominated {name}, but its bundle was not published: {why}")
+    return _end(rt, "done", f"nominated {name} ({state.get('stop_reason') or 'loop ended'})")
 
 
 # ---- routers -------------------------------------------------------------------------------------

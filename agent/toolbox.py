@@ -18,6 +18,7 @@ from tools import (
     merge,
     nominate,
     promote,
+    publish,
     register_bars,
     sealed_open,
     stop,
@@ -29,10 +30,10 @@ from tools.launcher import Launcher
 
 TOOLS: dict[str, ModuleType] = {m.NAME: m for m in (
     ingest, register_bars, build_dataset, calibrate, train, merge, evaluate, compare, promote, tune_serving,
-    stop, nominate, sealed_open,
+    stop, nominate, sealed_open, publish,
 )}
-# The research loop's tools; nominate and sealed_open run in the graph's nominate step.
-PLANNER_TOOLS = tuple(n for n in TOOLS if n not in ("nominate", "sealed_open"))
+# The research loop's tools; nominate, sealed_open and publish run in the graph's nominate step.
+PLANNER_TOOLS = tuple(n for n in TOOLS if n not in ("nominate", "sealed_open", "publish"))
 
 
 def args_model(tool: str) -> type[BaseModel]:

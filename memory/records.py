@@ -152,6 +152,18 @@ class BudgetRefusal(LaunchPayload):
     """A job refused because its forecast does not fit the budget (the launch fields it would have had)."""
 
 
+class MemoryRefusal(_Payload):
+    """A training job refused because its estimated peak memory per GPU exceeds one GPU (trainers/memory.py)."""
+
+    key: str = Field(description="Job idempotency key.")
+    kind: str = Field(description="Job kind (sft, dpo, ...).")
+    attempt: int = Field(description="Attempt that was refused, from 1.")
+    gpus: int = Field(description="GPUs the job asked for, one rank each.")
+    estimate_gib: float = Field(description="Estimated peak GiB per GPU.")
+    gpu_memory_gib: float = Field(description="GiB of one GPU, as the lab's executor section declares it.")
+    parts_gib: dict[str, float] = Field(description="The estimate by part (weights, activations, ...), GiB.")
+
+
 class CompareRefusal(_Payload):
     """A comparison refused before any verdict."""
 
@@ -198,7 +210,16 @@ class PlannerRefusal(_Payload):
     in_row: int = Field(description="Unusable replies in a row, this one included.")
 
 
-RefusePayload = BudgetRefusal | CompareRefusal | SealedRefusal | CalibrationRefusal | GateRefusal | PlannerRefusal
+class BundleRefusal(_Payload):
+    """A nomination refused because the candidate's bundle could not be written or failed check-bundle."""
+
+    artifact_id: int = Field(description="Artifact id of the candidate whose bundle was refused.")
+    bundle_job: str | None = Field(description="Key of the job that wrote and checked it (None when no job ran).")
+    reasons: list[str] = Field(description="Every failure: the writer's refusal, or each failed check with what it expected.")
+
+
+RefusePayload = (BudgetRefusal | MemoryRefusal | CompareRefusal | SealedRefusal | CalibrationRefusal | GateRefusal
+                 | PlannerRefusal | BundleRefusal)
 
 
 class Decision(_Record):

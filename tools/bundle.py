@@ -3,9 +3,13 @@
     result = write_bundle(nb, "s1", nominee_id=7, out_dir=Path("lab/bundles/s1"), parent_id=1, runner_up_id=5)
     report = check_bundle(result.path, notebook_path=nb.path)      # tools/check_bundle.py
 
-The agent's nominate step calls `write_bundle` and then `check_bundle`; it records the bundle as an
-artifact (`result.sha256`) and the `nominate` decision only when the check passes, and a `refuse`
-otherwise (falling back to the next candidate). `write_bundle` reads the notebook and writes no row.
+The agent nominates in three steps (tools/nominate.py, tools/sealed_open.py, tools/publish.py):
+`write_bundle` + `check_bundle` on a candidate bundle (`<name>.candidate`), and the `nominate`
+decision only when every check passes (a `refuse` listing each failure otherwise, and the next
+candidate is tried); then the sealed confirmation, once, for the nominee; then `write_records`
+rewrites the card and the evidence with the sealed result in, the bundle is checked again and
+renamed to its final place, and recorded as a `bundle` artifact (`bundle_sha256`). Nothing here
+writes a notebook row.
 
 A bundle holds:
 - weights: a full model as sharded safetensors (`model-0000K-of-0000N.safetensors`, at most
@@ -17,6 +21,9 @@ A bundle holds:
 - `system_prompt.txt` (the served system prompt, verbatim), `generation_config.json` (stop ids and
   the served decoding), `serving_config.json` (`ServingConfig`), `training_evidence.json`
   (`TrainingEvidence`) and the model card `README.md` (tools/card.py).
+
+The weights shipped are the weights evaluated: the writer refuses a checkpoint whose weights hash
+on disk is no longer the one its artifact recorded (damaged or replaced since its evaluation).
 
 The served decoding is the one the nominee's served evaluations recorded: a bundle ships exactly
 the decoding, system prompt and template its numbers were measured with (DESIGN.md invariant 4).
@@ -186,7 +193,10 @@ def source_tensors(model_dir: Path) -> list[tuple[str, str, int]]:
         raise BundleError(f"{model_dir}: no safetensors weights")
     out = []
     for name in files:
-        header = read_header(model_dir / name)
+        try:
+            header = read_header(model_dir / name)
+        except (OSError, ValueError) as err:  # a damaged checkpoint cannot be bundled: say which file
+            raise BundleError(f"{model_dir / name}: unreadable weights ({err})") from None
         for tensor, meta in sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0]):
             out.append((name, tensor, meta["data_offsets"][1] - meta["data_offsets"][0]))
     return out
@@ -364,11 +374,40 @@ def bundle_sha256(files: dict[str, FileDigest]) -> str:
     return sha256_text("\n".join(f"{name} {d.sha256}" for name, d in sorted(files.items())))
 
 
+def _check_evaluated(nominee: Artifact, src: Path) -> None:
+    """The weights on disk are the ones the notebook recorded (and evaluated): a checkpoint damaged or
+    replaced since then is refused, not shipped under the evaluated numbers."""
+    from trainers.common import weights_sha256
+
+    if Path(nominee.path).resolve() != src.resolve() or not any(src.glob("*.safetensors")):
+        return  # the adapter a merged nominee was made of (check-bundle checks its base), or no weights (refused below)
+    try:
+        found = weights_sha256(src)
+    except OSError as err:
+        raise BundleError(f"{src}: weights cannot be read ({err})") from None
+    if found != nominee.sha256:
+        raise BundleError(f"{src}: weights hash {found[:16]}... is not artifact {nominee.id}'s recorded "
+                          f"{nominee.sha256[:16]}...; expected the evaluated weights (changed or damaged on disk)")
+
+
+def write_records(nb: Notebook, session: str, nominee_id: int, out: Path, parent_id: int | None,
+                  runner_up_id: int | None) -> None:
+    """(Re)write the two files read from the notebook, `training_evidence.json` and the card `README.md`,
+    as the notebook stands now; the weights kind comes from the bundle's `serving_config.json`."""
+    weights = ServingConfig.model_validate_json((out / "serving_config.json").read_text(encoding="utf-8")).weights
+    evidence = training_evidence(nb, session, nominee_id)
+    write_atomic(out / "training_evidence.json", evidence.model_dump_json(indent=2) + "\n")
+    info = card.WeightsInfo(kind=weights.kind, base_path=weights.base.path if weights.base else None,
+                            base_revision=weights.base.revision if weights.base else None)
+    write_atomic(out / "README.md", card.render_card(nb, session, nominee_id, parent_id, runner_up_id, info))
+
+
 def _fill(nb: Notebook, session: str, nominee: Artifact, tmp: Path, parent_id: int | None,
           runner_up_id: int | None, max_input_tokens: int | None, shard_bytes: int,
           ship: Literal["full", "adapter"]) -> WeightsSpec:
     src = weights_source(nb, nominee, ship)
     decoding = served_decoding(nb, session, nominee.id)
+    _check_evaluated(nominee, src)
     weights = _write_weights(src, tmp, shard_bytes)
     system = decoding.system_prompt or None  # evals render no system turn for an empty prompt
     pad_id = _write_tokenizer(src, tmp, chat_template(system))
@@ -381,11 +420,7 @@ def _fill(nb: Notebook, session: str, nominee: Artifact, tmp: Path, parent_id: i
         chat_template_file="chat_template.jinja",
     )
     write_atomic(tmp / "serving_config.json", serving.model_dump_json(indent=2) + "\n")
-    evidence = training_evidence(nb, session, nominee.id)
-    write_atomic(tmp / "training_evidence.json", evidence.model_dump_json(indent=2) + "\n")
-    info = card.WeightsInfo(kind=weights.kind, base_path=weights.base.path if weights.base else None,
-                            base_revision=weights.base.revision if weights.base else None)
-    write_atomic(tmp / "README.md", card.render_card(nb, session, nominee.id, parent_id, runner_up_id, info))
+    write_records(nb, session, nominee.id, tmp, parent_id, runner_up_id)
     return weights
 
 

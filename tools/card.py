@@ -24,9 +24,10 @@ What the card reads, and where from:
 - evaluations: the first replicate-0 eval at served decoding of each suite (the look that counts,
   as in evals/compare.py), for the nominee, the parent and the runner-up; noise floors: the first
   calibrated for the suite and metric;
-- the sealed confirmation: `confirm` decisions for the nominee and their evals;
+- the sealed confirmation: `confirm` decisions for the nominee (each cited by its seq) and their evals;
 - ground truth (toy world): the nominee's evals of suites named `truth*`;
-- bars, comparisons, promote/reject and refuse decisions, failed job attempts and GPU-hours by kind.
+- bars, comparisons, promote/reject decisions, refused comparisons and refused bundles (every
+  failure of each), failed job attempts and GPU-hours by kind.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from scipy import stats as sps
 
 from memory.notebook import Artifact, EvalRecord, JobRecord, Notebook
+from memory.records import BundleRefusal, CompareRefusal, IncumbentPayload
 
 TRAINING_KINDS = ("sft", "dpo", "klce", "rft")
 TRUTH_PREFIX = "truth"
@@ -327,16 +329,29 @@ def _evals_block(nb: Notebook, title: str, evs: list[EvalRecord], empty: str) ->
 
 
 def _sealed_section(nb: Notebook, session: str, nominee: Artifact) -> list[str]:
-    evs = [e for s in sealed_suites(nb, session, nominee.id)
-           for e in nb.evals(artifact_id=nominee.id, suite=s, session=session)[:1]]
-    return _evals_block(nb, "## Sealed confirmation", evs,
-                        "No sealed confirmation suite was scored for the nominee in this session.")
+    """Each sealed suite opened for the nominee: its `confirm` decision, then the one eval it allowed."""
+    lines = ["## Sealed confirmation", ""]
+    confirms = [d for d in nb.decisions(session, kind="confirm") if d.payload.get("artifact_id") == nominee.id]
+    if not confirms:
+        return [*lines, "No sealed confirmation suite was scored for the nominee in this session.", ""]
+    lines.append("Scored once, for the nominee only, after its bundle passed check-bundle; never used for selection.")
+    for d in confirms:
+        suite = d.payload.get("suite")
+        evs = nb.evals(artifact_id=nominee.id, suite=suite, session=session)[:1]
+        opened = f"- suite {code(suite)} (opened by decision {code(d.seq)}"
+        if not evs:
+            lines.append(f"{opened}): no result was recorded (its job failed)")
+            continue
+        ev = evs[0]
+        lines.append(f"{opened}, eval {code(ev.id)}): " + "; ".join(f"{code(m)} {_value_ci(ev, m)}" for m in metric_names(ev)))
+    return [*lines, ""]
 
 
 def _truth_section(nb: Notebook, session: str, nominee: Artifact) -> list[str]:
     evs = [e for e in nb.evals(artifact_id=nominee.id, session=session) if e.suite.startswith(TRUTH_PREFIX)]
     return _evals_block(nb, "## Ground truth (toy world)", evs,
-                        "No ground-truth evaluation is recorded for the nominee (only the toy world has one).")
+                        "No ground-truth evaluation is recorded for the nominee in the notebook (only the toy world "
+                        f"has one; measure it there with {code('python run_agent.py world truth CHECKPOINT --lab LAB')}).")
 
 
 def _verdict_rows(cmp_id: int, verdicts: list[dict[str, Any]], only_failed: bool) -> list[str]:
@@ -365,7 +380,11 @@ def _decisions_section(nb: Notebook, session: str) -> list[str]:
         lines.append("")
     by_id = {c.id: c for c in nb.comparisons(session)}
     for d in nb.decisions(session):
-        if d.kind in ("promote", "reject"):
+        if isinstance(d.payload, IncumbentPayload):  # the promote tool acting on a promoting verdict
+            lines.append(f"- decision {code(d.seq)}: {code(nb.artifact(d.payload.artifact_id).name)} becomes the "
+                         f"incumbent (was {code(nb.artifact(d.payload.previous).name)}; comparison "
+                         f"{code(d.payload.comparison_id)})")
+        elif d.kind in ("promote", "reject"):
             c = by_id[d.payload.get("comparison_id")]
             lines.append(f"- decision {code(d.seq)}: {d.kind} {code(nb.artifact(c.candidate).name)} over "
                          f"{code(nb.artifact(c.incumbent).name)} by bars {code(c.bars_id)}")
@@ -379,11 +398,17 @@ def _rejected_section(nb: Notebook, session: str) -> list[str]:
     for c in rejected:
         lines.append(f"- {code(nb.artifact(c.candidate).name)} (comparison {code(c.id)}) failed:")
         lines += _verdict_rows(c.id, c.verdicts, only_failed=True)
-    refused = [d for d in nb.decisions(session, kind="refuse") if d.payload.get("candidate") is not None]
+    refused = [d for d in nb.decisions(session, kind="refuse") if isinstance(d.payload, CompareRefusal)]
     for d in refused:
         lines.append(f"- {code(nb.artifact(d.payload.get('candidate')).name)} was refused a comparison "
                      f"(decision {code(d.seq)}): {code('; '.join(d.payload.get('reasons', [])))}")
-    if not rejected and not refused:
+    bundles = [d for d in nb.decisions(session, kind="refuse") if isinstance(d.payload, BundleRefusal)]
+    for d in bundles:
+        lines.append(f"- {code(nb.artifact(d.payload.artifact_id).name)} was refused as the nominee (decision "
+                     f"{code(d.seq)}): its bundle failed "
+                     f"{num(len(d.payload.reasons), ref('decision', d.seq, 'count(payload.reasons)'))} check(s):")
+        lines += [f"  - {code(reason)}" for reason in d.payload.reasons]
+    if not rejected and not refused and not bundles:
         lines.append("No candidate was rejected or refused in this session.")
     return [*lines, ""]
 
@@ -412,11 +437,12 @@ def _compute_section(nb: Notebook, session: str) -> list[str]:
     jobs = nb.jobs(session=session)
     simulated = any(j.charge == "simulated" for j in jobs)
     note = " (simulated: the toy world charges device-seconds at its declared rate)" if simulated else ""
-    return ["## GPU-hours", "", f"Settled GPU-hours of every job attempt of the session{note}:",
+    return ["## GPU-hours", "", f"Settled GPU-hours of every job attempt of the session when this card was written{note}"
+            " (the job writing it is not settled yet):",
             _gpu_line("training", [j for j in jobs if j.kind in TRAINING_KINDS]),
             _gpu_line("evaluation", [j for j in jobs if j.kind == "eval"]),
             _gpu_line("merges", [j for j in jobs if j.kind == "merge"]),
-            _gpu_line("other", [j for j in jobs if j.kind not in (*TRAINING_KINDS, "eval", "merge")]),
+            _gpu_line("other (ingest, data builds, bundles)", [j for j in jobs if j.kind not in (*TRAINING_KINDS, "eval", "merge")]),
             _gpu_line("of these, failed attempts", [j for j in jobs if j.state == "failed"]),
             _gpu_line("total", jobs), ""]
 
@@ -439,8 +465,14 @@ def _limitations(nb: Notebook, session: str, nominee: Artifact, parent: Artifact
         if n < MIN_ITEMS:
             lines.append(f"- {code(suite)} has only {num(n, ref('eval', ev.id, 'count(items)'))} items: too few to "
                          f"resolve differences of a few points (fewer than {code(MIN_ITEMS)})")
-    if not sealed_suites(nb, session, nominee.id):
+    sealed = [e for suite in sealed_suites(nb, session, nominee.id)
+              for e in nb.evals(artifact_id=nominee.id, suite=suite, session=session)[:1]]
+    if not sealed:
         lines.append("- no sealed confirmation was scored: the selection evidence is the only evidence")
+    for ev in sealed:
+        if len(ev.items) < MIN_ITEMS:
+            lines.append(f"- the sealed suite {code(ev.suite)} has only {num(len(ev.items), ref('eval', ev.id, 'count(items)'))}"
+                         f" items: it can reveal a gross failure, not confirm a difference of a few points")
     return [*lines, ""]
 
 

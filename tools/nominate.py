@@ -1,27 +1,36 @@
-"""Tool `nominate`: write the nominee's serving bundle and check it, as a job; only a bundle that
-passes every check makes the `nominate` decision (and a bundle artifact). A failing bundle is a
-recorded refusal, and the graph falls back to the next candidate (then the parent).
+"""Tool `nominate`: write a candidate's serving bundle and check it, as a job; only a bundle that
+passes every check makes the `nominate` decision. A failing bundle is a recorded `refuse` listing
+each failure (memory.records.BundleRefusal), its directory is removed, and the graph tries the next
+candidate (then the parent).
 
-The bundle job (`bundle_job`) reads the notebook read-only, writes the bundle (tools/bundle.py:
-weights, the one renderer's chat template, served decoding, evidence, model card) and runs
-check-bundle on it (tools/check_bundle.py: template compiles and renders like the trainer's
-renderer, the bundle reloads as a server loads it and answers cleanly).
+The bundle job (`bundle_job`) reads the notebook read-only, writes the bundle to the candidate's
+`bundles/<session>-<name>.candidate` directory (tools/bundle.py: weights, the one renderer's chat
+template, served decoding, evidence, model card) and runs check-bundle on it (tools/check_bundle.py:
+template compiles and renders like the trainer's renderer, the bundle reloads as a server loads it
+and answers cleanly).
+
+The nomination is not published yet: the sealed confirmation is opened for the nominee next
+(tools/sealed_open.py; it needs this `nominate` decision), and tools/publish.py then rewrites the
+card with the sealed result, checks the bundle again and moves it to `bundles/<session>-<name>`.
 """
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from memory.notebook import Notebook
-from tools.bundle import BundleError, write_bundle
+from memory.records import BundleRefusal
+from tools.bundle import BundleError, bundle_files, bundle_sha256, write_bundle
 from tools.check_bundle import check_bundle
 from tools.context import ToolContext, ToolOutcome, invoke, record_once, served_of
 from tools.evaluate import metrics_line
 from tools.promote import parent_of
 
 NAME = "nominate"
+STAGED_SUFFIX = ".candidate"
 
 
 class Args(BaseModel):
@@ -29,6 +38,7 @@ class Args(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     artifact: int = Field(description="Artifact id of the nominee (normally the incumbent).")
+    runner_up: int | None = Field(None, description="The best candidate not nominated (the card's third column).")
 
 
 class BundleJob(BaseModel):
@@ -37,32 +47,52 @@ class BundleJob(BaseModel):
     session: str = Field(description="Session of the nominee.")
     nominee: int = Field(description="Artifact id of the nominee.")
     parent: int | None = Field(description="The session's parent (the card's baseline column).")
+    runner_up: int | None = Field(None, description="The runner-up (the card's third column).")
     out_dir: Path = Field(description="Bundle directory (must not exist).")
 
 
 class BundleOutcome(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-    path: str = Field(description="Bundle directory ('' when none was written).")
+    path: str = Field(description="Bundle directory ('' when none was written or it was removed).")
     sha256: str = Field(description="Bundle hash ('' when none was written).")
     passed: bool = Field(description="Every check passed.")
     problems: list[str] = Field(description="What failed: the writer's refusal or each failed check.")
 
 
-def bundle_job(cfg: BundleJob) -> BundleOutcome:
-    if cfg.out_dir.exists():  # a requeued job whose bundle was written: check it again
-        return _checked(cfg.out_dir, "", cfg.notebook)
-    with Notebook.open(cfg.notebook, readonly=True) as nb:
-        try:
-            result = write_bundle(nb, cfg.session, cfg.nominee, cfg.out_dir, parent_id=cfg.parent)
-        except BundleError as exc:
-            return BundleOutcome(path="", sha256="", passed=False, problems=[str(exc)])
-    return _checked(result.path, result.sha256, cfg.notebook)
+def staged_dir(ctx: ToolContext, artifact_id: int) -> Path:
+    """Where a candidate's bundle is written and checked before it is nominated."""
+    return ctx.paths.bundle(f"{ctx.session}-{ctx.nb.artifact(artifact_id).name}{STAGED_SUFFIX}")
 
 
-def _checked(path: Path, sha256: str, notebook: Path) -> BundleOutcome:
+def checked(path: Path, notebook: Path) -> BundleOutcome:
+    """check-bundle on `path`; the outcome carries the bundle hash and every failed check."""
     report = check_bundle(path, notebook)
-    problems = [f"{name}: {'; '.join(msgs)}" for name, msgs in report.failures().items()]
-    return BundleOutcome(path=str(path), sha256=sha256, passed=report.ok, problems=problems)
+    problems = [f"{name}: {msg}" for name, msgs in report.failures().items() for msg in msgs]
+    return BundleOutcome(path=str(path), sha256=bundle_sha256(bundle_files(path)), passed=report.ok, problems=problems)
+
+
+def bundle_job(cfg: BundleJob) -> BundleOutcome:
+    if not cfg.out_dir.exists():  # (a requeued job whose bundle was written checks it again)
+        with Notebook.open(cfg.notebook, readonly=True) as nb:
+            try:
+                write_bundle(nb, cfg.session, cfg.nominee, cfg.out_dir, parent_id=cfg.parent,
+                             runner_up_id=cfg.runner_up)
+            except BundleError as exc:
+                return BundleOutcome(path="", sha256="", passed=False, problems=[f"writer: {exc}"])
+    outcome = checked(cfg.out_dir, cfg.notebook)
+    if not outcome.passed:  # the failures are the record; a refused bundle is not left to be mistaken for one
+        shutil.rmtree(cfg.out_dir)
+        return outcome.model_copy(update={"path": ""})
+    return outcome
+
+
+def refuse(ctx: ToolContext, tool: str, artifact_id: int, job_key: str | None, problems: list[str]) -> ToolOutcome:
+    """Record a refused bundle (every failure listed) and report it as failed."""
+    name = ctx.nb.artifact(artifact_id).name
+    reason = f"bundle of {name} refused ({len(problems)} failure(s)): " + " | ".join(problems)
+    ctx.nb.record_decision(ctx.session, "refuse", reason,
+                           BundleRefusal(artifact_id=artifact_id, bundle_job=job_key, reasons=problems))
+    return ToolOutcome(tool=tool, status="failed", summary=reason[:1000], data={"job_key": job_key} if job_key else {})
 
 
 def _body(ctx: ToolContext, args: Args) -> ToolOutcome:
@@ -71,28 +101,20 @@ def _body(ctx: ToolContext, args: Args) -> ToolOutcome:
     evals = [e for e in ctx.nb.evals(artifact_id=args.artifact, session=ctx.session)
              if e.served and e.decoding_sha256 == served.fingerprint()]
     if not evals:  # a bundle ships the decoding its evaluations used: nothing to bundle, no job
-        reason = f"{artifact.name} has no eval at its served decoding: a bundle ships what was measured"
-        ctx.nb.record_decision(ctx.session, "refuse", reason, {"tool": NAME, "args": args.model_dump(mode="json"),
-                                                               "reason": reason})
-        return ToolOutcome(tool=NAME, status="failed", summary=reason)
+        return refuse(ctx, NAME, args.artifact, None,
+                      [f"writer: {artifact.name} has no eval at its served decoding: a bundle ships what was measured"])
     cfg = BundleJob(notebook=ctx.paths.notebook, session=ctx.session, nominee=args.artifact,
-                    parent=parent_of(ctx.nb, ctx.session), out_dir=ctx.paths.bundle(f"{ctx.session}-{artifact.name}"))
+                    parent=parent_of(ctx.nb, ctx.session), runner_up=args.runner_up,
+                    out_dir=staged_dir(ctx, args.artifact))
     bundle, key = ctx.wait("bundle", bundle_job, cfg, gpus=0, nomination=True)
     if not bundle.passed:
-        reason = f"bundle of {artifact.name} failed its checks: " + " | ".join(bundle.problems)[:800]
-        ctx.nb.record_decision(ctx.session, "refuse", reason, {"tool": NAME, "args": args.model_dump(mode="json"),
-                                                               "reason": reason})
-        return ToolOutcome(tool=NAME, status="failed", summary=reason, data={"job_key": key})
-    known = [a for a in ctx.nb.artifacts(kind="bundle", session=ctx.session) if a.job_key == key]
-    if not known:
-        ctx.nb.add_artifact(kind="bundle", name=Path(bundle.path).name, path=bundle.path, sha256=bundle.sha256,
-                            parents=[args.artifact], job_key=key, session=ctx.session)
+        return refuse(ctx, NAME, args.artifact, key, bundle.problems)
     firsts = {e.suite: e for e in reversed(evals) if e.replicate == 0}
     summary = (f"nominee {artifact.name} served at decoding {served.fingerprint()[:12]}: "
-               f"{metrics_line(list(firsts.values()))}; bundle {bundle.path} passed check-bundle")
+               f"{metrics_line(list(firsts.values()))}; its bundle passed check-bundle ({bundle.path})")
     record_once(ctx, "nominate", summary, {"artifact_id": args.artifact})
     return ToolOutcome(tool=NAME, status="done", summary=summary, data={"artifact_id": args.artifact,
-                                                                        "bundle": bundle.path})
+                                                                        "bundle": bundle.path, "job_key": key})
 
 
 def run(ctx: ToolContext, args: Args, decision_seq: int | None = None) -> ToolOutcome:

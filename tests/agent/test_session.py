@@ -36,7 +36,7 @@ def test_protocol_order_bars_before_scores_noise_before_deltas(finished):
         assert kinds.index("calibrate") < kinds.index("promote") if "promote" in kinds else kinds.index("reject")
         tools = [c.tool for c in nb.tool_calls(finished.session)]
         assert tools[:3] == ["ingest", "register_bars", "calibrate"] and "train" in tools and "merge" in tools
-        assert "tune_serving" in tools and tools[-2:] == ["nominate", "sealed_open"]
+        assert "tune_serving" in tools and tools[-3:] == ["nominate", "sealed_open", "publish"]
 
 
 def test_budget_never_exceeded_and_no_job_launched_twice(finished):

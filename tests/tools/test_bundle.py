@@ -1,11 +1,17 @@
-"""Nomination bundles from a real small session: written, checked, planted defects caught, card verified.
+"""Nomination bundles from a real small session: nominated by the agent, checked, planted defects caught,
+card verified.
 
 The session (built once for the module) is a toy lab recorded through the notebook API: a tiny Llama
-base, an audited replay dataset, bars registered before scoring, the parent evaluated K=3 times (noise
-floors), an SFT nominee that learned to answer briefly and stop, a runner-up that did not (rejected
-by a bar), a run that diverged (a real nan_loss failure), a LoRA arm merged into a model, the sealed
-confirmation of the nominee and a ground-truth suite. Trainers and eval jobs run in-process; each is
-recorded as a job attempt with its measured wall time.
+base (the parent, which never learned to stop), an audited replay dataset, bars registered before
+scoring, the parent evaluated K=3 times (noise floors), an SFT arm that learned to answer briefly and
+stop (promoted), a runner-up that did not (rejected by a bar), a run that diverged (a real nan_loss
+failure), a LoRA arm merged into a model, and a ground-truth suite. Trainers and eval jobs run
+in-process; each is recorded as a job attempt with its measured wall time. Then the agent's own tools
+(through agent/toolbox.py, on the lab's lab.toml) make a serving alternative of the SFT arm without
+the system prompt, compare it and promote it; it clears the bars, but a bundle cannot ship an empty
+system prompt. The agent's nomination step (agent.graph.nominate, with the launcher's local jobs)
+then refuses its bundle, falls back to the SFT arm, opens the sealed confirmation for it and publishes
+its bundle with the sealed result in the card.
 """
 
 from __future__ import annotations
@@ -24,6 +30,13 @@ import pytest
 import torch
 
 import run_agent
+from agent import gates, toolbox
+from agent.config import load_lab_config
+from agent.graph import Runtime
+from agent.graph import nominate as nominate_step
+from agent.planners.playbook import PlaybookSettings
+from agent.runner import _runtime
+from agent.summary import summarize
 from core import tiny
 from core.chat import chat_template
 from evals import bars, noise, synthetic
@@ -32,12 +45,22 @@ from evals.decoding import Decoding
 from evals.job import EvalJobConfig, SuiteSpec
 from evals.job import run as run_eval
 from evals.records import record_result
-from evals.sealed import open_sealed
+from evals.sealed import judge_open
 from evals.types import Item
 from memory.notebook import Notebook
-from tools.bundle import BundleError, ServingConfig, TrainingEvidence, write_bundle
+from memory.records import BundleRefusal
+from tools import bundle as bundle_mod
+from tools.bundle import (
+    BundleError,
+    ServingConfig,
+    TrainingEvidence,
+    bundle_files,
+    bundle_sha256,
+    write_bundle,
+)
 from tools.check_bundle import check_bundle
 from tools.datasets import ReplayMixConfig, ReplaySource, build_replay_mix, record_dataset
+from tools.publish import PublishJob, publish_job
 from tools.splits import SplitConfig, ingest_feedback
 from trainers import merge, sft
 from trainers.common import LoRASettings, NonFiniteLoss, weights_sha256
@@ -52,13 +75,17 @@ _WORDS = "apple river stone cloud garden window pencil orange cat dog bird fish 
 @dataclass
 class Toy:
     root: Path
+    lab: Path
     nb: Notebook
+    rt: Runtime
     base: int
     nominee: int
     runner_up: int
+    alternative: int  # the promoted serving alternative whose bundle was refused
     merged: int
     dataset: int
-    full: Path      # the nominee's bundle
+    nominated: Path  # the bundle the agent published
+    full: Path      # the nominee's bundle written directly, in several shards
     adapter: Path   # the merged LoRA arm's bundle, shipped as base + adapter
 
 
@@ -121,54 +148,103 @@ def _checkpoint(nb: Notebook, name: str, path: Path, parents: list[int], job_key
                            parents=parents, recipe=recipe, job_key=job_key, session=SESSION).id
 
 
+def _write_lab(root: Path, tok: Path, base_dir: Path) -> tuple[Path, dict[str, Path]]:
+    """The toy's lab directory: lab.toml (absolute paths), bars, system prompt, suites and feedback."""
+    lab = root / "lab"
+    lab.mkdir()
+    battles = [{"id": f"b{i:02d}", "messages": [{"role": "user", "content": f"Which is larger, {i} or {i * 3 + 1}?"}],
+                "own": str(i * 3 + 1), "other": str(i), "vote": "own" if i % 3 else "other"} for i in range(30)]
+    files = {"feedback": _write_jsonl(root / "feedback.jsonl", battles)}
+    suites_dir = root / "suites"
+    suites_dir.mkdir()
+    files["digits"] = _items(suites_dir / "digits.jsonl", [t.item for t in synthetic.generate("digit_sum", 10, seed=11)])
+    files["chat"] = _items(suites_dir / "chat.jsonl", [Item(id=f"c{i}", messages=({"role": "user", "content": p},))
+                                                        for i, p in enumerate(["Greet me, please.", "Add 40 and 2.",
+                                                                               "Thank you!", "Spell dog backwards."])])
+    files["sealed"] = _items(suites_dir / "sealed.jsonl", [t.item for t in synthetic.generate("digit_sum", 6, seed=12)])
+    files["truth"] = _items(suites_dir / "truth.jsonl", [t.item for t in synthetic.generate("digit_sum", 6, seed=13)])
+    # Bars judge each candidate against the incumbent of its time: the stop bar tolerates a small loss only.
+    (lab / "bars.toml").write_text('[[bar]]\nsuite = "chat"\nmetric = "stopped"\nrule = "delta >= -0.75"\n\n'
+                                   '[[bar]]\nsuite = "digits"\nmetric = "correct"\nrule = "delta >= -1.0"\n')
+    (lab / "system_prompt.txt").write_text(SYSTEM + "\n")
+    suites = "".join(f'[[evals]]\nname = "{name}"\nscorer = "{scorer}"\nfile = "{files[file]}"\n{extra}\n'
+                     for name, scorer, file, extra in (("digits", "synthetic", "digits", ""),
+                                                       ("chat", "length_stop", "chat", ""),
+                                                       ("loops", "loops", "chat", ""),
+                                                       ("sealed", "synthetic", "sealed", "sealed = true\n")))
+    (lab / "lab.toml").write_text(f"""bars = "bars.toml"
+
+[model]
+base = "{base_dir}"
+tokenizer = "{tok}"
+
+[feedback]
+file = "{files['feedback']}"
+dev_fraction = 0.2
+sealed_fraction = 0.2
+
+{suites}
+[executor]
+time_limit_min = 10
+
+[serving]
+system_prompt_file = "system_prompt.txt"
+
+[serving.decoding]
+max_new_tokens = 12
+""")
+    return lab, files
+
+
+def _tool(ctx, tool: str, **args):
+    """One of the agent's own tools, as the graph's act node runs it."""
+    outcome = toolbox.run(ctx, tool, toolbox.args_model(tool).model_validate(args), None)
+    assert outcome.status == "done", outcome
+    return outcome
+
+
 def _build_session(root: Path) -> Toy:
     torch.set_num_threads(2)
     tok = tiny.build_tokenizer(root / "tokenizer")
     base_dir = tiny.build_model("llama", tok, root / "base", seed=0)
-    nb = Notebook.open(root / "lab" / "notebook.db")
-    nb.open_session(SESSION, lab=str(root / "lab"), budget_gpuh=1.0, reserve_gpuh=0.05, planner="playbook",
+    lab, files = _write_lab(root, tok, base_dir)
+    config = load_lab_config(lab)
+    nb = Notebook.open(lab / "notebook.db")
+    nb.open_session(SESSION, lab=str(lab), budget_gpuh=1.0, reserve_gpuh=0.05, planner="playbook",
                     executor="local", config={"world": "toy"})
-    base = _checkpoint(nb, "base", base_dir, [], None, license="apache-2.0 (toy world)")
+    rt = _runtime(nb, SESSION, lab, config, config.executor, PlaybookSettings.test(), "playbook", True)
+    served = rt.ctx.lab.served
+    # The parent as the agent records it (tools.promote.start_incumbent), with the base's license.
+    base = _checkpoint(nb, "base", base_dir, [], None, role="parent", served_decoding=served.model_dump(mode="json"),
+                       license="apache-2.0 (toy world)")
 
-    battles = [{"id": f"b{i:02d}", "messages": [{"role": "user", "content": f"Which is larger, {i} or {i * 3 + 1}?"}],
-                "own": str(i * 3 + 1), "other": str(i), "vote": "own" if i % 3 else "other"} for i in range(30)]
-    feedback = _write_jsonl(root / "feedback.jsonl", battles)
-    split_path, _ = ingest_feedback(nb, feedback, SplitConfig(dev_fraction=0.2, sealed_fraction=0.2),
-                                    root / "lab" / "splits", session=SESSION)
-    suites_dir = root / "suites"
-    suites_dir.mkdir()
-    digits = _items(suites_dir / "digits.jsonl", [t.item for t in synthetic.generate("digit_sum", 10, seed=11)])
-    chat = _items(suites_dir / "chat.jsonl", [Item(id=f"c{i}", messages=({"role": "user", "content": p},))
-                                                for i, p in enumerate(["Greet me, please.", "Add 40 and 2.", "Thank you!",
-                                                                       "Spell dog backwards."])])
-    sealed_items = _items(suites_dir / "sealed.jsonl", [t.item for t in synthetic.generate("digit_sum", 6, seed=12)])
-    truth_items = _items(suites_dir / "truth.jsonl", [t.item for t in synthetic.generate("digit_sum", 6, seed=13)])
+    split_path, _ = ingest_feedback(nb, files["feedback"], SplitConfig(dev_fraction=0.2, sealed_fraction=0.2),
+                                    lab / "splits", session=SESSION)
     manifest = build_replay_mix(ReplayMixConfig(
-        out=root / "lab" / "data" / "short.jsonl", tokenizer=tok, feedback=feedback, split=split_path,
-        eval_suites=[digits, chat, sealed_items, truth_items], system_prompt=SYSTEM,
+        out=lab / "data" / "short.jsonl", tokenizer=tok, feedback=files["feedback"], split=split_path,
+        eval_suites=[files["digits"], files["chat"], files["sealed"], files["truth"]], system_prompt=SYSTEM,
         sources=[ReplaySource(name="short", path=_write_jsonl(root / "short-source.jsonl", _short_rows()))]))
     dataset = record_dataset(nb, manifest, session=SESSION).id
     data = Path(manifest.path)
+    bars_id = bars.register(nb, SESSION, bars.load(lab / "bars.toml")).id
 
-    (root / "bars.toml").write_text('[[bar]]\nsuite = "chat"\nmetric = "stopped"\nrule = "delta >= 0.5"\n\n'
-                                    '[[bar]]\nsuite = "digits"\nmetric = "correct"\nrule = "delta >= -1.0"\n')
-    bars_id = bars.register(nb, SESSION, bars.load(root / "bars.toml")).id
-    served = Decoding(system_prompt=SYSTEM, max_new_tokens=12, stop_token_ids=(3, 1))
-    suites = (SuiteSpec(name="digits", scorer="synthetic", items_path=digits),
-              SuiteSpec(name="chat", scorer="length_stop", items_path=chat),
-              SuiteSpec(name="loops", scorer="loops", items_path=chat))
+    suites = (SuiteSpec(name="digits", scorer="synthetic", items_path=files["digits"]),
+              SuiteSpec(name="chat", scorer="length_stop", items_path=files["chat"]),
+              SuiteSpec(name="loops", scorer="loops", items_path=files["chat"]))
     parent_evals = _evaluate(nb, root, "base", base, base_dir, suites, served, replicates=3)
     for suite in ("digits", "chat", "loops"):
         noise.calibrate(nb, SESSION, [e for e in parent_evals if e.suite == suite])
 
     good = _train(nb, root, "good", base_dir, data, steps=16, lr=5e-3)
     nominee = _checkpoint(nb, "sft-good", good.model_dir, [base, dataset], "sft-good", trainer="sft")
+    _evaluate(nb, root, "good", nominee, good.model_dir, suites, served)
+    _tool(rt.ctx, "compare", candidate=nominee)
+    _tool(rt.ctx, "promote", candidate=nominee)
     weak = _train(nb, root, "weak", base_dir, data, steps=1, lr=1e-6)
     runner_up = _checkpoint(nb, "sft-weak", weak.model_dir, [base, dataset], "sft-weak", trainer="sft")
+    _evaluate(nb, root, "weak", runner_up, weak.model_dir, suites, served)
+    assert not compare(nb, SESSION, runner_up, nominee, bars_id, served).promoted
     assert _train(nb, root, "diverged", base_dir, data, steps=4, lr=1e35, grad_clip=1e38) is None
-    for name, art, path in (("good", nominee, good.model_dir), ("weak", runner_up, weak.model_dir)):
-        _evaluate(nb, root, name, art, path, suites, served)
-        compare(nb, SESSION, art, base, bars_id, served)
 
     lora = _train(nb, root, "lora", good.model_dir, data, steps=2, lr=1e-4, lora=LoRASettings(r=4, alpha=8))
     adapter = _checkpoint(nb, "lora", lora.model_dir, [nominee, dataset], "sft-lora", trainer="sft")
@@ -177,18 +253,23 @@ def _build_session(root: Path) -> Toy:
     merged = _checkpoint(nb, "lora-merged", merged_result.output_dir, [adapter], "merge-lora", method="lora-merge")
     _evaluate(nb, root, "merged", merged, merged_result.output_dir, suites, served)
 
-    nb.record_decision(SESSION, "nominate", "the promoted SFT arm", {"artifact_id": nominee})
-    open_sealed(nb, SESSION, "sealed", nominee)
-    _evaluate(nb, root, "sealed", nominee, good.model_dir,
-              (SuiteSpec(name="sealed", scorer="synthetic", items_path=sealed_items, sealed=True),), served)
-    _evaluate(nb, root, "truth", nominee, good.model_dir,
-              (SuiteSpec(name="truth", scorer="synthetic", items_path=truth_items),), served, is_served=False)
+    # The defect, made the way the agent makes it: a serving alternative without the system prompt
+    # (a real eval job), promoted by the bars; no bundle may ship an empty system prompt.
+    alternative = _tool(rt.ctx, "tune_serving", artifact=nominee, system_prompt="none").data["artifact_id"]
+    _tool(rt.ctx, "compare", candidate=alternative)
+    _tool(rt.ctx, "promote", candidate=alternative)
+    truth = (SuiteSpec(name="truth", scorer="synthetic", items_path=files["truth"]),)
+    for art, path in ((alternative, good.model_dir), (nominee, good.model_dir)):  # the toy world's truth per candidate
+        decoding = Decoding.model_validate(nb.artifact(art).recipe.get("served_decoding", served.model_dump()))
+        _evaluate(nb, root, f"truth-{art}", art, path, truth, decoding, is_served=False)
 
+    nominate_step(rt, {"stop_reason": "protocol complete"})
+    [published] = nb.artifacts(kind="bundle", session=SESSION)
     full = write_bundle(nb, SESSION, nominee, root / "bundles" / "full", parent_id=base, runner_up_id=runner_up,
                         shard_bytes=300_000)
     adapted = write_bundle(nb, SESSION, merged, root / "bundles" / "adapter", parent_id=nominee, ship="adapter")
-    return Toy(root=root, nb=nb, base=base, nominee=nominee, runner_up=runner_up, merged=merged, dataset=dataset,
-               full=full.path, adapter=adapted.path)
+    return Toy(root=root, lab=lab, nb=nb, rt=rt, base=base, nominee=nominee, runner_up=runner_up, alternative=alternative,
+               merged=merged, dataset=dataset, nominated=Path(published.path), full=full.path, adapter=adapted.path)
 
 
 @pytest.fixture(scope="module")
@@ -206,8 +287,9 @@ def _copy(src: Path, dst: Path) -> Path:
 # ---- the good bundles --------------------------------------------------------------------------
 
 
-def test_toy_bundle_passes_every_check(toy):
-    report = check_bundle(toy.full, notebook_path=toy.nb.path)
+@pytest.mark.parametrize("which", ["nominated", "full"])
+def test_toy_bundle_passes_every_check(toy, which):
+    report = check_bundle(getattr(toy, which), notebook_path=toy.nb.path)
     assert report.ok, report.failures()
     names = [r.name for r in report.results]
     assert {"template_compiles", "template_matches_renderer", "weights", "reload", "decision_hash"} <= set(names)
@@ -234,7 +316,7 @@ def test_bundle_holds_sharded_weights_template_and_evidence(toy):
     assert json.loads((toy.full / "tokenizer_config.json").read_text())["chat_template"] == template
     assert (toy.full / "system_prompt.txt").read_text() == SYSTEM
     gen = json.loads((toy.full / "generation_config.json").read_text())
-    assert gen["eos_token_id"] == [3, 1] and gen["do_sample"] is False and gen["max_new_tokens"] == 12
+    assert gen["eos_token_id"] == [3] and gen["do_sample"] is False and gen["max_new_tokens"] == 12
     serving = ServingConfig.model_validate_json((toy.full / "serving_config.json").read_text())
     assert serving.max_input_tokens == 2048 - 12 and serving.add_generation_prompt
 
@@ -264,6 +346,96 @@ def test_failed_write_leaves_no_half_bundle(toy, tmp_path):
     with pytest.raises(BundleError, match="no eval at served decoding"):
         write_bundle(toy.nb, SESSION, toy.dataset, tmp_path / "dataset-bundle")
     assert not (tmp_path / "dataset-bundle").exists()
+
+
+# ---- the agent's nomination step ------------------------------------------------------------------
+
+
+def test_a_refused_bundle_is_recorded_and_the_agent_falls_back_to_a_valid_nomination(toy):
+    nb = toy.nb
+    assert nb.session(SESSION).status == "done" and nb.verify().ok
+    refusals = [d for d in nb.decisions(SESSION, kind="refuse") if isinstance(d.payload, BundleRefusal)]
+    [refused] = refusals
+    assert refused.payload.artifact_id == toy.alternative and refused.payload.bundle_job is not None
+    # Every failed check is listed with what it expected; the served-without-system-prompt bundle has one.
+    assert refused.payload.reasons == ["system_prompt: system_prompt.txt is empty; expected the served system prompt"]
+    alternative = nb.artifact(toy.alternative).name
+    assert not (toy.lab / "bundles" / f"{SESSION}-{alternative}.candidate").exists()
+    assert not (toy.lab / "bundles" / f"{SESSION}-{alternative}").exists()
+    [nomination] = nb.decisions(SESSION, kind="nominate")
+    assert nomination.payload.artifact_id == toy.nominee and nomination.seq > refused.seq
+    calls = [(c.tool, c.args.get("artifact"), c.status) for c in nb.tool_calls(SESSION)][-4:]
+    assert calls == [("nominate", toy.alternative, "failed"), ("nominate", toy.nominee, "done"),
+                     ("sealed_open", toy.nominee, "done"), ("publish", toy.nominee, "done")]
+    # The runner-up passed through from the nomination step: the refused incumbent, then the nominee.
+    assert [c.args["runner_up"] for c in nb.tool_calls(SESSION) if c.tool in ("nominate", "publish")] == [
+        toy.nominee, toy.alternative, toy.alternative]
+    [published] = nb.artifacts(kind="bundle", session=SESSION)
+    assert published.parents == [toy.nominee] and toy.nominated == toy.lab / "bundles" / f"{SESSION}-sft-good"
+    assert published.sha256 == bundle_sha256(bundle_files(toy.nominated))
+    assert [p.name for p in (toy.lab / "bundles").iterdir()] == [toy.nominated.name]
+
+
+def test_sealed_opens_once_for_the_nominee_after_its_check_and_before_its_card(toy):
+    nb = toy.nb
+    decisions = nb.decisions(SESSION)
+    [confirm] = nb.decisions(SESSION, kind="confirm")
+    [nomination] = nb.decisions(SESSION, kind="nominate")
+    assert (confirm.payload.suite, confirm.payload.artifact_id) == ("sealed", toy.nominee)
+    assert nomination.seq < confirm.seq
+    [sealed] = nb.evals(artifact_id=toy.nominee, suite="sealed", session=SESSION)
+    assert not nb.evals(artifact_id=toy.alternative, suite="sealed", session=SESSION)
+    card = (toy.nominated / "README.md").read_text()
+    line = next(x for x in card.splitlines() if x.startswith("- suite `sealed`"))
+    assert line.startswith(f"- suite `sealed` (opened by decision `{confirm.seq}`, eval `{sealed.id}`): `correct` ")
+    assert f"<!-- nb eval:{sealed.id} metrics.correct -->" in line
+    assert "no sealed confirmation was scored" not in card
+    # The evidence was written after the sealed result: only the session's end follows it in the chain.
+    evidence = TrainingEvidence.model_validate_json((toy.nominated / "training_evidence.json").read_text())
+    assert evidence.last_decision.seq > confirm.seq
+    assert [d.kind for d in decisions if d.seq > evidence.last_decision.seq] == ["stop"]
+    # Nothing may open it again, for the nominee or the refused candidate (pure judgments: nothing written).
+    s = summarize(nb, SESSION)
+    assert "already opened" in gates.check("sealed_open", {"artifact": toy.nominee}, s, 0.0, toy.lab)
+    assert "already opened" in gates.check("sealed_open", {"artifact": toy.alternative}, s, 0.0, toy.lab)
+    refusal = judge_open(nb, SESSION, "sealed", toy.alternative)
+    assert refusal.reasons == [
+        f"sealed suite sealed was already opened in session {SESSION} (decision {confirm.seq})",
+        f"sealed suite sealed is scored for the nominee only; artifact {toy.alternative} is not the nominee"]
+
+
+def test_the_nomination_step_on_a_finished_session_does_nothing(toy):
+    before = len(toy.nb.decisions(SESSION))
+    assert nominate_step(toy.rt, {}) == {"finished": True}
+    assert len(toy.nb.decisions(SESSION)) == before
+
+
+def test_publish_refuses_a_bundle_that_fails_its_final_check_and_leaves_no_final_bundle(toy, tmp_path):
+    staged = _copy(toy.nominated, tmp_path / "s1-sft-good.candidate")
+    _truncated_shard(staged)
+    cfg = PublishJob(notebook=toy.nb.path, session=SESSION, nominee=toy.nominee, parent=toy.base,
+                     runner_up=toy.alternative, staged=staged, out_dir=tmp_path / "s1-sft-good")
+    outcome = publish_job(cfg)
+    assert not outcome.passed and not cfg.out_dir.exists()
+    assert any(p.startswith("weights: model-00001-of-00001.safetensors is ") for p in outcome.problems), outcome
+    other = publish_job(cfg.model_copy(update={"nominee": toy.runner_up}))
+    assert other.problems == [f"writer: {staged} holds artifact {toy.nominee} "
+                              f"({toy.nb.artifact(toy.nominee).sha256[:16]}...); expected the nominee {toy.runner_up}"]
+
+
+def test_the_writer_refuses_weights_changed_since_their_evaluation(toy, tmp_path):
+    src = _copy(Path(toy.nb.artifact(toy.nominee).path), tmp_path / "model")
+    shard = next(src.glob("*.safetensors"))
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 0xFF  # one flipped bit pattern in the last tensor: same size, other weights
+    shard.write_bytes(bytes(data))
+    moved = toy.nb.artifact(toy.nominee).model_copy(update={"path": str(src)})
+    with pytest.raises(BundleError, match=r"weights hash [0-9a-f]{16}\.\.\. is not artifact \d+'s recorded .* "
+                                          r"\(changed or damaged on disk\)"):
+        bundle_mod._check_evaluated(moved, src)
+    shard.write_bytes(shard.read_bytes()[:100])
+    with pytest.raises(BundleError, match="unreadable weights"):
+        bundle_mod.source_tensors(src)
 
 
 # ---- planted defects ---------------------------------------------------------------------------
@@ -498,7 +670,7 @@ def _card_numbers(card: str) -> list[tuple[str, re.Match | None]]:
 
 
 def test_every_number_in_the_card_is_in_the_record_it_names(toy):
-    card = (toy.full / "README.md").read_text()
+    card = (toy.nominated / "README.md").read_text()
     numbers = _card_numbers(card)
     assert len(numbers) >= 40
     tables = set()
@@ -508,16 +680,17 @@ def test_every_number_in_the_card_is_in_the_record_it_names(toy):
         actual = _resolve(toy.nb, table, ids, expr)
         assert abs(float(shown) - float(actual)) <= _tolerance(shown), (shown, reference.group(), actual)
         tables.add(table)
-    assert {"artifact", "job", "eval", "noise_floor", "comparison", "bars"} <= tables
+    assert {"artifact", "job", "eval", "noise_floor", "comparison", "bars", "decision"} <= tables
 
 
 def test_card_holds_every_section_the_issue_lists(toy):
-    card = (toy.full / "README.md").read_text()
+    card = (toy.nominated / "README.md").read_text()
     for heading in ("## Model", "## How to use", "## Lineage", "## Training data", "## Evaluation",
                     "## Sealed confirmation", "## Promotion decisions and bars", "## Rejected alternatives",
                     "## Failed jobs", "## GPU-hours", "## Limitations", "## Ground truth (toy world)", "## License"):
         assert heading in card
-    assert "nominee `sft-good` | parent `base` | runner-up `sft-weak`" in card
+    alternative = toy.nb.artifact(toy.alternative).name
+    assert f"nominee `sft-good` | parent `base` | runner-up `{alternative}`" in card
     assert re.search(r"`sft-weak` \(comparison `\d+`\) failed:\n  - `chat/stopped` `delta` `>=`", card)
     assert "`nan_loss`" in card and "nan_loss: step" in card
     assert "`apache-2.0 (toy world)`" in card and "suite `sealed`" in card and "suite `truth`" in card
@@ -537,7 +710,7 @@ for bundle, snippet in zip(sys.argv[1::2], sys.argv[2::2]):
 def test_card_usage_snippet_runs_against_the_bundle(toy):
     # One fresh interpreter runs each card's snippet from inside its bundle directory, as a reader would.
     args = []
-    for bundle in (toy.full, toy.adapter):
+    for bundle in (toy.nominated, toy.adapter):
         [snippet] = re.findall(r"```python\n(.*?)```", (bundle / "README.md").read_text(), flags=re.S)
         args += [str(bundle), snippet]
     run = subprocess.run([sys.executable, "-c", _DRIVER, *args], capture_output=True, text=True, timeout=300)
