@@ -268,3 +268,22 @@ def test_a_step_a_gate_refused_is_never_proposed_again():
 def test_the_world_bars_register_the_full_protocols_comparisons():
     assert tomllib.loads(BARS)["p_family"] == PlaybookSettings().comparisons()
     assert PlaybookSettings.short().comparisons() == 2  # one screened finalist and one dose
+
+
+def test_the_summary_lists_every_gate_refusal_from_the_notebook(tmp_path):
+    from agent.summary import summarize
+    from memory.notebook import Notebook
+    from memory.records import GateRefusal
+
+    args = canonical_args("tune_serving", {"artifact": 1, "temperature": 0.0})
+    with Notebook.open(tmp_path / "notebook.db") as nb:
+        nb.open_session("s", lab=str(tmp_path), budget_gpuh=10, reserve_gpuh=1, planner="playbook", executor="local",
+                        config={})
+        nb.record_decision("s", "refuse", "gate: budget", GateRefusal(tool="tune_serving", args=args,
+                                                                      reason="budget: forecast 9 > budget 10"))
+        nb.record_decision("s", "refuse", "planner reply refused", {"planner": "openai", "reason": "bad JSON",
+                                                                    "raw": "{", "in_row": 1})
+        s = summarize(nb, "s")
+    assert [(r.tool, r.args) for r in s.gate_refusals] == [("tune_serving", args)]  # the planner's bad reply is not a step
+    assert s.refused("tune_serving", {"artifact": 1, "temperature": 0.0}) is not None
+    assert s.refused("tune_serving", {"artifact": 1, "temperature": 0.5}) is None
