@@ -34,9 +34,8 @@ from agent.graph import Runtime, drive
 from agent.live import Silent
 from agent.planners.playbook import Playbook, PlaybookSettings
 from memory.notebook import Decision, JobRecord, Notebook, NotebookError
-from memory.records import BudgetRefusal
 from tools.context import ToolContext, WouldLaunch
-from tools.launcher import BudgetRefused, JobFailed, Launcher, Resources
+from tools.launcher import JobFailed, Launcher, Resources
 from tools.paths import LabPaths
 from tools.promote import start_incumbent
 
@@ -67,17 +66,8 @@ class ReplaySubmitter:
 
     def submit(self, kind: str, fn: Callable[[Any], Any], args: BaseModel, resources: Resources) -> ServedJob:
         key = self.launcher.key(kind, fn, args)
-        forecast = self.launcher.forecast(kind, resources)
-        ledger = self.scratch.ledger(self.session)
-        if not ledger.admits(forecast.gpuh):  # the launcher's admission, and its refusal, word for word
-            self.scratch.record_decision(
-                self.session, "refuse", f"{kind} would overrun the budget: forecast {forecast.gpuh:.3f} + spent "
-                f"{ledger.spent_gpuh:.3f} + reserved {ledger.reserved_gpuh:.3f} + reserve {ledger.reserve_gpuh:.3f} "
-                f"> budget {ledger.budget_gpuh:.3f} GPU-h",
-                BudgetRefusal(key=key, kind=kind, attempt=1, forecast_gpuh=forecast.gpuh, forecast_source=forecast.source,
-                              executor=self.launcher.backend.name))
-            raise BudgetRefused(f"{kind}: forecast {forecast.gpuh:.3f} GPU-h does not fit; "
-                                f"{ledger.left_gpuh - ledger.reserve_gpuh:.3f} GPU-h left above the reserve")
+        self.launcher.check_memory(key, kind, args, resources)  # the launcher's memory admission, recorded in scratch
+        self.launcher.admit(key, kind, resources)  # the launcher's budget admission and its refusal
         attempts = self.original.jobs(session=self.session, key=key)
         if not attempts:
             raise WouldLaunch(kind, key)

@@ -29,6 +29,11 @@ class ExecutorSection(_Settings):
     kind: Literal["local", "slurm"] = Field("local", description="Where jobs run: local subprocesses or Slurm.")
     time_limit_min: int = Field(240, ge=1, description="Explicit wall-clock limit of every job, in minutes.")
     slurm: SlurmSection | None = Field(None, description="Slurm parameters; required when kind = 'slurm'.")
+    gpu_memory_gib: float | None = Field(
+        None, gt=0,
+        description="GiB of one GPU of the jobs' nodes (an H200: 139). Training jobs whose memory estimate per GPU "
+        "exceeds it are refused at admission; None: not checked.",
+    )
     simulated_gpuh_per_device_s: float | None = Field(
         None, gt=0,
         description="Toy world only: GPU-hours charged per measured device-second of a local job (simulated cost). "

@@ -26,6 +26,10 @@ What happens, in order (DESIGN.md invariants 5 and 6):
    (/3600) unless the lab declares a simulated cost (the toy world's `simulated_gpuh_per_device_s`,
    local executor only), then `charge = 'simulated'`. A failed run is classified
    (tools/failures.py) and the policy applied (requeue, OOM retry, or record).
+   Training jobs (a trainers.common.TrainConfig) are also admitted by memory: the estimate per GPU
+   (trainers/memory.py, at the configured micro-batch on `tasks` ranks) is recorded on the attempt
+   row, and a job on GPUs whose estimate exceeds the lab's `gpu_memory_gib` is a `refuse` decision
+   with the numbers (MemoryRefused).
 5. Every requeue and retry is admitted again, as a new attempt submitted with the same config (a job
    resumes from the state in its output directory): its forecast is the job's forecast or, when
    larger, the most one run can cost (its time limit on its devices: a run that overran its forecast
@@ -34,6 +38,9 @@ What happens, in order (DESIGN.md invariants 5 and 6):
    with the run's class, the refusal in its detail and a `fail` decision. A run that Slurm requeued
    anyway (an administrator's `scontrol requeue`) is admitted the same way when the launcher sees it,
    and cancelled when it does not fit.
+6. The checkpoint signal comes `signal_delay_s` before the time limit (Slurm `--signal=USR2@N`). Left
+   unset, it is derived from the longest save measured by earlier completed jobs of the same kind and
+   model (trainers report `max_save_s`): twice that, at least 30 s, at most half the time limit.
 """
 
 from __future__ import annotations
@@ -59,7 +66,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from submitit.core.utils import FailedJobError, JobPaths, UncompletedJobError
 
 from memory.notebook import JobRecord, Notebook, now, tool_call_key
-from memory.records import BudgetRefusal, FailPayload, LaunchPayload
+from memory.records import BudgetRefusal, FailPayload, LaunchPayload, MemoryRefusal
 from tools.executor import ExecutorSection, SlurmSection
 from tools.failures import Failure, classify, decide, smaller_batch_config
 from tools.jobrun import Resumable, RunPaths, near_time_limit, read_events
@@ -76,10 +83,22 @@ _FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "PREEMPTED", "NO
 _NO_SUBMITIT_LIMIT = 1000
 _REQUEUED_CLASSES = {"preempted", "timeout"}  # failure classes that count against max_requeues
 _SLACK_S = 5.0  # seconds: a killed local run this close to its limit was stopped by the limit
+# The signal lead time: the longest measured save times this factor, never under the floor (Slurm's
+# own signal timing is only good to about a minute, and a step must end before the save begins).
+SIGNAL_LEAD_FACTOR = 2.0
+SIGNAL_LEAD_FLOOR_S = 30
+GIB = 1024**3
 
 
 class BudgetRefused(Exception):
     """The job's forecast does not fit the session budget; the refusal is a recorded decision."""
+
+
+class MemoryRefused(BudgetRefused):
+    """A training job's memory estimate exceeds the GPUs it asks for; the refusal is a recorded decision.
+
+    A kind of BudgetRefused (GPU memory is a budget too), so every caller that turns an admission
+    refusal into data (tools.context.invoke) handles it the same way."""
 
 
 class JobFailed(Exception):
@@ -111,12 +130,15 @@ class Resources(BaseModel):
                               "(each one admitted against the budget first).")
     nomination: bool = Field(False, description="A nomination check (bundle, sealed confirmation): admitted against what "
                              "is left including the reserve, which is kept for it.")
-    signal_delay_s: int = Field(30, ge=1, description="Seconds before the time limit when the job gets the checkpoint signal.")
+    signal_delay_s: int | None = Field(
+        None, ge=1, description="Seconds before the time limit when the job gets the checkpoint signal; None: derived "
+        "from the save time measured by earlier jobs of the same kind and model (signal_lead_s).",
+    )
     metrics_file: Path | None = Field(None, description="metrics.jsonl the job appends to; the progress line shows its last record.")
 
     @model_validator(mode="after")
     def _signal_inside_limit(self) -> Resources:
-        if self.signal_delay_s >= self.time_limit_min * 60:
+        if self.signal_delay_s is not None and self.signal_delay_s >= self.time_limit_min * 60:
             raise ValueError("signal_delay_s must be shorter than the time limit")
         return self
 
@@ -151,6 +173,23 @@ def measured(device_seconds: float) -> Charge:
     return Charge(device_seconds=device_seconds, gpu_hours=device_seconds / 3600, charge="measured")
 
 
+def signal_lead_s(measured_save_s: float | None, time_limit_s: float) -> int:
+    """Seconds of warning before the time limit for a job whose longest measured save took `measured_save_s`.
+
+    SIGNAL_LEAD_FACTOR times the save, at least SIGNAL_LEAD_FLOOR_S; capped at half the time limit (a job
+    whose save needs more than that needs a longer limit: each run would spend half of it saving)."""
+    lead = SIGNAL_LEAD_FLOOR_S
+    if measured_save_s:
+        lead = max(lead, math.ceil(SIGNAL_LEAD_FACTOR * measured_save_s))
+    return max(1, min(lead, int(time_limit_s // 2)))
+
+
+def _max_save_s(result: dict[str, Any] | None) -> float:
+    """The longest resume save a completed trainer job measured (TrainResult.metrics, or an RFT run's train)."""
+    train = (result or {}).get("train", result) or {}
+    return float(train.get("metrics", {}).get("max_save_s", 0.0))
+
+
 class Backend(Protocol):
     """One way of running submitit jobs: `LocalBackend` or `SlurmBackend`."""
 
@@ -164,6 +203,8 @@ class Backend(Protocol):
     def runs(self, job_id: str, folder: Path, resources: Resources) -> list[Run]: ...
 
     def devices(self, resources: Resources) -> int: ...
+
+    def gpus(self, resources: Resources) -> int: ...
 
     def tasks(self, resources: Resources) -> int: ...
 
@@ -215,6 +256,9 @@ class LocalBackend:
             return True
         del self._submitted[job_id]
         return False
+
+    def gpus(self, resources: Resources) -> int:
+        return resources.gpus or 0
 
     def tasks(self, resources: Resources) -> int:
         return resources.tasks or max(1, resources.gpus or 0)
@@ -360,7 +404,7 @@ class SlurmBackend:
         ex = submitit.SlurmExecutor(folder=folder, max_num_timeout=_NO_SUBMITIT_LIMIT)
         params: dict[str, Any] = {
             "job_name": kind, "partition": self.partition, "time": math.ceil(resources.time_limit_min),
-            "nodes": 1, "gpus_per_node": self._gpus(resources), "ntasks_per_node": self.tasks(resources),
+            "nodes": 1, "gpus_per_node": self.gpus(resources), "ntasks_per_node": self.tasks(resources),
             "cpus_per_task": resources.cpus or self.cpus_per_task, "mem": f"{resources.mem_gb or self.mem_gb}GB",
             "signal_delay_s": resources.signal_delay_s,
             # Slurm would requeue a preempted or failed-node job in place, a new run no admission saw: the
@@ -381,14 +425,14 @@ class SlurmBackend:
     def worker_env(self) -> dict[str, str]:
         return {}  # the rendezvous is read on the node from Slurm's environment (tools/jobrun.py)
 
-    def _gpus(self, resources: Resources) -> int:
+    def gpus(self, resources: Resources) -> int:
         return self.gpus_per_node if resources.gpus is None else resources.gpus
 
     def tasks(self, resources: Resources) -> int:
-        return resources.tasks or max(1, self._gpus(resources))
+        return resources.tasks or max(1, self.gpus(resources))
 
     def devices(self, resources: Resources) -> int:
-        return self._gpus(resources) or self.tasks(resources)
+        return self.gpus(resources) or self.tasks(resources)
 
     def charge(self, device_seconds: float) -> Charge:
         return measured(device_seconds)
@@ -504,6 +548,7 @@ def _spec_of_record(first: JobRecord) -> _Spec:
     config_type = hints[next(iter(inspect.signature(fn).parameters))]
     stored = dict(first.resources)
     args = config_type.model_validate(stored.pop("args"))
+    stored.pop("memory", None)  # the memory estimate recorded with a training job, not a resource
     return _Spec(first.kind, fn, args, Resources.model_validate(stored), result_type)
 
 
@@ -517,8 +562,10 @@ class Forecast(BaseModel):
 class Launcher:
     """Submits, re-attaches and settles jobs for one session of one notebook; see the module docstring."""
 
-    def __init__(self, notebook: Notebook, session: str, backend: Backend, root: Path, *, poll_s: float | None = None):
+    def __init__(self, notebook: Notebook, session: str, backend: Backend, root: Path, *, poll_s: float | None = None,
+                 gpu_memory_gib: float | None = None):
         self.nb, self.session, self.backend, self.root = notebook, session, backend, Path(root)
+        self.gpu_memory_gib = gpu_memory_gib  # one GPU's memory; None: training jobs are not admitted by memory
         # Each Slurm poll is one sacct call through slurmdbd: keep it gentle on a shared cluster.
         self.poll_s = poll_s if poll_s is not None else (2.0 if backend.name == "slurm" else 0.25)
         self._specs: dict[str, _Spec] = {}
@@ -527,13 +574,13 @@ class Launcher:
     def from_section(cls, notebook: Notebook, session: str, section: ExecutorSection, root: Path,
                      *, poll_s: float | None = None) -> Launcher:
         """The launcher of a lab's `[executor]` section."""
-        return cls(notebook, session, make_backend(section), root, poll_s=poll_s)
+        return cls(notebook, session, make_backend(section), root, poll_s=poll_s, gpu_memory_gib=section.gpu_memory_gib)
 
     # -- handles ---------------------------------------------------------------------------------
 
     def submit(self, kind: str, fn: Callable[[C], R], args: C, resources: Resources) -> Job[R]:
         """Submit `fn(args)` once per (kind, fn, session, args); later calls re-attach to it."""
-        spec = _spec_of_call(kind, fn, args, resources)
+        spec = _spec_of_call(kind, fn, args, self.with_signal_lead(kind, resources))
         key = self.key(kind, fn, args)
         if self.nb.get_job(key) is None:
             self._specs[key] = spec
@@ -599,6 +646,44 @@ class Launcher:
         bound = self._run_bound(resources)
         return bound if bound.gpuh > forecast.gpuh else forecast
 
+    def with_signal_lead(self, kind: str, resources: Resources) -> Resources:
+        """The resources with their signal lead time set: as given, else derived from measured saves."""
+        if resources.signal_delay_s is not None:
+            return resources
+        lead = signal_lead_s(self.measured_save_s(kind, resources.model), resources.time_limit_min * 60)
+        return resources.model_copy(update={"signal_delay_s": lead})
+
+    def measured_save_s(self, kind: str, model: str | None) -> float | None:
+        """The longest save earlier completed jobs of this kind and model measured (None: none saved)."""
+        saves = [_max_save_s(j.result) for j in self.nb.jobs(kind=kind)
+                 if j.state == "completed" and j.resources.get("model") == model]
+        return max(saves, default=0.0) or None
+
+    def check_memory(self, key: str, kind: str, args: BaseModel, resources: Resources, attempt: int = 1
+                     ) -> dict[str, Any] | None:
+        """A training job's memory estimate per GPU (GiB, by part) for its attempt row; a job on GPUs whose
+        estimate exceeds one GPU is a recorded refusal (MemoryRefused). None for jobs that do not train."""
+        # Imported here: the launcher serves data and eval jobs without loading torch and transformers.
+        from trainers.common import TrainConfig
+        from trainers.memory import estimate_job
+
+        if not isinstance(args, TrainConfig):
+            return None
+        gpus, world = self.backend.gpus(resources), self.backend.tasks(resources)
+        est = estimate_job(args, world)
+        parts = {k: round(v / GIB, 3) for k, v in est.model_dump().items() if k != "world_size"}
+        memory = {"world_size": world, "per_gpu_gib": round(est.total / GIB, 3), "parts_gib": parts}
+        if gpus == 0 or self.gpu_memory_gib is None or est.total <= self.gpu_memory_gib * GIB:
+            return memory
+        top = ", ".join(f"{k} {v:.1f}" for k, v in sorted(parts.items(), key=lambda kv: -kv[1])[:3])
+        self.nb.record_decision(
+            self.session, "refuse", f"{kind} cannot fit its GPUs: estimated {est.total / GIB:.1f} GiB per GPU on "
+            f"{gpus} GPU(s) > {self.gpu_memory_gib:g} GiB ({top} GiB)",
+            MemoryRefusal(key=key, kind=kind, attempt=attempt, gpus=gpus, estimate_gib=memory["per_gpu_gib"],
+                          gpu_memory_gib=self.gpu_memory_gib, parts_gib=parts))
+        raise MemoryRefused(f"{kind}: estimated {est.total / GIB:.1f} GiB per GPU exceeds {self.gpu_memory_gib:g} GiB "
+                            f"on {gpus} GPU(s); use more GPUs, LoRA, activation checkpointing or a smaller micro-batch")
+
     def _throughput(self, kind: str, model: str | None) -> float | None:
         """Work units per GPU-hour over completed earlier jobs of this kind and model (all attempts count)."""
         attempts = [j for j in self.nb.jobs(kind=kind) if j.resources.get("model") == model]
@@ -607,17 +692,17 @@ class Launcher:
         hours = sum(j.gpu_hours or 0.0 for j in attempts if j.key in done)
         return units / hours if units and hours else None
 
-    def _admit(self, key: str, spec: _Spec, attempt: int) -> LaunchPayload:
+    def admit(self, key: str, kind: str, resources: Resources, attempt: int = 1) -> LaunchPayload:
         """The launch payload of an attempt whose forecast fits what is left of the budget (above the
         reserve, unless it is a nomination check); otherwise a recorded refusal and BudgetRefused."""
-        forecast = self.admission_forecast(spec.kind, spec.resources, attempt)
-        payload = LaunchPayload(key=key, kind=spec.kind, attempt=attempt, forecast_gpuh=forecast.gpuh,
+        forecast = self.admission_forecast(kind, resources, attempt)
+        payload = LaunchPayload(key=key, kind=kind, attempt=attempt, forecast_gpuh=forecast.gpuh,
                                 forecast_source=forecast.source, executor=self.backend.name)
         ledger = self.nb.ledger(self.session)
-        reserve = 0.0 if spec.resources.nomination else ledger.reserve_gpuh
+        reserve = 0.0 if resources.nomination else ledger.reserve_gpuh
         if forecast.gpuh + ledger.spent_gpuh + ledger.reserved_gpuh + reserve <= ledger.budget_gpuh:
             return payload
-        what = spec.kind if attempt == 1 else f"{spec.kind} attempt {attempt}"
+        what = kind if attempt == 1 else f"{kind} attempt {attempt}"
         self.nb.record_decision(self.session, "refuse", f"{what} would overrun the budget: forecast "
                                 f"{forecast.gpuh:.3f} + spent {ledger.spent_gpuh:.3f} + reserved "
                                 f"{ledger.reserved_gpuh:.3f} + reserve {reserve:.3f} > budget "
@@ -628,9 +713,12 @@ class Launcher:
     def _launch(self, key: str, spec: _Spec, attempt: int, reason: str) -> None:
         """Admission, then the attempt row and the launch decision, then the submission."""
         args = self._attempt_args(key, spec)
-        payload = self._admit(key, spec, attempt)
+        memory = self.check_memory(key, spec.kind, args, spec.resources, attempt)
+        payload = self.admit(key, spec.kind, spec.resources, attempt)
         folder = self.root / f"{key[:16]}-{attempt}"
         resources = {**spec.resources.model_dump(mode="json"), "args": args.model_dump(mode="json")}
+        if memory is not None:
+            resources["memory"] = memory
         # The row and its decision together; the submission after them (a crash in between is
         # recovered by `attach`: the row says what to submit).
         with self.nb.transaction():
@@ -726,7 +814,7 @@ class Launcher:
                 record = self.nb.update_job(key, record.attempt, state="failed", failure_class="preempted",
                                             failure_detail=detail, **self._cost(runs[i]))
                 try:
-                    payload = self._admit(key, spec, record.attempt + 1)
+                    payload = self.admit(key, spec.kind, spec.resources, record.attempt + 1)
                 except BudgetRefused as refused:
                     return self._refuse_requeue(key, spec, record, Failure(failure_class="preempted", detail=detail),
                                                 refused, cancel=True)
