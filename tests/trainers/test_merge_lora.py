@@ -184,3 +184,14 @@ def test_refusals_name_the_problem_and_write_nothing(lora_run, model_dirs, tmp_p
         with pytest.raises(MergeError, match=message):
             merge_lora(LoRAMergeConfig(base=b, adapter=a, output_dir=out))
         assert not out.exists() and not (tmp_path / "out.partial").exists()
+
+
+def test_the_merge_tool_runs_the_streamed_merge(lora_run, tmp_path):
+    from tools import merge as merge_tool
+
+    base, adapter = lora_run
+    args = merge_tool.Args(method="lora", models=[1, 2])
+    fn, config = merge_tool._job(args, [base, adapter], tmp_path / "merged")
+    assert fn is merge_lora and isinstance(config, LoRAMergeConfig)
+    result = fn(config)
+    assert result.shards == len(set(shard_map(base).values()))  # streamed in the base's layout, not re-saved
