@@ -1,9 +1,9 @@
 """Collation and log-probabilities shared by the trainers.
 
 Rows become `Encoded` (ids + assistant-only mask, from `core.chat.render`); micro-batches are
-right-padded tensors, or, for SFT packing on attention-only models, several rows concatenated in one
-sequence with position ids restarting at each row (transformers then builds a block-diagonal causal
-mask, so no row attends to another).
+right-padded tensors, or, for SFT packing, several rows concatenated in one sequence with position ids
+restarting at each row (transformers then builds a block-diagonal causal mask, so no row attends to
+another) and, for Mamba models, `seq_idx` numbering the rows (the Mamba state restarts at each row).
 """
 
 from __future__ import annotations
@@ -41,12 +41,22 @@ class Batch:
     attention_mask: torch.Tensor | None
     position_ids: torch.Tensor | None
     loss_mask: torch.Tensor
+    # Packed Mamba models only: the row index of each token within its pack (int32), passed to the model as
+    # `seq_idx` so the Mamba mixers restart their state per row (trainers/mamba_kernels.py).
+    seq_idx: torch.Tensor | None = None
 
     def to(self, device: torch.device) -> Batch:
         def move(t):
             return None if t is None else t.to(device)
 
-        return Batch(move(self.input_ids), move(self.attention_mask), move(self.position_ids), move(self.loss_mask))
+        return Batch(move(self.input_ids), move(self.attention_mask), move(self.position_ids), move(self.loss_mask),
+                     move(self.seq_idx))
+
+    def model_inputs(self) -> dict[str, torch.Tensor | None | bool]:
+        """The keywords of the model's forward for this batch (no KV cache: training and scoring)."""
+        extra = {} if self.seq_idx is None else {"seq_idx": self.seq_idx}
+        return {"input_ids": self.input_ids, "attention_mask": self.attention_mask,
+                "position_ids": self.position_ids, "use_cache": False, **extra}
 
     @property
     def tokens(self) -> int:
@@ -85,8 +95,9 @@ def pad_batch(rows: Sequence[Encoded], pad_id: int) -> Batch:
     return Batch(ids, attn, None, mask[:, 1:])
 
 
-def pack_batch(packs: Sequence[Sequence[Encoded]], pad_id: int) -> Batch:
-    """Each pack is one sequence of concatenated rows with restarting position ids (no attention mask)."""
+def pack_batch(packs: Sequence[Sequence[Encoded]], pad_id: int, seq_idx: bool = False) -> Batch:
+    """Each pack is one sequence of concatenated rows with restarting position ids (no attention mask);
+    `seq_idx` also numbers the rows of each pack (for Mamba models, whose state must restart per row)."""
     flat = [Encoded(sum((r.input_ids for r in p), []), sum((r.loss_mask for r in p), []), False) for p in packs]
     width = max(len(f.input_ids) for f in flat)
     ids = torch.full((len(flat), width), pad_id, dtype=torch.long)
@@ -99,7 +110,9 @@ def pack_batch(packs: Sequence[Sequence[Encoded]], pad_id: int) -> Batch:
         # Padding forms its own trailing segment (positions restart at 0), never attended by real rows.
         pos[i, len(f.input_ids):] = torch.arange(width - len(f.input_ids))
     # A row's first token (<|im_start|>) is unsupervised, so no loss crosses a row boundary.
-    return Batch(ids, None, pos, mask[:, 1:])
+    # Row k of a pack starts where its positions restart; the padding tail is one more row.
+    rows = torch.cumsum((pos == 0).int(), dim=1, dtype=torch.int32) - 1
+    return Batch(ids, None, pos, mask[:, 1:], rows if seq_idx else None)
 
 
 def pack_rows(rows: Sequence[Encoded], max_len: int) -> list[list[int]]:
@@ -117,10 +130,7 @@ def pack_rows(rows: Sequence[Encoded], max_len: int) -> list[list[int]]:
 
 def logits(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
     """Next-token logits [B, T-1, V] in FP32."""
-    out = model(
-        input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids, use_cache=False
-    )
-    return out.logits[:, :-1].float()
+    return model(**batch.model_inputs()).logits[:, :-1].float()
 
 
 def token_logprobs(step_logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:

@@ -27,7 +27,7 @@ from transformers import (
 )
 
 from core.util import file_sha256, write_json_atomic
-from trainers import distributed
+from trainers import distributed, mamba_kernels
 
 # LoRA targets that work on Nemotron-H: peft refuses the Mamba mixer's out_proj and conv1d.
 NEMOTRON_H_LORA_TARGETS = ["in_proj", "q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj"]
@@ -141,7 +141,8 @@ class TrainConfig(BaseModel):
         if self.batch_size % self.micro_batch_size:
             raise ValueError(f"batch_size ({self.batch_size}) must be a multiple of micro_batch_size ({self.micro_batch_size})")
         if torch.cuda.is_available() and not self.allow_slow_mamba:
-            check_mamba_kernels(AutoConfig.from_pretrained(self.model_path).model_type, mamba_kernels_missing())
+            model_type = AutoConfig.from_pretrained(self.model_path).model_type
+            check_mamba_kernels(model_type, mamba_kernels_missing(model_type))
         return self
 
 
@@ -253,22 +254,40 @@ def finished_result(config: TrainConfig) -> TrainResult | None:
     return TrainResult.model_validate_json(paths.result.read_text())
 
 
-def mamba_kernels_missing() -> list[str]:
-    """The fused Mamba kernels transformers would use for training that do not import here (each package must
-    import at its root: mamba_ssm pulls in its CUDA extension); transformers silently falls back without them."""
+def mamba_kernels_missing(model_type: str) -> list[str]:
+    """What fast Mamba layers of a `model_type` model lack here ([] = nothing). Nemotron-H's mixers run on
+    mamba-ssm's Triton SSD kernels (trainers/mamba_kernels.py: no CUDA extension needed); the other recurrent
+    types rely on transformers' own lookup, where each package must import at its root (mamba_ssm pulls in its
+    CUDA extension) and anything missing silently falls back to the pure-torch scan."""
+    if model_type == "nemotron_h":
+        return mamba_kernels.missing()
     missing = []
     try:
         from causal_conv1d import causal_conv1d_fn  # noqa: F401
     except ImportError as err:
         missing.append(f"causal_conv1d.causal_conv1d_fn ({err})")
     try:
-        from mamba_ssm.ops.triton.ssd_combined import (  # noqa: F401
-            mamba_chunk_scan_combined,
-            mamba_split_conv1d_scan_combined,
-        )
+        from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined  # noqa: F401
     except ImportError as err:
         missing.append(f"mamba_ssm.ops.triton.ssd_combined ({err})")
     return missing
+
+
+def fast_mamba(model: PreTrainedModel) -> PreTrainedModel:
+    """On a GPU, a Nemotron-H model's Mamba mixers run mamba-ssm's Triton SSD kernels where they load; elsewhere
+    (CPU, or allow_slow_mamba without the kernels) transformers' own path stays."""
+    if torch.cuda.is_available() and model.config.model_type == "nemotron_h" and not mamba_kernels.missing():
+        mamba_kernels.use_triton_ssd(model)
+    return model
+
+
+def packing_keeps_rows_apart(model_type: str) -> bool:
+    """Whether packed rows stay independent in a `model_type` model on this machine: attention-only models
+    always (block-diagonal masks from the position ids); Nemotron-H only on a GPU with the Triton SSD kernels
+    (per-row `seq_idx`); other recurrent types never (transformers' fallback mixers cannot)."""
+    if model_type not in RECURRENT_MODEL_TYPES:
+        return True
+    return model_type == "nemotron_h" and torch.cuda.is_available() and not mamba_kernels.missing()
 
 
 def check_mamba_kernels(model_type: str, missing: list[str]) -> None:
@@ -276,7 +295,8 @@ def check_mamba_kernels(model_type: str, missing: list[str]) -> None:
     if model_type in RECURRENT_MODEL_TYPES and missing:
         raise ValueError(
             f"model_path: a {model_type} model on a GPU needs the Mamba kernels, missing here: {'; '.join(missing)}; "
-            "install them (pip install -e '.[gpu]') or set allow_slow_mamba: true to accept the pure-torch scan")
+            "install them (see the README's Mamba kernels section) or set allow_slow_mamba: true to accept the "
+            "pure-torch scan")
 
 
 def is_recurrent(model_path: Path) -> bool:
@@ -336,7 +356,7 @@ def load_frozen(model_path: Path, dtype: str) -> PreTrainedModel:
     torch_dtype = getattr(torch, dtype)
 
     def frozen(model: PreTrainedModel) -> PreTrainedModel:
-        return model.eval().requires_grad_(False)
+        return fast_mamba(model).eval().requires_grad_(False)
 
     if not env.distributed:
         return frozen(AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype).to(device()))
@@ -362,7 +382,8 @@ def load_policy(model_path: Path, dtype: str, lora: LoRASettings | None, seed: i
         return make_trainable(model, model_path, lora, seed, activation_checkpointing)
 
     if not env.distributed:
-        return policy(AutoModelForCausalLM.from_pretrained(model_path, dtype=storage).to(device()))
+        return _adapters_in(policy(AutoModelForCausalLM.from_pretrained(model_path, dtype=storage).to(device())),
+                            storage)
     compute = getattr(torch, dtype) if dtype != "float32" else None
     return distributed.load_sharded(
         lambda: policy(AutoModelForCausalLM.from_config(config, dtype=storage)),
@@ -370,11 +391,26 @@ def load_policy(model_path: Path, dtype: str, lora: LoRASettings | None, seed: i
         compute, env).train()
 
 
+def _adapters_in(model: PreTrainedModel, dtype: torch.dtype) -> PreTrainedModel:
+    """On one process, LoRA adapters stored in the compute dtype, like the weights of full fine-tuning there.
+
+    peft keeps adapters in float32 over a bf16 base and casts each adapted layer's input to float32, so the adapter
+    products run in float32: measured on an H200 (bench/results/train_step_variants-llama-1b.json, 1B Llama,
+    4 x 4096) that LoRA step is 1.6x slower and peaks 1.5x higher than with bf16 adapters, and slower than full
+    fine-tuning. Under FSDP2 the mixed-precision policy computes in bf16 over float32 masters instead, so the
+    distributed path keeps float32 adapters. The FP32 head copy (train_lm_head) is no adapter and stays float32."""
+    for name, param in model.named_parameters():
+        if param.requires_grad and "lora_" in name:
+            param.data = param.data.to(dtype)
+    return model
+
+
 def make_trainable(model: PreTrainedModel, model_path: Path | None, lora: LoRASettings | None, seed: int,
                    activation_checkpointing: bool | None) -> PreTrainedModel:
     """Training setup of a loaded (or meta) model: no KV cache, activation checkpointing, the LoRA adapter.
     LoRA target defaults come from the model's own config (`model_path` is only named in messages)."""
     model.config.use_cache = False
+    fast_mamba(model)
     n_params = sum(p.numel() for p in model.parameters())
     if activation_checkpointing or (activation_checkpointing is None and n_params > ACTIVATION_CHECKPOINTING_ABOVE):
         # Non-reentrant: works with frozen inputs (LoRA) and with FSDP2's per-block hooks.
@@ -399,5 +435,7 @@ def _fp32_trainable_head(peft_model) -> None:
     head = peft_model.get_output_embeddings()
     trainable = head.modules_to_save["default"]
     trainable.float()
-    # The hidden states arrive in the model dtype: cast them to the head's FP32 on the way in.
-    trainable.register_forward_pre_hook(lambda _m, args: (args[0].float(),))
+    # The hidden states arrive in the model dtype: cast them to the head weight's dtype at call time. That is FP32 on
+    # one process; under FSDP2's mixed-precision policy the gathered weight is the compute dtype (the FP32 master
+    # stays sharded), and an FP32 input would fail the matmul (first seen on an H200, bench/train_memory.py).
+    trainable.register_forward_pre_hook(lambda m, args: (args[0].to(m.weight.dtype),))

@@ -61,8 +61,7 @@ def _head_returns(model: torch.nn.Module, fn: Callable) -> Iterator[Callable]:
 
 
 def _forward(model, batch: Batch):
-    return model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                 position_ids=batch.position_ids, use_cache=False).logits
+    return model(**batch.model_inputs()).logits
 
 
 def _chunks(n: int, chunk: int) -> list[slice]:

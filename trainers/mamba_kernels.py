@@ -123,8 +123,9 @@ def mixer_forward(mixer, hidden_states: torch.Tensor, cache=None, attention_mask
                   own: Callable, scan: Callable, gated_norm: Callable, **kwargs) -> torch.Tensor:
     """NemotronHMamba2Mixer.forward with `scan` (mamba_chunk_scan_combined's signature) and `gated_norm`
     (rmsnorm_fn's); `own`, the class's forward, runs whenever there is a cache (generation)."""
-    if cache is not None or kwargs.get("cache_params") is not None:
-        return own(mixer, hidden_states, cache=cache, attention_mask=attention_mask, **kwargs)
+    if cache is not None or kwargs.get("cache_params") is not None:  # transformers < 5.24 names it cache_params
+        cached = {} if cache is None else {"cache": cache}
+        return own(mixer, hidden_states, attention_mask=attention_mask, **cached, **kwargs)
     seq_idx = kwargs.get("seq_idx")
     if seq_idx is not None:
         seq_idx = seq_idx.to(device=hidden_states.device, dtype=torch.int32)

@@ -5,10 +5,11 @@ optimizer step, divided by the number of those tokens (so micro-batching does no
 
 Packing (optional) concatenates rows into sequences of at most `max_len` tokens with position ids
 restarting per row; transformers turns that into a block-diagonal causal mask for attention layers.
-The Mamba mixers' PyTorch path takes no per-sequence boundaries (transformers' reference
-implementation raises on `seq_idx`/`cu_seqlens` unless the `mamba_ssm` kernels are installed), so
-state would flow from one row into the next: packing is refused for models with recurrent layers.
-Packing there would need the CUDA kernels and a test on a machine that has them.
+Nemotron-H packs too where its Mamba mixers run mamba-ssm's Triton SSD kernels (a GPU with the
+kernels, trainers/mamba_kernels.py): each pack also carries `seq_idx`, the row of each token, and the
+convolution and the scan restart their state at every row. Elsewhere the mixers' PyTorch path takes no
+per-sequence boundaries (transformers' reference implementation raises on `seq_idx`), so state would
+flow from one row into the next: packing is refused there, as for the other recurrent model types.
 
 Why not TRL's SFTTrainer: its packing does not know about Mamba state either, and the resume
 contract (signal-time checkpoint, same final weights) lives in `trainers/loop.py` for all trainers.
@@ -26,6 +27,7 @@ import sys
 
 import torch
 from pydantic import Field
+from transformers import AutoConfig
 
 from trainers import data_cache, losses
 from trainers.batch import (
@@ -43,6 +45,7 @@ from trainers.common import (
     check_lora_targets,
     is_recurrent,
     load_tokenizer,
+    packing_keeps_rows_apart,
 )
 from trainers.loop import MicroLoss, run_job
 from trainers.rows import SFTRow, read_rows
@@ -51,14 +54,16 @@ from trainers.rows import SFTRow, read_rows
 class SFTConfig(TrainConfig):
     """Supervised fine-tuning; data rows are `trainers.rows.SFTRow`."""
 
-    packing: bool = Field(False, description="Pack rows into max_len sequences (refused for Mamba/recurrent models).")
+    packing: bool = Field(False, description="Pack rows into max_len sequences (Mamba/recurrent models: only "
+                          "Nemotron-H on a GPU with the Triton SSD kernels; refused elsewhere).")
 
 
 class SFTObjective:
     """Assistant-only cross-entropy; with packing, a 'row' of the loop is one pack of rows."""
 
-    def __init__(self, encoded: list[Encoded], pad_id: int, packs: list[list[int]] | None, chunk: int = 1024):
-        self.encoded, self.chunk = encoded, chunk
+    def __init__(self, encoded: list[Encoded], pad_id: int, packs: list[list[int]] | None, chunk: int = 1024,
+                 seq_idx: bool = False):
+        self.encoded, self.chunk, self.seq_idx = encoded, chunk, seq_idx
         self.pad_id = pad_id
         self.packs = packs
         self.n_rows = len(packs) if packs is not None else len(encoded)
@@ -74,7 +79,7 @@ class SFTObjective:
     def batch(self, rows: list[int]):
         if self.packs is None:
             return pad_batch(self._rows(rows), self.pad_id)
-        return pack_batch([[self.encoded[j] for j in self.packs[i]] for i in rows], self.pad_id)
+        return pack_batch([[self.encoded[j] for j in self.packs[i]] for i in rows], self.pad_id, self.seq_idx)
 
     def loss(self, model: torch.nn.Module, rows: list[int], normalizer: float) -> MicroLoss:
         batch = self.batch(rows).to(model.device)
@@ -91,9 +96,11 @@ def validate(config: SFTConfig) -> list[SFTRow]:
     rows = read_rows(config.data_path, SFTRow)
     if config.lora is not None:
         check_lora_targets(config.model_path, config.lora)
-    if config.packing and is_recurrent(config.model_path):
+    model_type = AutoConfig.from_pretrained(config.model_path).model_type
+    if config.packing and not packing_keeps_rows_apart(model_type):
         raise ConfigError(
-            f"packing: refused for {config.model_path}: its Mamba layers would carry state across packed rows"
+            f"packing: refused for {config.model_path}: its Mamba layers would carry state across packed rows "
+            "(a Nemotron-H model packs on a GPU with mamba-ssm's Triton SSD kernels)"
         )
     return rows
 
@@ -106,7 +113,8 @@ def train(config: SFTConfig) -> TrainResult:
                                          config.max_len, "sft")
     check_supervised(encoded, config.data_path, config.max_len)
     packs = pack_rows(encoded, config.max_len) if config.packing else None
-    objective = SFTObjective(encoded, tokenizer.pad_token_id, packs, config.loss_chunk_tokens)
+    objective = SFTObjective(encoded, tokenizer.pad_token_id, packs, config.loss_chunk_tokens,
+                             seq_idx=is_recurrent(config.model_path))
     return run_job(config, objective, truncated_rows=sum(e.truncated for e in encoded))
 
 
