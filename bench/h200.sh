@@ -7,12 +7,13 @@
 #
 # The first argument is the call's budget in seconds; each PART runs in its own process, in the order given, under
 # `timeout` (its own limit, or what is left of the budget), and is skipped when too little is left. Results and logs
-# land in $OUT/r and come back as $OUT/results.tgz (the tool returns at most 8 files); the end of each part's log is
-# printed. Parts: gen-b128 gen-b64 gen-b128-sampled gen-nemotron train-dense train-hybrid variants memory merge.
+# land in /tmp/r and come back as $OUT/results.tgz (the tool returns at most 8 files); the end of each part's log is
+# printed. Parts: gen-b128 gen-b64 gen-b128-sampled gen-b128-dynamic gen-nemotron train-dense train-lora train-hybrid
+# train-dpo gen-b256 variants decode memory merge.
 set -u
 BUDGET=$1; shift
 START=$(date +%s)
-R=$OUT/r; mkdir -p "$R"
+R=/tmp/r; mkdir -p "$R"
 export PYTHONUNBUFFERED=1 TQDM_DISABLE=1 HF_DATASETS_DISABLE_PROGRESS_BARS=1 TRANSFORMERS_NO_ADVISORY_WARNINGS=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
@@ -33,12 +34,16 @@ declare -A CMD=(
   [gen-nemotron]="python3 bench/gen_throughput.py --device cuda --dtype bfloat16 --model nemotron-h --prompts 64 --batch-size 64 --max-new-tokens 64 --baseline-prompts 1 --out $R/gen-nemotron-h.json"
   [train-dense]="$T --shape llama-1b --batch 4 --steps 6 --trl-no-checkpointing --out $R/train_throughput-llama-1b.json"
   [train-hybrid]="$T --shape nemotron-h --batch 2 --steps 3 --kinds sft-full sft-lora --out $R/train_throughput-nemotron-h.json"
+  [train-lora]="$T --shape llama-1b --batch 4 --steps 6 --kinds sft-full sft-lora --out $R/train_throughput-llama-1b-lora.json"
+  [train-dpo]="$T --shape llama-1b --batch 4 --steps 6 --kinds dpo --out $R/train_throughput-llama-1b-dpo.json"
+  [gen-b256]="$G --model llama-1b --batch-size 256 --static-cache --baseline-prompts 1 --out $R/gen-llama-b256.json"
+  [decode]="python3 bench/decode_step.py --profile --out $R/decode_step-llama-1b.json"
   [variants]="python3 bench/train_step_variants.py --device cuda --profile --out $R/train_step_variants-llama-1b.json"
   [memory]="python3 -m torch.distributed.run --standalone --nproc-per-node 1 bench/train_memory.py --out $R/train_memory-h200.json"
   [merge]="python3 bench/merge_throughput.py --size-gb 4 --shard-gb 1 --repeats 2 --results $R/merge_throughput-h200.json"
 )
 declare -A LIMIT=([gen-b128]=110 [gen-b64]=70 [gen-b128-sampled]=70 [gen-b128-dynamic]=90 [gen-nemotron]=100
-                  [train-dense]=240 [train-hybrid]=150 [variants]=90 [memory]=170 [merge]=140)
+                  [train-dense]=240 [train-lora]=120 [train-dpo]=90 [gen-b256]=80 [decode]=120 [train-hybrid]=150 [variants]=90 [memory]=170 [merge]=140)
 for part in "$@"; do
   left=$(( BUDGET - ($(date +%s) - START) ))
   limit=${LIMIT[$part]}; (( limit > left )) && limit=$left
@@ -49,4 +54,4 @@ for part in "$@"; do
   echo "== $part: rc $rc in $(( $(date +%s) - t0 ))s (limit ${limit}s)" | tee -a "$R/summary.txt"
   grep -v -e Warning -e warnings.warn -e '^ *return forward_call' "$R/$part.log" | tail -n 14
 done
-tar -czf "$OUT/results.tgz" -C "$OUT" r
+tar -czf "$OUT/results.tgz" -C /tmp r

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # run as a script from any directory, without the package installed
 RESULTS = REPO / "bench" / "results" / "merge_throughput.json"
 
 CHILD = r"""

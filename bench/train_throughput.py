@@ -39,6 +39,7 @@ import sys
 import tempfile
 import time
 import traceback
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
@@ -164,14 +165,47 @@ def project_run(kind: str, model_dir: Path, data: Path, out: Path, args, dtype: 
         config = SFTConfig(**common, lora=LoRASettings(r=LORA_RANK, alpha=2 * LORA_RANK) if kind == "sft-lora" else None)
     _fresh_gpu()
     start = time.perf_counter()
-    train(config)
+    with timed_reference_pass() as reference:
+        train(config)
     wall = time.perf_counter() - start
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     step_s = [(r["tokens"] - (lines[i - 1]["tokens"] if i else 0)) / r["tokens_per_s"] for i, r in enumerate(lines)]
-    return {"losses": [r["loss"] for r in lines], "step_tokens_per_s": [r["tokens_per_s"] for r in lines],
-            "peak_gb": torch.cuda.max_memory_allocated() / 1e9 if torch.cuda.is_available() else None,
-            "wall_s": wall, "steps_s": sum(step_s),
-            "wall_includes": "model load, data encoding, DPO reference pass, steps, final save"}
+    result = {"losses": [r["loss"] for r in lines], "step_tokens_per_s": [r["tokens_per_s"] for r in lines],
+              "peak_gb": torch.cuda.max_memory_allocated() / 1e9 if torch.cuda.is_available() else None,
+              "wall_s": wall, "steps_s": sum(step_s),
+              "wall_includes": "model load, data encoding, DPO reference pass, steps, final save"}
+    if kind == "dpo":
+        # TRL's DPOTrainer runs the reference forward inside every step; the project runs it once before training
+        # (cached by reference weights and data): over one epoch, the fair rate counts that pass too.
+        result |= {"reference_s": reference["seconds"], "reference_cached": reference["cached"],
+                   "tokens_per_s_with_reference": lines[-1]["tokens"] / (sum(step_s) + reference["seconds"])}
+    return result
+
+
+@contextmanager
+def timed_reference_pass():
+    """Times `trainers.dpo.reference_logprobs` (the DPO reference pass) while a run uses it; the function itself
+    runs unchanged."""
+    from trainers import dpo
+
+    own, record = dpo.reference_logprobs, {"seconds": 0.0, "cached": None}
+
+    def timed(*a, **k):
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        out = own(*a, **k)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        record["seconds"] += time.perf_counter() - t0
+        record["cached"] = out[1]
+        return out
+
+    dpo.reference_logprobs = timed
+    try:
+        yield record
+    finally:
+        dpo.reference_logprobs = own
 
 
 def trl_run(kind: str, model_dir: Path, data: Path, out: Path, args, step_tokens: float,

@@ -1,0 +1,155 @@
+"""One decode step of the eval engine's static-cache loop, timed apart from the loop around it, per attention kernel.
+
+bench/gen_throughput.py times the engine end to end; this splits one step: the CUDA-graph replay of the model's
+forward alone (CUDA events over `--replays` replays after a prefill of real prompts, so the cache holds real data)
+and the engine's whole step (`evals.generate._decode_static` over one batch, divided by its steps), for the
+attention kernels SDPA can pick with the engine's additive mask (default choice, memory-efficient, cuDNN, math) and
+for transformers' eager attention. Each is set as the graph is captured, which fixes the kernels its replays run.
+Per variant: ms per step, and the bytes a step must read (all weights, plus every row's whole static cache, which
+the masked step reads in full) over that time against the copy bandwidth measured here. `--profile` adds the top
+CUDA kernels of one plain (not replayed) step.
+
+    python3 bench/decode_step.py --out bench/results/decode_step-llama-1b.json --profile
+    .venv/bin/python bench/decode_step.py --device cpu --model tiny --batch 4 --new-tokens 8 --replays 4 \\
+        --variants default eager --out /tmp/decode_step.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import tempfile
+import time
+from contextlib import nullcontext
+from datetime import UTC, datetime
+from pathlib import Path
+
+import torch
+import transformers
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from any directory
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from gen_throughput import build, copy_bandwidth, make_items  # noqa: E402
+
+from core.chat import render_prompt  # noqa: E402
+from evals.decoding import Decoding  # noqa: E402
+from evals.generate import WIDTH_BUCKET, _decode_static, _Decoder, _left_pad, generation_config  # noqa: E402
+
+VARIANTS = ["default", "efficient", "cudnn", "math", "eager"]
+
+
+def backend(variant: str):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    chosen = {"efficient": SDPBackend.EFFICIENT_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+              "math": SDPBackend.MATH}.get(variant)
+    return sdpa_kernel([chosen]) if chosen is not None else nullcontext()
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def measure(variant: str, loaded, ids, mask, args) -> dict:
+    model = loaded.model
+    model.set_attn_implementation("eager" if variant == "eager" else "sdpa")
+    batch, width = ids.shape
+    replays = min(args.replays, args.new_tokens - 1)
+    with torch.inference_mode(), backend(variant):
+        decoder = _Decoder(model, batch, width, args.new_tokens)
+        logits, position = decoder.prefill(ids, mask)
+        token = logits.argmax(-1)
+        sync(args.device)
+        t0 = time.perf_counter()
+        for t in range(replays):
+            decoder.step(token, position + 1 + t, t)
+        sync(args.device)
+        replay_s = (time.perf_counter() - t0) / replays
+        pad = loaded.tokenizer.pad_token_id
+        config = generation_config(Decoding(max_new_tokens=args.new_tokens, stop_token_ids=(-1,)), [-1], pad)
+        decoders = {(batch, width): decoder}
+        _decode_static(model, ids, mask, config, [-1], decoders)  # warm: the same shapes, the captured graph
+        sync(args.device)
+        t0 = time.perf_counter()
+        _decode_static(model, ids, mask, config, [-1], decoders)
+        sync(args.device)
+        engine_s = (time.perf_counter() - t0) / args.new_tokens
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    cache = sum(t.numel() * t.element_size() for layer in decoder.cache.layers for t in (layer.keys, layer.values))
+    return {"variant": variant, "graph_replayed": decoder.graph is not None, "replay_ms": replay_s * 1e3,
+            "engine_step_ms": engine_s * 1e3, "bytes_per_step": weights + cache, "weight_bytes": weights,
+            "cache_bytes": cache}
+
+
+def profile_step(loaded, ids, mask, args) -> str:
+    from torch.profiler import ProfilerActivity, profile
+
+    loaded.model.set_attn_implementation("sdpa")
+    batch, width = ids.shape
+    with torch.inference_mode():
+        decoder = _Decoder(loaded.model, batch, width, args.new_tokens)
+        logits, position = decoder.prefill(ids, mask)
+        decoder.graph = None  # plain calls: the profiler sees each kernel the graph would replay
+        token = logits.argmax(-1)
+        decoder.step(token, position + 1, 0)
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device == "cuda" else [])
+        with profile(activities=activities) as prof:
+            for t in range(1, 4):
+                decoder.step(token, position + 1 + t, t)
+            sync(args.device)
+    key = "cuda_time_total" if args.device == "cuda" else "cpu_time_total"
+    return prof.key_averages().table(sort_by=key, row_limit=20, max_name_column_width=70)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--device", default="cuda", choices=["cpu", "cuda"])
+    p.add_argument("--model", default="llama-1b", choices=["llama-1b", "tiny"])
+    p.add_argument("--batch", type=int, default=128)
+    p.add_argument("--new-tokens", type=int, default=256)
+    p.add_argument("--replays", type=int, default=200)
+    p.add_argument("--variants", nargs="+", default=VARIANTS, choices=VARIANTS)
+    p.add_argument("--profile", action="store_true")
+    p.add_argument("--out", type=Path, required=True)
+    args = p.parse_args()
+    dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
+    with tempfile.TemporaryDirectory() as tmp:
+        loaded = build(args.model, args.device, dtype, Path(tmp))
+    prompts = [render_prompt(loaded.tokenizer, i.messages) for i in make_items(args.batch)]
+    ids, mask = _left_pad(prompts, loaded.tokenizer.pad_token_id, loaded.device, WIDTH_BUCKET)
+    bandwidth = copy_bandwidth(args.device, 1024 if args.device == "cuda" else 64)
+    results = []
+    for variant in args.variants:
+        try:
+            r = measure(variant, loaded, ids, mask, args)
+        except RuntimeError as err:  # a kernel SDPA cannot run with this mask and shape: recorded, the rest go on
+            results.append({"variant": variant, "error": str(err)[:1000]})
+            print(f"{variant:10} failed: {str(err)[:300]}", flush=True)
+            continue
+        r["replay_fraction_of_bandwidth"] = r["bytes_per_step"] / (r["replay_ms"] / 1e3) / bandwidth
+        results.append(r)
+        print(f"{variant:10} replay {r['replay_ms']:7.3f} ms  engine step {r['engine_step_ms']:7.3f} ms  "
+              f"bytes/step {r['bytes_per_step'] / 1e9:.2f} GB  {r['replay_fraction_of_bandwidth']:.1%} of copy bandwidth",
+              flush=True)
+    table = profile_step(loaded, ids, mask, args) if args.profile else None
+    report = {"bench": "decode_step", "command": " ".join(["python", *sys.argv]),
+              "at": datetime.now(UTC).isoformat(timespec="seconds"),
+              "hardware": {"device": torch.cuda.get_device_name() if args.device == "cuda" else platform.processor(),
+                           "copy_bandwidth_bytes_per_s": bandwidth},
+              "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+              "shape": {"batch": args.batch, "width": ids.shape[1], "new_tokens": args.new_tokens,
+                        "cache_length": ids.shape[1] + args.new_tokens},
+              "variants": results, "profile_top_kernels": table}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    if table:
+        print(table)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
