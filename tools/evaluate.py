@@ -84,7 +84,9 @@ def reference_completions(ctx: ToolContext, artifact_id: int, names: list[str]) 
                                       "suites": [s.model_dump(mode="json") for s in specs]})
     cfg = EvalJobConfig(checkpoint=artifact.path, decoding=decoding, served=True, suites=tuple(specs),
                         batch_size=ctx.lab.eval_batch_size, output_dir=ctx.paths.evaluation(name))
-    result, _ = ctx.wait("eval", run_eval, cfg, work_units=float(len(specs)))
+    # Its own kind: one generation pass with no scoring, so its seconds per suite say nothing about an eval
+    # job's (counted as "eval", they made the launcher forecast a K = 3 calibration at several times its cost).
+    result, _ = ctx.wait("reference", run_eval, cfg, work_units=float(len(specs)))
     return {r.suite.removesuffix("-reference"): r.completions_path for r in result.suites}
 
 

@@ -6,7 +6,7 @@ What lands in the lab directory (every path relative to it):
 
     lab.toml                          an ordinary lab config (nothing in the agent special-cases the world)
     world/world.json                  the spec: seed, size, model sizes, oracle noise, opponent profile, cost factor
-    world/tokenizer/                  byte-level BPE trained with `tokenizers` on the world's text, ChatML specials
+    world/tokenizer/                  BPE over whole characters (tools/world/tokenizer.py), ChatML specials
     world/models/base/                tiny Nemotron-H (Mamba2, attention, MoE, MLP) "pretrained" by trainers.sft
     world/models/parent/              the stage-1 chat parent: the base after a short SFT (deliberately mediocre)
     world/feedback/battles.jsonl      parent vs opponent battles voted by the noisy oracle (feedback format)
@@ -44,11 +44,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from core.chat import EOT_TOKEN, TEXT_EOS_TOKEN, Message
 from core.util import file_sha256, sha256_text, write_atomic, write_json_atomic
 from tools.leak import DEFAULT_NGRAM, ReferenceIndex
-from tools.world import cost, opponent, oracle
+from tools.world import cost, opponent, oracle, tokenizer
 from tools.world.tasks import WORLD_FAMILIES, WorldTask, draw, draw_mix, hash_seed
 
 Size = Literal["demo", "test"]
-WORLD_VERSION = 1
+WORLD_VERSION = 2
 WORLD_DIR = "world"
 MANIFEST = "manifest.json"
 COMMIT = "manifest.sha256"
@@ -65,6 +65,8 @@ AUDITED_FILES = (("eval:synthetic", SYNTHETIC_SUITE), ("eval:loops", LOOPS_SUITE
 # Served sampling (lab.toml [serving.decoding]); max_new_tokens comes from the size preset.
 TEMPERATURE = 0.7
 TOP_P = 0.95
+# Extra answer lines of a looping stage-1 answer.
+LOOP_REPEATS = 6
 
 
 class SizeSpec(BaseModel):
@@ -82,6 +84,9 @@ class SizeSpec(BaseModel):
         WORLD_FAMILIES, description="Families the stage-1 SFT covers (the base saw all of them in pretraining).")
     stage1_loop_share: float = Field(
         0.0, description="Share of stage-1 answers that run on, repeating their answer line (the parent learns to loop).")
+    stage1_worked: bool = Field(
+        True, description="Stage-1 answers are the worked references; False: only their final answer line (a parent "
+                          "that ends its turn within a short served cap).")
     batch_size: int = Field(description="Rows per optimizer step (both stages).")
     pretrain_lr: float = Field(description="Peak learning rate of pretraining.")
     sft_lr: float = Field(description="Peak learning rate of stage-1 SFT.")
@@ -94,19 +99,21 @@ class SizeSpec(BaseModel):
 
 SIZES: dict[Size, SizeSpec] = {
     # Small enough for the test suite: quality does not matter there, only that every part is real.
-    "test": SizeSpec(battles=64, synthetic_per_family=4, loops_items=16, pretrain_rows=200, pretrain_steps=12,
-                     sft_rows=96, sft_steps=6, batch_size=8, pretrain_lr=3e-3, sft_lr=1e-3, hidden=64,
+    "test": SizeSpec(battles=64, synthetic_per_family=4, loops_items=16, pretrain_rows=200, pretrain_steps=100,
+                     sft_rows=96, sft_steps=100, stage1_worked=False, batch_size=8, pretrain_lr=3e-3, sft_lr=3e-3, hidden=64,
                      layers=("linear_attention", "moe", "full_attention", "mlp"), experts=4, vocab=512,
                      max_new_tokens=32),
     # The stage-1 SFT leaves out string edits and the JSON and follow-up requests (a stage 1 that under-served
-    # them), which the base saw only as plain text, and 40% of its answers run on: the parent often loops,
-    # and the feedback shows both weaknesses.
-    "demo": SizeSpec(battles=480, synthetic_per_family=40, loops_items=80, pretrain_rows=3000, pretrain_steps=1200,
+    # them), which the base saw only as plain text, and 30% of its answers run on (LOOP_REPEATS more answer
+    # lines, about 30 tokens, near the served cap of 64): the parent often loops or fails to stop, and the
+    # feedback shows both weaknesses. Sized for a 2-core CPU: the build's CPU time is mostly the 450
+    # pretraining steps, a session's mostly its eval jobs' generation (suites of 72 + 32 + 32 items).
+    "demo": SizeSpec(battles=480, synthetic_per_family=12, loops_items=32, pretrain_rows=3000, pretrain_steps=450,
                      sft_rows=800, sft_steps=60, stage1_families=("letter_count", "word_count", "digit_sum",
                                                                   "long_division", "arithmetic_chain"),
-                     stage1_loop_share=0.4, batch_size=8, pretrain_lr=3e-3, sft_lr=1e-3, hidden=128,
+                     stage1_loop_share=0.3, batch_size=8, pretrain_lr=4e-3, sft_lr=1e-3, hidden=128,
                      layers=("linear_attention", "moe", "full_attention", "mlp", "linear_attention", "moe"),
-                     experts=4, vocab=1024, max_new_tokens=128),
+                     experts=4, vocab=1024, max_new_tokens=64),
 }
 
 
@@ -201,12 +208,13 @@ def _jsonl(path: Path, rows: list[dict]) -> None:
     write_atomic(path, "".join(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n" for r in rows))
 
 
-def _conversation(task: WorldTask, loop_share: float = 0.0) -> list[dict]:
-    """The task answered by its reference; for a `loop_share` of tasks (chosen by id hash) the answer runs
-    on, repeating its final line, as a sloppy stage-1 data set would (the oracle and the loop suite see it)."""
-    answer = task.reference
+def _conversation(task: WorldTask, loop_share: float = 0.0, worked: bool = True) -> list[dict]:
+    """The task answered by its reference (`worked`) or by the reference's final line alone; for a
+    `loop_share` of tasks (chosen by id hash) the answer runs on, repeating its final line, as a sloppy
+    stage-1 data set would (the oracle and the loop suite see it)."""
+    answer = task.reference if worked else task.reference.splitlines()[-1]
     if int(sha256_text(task.id)[:8], 16) / 16**8 < loop_share:
-        answer += f"\nAnswer: {task.gold}" * 12
+        answer += f"\nAnswer: {task.gold}" * LOOP_REPEATS
     return [m.model_dump() for m in task.messages] + [{"role": "assistant", "content": answer}]
 
 
@@ -403,21 +411,20 @@ max_new_tokens = {spec.max_new_tokens}
 
 # ---- the build ---------------------------------------------------------------------------------------
 
-def _write_pools(world: Path, pools: Pools, share: float) -> None:
+def _write_pools(world: Path, pools: Pools, spec: SizeSpec) -> None:
     root = world.parent
     _jsonl(root / SYNTHETIC_SUITE, [json.loads(t.item("synthetic").model_dump_json()) for t in pools.synthetic])
     _jsonl(root / LOOPS_SUITE, [json.loads(t.item("loops").model_dump_json()) for t in pools.loops])
-    _jsonl(root / STAGE1_DATA, [{"id": f"stage1-{t.id.replace('/', '-')}", "messages": _conversation(t, share)}
+    _jsonl(root / STAGE1_DATA, [{"id": f"stage1-{t.id.replace('/', '-')}",
+                                 "messages": _conversation(t, spec.stage1_loop_share, spec.stage1_worked)}
                                 for t in pools.stage1])
 
 
 def _train(world: Path, scratch: Path, pools: Pools, spec: SizeSpec, seed: int) -> int:
     """Tokenizer, base (pretraining) and parent (stage-1 SFT); returns the parameter count."""
-    from core.tiny import build_tokenizer
-
     docs = [_document(t) for t in pools.pretrain + pools.stage1] + [SYSTEM_PROMPT]
     root = world.parent
-    tok_dir = build_tokenizer(root / TOKENIZER, seed=seed, corpus=docs, vocab_size=spec.vocab)
+    tok_dir = tokenizer.build(root / TOKENIZER, corpus=docs, vocab_size=spec.vocab)
     params = init_model(tok_dir, scratch / "init", spec, hash_seed(seed, "init") % 2**31)
     pretrain = scratch / "pretrain.jsonl"
     _jsonl(pretrain, [{"messages": [{"role": "assistant", "content": _document(t)}]} for t in pools.pretrain])
@@ -436,7 +443,7 @@ def _build_into(stage: Path, seed: int, size: Size) -> None:
     spec = SIZES[size]
     world = stage / WORLD_DIR
     pools = draw_pools(seed, spec)
-    _write_pools(world, pools, spec.stage1_loop_share)
+    _write_pools(world, pools, spec)
     params = _train(world, stage / "scratch", pools, spec, seed)
     decoding = served_decoding(stage / TOKENIZER, spec)
     rows, dropped = battles(stage / PARENT, pools.battles, decoding, hash_seed(seed, "battles-gen") % 2**31)
