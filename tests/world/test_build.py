@@ -24,6 +24,7 @@ def test_the_world_is_an_ordinary_lab(toy_world):
     config = load_lab_config(toy_world)
     assert config.judge.kind == "oracle"
     assert config.executor.simulated_gpuh_per_device_s == world.cost.GPUH_PER_DEVICE_S
+    assert config.budget.reserve_fraction == world.cost.RESERVE_FRACTION
     suites = {s.name: s.scorer for s in config.evals}
     assert suites == {"synthetic": "synthetic", "loops": "loops", "stop": "length_stop", "holdout": "judge",
                       "confirm": "judge"}

@@ -48,7 +48,7 @@ from tools.world import cost, opponent, oracle, tokenizer
 from tools.world.tasks import WORLD_FAMILIES, WorldTask, draw, draw_mix, hash_seed
 
 Size = Literal["demo", "test"]
-WORLD_VERSION = 2
+WORLD_VERSION = 3
 WORLD_DIR = "world"
 MANIFEST = "manifest.json"
 COMMIT = "manifest.sha256"
@@ -390,6 +390,10 @@ kind = "local"
 time_limit_min = 30
 # Simulated cost: GPU-hours charged per measured device-second of a toy job (tools/world/cost.py).
 simulated_gpuh_per_device_s = {cost.GPUH_PER_DEVICE_S}
+
+[budget]
+# The nomination's jobs (bundle, sealed confirmation) run on this share alone (sized in tools/world/cost.py).
+reserve_fraction = {cost.RESERVE_FRACTION}
 
 [planner]
 kind = "playbook"
