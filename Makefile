@@ -28,8 +28,10 @@ $(VENV)/.installed-dev: pyproject.toml $(VENV)/.torch
 install: $(VENV)/.installed
 install-dev: $(VENV)/.installed-dev
 
+# The toy world (built once, then cached in lab/), a whole session to a checked nomination, and its report.
 demo: $(VENV)/.installed
-	$(PY) run_agent.py --budget 60gpuh; rc=$$?; $(PY) run_agent.py report -o lab/report.html; exit $$rc
+	$(PY) run_agent.py world build --lab lab --size demo
+	$(PY) run_agent.py --budget 60gpuh --lab lab; rc=$$?; $(PY) run_agent.py report --lab lab -o lab/report.html; exit $$rc
 
 # Starts the loopback Slurm cluster (skipped tests say why if it cannot start), runs the whole
 # suite, stops the cluster, and exits with pytest's status (5, "no tests ran", is a failure too).
