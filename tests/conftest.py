@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import torch
 
 from memory.notebook import Notebook, NotebookError
 
@@ -27,6 +28,20 @@ REPO = Path(__file__).resolve().parents[1]
 SESSION = "s1"
 BUDGET = "5gpuh"
 DEADLINE_S = 1800
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _one_thread_per_process():
+    """One intra-op thread in this process and in every process the tests start (agents, their jobs,
+    on Slurm too: sbatch passes the environment on). The models are tiny, and on the shared 2-core
+    machine two OpenMP threads per process mostly spin: the labkit parent's 40 SFT steps took 52 s of
+    CPU with two threads and 4.8 s with one, at load 15."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("OMP_NUM_THREADS", "1")
+        before = torch.get_num_threads()
+        torch.set_num_threads(1)
+        yield
+        torch.set_num_threads(before)
 
 
 @dataclass

@@ -1,10 +1,18 @@
 """A small lab assembled from the blocks (tiny Llama, offline tokenizer, digit-sum battles, synthetic
 suites), for agent tests that must not wait for a toy-world build. `make_lab(dir)` writes an
-ordinary lab.toml; nothing in the agent special-cases it."""
+ordinary lab.toml; nothing in the agent special-cases it.
+
+The tokenizer and the taught parent are the same for every lab (seeded), so they are built once per
+test process and copied into each lab: several whole-session tests use labs, and the parent's 40
+in-process SFT steps need not run for each."""
 
 from __future__ import annotations
 
+import atexit
+import functools
 import json
+import shutil
+import tempfile
 from pathlib import Path
 
 from core import tiny
@@ -33,6 +41,16 @@ def _battles(n: int, injected: bool) -> list[dict]:
     return rows
 
 
+@functools.cache
+def _base_files() -> tuple[Path, Path]:
+    """A directory with the tokenizer and the taught parent (built on first use, removed at exit),
+    and the parent's path inside it."""
+    root = Path(tempfile.mkdtemp(prefix="labkit-base-"))
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
+    parent = _stopping_parent(root, tiny.build_tokenizer(root / "tokenizer"))
+    return root, parent.relative_to(root)
+
+
 def _stopping_parent(lab: Path, tok: Path) -> Path:
     """A tiny Llama taught (40 SFT steps, in-process) to answer briefly and end its turn: check-bundle
     refuses a nominee whose answers never stop, as a random model's do."""
@@ -50,9 +68,8 @@ def _stopping_parent(lab: Path, tok: Path) -> Path:
 def make_lab(lab: Path, *, battles: int = 40, injected: bool = False, time_limit_min: int = 10,
              planner_url: str | None = None, slurm: bool = False) -> Path:
     """Write a complete lab into `lab` and return it."""
-    lab.mkdir(parents=True, exist_ok=True)
-    tok = tiny.build_tokenizer(lab / "tokenizer")
-    parent = _stopping_parent(lab, tok)
+    base, parent = _base_files()
+    shutil.copytree(base, lab, dirs_exist_ok=True)
     rows = _battles(battles, injected)
     (lab / "feedback.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     prompts = {r["messages"][-1]["content"] for r in rows}
@@ -65,7 +82,7 @@ def make_lab(lab: Path, *, battles: int = 40, injected: bool = False, time_limit
     (lab / "lab.toml").write_text(f"""bars = "bars.toml"
 
 [model]
-base = "{parent.relative_to(lab)}"
+base = "{parent}"
 tokenizer = "tokenizer"
 
 [feedback]
