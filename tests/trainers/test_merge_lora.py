@@ -77,28 +77,57 @@ def _within(got, expected, bound, what):
     assert excess <= 0, f"{what}: exceeds its bound by {float(excess)}"
 
 
-def test_float32_merge_equals_peft_merge_and_unload(lora_run, tmp_path, monkeypatch):
-    base, adapter = lora_run
-    # Chunks of 100 elements: rows of 64 straddle chunks, each expert tensor spans 41 of them.
-    monkeypatch.setattr(merge, "CHUNK_ELEMENTS", 100)
-    result = merge_lora(LoRAMergeConfig(base=base, adapter=adapter, output_dir=tmp_path / "merged"))
-    ours = AutoModelForCausalLM.from_pretrained(result.output_dir).state_dict()
+def _assert_matches_peft(base, adapter, merged, rank) -> list[str]:
+    """Our merged weights against peft's merge_and_unload of the same base and adapter; returns the changed keys."""
+    ours = AutoModelForCausalLM.from_pretrained(merged).state_dict()
     expected, before = _peft_merged(base, adapter), AutoModelForCausalLM.from_pretrained(base).state_dict()
     magnitude = _abs_update(base, adapter)
     assert ours.keys() == expected.keys()
-    changed = [k for k in expected if not torch.equal(expected[k], before[k])]
-    assert any(".experts." in k for k in changed) and "lm_head.weight" in changed and len(changed) >= 10
     for k in expected:
         # Both sides compute fl(W + fl(s * fl(B @ A))) in float32; only the order of the length-r dot product may
         # differ (a row slice against the whole matrix): each side is within gamma_r * s|B||A| of the exact
         # product, plus one rounding of the product by s and of the sum, so
         # |ours - peft| <= (2r + 2) eps s|B||A| + 2 eps |W + dW| (Higham, Accuracy and Stability, 2nd ed., 3.1).
-        bound = EPS32 * ((2 * RANK + 2) * magnitude[k] + 2 * expected[k].abs())
+        bound = EPS32 * ((2 * rank + 2) * magnitude[k] + 2 * expected[k].abs())
         _within(ours[k], expected[k], bound, k)
-    # The layout is the base's: same stored names, shapes and dtypes, shard by shard.
-    assert {k: (e.shape, e.dtype) for k, e in _entries(result.output_dir).items()} == \
+    # The layout is the base's: same stored names, shapes and dtypes.
+    assert {k: (e.shape, e.dtype) for k, e in _entries(merged).items()} == \
         {k: (e.shape, e.dtype) for k, e in _entries(base).items()}
+    return [k for k in expected if not torch.equal(expected[k], before[k])]
+
+
+def test_float32_merge_equals_peft_merge_and_unload(lora_run, tmp_path, monkeypatch):
+    base, adapter = lora_run
+    # Chunks of 100 elements: rows of 64 straddle chunks, each expert tensor spans 41 of them.
+    monkeypatch.setattr(merge, "CHUNK_ELEMENTS", 100)
+    result = merge_lora(LoRAMergeConfig(base=base, adapter=adapter, output_dir=tmp_path / "merged"))
+    changed = _assert_matches_peft(base, adapter, result.output_dir, RANK)
+    assert any(".experts." in k for k in changed) and "lm_head.weight" in changed and len(changed) >= 10
     assert result.shards == len(set(shard_map(base).values()))
+
+
+def test_3d_experts_stored_transposed_equal_peft(tmp_path, monkeypatch):
+    """GPT-OSS stores its experts as 3-D (experts, in, out) tensors (`is_transposed`): each stored tensor takes all
+    experts' blocks, transposed. An untrained adapter with random B (init_lora_weights=False) moves every target."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import GptOssConfig, GptOssForCausalLM
+
+    torch.manual_seed(0)
+    config = GptOssConfig(vocab_size=256, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_local_experts=4,
+                          num_experts_per_tok=2, layer_types=["full_attention"] * 2)
+    model = GptOssForCausalLM(config)
+    model.save_pretrained(tmp_path / "base")
+    get_peft_model(model, LoraConfig(r=2, lora_alpha=4, init_lora_weights=False, target_modules=["q_proj"],
+                                     target_parameters=["mlp.experts.gate_up_proj", "mlp.experts.down_proj"],
+                                     )).save_pretrained(tmp_path / "adapter")
+    assert _entries(tmp_path / "base")["model.layers.0.mlp.experts.gate_up_proj"].shape == [4, 32, 96]
+    monkeypatch.setattr(merge, "CHUNK_ELEMENTS", 100)  # rows of 96 and expert blocks of 3072 straddle chunks
+    result = merge_lora(LoRAMergeConfig(base=tmp_path / "base", adapter=tmp_path / "adapter",
+                                        output_dir=tmp_path / "merged"))
+    changed = _assert_matches_peft(tmp_path / "base", tmp_path / "adapter", result.output_dir, 2)
+    assert sorted(k.split(".", 3)[-1] for k in changed) == sorted(
+        ["mlp.experts.down_proj", "mlp.experts.gate_up_proj", "self_attn.q_proj.weight"] * 2)
 
 
 def _entries(model_dir):
