@@ -4,6 +4,10 @@
   each stored tensor read chunk by chunk in its stored dtype, the update added in FP32 and cast back, so the merged
   model has the base's keys, shapes and dtypes (it can be souped with its siblings) and memory stays a few chunks
   plus the LoRA factors of the tensors in flight, never the model (peft's `merge_and_unload` loads all of it).
+  It folds plain LoRA on Linear layers and on parameters (routed experts: per-expert tensors stacked at load, or
+  3-D tensors in either orientation) and copies peft `modules_to_save` tensors (an FP32-trained lm_head) cast to
+  the stored dtype; DoRA, fan_in_fan_out, LoRA biases, trainable tokens and load-time conversions other than
+  renaming and expert stacking are refused, by name, before anything is written.
 - `soup(SoupConfig)`: sum_i w_i * theta_i with weights summing to 1 (Wortsman et al. 2022, "Model
   soups", uniform/weighted soup).
 - `dose(DoseConfig)`: a + alpha * (b - a), alpha may lie outside [0, 1] (extrapolation past b or
