@@ -5,7 +5,8 @@ Model: the hybrid bench shape (bench/gen_throughput.py's nemotron-h: 18 blocks "
 attention, hidden 2048, 64 Mamba heads of 64, state 128, 8 groups, chunk 128, 16 experts top-4), vocabulary
 1024 (core.tiny's tokenizer), random initialisation (throughput depends on shapes, not weights).
 
-Checks before any timing (the run stops with exit 1 if one fails):
+Checks before the timing (failures are listed in the JSON's `failures` and printed; the timing still runs, as
+one call of device time has to hold everything):
 - one mixer, bf16, fresh random input: output and gradients (input and every parameter) of the Triton path
   against transformers' fallback run on an fp32 copy, as ||x - ref|| / ||ref||;
 - the whole model in fp32, batch 1 x 4096: loss and every parameter's gradient, Triton path against fallback;
@@ -18,14 +19,26 @@ Timed (bf16 weights, AdamW, one optimizer step per micro-batch; median of the ti
 - `triton`: the project's path, Triton SSD mixers, grouped experts;
 - `triton-eager-moe`: Triton SSD mixers, transformers' expert loop (`experts_implementation="eager"`);
 - packing: SFT-like rows of 150..2000 tokens, padded micro-batches of 4 rows against packs of <= 4096 tokens
-  (2 per micro-batch), real (non-padding) tokens/s, both on the Triton path.
+  (2 per micro-batch), real (non-padding) tokens/s, both on the Triton path;
+- `moe-layer` (asked for by name): one MoE block, 8192 tokens, forward + backward, transformers' grouped
+  expert products against its loop over experts.
 MFU = model FLOPs per token x tokens/s over the bf16 8192^3 matmul rate measured in the same run; model FLOPs per
 token as bench/train_throughput.py counts them: 6 x active parameters (routed experts at top-k / experts) +
 6 x attention layers x seq x attention width.
 
-GPU (one H200; mamba-ssm as a pure-python wheel, transformers 5.24 and pydantic carried in bench/.wheels/h8):
+GPU (one H200; mamba-ssm as a pure-python wheel, transformers 5.24 and pydantic carried in bench/.wheels/h8,
+installed with pip --target into /tmp/site; the last command runs under the image's own transformers 5.17, the
+wheels but transformers in /tmp/s517):
 
-    python3 bench/mamba_kernels.py --out bench/results/mamba_kernels-h200.json
+    PYTHONPATH=/tmp/site python3 bench/mamba_kernels.py --out bench/results/mamba_kernels-h200.json
+    PYTHONPATH=/tmp/site python3 bench/mamba_kernels.py --parts moe-layer \
+        --out bench/results/mamba_kernels-h200-moe-layer.json
+    PYTHONPATH=/tmp/s517 python3 bench/mamba_kernels.py --parts fallback \
+        --out bench/results/mamba_kernels-h200-fallback-tf517.json
+
+CPU smoke of the script itself (minutes on 2 cores; figures meaningless):
+
+    .venv/bin/python bench/mamba_kernels.py --smoke --out /tmp/mamba_kernels-smoke.json
 """
 
 from __future__ import annotations
@@ -209,7 +222,7 @@ def time_training(model, batches: list, warmup: int, timed: int) -> dict:
         sync()
         if step >= warmup:
             times.append(time.perf_counter() - start)
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     if not all(map(lambda v: v == v and abs(v) < 1e4, losses)):
         raise SystemExit(f"non-finite training loss: {losses}")
     return {"step_s": statistics.median(times), "step_s_all": times, "losses": losses,
@@ -257,12 +270,62 @@ def packing_gain(seq_len: int, peak: float) -> dict:
     return result
 
 
+def moe_layer(tokens: int) -> dict:
+    """One MoE block of the bench shape, bf16, `tokens` tokens: forward + backward seconds (median of 5 after 2)
+    with transformers' grouped expert products and with its loop over experts, and their output's difference."""
+    from transformers.models.nemotron_h.modeling_nemotron_h import NemotronHMoE
+
+    torch.manual_seed(4)
+    config = hybrid_config()
+    with DEV["device"]:
+        moe = NemotronHMoE(config, layer_idx=1).to(torch.bfloat16)
+        for p in moe.parameters():  # the init leaves the router at zero: random weights route like a trained one
+            torch.nn.init.normal_(p, std=0.02)
+    x = torch.randn(1, tokens, config.hidden_size, device=DEV["device"], dtype=torch.bfloat16, requires_grad=True)
+    out, outs = {}, {}
+    for impl in ("grouped_mm", "eager"):
+        config._experts_implementation = impl  # the experts read it at every call
+        times = []
+        for _ in range(7):
+            sync()
+            start = time.perf_counter()
+            y = moe(x)
+            y.float().square().mean().backward()
+            sync()
+            times.append(time.perf_counter() - start)
+        outs[impl] = y.detach()
+        out[impl] = {"fwd_bwd_s": statistics.median(times[2:])}
+    out["output_rel_diff"] = rel(outs["grouped_mm"], outs["eager"])
+    out["speedup"] = out["eager"]["fwd_bwd_s"] / out["grouped_mm"]["fwd_bwd_s"]
+    return out
+
+
+def checks(result: dict) -> None:
+    """The correctness checks (module docstring); failures are listed in result['failures']."""
+    mixer = result["check_mixer_bf16_vs_fp32_fallback"] = check_mixer()
+    print("mixer rel errors: " + ", ".join(f"{k} {v:.1e}" for k, v in mixer.items()), flush=True)
+    model_check = result["check_model_fp32"] = check_model_fp32()
+    print(json.dumps(model_check, indent=1), flush=True)
+    # Bounds: bf16 operands against an fp32 reference land between 1e-3 and 1e-2; fp32 through Triton's tf32
+    # dots near 3e-4 per product, more through 18 blocks; unpacked rows must differ from packed ones by far less
+    # than rows that leak state do.
+    failures = [k for k, v in mixer.items() if not v < 2e-2]
+    tv, pv = model_check["triton_vs_fallback"], model_check["packed_vs_unpacked"]
+    failures += ["model grads"] * (not tv["grad_rel_max"] < 3e-2) + ["model loss"] * (not tv["loss_rel"] < 1e-3)
+    failures += ["packed grads"] * (not pv["grad_rel_max"] < 3e-2)
+    failures += ["packed logprobs"] * (not 10 * pv["logprob_max_abs"] < pv["without_seq_idx_logprob_max_abs"])
+    # Timed anyway (one call of device time): the JSON and the table say which checks failed.
+    result["failures"] = failures
+    print(f"checks: {'FAILED ' + str(failures) if failures else 'all passed'}", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="Result JSON path.")
     parser.add_argument("--batch", type=int, default=2, help="Rows per step in the timed runs.")
     parser.add_argument("--seq-len", type=int, default=4096, help="Tokens per row in the timed runs.")
-    parser.add_argument("--skip", nargs="*", default=[], help="Parts to leave out: fallback eager-moe packing.")
+    parser.add_argument("--parts", nargs="*", default=["checks", "triton", "fallback", "packing", "eager-moe"],
+                        help="Parts to run, in this order: checks triton fallback packing eager-moe moe-layer.")
     parser.add_argument("--smoke", action="store_true", help="CPU, tiny shape, reference scan: checks the script.")
     args = parser.parse_args(argv)
     import transformers
@@ -282,26 +345,19 @@ def main(argv: list[str] | None = None) -> int:
                            "triton": triton_version, "cuda": torch.version.cuda}}
     peak = result["matmul_peak_flops"] = matmul_peak()
     print(f"bf16 matmul peak {peak / 1e12:.0f} TFLOP/s", flush=True)
-    mixer = result["check_mixer_bf16_vs_fp32_fallback"] = check_mixer()
-    print("mixer rel errors: " + ", ".join(f"{k} {v:.1e}" for k, v in mixer.items()), flush=True)
-    model_check = result["check_model_fp32"] = check_model_fp32()
-    print(json.dumps(model_check, indent=1), flush=True)
-    # Bounds: bf16 operands against an fp32 reference land between 1e-3 and 1e-2; fp32 through Triton's tf32
-    # dots near 3e-4 per product, more through 18 blocks; unpacked rows must differ from packed ones by far less
-    # than rows that leak state do.
-    failures = [k for k, v in mixer.items() if not v < 2e-2]
-    tv, pv = model_check["triton_vs_fallback"], model_check["packed_vs_unpacked"]
-    failures += ["model grads"] * (not tv["grad_rel_max"] < 3e-2) + ["model loss"] * (not tv["loss_rel"] < 1e-3)
-    failures += ["packed grads"] * (not pv["grad_rel_max"] < 3e-2)
-    failures += ["packed logprobs"] * (not 10 * pv["logprob_max_abs"] < pv["without_seq_idx_logprob_max_abs"])
-    # Timed anyway (one call of device time): the JSON and the table say which checks failed.
-    result["failures"] = failures
-    print(f"checks: {'FAILED ' + str(failures) if failures else 'all passed'}", flush=True)
+    if "checks" in args.parts:
+        checks(result)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     runs = result["train"] = {}
+    if "moe-layer" in args.parts:
+        moe = result["moe_layer"] = moe_layer(args.batch * args.seq_len)
+        print(f"moe layer fwd+bwd: grouped_mm {moe['grouped_mm']['fwd_bwd_s'] * 1e3:.1f} ms, eager loop "
+              f"{moe['eager']['fwd_bwd_s'] * 1e3:.1f} ms ({moe['speedup']:.2f}x), outputs differ by "
+              f"{moe['output_rel_diff']:.1e}", flush=True)
+        args.out.write_text(json.dumps(result, indent=1))
     # Most wanted first (a call can run out of time): the project's path, the fallback, packing, the expert loop.
     for part, steps in (("triton", (3, 5)), ("fallback", (1, 2)), ("packing", None), ("eager-moe", (1, 3))):
-        if part in args.skip:
+        if part not in args.parts:
             continue
         if part == "packing":
             pk = result["packing"] = packing_gain(args.seq_len, peak)
