@@ -11,7 +11,8 @@ and answers cleanly).
 
 The nomination is not published yet: the sealed confirmation is opened for the nominee next
 (tools/sealed_open.py; it needs this `nominate` decision), and tools/publish.py then rewrites the
-card with the sealed result, checks the bundle again and moves it to `bundles/<session>-<name>`.
+card with the sealed result, checks that nothing else changed since this check and moves the bundle
+to `bundles/<session>-<name>`.
 """
 
 from __future__ import annotations
@@ -26,8 +27,6 @@ from memory.records import BundleRefusal
 from tools.bundle import BundleError, bundle_files, bundle_sha256, write_bundle
 from tools.check_bundle import check_bundle
 from tools.context import ToolContext, ToolOutcome, invoke, record_once, served_of
-from tools.evaluate import metrics_line
-from tools.promote import parent_of
 
 NAME = "nominate"
 STAGED_SUFFIX = ".candidate"
@@ -57,6 +56,7 @@ class BundleOutcome(BaseModel):
     sha256: str = Field(description="Bundle hash ('' when none was written).")
     passed: bool = Field(description="Every check passed.")
     problems: list[str] = Field(description="What failed: the writer's refusal or each failed check.")
+    files: dict[str, str] = Field(default_factory=dict, description="sha256 of every file of the bundle as checked.")
 
 
 def staged_dir(ctx: ToolContext, artifact_id: int) -> Path:
@@ -68,7 +68,9 @@ def checked(path: Path, notebook: Path) -> BundleOutcome:
     """check-bundle on `path`; the outcome carries the bundle hash and every failed check."""
     report = check_bundle(path, notebook)
     problems = [f"{name}: {msg}" for name, msgs in report.failures().items() for msg in msgs]
-    return BundleOutcome(path=str(path), sha256=bundle_sha256(bundle_files(path)), passed=report.ok, problems=problems)
+    files = bundle_files(path)
+    return BundleOutcome(path=str(path), sha256=bundle_sha256(files), passed=report.ok, problems=problems,
+                         files={name: d.sha256 for name, d in files.items()})
 
 
 def bundle_job(cfg: BundleJob) -> BundleOutcome:
@@ -96,6 +98,11 @@ def refuse(ctx: ToolContext, tool: str, artifact_id: int, job_key: str | None, p
 
 
 def _body(ctx: ToolContext, args: Args) -> ToolOutcome:
+    # Imported here, not at the top: the bundle jobs unpickle this module in a fresh interpreter, and
+    # these pull in torch and transformers (the publish job needs neither).
+    from tools.evaluate import metrics_line
+    from tools.promote import parent_of
+
     artifact = ctx.nb.artifact(args.artifact)
     served = served_of(ctx, args.artifact)
     evals = [e for e in ctx.nb.evals(artifact_id=args.artifact, session=ctx.session)
@@ -113,8 +120,8 @@ def _body(ctx: ToolContext, args: Args) -> ToolOutcome:
     summary = (f"nominee {artifact.name} served at decoding {served.fingerprint()[:12]}: "
                f"{metrics_line(list(firsts.values()))}; its bundle passed check-bundle ({bundle.path})")
     record_once(ctx, "nominate", summary, {"artifact_id": args.artifact})
-    return ToolOutcome(tool=NAME, status="done", summary=summary, data={"artifact_id": args.artifact,
-                                                                        "bundle": bundle.path, "job_key": key})
+    return ToolOutcome(tool=NAME, status="done", summary=summary, data={
+        "artifact_id": args.artifact, "bundle": bundle.path, "job_key": key, "files": bundle.files})
 
 
 def run(ctx: ToolContext, args: Args, decision_seq: int | None = None) -> ToolOutcome:

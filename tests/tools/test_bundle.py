@@ -6,12 +6,12 @@ base (the parent, which never learned to stop), an audited replay dataset, bars 
 scoring, the parent evaluated K=3 times (noise floors), an SFT arm that learned to answer briefly and
 stop (promoted), a runner-up that did not (rejected by a bar), a run that diverged (a real nan_loss
 failure), a LoRA arm merged into a model, and a ground-truth suite. Trainers and eval jobs run
-in-process; each is recorded as a job attempt with its measured wall time. Then the agent's own tools
-(through agent/toolbox.py, on the lab's lab.toml) make a serving alternative of the SFT arm without
-the system prompt, compare it and promote it; it clears the bars, but a bundle cannot ship an empty
-system prompt. The agent's nomination step (agent.graph.nominate, with the launcher's local jobs)
-then refuses its bundle, falls back to the SFT arm, opens the sealed confirmation for it and publishes
-its bundle with the sealed result in the card.
+in-process; each is recorded as a job attempt with its measured wall time. A serving alternative of
+the SFT arm without the system prompt is recorded and evaluated the same way; the agent's own tools
+(agent/toolbox.py, on the lab's lab.toml) compare and promote it: it clears the bars, but a bundle
+cannot ship an empty system prompt. The agent's nomination step (agent.graph.nominate, its jobs run
+by the launcher's local executor) then refuses that bundle, falls back to the SFT arm, opens the
+sealed confirmation for it and publishes its bundle with the sealed result in the card.
 """
 
 from __future__ import annotations
@@ -59,6 +59,7 @@ from tools.bundle import (
     write_bundle,
 )
 from tools.check_bundle import check_bundle
+from tools.context import content_name
 from tools.datasets import ReplayMixConfig, ReplaySource, build_replay_mix, record_dataset
 from tools.publish import PublishJob, publish_job
 from tools.splits import SplitConfig, ingest_feedback
@@ -253,9 +254,14 @@ def _build_session(root: Path) -> Toy:
     merged = _checkpoint(nb, "lora-merged", merged_result.output_dir, [adapter], "merge-lora", method="lora-merge")
     _evaluate(nb, root, "merged", merged, merged_result.output_dir, suites, served)
 
-    # The defect, made the way the agent makes it: a serving alternative without the system prompt
-    # (a real eval job), promoted by the bars; no bundle may ship an empty system prompt.
-    alternative = _tool(rt.ctx, "tune_serving", artifact=nominee, system_prompt="none").data["artifact_id"]
+    # The defect: a serving alternative without the system prompt (recorded as tools/tune_serving.py
+    # records one), promoted by the bars; no bundle may ship an empty system prompt.
+    bare = served.model_copy(update={"system_prompt": ""})
+    alternative = _checkpoint(nb, content_name("serve", {"weights": nb.artifact(nominee).sha256,
+                                                         "decoding": bare.fingerprint()}),
+                              good.model_dir, [nominee], None, serving_of=nominee, parent=nominee,
+                              served_decoding=bare.model_dump(mode="json"))
+    _evaluate(nb, root, "alternative", alternative, good.model_dir, suites, bare)
     _tool(rt.ctx, "compare", candidate=alternative)
     _tool(rt.ctx, "promote", candidate=alternative)
     truth = (SuiteSpec(name="truth", scorer="synthetic", items_path=files["truth"]),)
@@ -410,17 +416,30 @@ def test_the_nomination_step_on_a_finished_session_does_nothing(toy):
     assert len(toy.nb.decisions(SESSION)) == before
 
 
-def test_publish_refuses_a_bundle_that_fails_its_final_check_and_leaves_no_final_bundle(toy, tmp_path):
+def _checked(toy: Toy) -> dict[str, str]:
+    [call] = [c for c in toy.nb.tool_calls(SESSION) if c.tool == "nominate" and c.status == "done"]
+    return call.result["data"]["files"]
+
+
+def test_publish_checks_that_only_the_card_and_evidence_changed_since_the_check(toy, tmp_path):
+    checked = _checked(toy)
+    now = {name: d.sha256 for name, d in bundle_files(toy.nominated).items()}
+    assert {n for n in now if now[n] != checked[n]} == {"README.md", "training_evidence.json"}
     staged = _copy(toy.nominated, tmp_path / "s1-sft-good.candidate")
     _truncated_shard(staged)
     cfg = PublishJob(notebook=toy.nb.path, session=SESSION, nominee=toy.nominee, parent=toy.base,
-                     runner_up=toy.alternative, staged=staged, out_dir=tmp_path / "s1-sft-good")
+                     runner_up=toy.alternative, staged=staged, out_dir=tmp_path / "s1-sft-good", checked=checked)
     outcome = publish_job(cfg)
-    assert not outcome.passed and not cfg.out_dir.exists()
-    assert any(p.startswith("weights: model-00001-of-00001.safetensors is ") for p in outcome.problems), outcome
+    assert not outcome.passed and not cfg.out_dir.exists() and staged.is_dir()
+    assert outcome.problems == [f"files: model-00001-of-00001.safetensors has sha256 "
+                                f"{bundle_files(staged)['model-00001-of-00001.safetensors'].sha256[:16]}..., checked as "
+                                f"{checked['model-00001-of-00001.safetensors'][:16]}...; expected the checked bytes"]
     other = publish_job(cfg.model_copy(update={"nominee": toy.runner_up}))
     assert other.problems == [f"writer: {staged} holds artifact {toy.nominee} "
                               f"({toy.nb.artifact(toy.nominee).sha256[:16]}...); expected the nominee {toy.runner_up}"]
+    intact = publish_job(cfg.model_copy(update={"staged": _copy(toy.nominated, tmp_path / "b.candidate"),
+                                                 "out_dir": tmp_path / "b"}))
+    assert intact.passed and intact.path == str(tmp_path / "b") and not (tmp_path / "b.candidate").exists()
 
 
 def test_the_writer_refuses_weights_changed_since_their_evaluation(toy, tmp_path):
