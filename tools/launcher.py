@@ -36,8 +36,8 @@ What happens, in order (DESIGN.md invariants 5 and 6):
    once is not re-admitted on it), against what is left of the budget above the reserve (nomination
    checks may use the reserve). A refused requeue is a `refuse` decision; the job then ends failed
    with the run's class, the refusal in its detail and a `fail` decision. A run that Slurm requeued
-   anyway (an administrator's `scontrol requeue`) is admitted the same way when the launcher sees it,
-   and cancelled when it does not fit.
+   anyway (a lab whose extra_sbatch passes `--requeue`) is admitted the same way when the launcher sees
+   it, and cancelled when it does not fit.
 6. The checkpoint signal comes `signal_delay_s` before the time limit (Slurm `--signal=USR2@N`). Left
    unset, it is derived from the longest save measured by earlier completed jobs of the same kind and
    model (trainers report `max_save_s`): twice that, at least 30 s, at most half the time limit.
@@ -805,7 +805,7 @@ class Launcher:
 
     def _close_requeued_runs(self, key: str, spec: _Spec, record: JobRecord, runs: list[Run]) -> JobRecord:
         """Runs before the last one were requeued in place by Slurm itself (jobs are submitted
-        `--no-requeue`, so only an administrator's requeue does that): each closes its attempt as
+        `--no-requeue`; a lab's extra_sbatch `--requeue` overrides that): each closes its attempt as
         preempted, and the next run is admitted like any requeue, or refused and the job cancelled."""
         same = [a for a in self.attempts(key) if a.external_id == record.external_id]
         for i in range(len(same) - 1, len(runs) - 1):

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
 from pydantic import BaseModel, ValidationError, model_validator
 
 from memory.notebook import Notebook
-from tools.executor import ExecutorSection
+from tools.executor import ExecutorSection, SlurmSection
 from tools.failures import classify, decide, smaller_batch_config
 from tools.launcher import BudgetRefused, JobFailed, Launcher, Resources, _sbatch_lines
 from tools.probe import CountConfig, EmptyConfig, count, empty
@@ -263,3 +265,35 @@ def test_a_requeue_is_admitted_on_one_runs_bound_and_nomination_checks_may_use_t
             job.result(timeout_s=5)
         assert len(nb.jobs()) == 1 and nb.decisions("s1", kind="launch") == []
     assert nb.ledger("s1").spent_gpuh <= 1.0
+
+
+@pytest.mark.slurm
+def test_a_slurm_requeue_in_place_is_admitted_or_cancelled(slurm_cluster: None, tmp_path: Path) -> None:
+    # Jobs go out --no-requeue; a lab that passes --requeue lets Slurm requeue in place (here
+    # `scontrol requeue`, as a preemption would). The launcher admits that new run like any requeue:
+    # one run's bound (60 s on 1 GPU) no longer fits after the first run's seconds, so it is cancelled.
+    nb = Notebook.open(tmp_path / "notebook.db")
+    nb.open_session("s1", lab=str(tmp_path), budget_gpuh=0.0175, reserve_gpuh=0.0, planner="playbook",
+                    executor="slurm", config={})
+    section = ExecutorSection(kind="slurm", slurm=SlurmSection(partition="debug", cpus_per_task=1, mem_gb=1,
+                                                               extra_sbatch=["--requeue"]))
+    launcher = Launcher.from_section(nb, "s1", section, tmp_path / "jobs", poll_s=0.5)
+    out = tmp_path / "out"
+    job = launcher.submit("probe", count, CountConfig(steps=100, step_seconds=1.0, output_dir=out),
+                          Resources(time_limit_min=1, signal_delay_s=10))
+    deadline = time.monotonic() + 120
+    while not (out / "metrics.jsonl").exists() or len((out / "metrics.jsonl").read_text().splitlines()) < 6:
+        assert time.monotonic() < deadline, "the Slurm job never ran six steps"
+        job.done()
+        time.sleep(0.5)
+    subprocess.run(["scontrol", "requeue", job.record.external_id], check=True, timeout=60)
+    with pytest.raises(JobFailed, match="requeue refused") as failed:
+        job.result(timeout_s=120)
+    record = failed.value.record
+    assert (record.attempt, record.failure_class) == (1, "preempted") and record.gpu_hours > 0
+    (refusal,) = nb.decisions("s1", kind="refuse")
+    assert refusal.payload.attempt == 2 and refusal.payload.forecast_gpuh == pytest.approx(1 / 60)
+    assert nb.ledger("s1").spent_gpuh <= 0.0175 and len(nb.jobs()) == 1
+    states = subprocess.run(["sacct", "-j", record.external_id, "-D", "-X", "-n", "-P", "-o", "State"],
+                            capture_output=True, text=True, check=True).stdout.splitlines()
+    assert states[0] == "REQUEUED" and states[-1].startswith("CANCELLED"), states
