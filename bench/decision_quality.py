@@ -72,16 +72,18 @@ GOALS = {
 
 
 def run_session(lab: Path, budget: str, protocol: str, log: Path) -> float:
-    """Run the playbook session on `lab` unless a finished one is there; returns its wall seconds (0 if reused)."""
+    """Run the playbook session on `lab` unless a finished one is there (an interrupted one is resumed: a
+    benchmark killed midway goes on where it stopped); returns its wall seconds (0 if reused)."""
+    command = ["--budget", budget, "--lab", str(lab), "--session", SESSION, "--protocol", protocol, "--quiet"]
     if (lab / "notebook.db").exists():
         with Notebook.open(lab / "notebook.db", readonly=True) as nb:
-            if any(s.name == SESSION and s.status != "open" for s in nb.sessions()):
-                return 0.0
-        raise SystemExit(f"{lab}: a notebook without a finished session {SESSION!r}; remove {lab / 'notebook.db'}")
+            states = [s.status for s in nb.sessions() if s.name == SESSION]
+        if states and states[0] != "open":
+            return 0.0
+        command = ["resume", SESSION, "--lab", str(lab), "--quiet"] if states else command
     start = time.monotonic()
-    with open(log, "w") as out:
-        rc = subprocess.call([sys.executable, str(REPO / "run_agent.py"), "--budget", budget, "--lab", str(lab),
-                              "--session", SESSION, "--protocol", protocol, "--quiet"], cwd=REPO, stdout=out,
+    with open(log, "a") as out:
+        rc = subprocess.call([sys.executable, str(REPO / "run_agent.py"), *command], cwd=REPO, stdout=out,
                              stderr=subprocess.STDOUT)
     if rc not in (0, 1):
         raise SystemExit(f"session on {lab} exited {rc}; see {log}")
