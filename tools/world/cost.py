@@ -23,10 +23,10 @@ process (the wall time of a quiet core; on the shared machine the wall clock ran
     a data job (ingest and split, or a leak-audited dataset build)          DATA_S     = 5.0
         (imports of tools.datasets and tools.splits: 1.4 s CPU; the rest is the audit, an estimate)
 
-From those, per job (demo suites: synthetic 72, loops 32, stop 32, dev holdout 72 battles):
+From those, per job (demo suites: synthetic 72, loops 32, stop 32, dev holdout 143 battles of the 0.3 dev split):
 
-    eval job, K = 1: 208 answers = 3.25 batches                             12 + 10.7 = 22.7 s
-    calibration: reference answers (72) + eval job K = 3                     (12 + 3.7) + (12 + 32.2) = 59.9 s
+    eval job, K = 1: 279 answers = 4.36 batches                             12 + 14.4 = 26.4 s
+    calibration: reference answers (143) + eval job K = 3                    (12 + 7.4) + (12 + 43.2) = 74.6 s
     SFT/DPO/KL-CE arm of 30 steps (the playbook's)                           12 + 9 = 21 s (RFT: + 288 samples)
     merge (soup or dose of two ~4 MB checkpoints)                            12 + 1 = 13 s
     bundle (shards, templates, reload and 5 answers)                        12 + 4 = 16 s
@@ -37,12 +37,12 @@ The playbook's full protocol (agent/planners/playbook.py) as counted below: inge
 and 2 doses); 11 K = 1 evals (6 arms, 3 merges, 2 serving alternatives); 3 calibrations (the parent and 2
 promotions); then the nomination: 1 bundle and the sealed confirmation.
 
-    main loop   25 + 6 * 21 + 15 + 3 * 13 + 11 * 22.7 + 3 * 59.9 = 634 s
+    main loop   25 + 6 * 21 + 15 + 3 * 13 + 11 * 26.4 + 3 * 74.6 = 719 s
     nomination  16 + 29 = 45 s
-    reserve     RESERVE_FRACTION * 60 = 9 GPU-h, 5.0 x the nomination's 45 s at the factor below
-    factor      60 GPU-h * (1 - 0.15) / (2 * 634 s) = 0.0402 GPU-hours per device-second
+    reserve     RESERVE_FRACTION * 60 = 9 GPU-h, 5.6 x the nomination's 45 s at the factor below
+    factor      60 GPU-h * (1 - 0.15) / (2 * 719 s) = 0.0355 GPU-hours per device-second
 
-(one toy device-second stands for about 2.4 GPU-minutes; a toy SFT arm for about 0.85 GPU-hours). A slower
+(one toy device-second stands for about 2.1 GPU-minutes; a toy SFT arm for about 0.75 GPU-hours). A slower
 or busier machine measures more seconds for the same jobs and so buys fewer of them: the budget is charged
 what was measured, and admission (tools/launcher.py) still never lets a session pass it.
 """
@@ -54,8 +54,8 @@ STEP_S = 0.3
 BATCH_S = 3.3
 DATA_S = 5.0
 ARM_STEPS = 30
-EVAL_ANSWERS = 72 + 32 + 32 + 72
-REFERENCE_ANSWERS = 72
+EVAL_ANSWERS = 72 + 32 + 32 + 143
+REFERENCE_ANSWERS = 143
 SEALED_ANSWERS = 48
 RFT_EXTRA_S = 4.5 * BATCH_S
 SESSION_BUDGET_GPUH = 60.0

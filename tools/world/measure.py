@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+import tomllib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -29,8 +30,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from core.util import write_json_atomic
 from tools.world import build as world
 from tools.world.truth import OPPONENT, truth
-
-SPLIT = {"dev_fraction": 0.15, "sealed_fraction": 0.1, "stratify_by": "family"}  # the world's lab.toml [feedback]
 
 
 class Arm(BaseModel):
@@ -54,7 +53,10 @@ ARMS: dict[str, Arm] = {
 def _split(lab: Path, out: Path) -> Path:
     from tools.splits import SplitConfig, split_file
 
-    _, split = split_file(lab / world.FEEDBACK, SplitConfig(**SPLIT))
+    # The split the agent's ingest makes: the world's lab.toml [feedback] settings.
+    feedback = tomllib.loads((lab / "lab.toml").read_text(encoding="utf-8"))["feedback"]
+    settings = {k: feedback[k] for k in ("dev_fraction", "sealed_fraction", "stratify_by")}
+    _, split = split_file(lab / world.FEEDBACK, SplitConfig(**settings))
     path = out / "split.json"
     path.write_text(split.model_dump_json(indent=1) + "\n", encoding="utf-8")
     return path
