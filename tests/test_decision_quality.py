@@ -287,3 +287,20 @@ def test_the_summary_lists_every_gate_refusal_from_the_notebook(tmp_path):
     assert [(r.tool, r.args) for r in s.gate_refusals] == [("tune_serving", args)]  # the planner's bad reply is not a step
     assert s.refused("tune_serving", {"artifact": 1, "temperature": 0.0}) is not None
     assert s.refused("tune_serving", {"artifact": 1, "temperature": 0.5}) is None
+
+
+def test_a_redraw_never_replaces_a_lab_that_holds_a_session(tmp_path):
+    from tools.world.build import WorldError
+    from tools.world.decision_quality import Redraw, redraw_feedback
+
+    world, lab = tmp_path / "world", tmp_path / "lab-1"
+    (world / "world").mkdir(parents=True)
+    (world / "world/manifest.json").write_text("{}\n")
+    (world / "world/manifest.sha256").write_text("x\n")
+    (lab / "world").mkdir(parents=True)
+    (lab / "world/redraw.json").write_text(Redraw(world_manifest_sha256="an older world", feedback_seed=1, battles=1,
+                                                  dropped=0, votes={}).model_dump_json())
+    (lab / "notebook.db").write_bytes(b"a session")
+    with pytest.raises(WorldError, match="holds a notebook"):
+        redraw_feedback(world, lab, 1)
+    assert (lab / "notebook.db").read_bytes() == b"a session"

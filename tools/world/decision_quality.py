@@ -161,8 +161,9 @@ class Redraw(BaseModel):
 
 def redraw_feedback(world: Path, lab: Path, feedback_seed: int) -> Redraw:
     """`lab` becomes a copy of the built world in `world` with its feedback drawn afresh for `feedback_seed`
-    (done once: a lab holding this draw of this world is kept). The copy has no manifest commit, so no build
-    takes it for the world itself; its world.json counts the new votes."""
+    (done once: a lab holding this draw of this world is kept; one holding a notebook of another draw is
+    refused, never replaced). The copy has no manifest commit, so no build takes it for the world itself;
+    its world.json counts the new votes."""
     if not (world / WORLD_DIR / COMMIT).is_file():
         raise WorldError(f"{world}: not a finished world build (no {WORLD_DIR}/{COMMIT})")
     want = file_sha256(world / WORLD_DIR / MANIFEST)
@@ -171,6 +172,9 @@ def redraw_feedback(world: Path, lab: Path, feedback_seed: int) -> Redraw:
         known = Redraw.model_validate_json(found.read_text(encoding="utf-8"))
         if (known.world_manifest_sha256, known.feedback_seed) == (want, feedback_seed):
             return known
+    if (lab / "notebook.db").exists():  # a session's record is never wiped for a new draw
+        raise WorldError(f"{lab}: holds a notebook made on another world or feedback draw than {world} seed "
+                         f"{feedback_seed}; move it away or use another directory")
     lab.parent.mkdir(parents=True, exist_ok=True)
     stage = Path(tempfile.mkdtemp(prefix=".redraw-", dir=lab.parent))
     try:
