@@ -48,7 +48,8 @@ from tools.world import cost, opponent, oracle, tokenizer
 from tools.world.tasks import WORLD_FAMILIES, WorldTask, draw, draw_mix, hash_seed
 
 Size = Literal["demo", "test"]
-WORLD_VERSION = 3
+# Bump whenever anything a build writes changes (lab.toml values too): an older cache is then rebuilt.
+WORLD_VERSION = 4
 WORLD_DIR = "world"
 MANIFEST = "manifest.json"
 COMMIT = "manifest.sha256"
