@@ -5,6 +5,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 PYTEST_ARGS ?=
+# pytest-xdist workers: the tests run one intra-op thread per process, so two keep both cores busy;
+# PYTEST_WORKERS=0 runs the suite in this one process.
+PYTEST_WORKERS ?= 2
 
 .PHONY: demo test install install-dev slurm-up slurm-down chromium lint clean
 
@@ -34,10 +37,11 @@ demo: $(VENV)/.installed
 	$(PY) run_agent.py --budget 60gpuh --lab lab; rc=$$?; $(PY) run_agent.py report --lab lab -o lab/report.html; exit $$rc
 
 # Starts the loopback Slurm cluster (skipped tests say why if it cannot start), runs the whole
-# suite, stops the cluster, and exits with pytest's status (5, "no tests ran", is a failure too).
+# suite on $(PYTEST_WORKERS) workers (tests/conftest.py keeps each shared session on one), stops the
+# cluster, and exits with pytest's status (5, "no tests ran", is a failure too).
 test: $(VENV)/.installed-dev chromium
 	@scripts/slurm-up || echo "make test: the loopback Slurm cluster did not start; Slurm tests will be skipped with the reason"
-	@set +e; $(PY) -m pytest $(PYTEST_ARGS); rc=$$?; scripts/slurm-down; \
+	@set +e; $(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup --no-loadscope-reorder $(PYTEST_ARGS); rc=$$?; scripts/slurm-down; \
 	  if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests"; fi; exit $$rc
 
 # Headless Chromium (Debian's package) opens the HTML report in the report tests.

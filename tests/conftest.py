@@ -30,6 +30,56 @@ BUDGET = "5gpuh"
 DEADLINE_S = 1800
 
 
+# `make test` runs two pytest-xdist workers (`-n 2 --dist loadgroup`). A work unit's tests run on one
+# worker, so a session fixture too costly to build twice must keep its tests in one unit, and so must
+# every Slurm test: the loopback cluster is one node, and one of them stops and restarts it. Any other
+# test stays with its file, so module fixtures (a whole session, in places) are built once as well.
+# xdist 3.8's own `xdist_group` marks do nothing on pytest 9.2 (pytest-xdist issue 1386), hence this
+# scheduler; the units come from the test ids, and collection checks that they match what tests need.
+FINISHED_FILES = {"tests/agent/test_session.py", "tests/agent/test_replay.py", "tests/memory/test_report.py"}
+HEAVY_FIRST = ("finished", "slurm", "toy_world")
+
+
+def work_unit(nodeid: str) -> str:
+    path = nodeid.split("::", 1)[0]
+    if "slurm" in nodeid:
+        return "slurm"
+    if path in FINISHED_FILES:
+        return "finished"
+    if path.startswith("tests/world/"):
+        return "toy_world"
+    return path
+
+
+def _needed_unit(item: pytest.Item) -> str | None:
+    if item.get_closest_marker("slurm"):
+        return "slurm"
+    return next((name for name in ("finished", "toy_world") if name in item.fixturenames), None)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Units(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    return Units(config, log)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    wrong = [f"  {item.nodeid} needs unit {need!r}, work_unit() gives {work_unit(item.nodeid)!r}"
+             for item in items if (need := _needed_unit(item)) and work_unit(item.nodeid) != need]
+    if wrong:
+        raise pytest.UsageError("tests/conftest.py: work_unit() must put these tests in the unit they need "
+                                "(add the file to FINISHED_FILES, or name it after what it needs):\n" + "\n".join(wrong))
+    if getattr(config.option, "loadgroup", False):  # an xdist worker: the costliest units first (a stable sort)
+        items.sort(key=lambda item: HEAVY_FIRST.index(u) if (u := work_unit(item.nodeid)) in HEAVY_FIRST
+                   else len(HEAVY_FIRST))
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _one_thread_per_process():
     """One intra-op thread in this process and in every process the tests start (agents, their jobs,
