@@ -35,7 +35,8 @@ DEADLINE_S = 1800
 # every Slurm test: the loopback cluster is one node, and one of them stops and restarts it. Any other
 # test stays with its file, so module fixtures (a whole session, in places) are built once as well.
 # xdist 3.8's own `xdist_group` marks do nothing on pytest 9.2 (pytest-xdist issue 1386), hence this
-# scheduler; the units come from the test ids, and collection checks that they match what tests need.
+# scheduler; the units come from the test ids (any id naming Slurm joins its unit: a few unmarked ones do,
+# at no cost), and collection checks that every test sits in the unit it needs.
 FINISHED_FILES = {"tests/agent/test_session.py", "tests/agent/test_replay.py", "tests/memory/test_report.py"}
 HEAVY_FIRST = ("finished", "slurm", "toy_world")
 
