@@ -38,6 +38,7 @@ DEADLINE_S = 1800
 # scheduler; the units come from the test ids (any id naming Slurm joins its unit: a few unmarked ones do,
 # at no cost), and collection checks that every test sits in the unit it needs.
 FINISHED_FILES = {"tests/agent/test_session.py", "tests/agent/test_replay.py", "tests/memory/test_report.py"}
+WORLD_FILES = {"tests/test_decision_quality.py"}  # besides tests/world/: modules that call session_world()
 HEAVY_FIRST = ("finished", "slurm", "toy_world")
 
 
@@ -47,7 +48,7 @@ def work_unit(nodeid: str) -> str:
         return "slurm"
     if path in FINISHED_FILES:
         return "finished"
-    if path.startswith("tests/world/"):
+    if path.startswith("tests/world/") or path in WORLD_FILES:
         return "toy_world"
     return path
 
@@ -55,7 +56,12 @@ def work_unit(nodeid: str) -> str:
 def _needed_unit(item: pytest.Item) -> str | None:
     if item.get_closest_marker("slurm"):
         return "slurm"
-    return next((name for name in ("finished", "toy_world") if name in item.fixturenames), None)
+    if "finished" in item.fixturenames:
+        return "finished"
+    module = getattr(item, "module", None)  # a test function's module; doctests have none
+    if "toy_world" in item.fixturenames or (module is not None and "session_world" in vars(module)):
+        return "toy_world"
+    return None
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
