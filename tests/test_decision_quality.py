@@ -64,7 +64,8 @@ def bench_run(tmp_path_factory) -> tuple[dict, Path]:
     return json.loads(out.read_text()), work
 
 
-@pytest.mark.slow  # three real sessions side by side (see the module docstring for the cost)
+@pytest.mark.slow
+@pytest.mark.bench  # three real sessions side by side: 12+ minutes on an idle 2-core machine, run with -m bench
 def test_json_has_every_field_and_the_baselines(bench_run):
     result, _ = bench_run
     assert {"command", "config", "host", "wall_s", "world_build_s", "sessions", "summary", "goals", "table"} <= set(result)
@@ -125,7 +126,8 @@ def _false(lab: Path, cache: Path, new: str, old: str) -> bool:
     return mean - 1.96 * sd / math.sqrt(len(points)) <= 0.5
 
 
-@pytest.mark.slow  # three real sessions side by side (see the module docstring for the cost)
+@pytest.mark.slow
+@pytest.mark.bench  # three real sessions side by side: 12+ minutes on an idle 2-core machine, run with -m bench
 def test_false_promotions_recomputed_from_the_notebooks(bench_run):
     result, work = bench_run
     total = 0
@@ -155,7 +157,8 @@ def _served(db: Path, parent: int) -> dict:
     return json.loads(recipe)["served_decoding"]
 
 
-@pytest.mark.slow  # three real sessions side by side (see the module docstring for the cost)
+@pytest.mark.slow
+@pytest.mark.bench  # three real sessions side by side: 12+ minutes on an idle 2-core machine, run with -m bench
 def test_greedy_baseline_rewalked_from_its_looks(bench_run):
     result, _ = bench_run
     for s in result["sessions"]:
