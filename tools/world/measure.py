@@ -149,11 +149,15 @@ def main(argv: list[str] | None = None) -> None:
     if args.costs:
         report["costs"] = costs(args.lab, args.out, split)
     else:
-        report["parent_vs_opponent"] = truth(args.lab, args.lab / world.PARENT, OPPONENT, args.n,
-                                             device=args.device).model_dump(mode="json")
+        parent = truth(args.lab, args.lab / world.PARENT, OPPONENT, args.n, device=args.device)
+        report["parent_vs_opponent"] = parent.model_dump(mode="json")
+        print(f"parent vs opponent: {parent.win_rate:.3f} [{parent.ci_low:.3f}, {parent.ci_high:.3f}]", flush=True)
+        write_json_atomic(args.out / "measure.json", report)
         for name in [a for a in args.arms.split(",") if a]:
             arm = ARMS[name]
-            model, train_s = _train(args.lab, args.out, name, arm, _data(args.lab, args.out, split, arm))
+            data = _data(args.lab, args.out, split, arm)
+            with world.one_thread():  # as the world's jobs run (two threads cost 15x the CPU on a shared machine)
+                model, train_s = _train(args.lab, args.out, name, arm, data)
             result = truth(args.lab, model, None, args.n, device=args.device)
             vs_opp = truth(args.lab, model, OPPONENT, args.n, device=args.device)
             report[name] = {"arm": arm.model_dump(), "train_s": train_s, "vs_parent": result.model_dump(mode="json"),
