@@ -67,9 +67,11 @@ def eval_job(ctx: ToolContext, artifact_id: int, suite_names: list[str], decodin
                          output_dir=ctx.paths.evaluation(name))
 
 
-def reference_completions(ctx: ToolContext, artifact_id: int, names: list[str]) -> dict[str, str]:
+def reference_completions(ctx: ToolContext, artifact_id: int, names: list[str],
+                          nomination: bool = False) -> dict[str, str]:
     """Generate `artifact_id`'s answers to the judge suites' prompts at its served decoding (a job,
-    not an eval: nothing is scored or recorded) and return suite -> completions file."""
+    not an eval: nothing is scored or recorded) and return suite -> completions file. `nomination`:
+    the sealed confirmation's references, which run on the reserve like the rest of the nomination."""
     judged = [n for n in names if ctx.lab.suite(n).judged]
     if not judged:
         return {}
@@ -86,7 +88,7 @@ def reference_completions(ctx: ToolContext, artifact_id: int, names: list[str]) 
                         batch_size=ctx.lab.eval_batch_size, output_dir=ctx.paths.evaluation(name))
     # Its own kind: one generation pass with no scoring, so its seconds per suite say nothing about an eval
     # job's (counted as "eval", they made the launcher forecast a K = 3 calibration at several times its cost).
-    result, _ = ctx.wait("reference", run_eval, cfg, work_units=float(len(specs)))
+    result, _ = ctx.wait("reference", run_eval, cfg, work_units=float(len(specs)), nomination=nomination)
     return {r.suite.removesuffix("-reference"): r.completions_path for r in result.suites}
 
 

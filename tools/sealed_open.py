@@ -36,7 +36,7 @@ def _body(ctx: ToolContext, args: Args) -> ToolOutcome:
     except SealedRefused as exc:
         return ToolOutcome(tool=NAME, status="refused", summary=str(exc))
     # Judge suites confirm the nominee against the session's parent on the sealed prompts.
-    reference = reference_completions(ctx, parent_of(ctx.nb, ctx.session), names)
+    reference = reference_completions(ctx, parent_of(ctx.nb, ctx.session), names, nomination=True)
     cfg = eval_job(ctx, args.artifact, names, served_of(ctx, args.artifact), True, 1, reference)
     evals, key = run_and_record(ctx, args.artifact, cfg, nomination=True)
     summary = f"sealed confirmation of {ctx.nb.artifact(args.artifact).name}: {metrics_line(evals)}"
