@@ -40,13 +40,18 @@ class Args(BaseModel):
     runner_up: int | None = Field(None, description="The best candidate not nominated (the card's third column).")
 
 
-class BundleJob(BaseModel):
+class CardJob(BaseModel):
+    """What a job writing a bundle's card reads: the notebook and the card's three columns."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
     notebook: Path = Field(description="The lab notebook (read-only in the job).")
     session: str = Field(description="Session of the nominee.")
     nominee: int = Field(description="Artifact id of the nominee.")
     parent: int | None = Field(description="The session's parent (the card's baseline column).")
     runner_up: int | None = Field(None, description="The runner-up (the card's third column).")
+
+
+class BundleJob(CardJob):
     out_dir: Path = Field(description="Bundle directory (must not exist).")
 
 

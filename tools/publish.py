@@ -25,7 +25,7 @@ from evals.sealed import nominee as nominee_of
 from memory.notebook import Notebook
 from tools.bundle import BundleError, TrainingEvidence, bundle_files, bundle_sha256, write_records
 from tools.context import ToolContext, ToolOutcome, invoke
-from tools.nominate import STAGED_SUFFIX, BundleOutcome, refuse, staged_dir
+from tools.nominate import STAGED_SUFFIX, BundleOutcome, CardJob, refuse, staged_dir
 
 NAME = "publish"
 REWRITTEN = ("README.md", "training_evidence.json")
@@ -39,13 +39,7 @@ class Args(BaseModel):
     runner_up: int | None = Field(None, description="The best candidate not nominated (the card's third column).")
 
 
-class PublishJob(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    notebook: Path = Field(description="The lab notebook (read-only in the job).")
-    session: str = Field(description="Session of the nominee.")
-    nominee: int = Field(description="Artifact id of the nominee.")
-    parent: int | None = Field(description="The session's parent (the card's baseline column).")
-    runner_up: int | None = Field(description="The runner-up (the card's third column).")
+class PublishJob(CardJob):
     staged: Path = Field(description="The nominee's checked candidate bundle.")
     out_dir: Path = Field(description="Final bundle directory.")
     checked: dict[str, str] = Field(description="sha256 of every file when check-bundle passed on it.")
