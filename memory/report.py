@@ -55,7 +55,8 @@ def family(kind: str) -> str:
     """Budget family of a job kind: training, evaluation, merge, or other (data builds, bundles, ingest)."""
     if kind in TRAINING_KINDS:
         return "training"
-    return {"eval": "evaluation", "merge": "merge"}.get(kind, "other")
+    # "reference": the judged suites' reference answers, generated for an evaluation.
+    return {"eval": "evaluation", "reference": "evaluation", "merge": "merge"}.get(kind, "other")
 
 
 def method(a: Artifact) -> str:

@@ -41,8 +41,8 @@ from scipy import stats as sps
 
 from memory.notebook import Artifact, EvalRecord, JobRecord, Notebook
 from memory.records import BundleRefusal, CompareRefusal, IncumbentPayload
+from memory.report import family
 
-TRAINING_KINDS = ("sft", "dpo", "klce", "rft")
 TRUTH_PREFIX = "truth"
 # Fewer items than this and a suite cannot resolve differences of a few points: said in the limitations.
 MIN_ITEMS = 100
@@ -439,10 +439,10 @@ def _compute_section(nb: Notebook, session: str) -> list[str]:
     note = " (simulated: the toy world charges device-seconds at its declared rate)" if simulated else ""
     return ["## GPU-hours", "", f"Settled GPU-hours of every job attempt of the session when this card was written{note}"
             " (the job writing it is not settled yet):",
-            _gpu_line("training", [j for j in jobs if j.kind in TRAINING_KINDS]),
-            _gpu_line("evaluation", [j for j in jobs if j.kind == "eval"]),
-            _gpu_line("merges", [j for j in jobs if j.kind == "merge"]),
-            _gpu_line("other (ingest, data builds, bundles)", [j for j in jobs if j.kind not in (*TRAINING_KINDS, "eval", "merge")]),
+            _gpu_line("training", [j for j in jobs if family(j.kind) == "training"]),
+            _gpu_line("evaluation (reference answers included)", [j for j in jobs if family(j.kind) == "evaluation"]),
+            _gpu_line("merges", [j for j in jobs if family(j.kind) == "merge"]),
+            _gpu_line("other (ingest, data builds, bundles)", [j for j in jobs if family(j.kind) == "other"]),
             _gpu_line("of these, failed attempts", [j for j in jobs if j.state == "failed"]),
             _gpu_line("total", jobs), ""]
 
