@@ -120,12 +120,17 @@ class NominatePayload(_Payload):
     artifact_id: int = Field(description="Nominated artifact id.")
 
 
-class LaunchPayload(_Payload):
-    """A job attempt admitted by the budget and submitted."""
+class _JobAttempt(_Payload):
+    """The attempt of a keyed job a launch or admission decision is about."""
 
     key: str = Field(description="Job idempotency key.")
     kind: str = Field(description="Job kind (sft, dpo, eval, ...).")
     attempt: int = Field(description="Attempt number, from 1.")
+
+
+class LaunchPayload(_JobAttempt):
+    """A job attempt admitted by the budget and submitted."""
+
     forecast_gpuh: float = Field(description="GPU-hours reserved for it.")
     forecast_source: Literal["declared", "throughput", "time_limit"] = Field(description="Where the forecast came from.")
     executor: str = Field(description="Executor it was submitted to.")
@@ -152,12 +157,9 @@ class BudgetRefusal(LaunchPayload):
     """A job refused because its forecast does not fit the budget (the launch fields it would have had)."""
 
 
-class MemoryRefusal(_Payload):
+class MemoryRefusal(_JobAttempt):
     """A training job refused because its estimated peak memory per GPU exceeds one GPU (trainers/memory.py)."""
 
-    key: str = Field(description="Job idempotency key.")
-    kind: str = Field(description="Job kind (sft, dpo, ...).")
-    attempt: int = Field(description="Attempt that was refused, from 1.")
     gpus: int = Field(description="GPUs the job asked for, one rank each.")
     estimate_gib: float = Field(description="Estimated peak GiB per GPU.")
     gpu_memory_gib: float = Field(description="GiB of one GPU, as the lab's executor section declares it.")
