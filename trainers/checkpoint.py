@@ -12,6 +12,9 @@ Frozen weights are not saved (they are the base model); only parameters with req
 The final model is consolidated to Hugging Face safetensors shards of at most `MAX_SHARD_SIZE` (loadable with
 `from_pretrained`), or for LoRA a peft adapter directory, written by rank 0 with its weights manifest (each
 file's sha256, size and mtime: `trainers.common.weights_sha256` then reads it instead of the files).
+
+A snapshot (`<run>/snapshots/step-<n>/`, TrainConfig.snapshot_steps) is the same consolidated model at step n,
+with `snapshot.json` (step, learning rate so far, loss), written beside and swapped in like resume state.
 """
 
 from __future__ import annotations
@@ -30,10 +33,12 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.tensor import DTensor
 
+from core.util import write_json_atomic
 from trainers import distributed
 from trainers.common import write_weights_manifest
 
 MAX_SHARD_SIZE = "2GB"  # per safetensors file of the consolidated model
+SNAPSHOT_INFO = "snapshot.json"  # beside a snapshot's weights: its step, learning rate so far and loss
 _TRAINABLE_ONLY = StateDictOptions(ignore_frozen_params=True)
 # Setting only trainable weights leaves the frozen ones "missing" to load_state_dict; dcp.load above already
 # refused a checkpoint lacking any trainable key, so the set is not strict.
@@ -47,7 +52,7 @@ def _rank_file(root: Path, rank: int) -> Path:
 def save(resume_dir: Path, model, optimizer, extra: dict) -> None:
     """Collective: every rank calls it at the same step. `extra` (scheduler, loop counters) is per rank."""
     env = distributed.setup()
-    tmp, old = resume_dir.with_name("resume.tmp"), resume_dir.with_name("resume.old")
+    tmp = resume_dir.with_name("resume.tmp")
     if env.is_main:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
@@ -60,12 +65,19 @@ def save(resume_dir: Path, model, optimizer, extra: dict) -> None:
                _rank_file(tmp, env.rank))
     distributed.barrier()
     if env.is_main:
-        shutil.rmtree(old, ignore_errors=True)
-        if resume_dir.exists():
-            resume_dir.rename(old)
-        tmp.rename(resume_dir)
-        shutil.rmtree(old, ignore_errors=True)
+        _swap_in(tmp, resume_dir)
     distributed.barrier()
+
+
+def _swap_in(tmp: Path, final: Path) -> None:
+    """Replaces `final` by the complete `tmp`; the previous one is kept as `.old` meanwhile, so a kill at any point
+    leaves a whole copy of one of them."""
+    old = final.with_name(final.name + ".old")
+    shutil.rmtree(old, ignore_errors=True)
+    if final.exists():
+        final.rename(old)
+    tmp.rename(final)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def load(resume_dir: Path, model, optimizer, seed: int) -> dict:
@@ -121,6 +133,23 @@ def save_final(model, tokenizer, out_dir: Path, save_dtype: torch.dtype) -> None
     if env.is_main:
         tokenizer.save_pretrained(out_dir)
         write_weights_manifest(out_dir)
+    distributed.barrier()
+
+
+def save_snapshot(model, tokenizer, out_dir: Path, save_dtype: torch.dtype, info: dict) -> None:
+    """Collective: the model now, written as `save_final` writes the final one, with `info` in `SNAPSHOT_INFO`.
+    It goes to `<out_dir>.tmp` and is swapped in when complete: a kill mid-write leaves no partial snapshot, and
+    the resumed run (whose state is older than this step) writes it again."""
+    env = distributed.setup()
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    if env.is_main:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.parent.mkdir(parents=True, exist_ok=True)
+    distributed.barrier()
+    save_final(model, tokenizer, tmp, save_dtype)
+    if env.is_main:
+        write_json_atomic(tmp / SNAPSHOT_INFO, info)
+        _swap_in(tmp, out_dir)
     distributed.barrier()
 
 

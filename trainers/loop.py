@@ -14,7 +14,8 @@ its contiguous share of each step's rows; the normaliser still covers the whole 
 equal one process's over the same global batch. Resume state is a DCP checkpoint (`trainers/checkpoint.py`),
 saved on a signal seen by any rank (the flag is all-reduced every step), every `save_every` steps and every
 `save_every_minutes`; the longest save is recorded (`max_save_s`: the launcher's signal lead time must exceed
-it). Rank 0 writes metrics, the memory estimate, the result and the consolidated model.
+it). Rank 0 writes metrics, the memory estimate, the result and the consolidated model, and a whole-model snapshot
+after each of `snapshot_steps` (for trajectory selection: resume state is not a model anyone can evaluate).
 
 The objective is the plug point: `Objective.normalizer(rows)` and `Objective.loss(model, rows, norm)`.
 """
@@ -46,6 +47,7 @@ from trainers.common import (
     NonFiniteLoss,
     Preempted,
     RunPaths,
+    Snapshot,
     TrainConfig,
     TrainResult,
     finished_result,
@@ -93,6 +95,7 @@ class LoopState:
     resumed_at: list[int] = field(default_factory=list)
     last_metrics: dict[str, float] = field(default_factory=dict)
     save_s: float = 0.0  # longest resume save so far (the launcher's signal lead time must exceed it)
+    lr_sum: float = 0.0  # the per-step learning rates summed: how far the schedule carried the weights so far
 
 
 @lru_cache(maxsize=8)
@@ -210,8 +213,26 @@ def _grad_norm(model, clip: float) -> float:
     return float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
 
 
-def run_loop(config: TrainConfig, paths: RunPaths, model, objective: Objective) -> LoopState:
-    """Trains `model` in place for config.steps steps, resuming from paths.resume when it exists."""
+def save_snapshot(paths: RunPaths, model, tokenizer, config: TrainConfig, state: LoopState, lr: float) -> None:
+    """Collective: the model after step `state.step`, whole (trainers/checkpoint.py), with its step, learning rate
+    so far and loss. Written before that step's resume save, so resume state at or past a snapshot step always
+    has its snapshot on disk, and state from before it re-runs the step and writes it again."""
+    info = {"step": state.step, "lr": lr, "lr_sum": state.lr_sum, "loss": state.last_loss, "tokens_seen": state.tokens}
+    checkpoint.save_snapshot(model, tokenizer, paths.snapshot(state.step), getattr(torch, config.compute_dtype), info)
+
+
+def read_snapshot(paths: RunPaths, step: int) -> Snapshot:
+    """The snapshot of `step`, as save_snapshot wrote it."""
+    where = paths.snapshot(step)
+    info = where / checkpoint.SNAPSHOT_INFO
+    if not info.is_file():
+        raise RuntimeError(f"{where}: snapshot of step {step} missing at the end of the run")
+    return Snapshot(model_dir=where, **json.loads(info.read_text()))
+
+
+def run_loop(config: TrainConfig, paths: RunPaths, model, objective: Objective, tokenizer) -> LoopState:
+    """Trains `model` in place for config.steps steps, resuming from paths.resume when it exists; saves a snapshot
+    (with `tokenizer`) after each of config.snapshot_steps."""
     env = distributed.setup()
     _check_layout(config)
     torch.manual_seed(config.seed)
@@ -240,11 +261,14 @@ def run_loop(config: TrainConfig, paths: RunPaths, model, objective: Objective) 
             state.wall_time_s += dt
             state.last_loss = loss
             state.last_metrics = counts.metrics
+            state.lr_sum += lr
             if metrics is not None and (state.step % config.log_every == 0 or state.step == config.steps):
                 line = {"step": state.step, "loss": loss, "lr": lr, "grad_norm": grad_norm,
                         "tokens_per_s": counts.tokens / dt, "tokens": state.tokens, **counts.metrics}
                 metrics.write(json.dumps(line) + "\n")
                 metrics.flush()
+            if state.step in config.snapshot_steps:  # before any resume save of this step: see save_snapshot
+                save_snapshot(paths, model, tokenizer, config, state, lr)
             # One collective agrees on both: a signal seen by any rank stops all of them at this step.
             minutes = (time.monotonic() - last_save) / 60
             stop, due = (v > 0 for v in distributed.all_sum([
@@ -284,8 +308,8 @@ def run_job(
     # The saved checkpoint carries the template its rows were rendered with: training and serving cannot drift.
     tokenizer.chat_template = chat_template(config.system_prompt)
     model = load_policy(config.model_path, config.compute_dtype, config.lora, config.seed,
-                        config.activation_checkpointing)
-    state = run_loop(config, paths, model, objective)
+                        config.activation_checkpointing, config.compile_blocks)
+    state = run_loop(config, paths, model, objective, tokenizer)
     model.eval()
     metrics = {**state.last_metrics, **(final_metrics(model) if final_metrics else {}), "max_save_s": state.save_s,
                "estimated_peak_gib": estimate.total / memory.GIB}
@@ -297,6 +321,7 @@ def run_job(
         steps=state.step, tokens_seen=state.tokens, supervised_tokens=state.supervised, truncated_rows=truncated_rows,
         wall_time_s=state.wall_time_s, data_sha256=file_sha256(config.data_path), final_loss=state.last_loss,
         resumed_at_steps=state.resumed_at, metrics=metrics, world_size=env.world_size,
+        snapshots=[read_snapshot(paths, step) for step in config.snapshot_steps],
     )
     if env.is_main:
         write_json_atomic(paths.result, json.loads(result.model_dump_json()))
