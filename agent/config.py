@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 import re
 import tomllib
+from itertools import takewhile
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -246,10 +247,20 @@ class LabExecutorSection(ExecutorSection):
     slurm: LabSlurmSection | None = Field(None, description="Slurm parameters; required when kind = 'slurm'.")
 
 
+def _license_text(value: str) -> str:
+    if not value.strip() or len(value) > 200 or any(c in value for c in "\n\r\0"):
+        raise ValueError("expected the base model's license as one line of 1-200 characters, e.g. 'apache-2.0' "
+                         "(an SPDX identifier, as model repositories declare it)")
+    return value.strip()
+
+
 class ModelSection(_Section):
     base: ModelDir = Field(description="Local directory of the base model (any transformers causal LM).")
     parent: ModelDir | None = Field(None, description="Checkpoint the session starts from (stage-1 parent); defaults to base.")
     tokenizer: TokenizerDir | None = Field(None, description="Tokenizer directory when it is not inside the model directory.")
+    license: Annotated[str, AfterValidator(_license_text)] | None = Field(
+        None, description="The base model's license (e.g. 'apache-2.0'); default: the `license:` of the base "
+                          "directory's README.md front matter, else shown as not declared.")
 
     @model_validator(mode="after")
     def _tokenizer_somewhere(self) -> ModelSection:
@@ -348,6 +359,27 @@ class ServingSection(_Section):
         return Decoding(system_prompt=prompt, stop_token_ids=stop_token_ids, **self.decoding.model_dump())
 
 
+class TruthSection(_Section):
+    """[truth]: a noise-free scorer of the nominee against the parent, run after the sealed confirmation.
+    Its result goes to the card and the report only, never to the planner (tools/ground_truth.py)."""
+
+    kind: Literal["world"] = Field(description="Scorer: 'world', the oracle of the toy world built in this lab "
+                                               "directory (tools/world/truth.py).")
+    n: int = Field(300, ge=20, le=100_000, description="Prompts of the fresh sample, drawn apart from every prompt "
+                                                       "of the lab and leak-audited against them.")
+    seed: int = Field(0, ge=0, le=2**31 - 1, description="Sample seed.")
+
+    @model_validator(mode="after")
+    def _scorer_is_there(self, info: ValidationInfo) -> TruthSection:
+        # Imported here: it imports the scorer, which most commands never need.
+        from tools.ground_truth import scorer_problem
+
+        problem = scorer_problem(self.kind, Path((info.context or {}).get("lab_dir", ".")))
+        if problem is not None:
+            raise ValueError(problem)
+        return self
+
+
 class BudgetSection(_Section):
     reserve_fraction: float = Field(
         0.05, ge=0, lt=0.5, description="Share of the session budget kept back for the final nomination checks."
@@ -367,6 +399,7 @@ class LabConfig(_Section):
     judge: JudgeSection = Field(default_factory=JudgeSection, description="Pairwise judge for holdout battles.")
     serving: ServingSection = Field(default_factory=ServingSection, description="How the nominee will be served.")
     budget: BudgetSection = Field(default_factory=BudgetSection, description="Budget policy.")
+    truth: TruthSection | None = Field(None, description="Ground-truth scorer of the nominee (card and report only).")
 
     @model_validator(mode="after")
     def _unique_names(self) -> LabConfig:
@@ -375,6 +408,35 @@ class LabConfig(_Section):
             if dupes:
                 raise ValueError(f"[[{what}]] names must be unique; repeated: {', '.join(dupes)}")
         return self
+
+
+LICENSE_NOT_DECLARED = "not declared"
+
+
+def base_license(model: ModelSection) -> tuple[str | None, str]:
+    """The base model's license and where it was read: lab.toml's [model] license, else the `license:` key
+    of the base directory's README.md front matter (how model repositories declare it), else (None,
+    'not declared')."""
+    if model.license is not None:
+        return model.license, f"{LAB_FILE} [model] license"
+    readme = model.base / "README.md"
+    found = front_matter_license(readme.read_text(encoding="utf-8", errors="replace")) if readme.is_file() else None
+    return (found, f"{readme} front matter") if found else (None, LICENSE_NOT_DECLARED)
+
+
+def front_matter_license(text: str) -> str | None:
+    """`license:` of a README's YAML front matter (`license: mit`, or a list of `- id` lines below it)."""
+    lines = text.splitlines()
+    if not lines or lines[0].strip() != "---":
+        return None
+    body = lines[1:next((i for i, line in enumerate(lines[1:], 1) if line.strip() in ("---", "...")), len(lines))]
+    for i, line in enumerate(body):
+        key, sep, value = line.partition(":")
+        if sep and key == "license":
+            items = [value] if value.strip() else list(takewhile(lambda x: x.strip().startswith("-"), body[i + 1:]))
+            names = [x.strip().removeprefix("-").strip().strip("'\"") for x in items]
+            return ", ".join(n for n in names if n)[:200] or None
+    return None
 
 
 def load_lab_config(lab_dir: Path) -> LabConfig:

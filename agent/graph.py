@@ -13,7 +13,8 @@
   or N arms in a row failed their bars;
 - nominate: nominate the first candidate (incumbent, earlier incumbents, parent) whose bundle passes
   check-bundle (each refused one is a recorded `refuse`), open the sealed confirmation once, for
-  that nominee, publish its bundle with the sealed result in the card, end the session.
+  that nominee, measure its ground truth when the lab declares a scorer ([truth]), publish its bundle
+  with the sealed result (and the ground truth) in the card, end the session.
 
 State (agent/state.py) holds JSON and ids; it is checkpointed after every node with LangGraph's
 SQLite checkpointer in its own file (`lab/graph.sqlite`), thread id = session name.
@@ -228,6 +229,8 @@ def nominate(rt: Runtime, state: AgentState) -> dict[str, Any]:
     name = nb.artifact(nominee).name
     if rt.ctx.lab.sealed_suites:
         _gated_run(rt, "sealed_open", {"artifact": nominee})
+    if rt.ctx.lab.truth is not None:  # for the card and the report; the summary never shows it (agent/summary.py)
+        _gated_run(rt, "ground_truth", {"artifact": nominee})
     published = _gated_run(rt, "publish", {"artifact": nominee, "runner_up": _runner_up(s, nominee)})
     if published is None or published.status != "done":
         why = published.summary if published is not None else "refused by the gates"

@@ -14,7 +14,7 @@ from typing import Any
 
 from langgraph.checkpoint.sqlite import SqliteSaver
 
-from agent.config import LabConfig, load_lab_config
+from agent.config import LabConfig, base_license, load_lab_config
 from agent.errors import SessionError
 from agent.graph import Runtime, drive
 from agent.live import reporter
@@ -24,7 +24,7 @@ from core.chat import EOT_TOKEN
 from core.util import canonical_json, sha256_text
 from evals.job import CallableJudgeSpec, OpenAIJudgeSpec
 from memory.notebook import Notebook, NotebookError
-from tools.context import LabSpec, LabSuite, ToolContext
+from tools.context import LabSpec, LabSuite, LabTruth, ToolContext
 from tools.datasets import ReplaySource
 from tools.executor import ExecutorSection
 from tools.launcher import Launcher, Resources
@@ -56,6 +56,7 @@ def lab_spec(config: LabConfig) -> LabSpec:
     parent = config.model.parent or config.model.base
     tokenizer = config.model.tokenizer or parent
     judge = _judge(config)
+    license_text, license_source = base_license(config.model)
     suites = [LabSuite(name=e.name, scorer=e.scorer, file=e.file, sealed=e.sealed, constraint_mode=e.constraint_mode)
               for e in config.evals
               if (e.scorer == "judge" and judge is not None) or e.file is not None]
@@ -68,6 +69,8 @@ def lab_spec(config: LabConfig) -> LabSpec:
         data=[ReplaySource(name=d.name, path=d.path, cap=d.cap) for d in config.data], bars=config.bars,
         served=config.serving.served_decoding((_eot_id(tokenizer),)), judge=judge,
         time_limit_min=config.executor.time_limit_min, model_name=parent.name,
+        truth=LabTruth(**config.truth.model_dump()) if config.truth else None,
+        base_license=license_text, base_license_source=license_source,
     )
 
 

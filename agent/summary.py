@@ -5,6 +5,10 @@ JSON). It holds the budget, the split's counts, the registered bars, the incumbe
 with its served metrics and verdict, noise floors, datasets, every tool call with its outcome line,
 recent refusals and failures. Nothing in it comes from anywhere but the notebook, so a resumed or
 replayed session sees exactly what the original saw.
+
+The ground truth (tools/ground_truth.py) is never in it: not its `truth` decision, its tool call, its
+job's failures or a refusal of it. It measures the agent and must not steer it (its GPU-hours are in the
+budget's spent total, like every settled job's; no number of its result is).
 """
 
 from __future__ import annotations
@@ -13,10 +17,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from agent.toolbox import canonical_args
+from agent.toolbox import HIDDEN_TOOLS, canonical_args
 from evals.decoding import Decoding
 from memory.notebook import Notebook
 from memory.records import GateRefusal
+from tools.ground_truth import JOB_KIND as TRUTH_JOB_KIND
 from tools.promote import incumbent_of, parent_of
 
 _ARM_TOOLS = ("train", "merge", "tune_serving")
@@ -189,7 +194,7 @@ def summarize(nb: Notebook, session: str) -> Summary:
                  f"{' * noise_floor' if b['unit'] == 'noise_floor' else ''}" for b in record.spec["bars"]]
         bars = {"id": record.id, "sha256": record.sha256, "rules": rules, "p_family": record.spec.get("p_family")}
     calls = [Call(id=c.id, tool=c.tool, args=c.args, status=c.status, summary=(c.result or {}).get("summary", ""),
-                  data=(c.result or {}).get("data", {})) for c in nb.tool_calls(session)]
+                  data=(c.result or {}).get("data", {})) for c in nb.tool_calls(session) if c.tool not in HIDDEN_TOOLS]
     checkpoints = _checkpoints(nb, session)
     floors, calibrated = {}, set()
     for cp in checkpoints:
@@ -204,12 +209,13 @@ def summarize(nb: Notebook, session: str) -> Summary:
     datasets = [Dataset(id=a.id, name=a.name, builder=a.recipe.get("builder", ""), row_kind=a.recipe.get("row_kind", ""),
                         rows=a.recipe.get("rows", 0), audit_passed="audit" in a.recipe and not a.recipe["audit"].get("hits"))
                 for a in nb.artifacts(kind="dataset", session=session)]
-    refused = nb.decisions(session, kind="refuse")
+    refused = [d for d in nb.decisions(session, kind="refuse")
+               if d.payload.get("tool") not in HIDDEN_TOOLS and d.payload.get("kind") != TRUTH_JOB_KIND]
     refusals = [d.rationale for d in refused][-5:]
     gate_refusals = [Refused(tool=d.payload.tool, args=d.payload.args, reason=d.payload.reason) for d in refused
                      if isinstance(d.payload, GateRefusal)]
     failures = [f"{j.kind} {j.key[:12]} attempt {j.attempt}: {j.failure_class}" for j in nb.jobs(session=session)
-                if j.state == "failed"]
+                if j.state == "failed" and j.kind != TRUTH_JOB_KIND]
     nominations = nb.decisions(session, kind="nominate")
     return Summary(
         session=session, budget=budget, split=split, bars=bars, parent=parent_of(nb, session),

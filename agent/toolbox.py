@@ -14,6 +14,7 @@ from tools import (
     calibrate,
     compare,
     evaluate,
+    ground_truth,
     ingest,
     merge,
     nominate,
@@ -30,10 +31,13 @@ from tools.launcher import Launcher
 
 TOOLS: dict[str, ModuleType] = {m.NAME: m for m in (
     ingest, register_bars, build_dataset, calibrate, train, merge, evaluate, compare, promote, tune_serving,
-    stop, nominate, sealed_open, publish,
+    stop, nominate, sealed_open, ground_truth, publish,
 )}
-# The research loop's tools; nominate, sealed_open and publish run in the graph's nominate step.
-PLANNER_TOOLS = tuple(n for n in TOOLS if n not in ("nominate", "sealed_open", "publish"))
+# The research loop's tools; nominate, sealed_open, ground_truth and publish run in the graph's nominate step.
+NOMINATION_TOOLS = ("nominate", "sealed_open", "ground_truth", "publish")
+PLANNER_TOOLS = tuple(n for n in TOOLS if n not in NOMINATION_TOOLS)
+# Tools whose calls the planner's summary leaves out (agent/summary.py): the ground truth measures the agent.
+HIDDEN_TOOLS = ("ground_truth",)
 
 
 def args_model(tool: str) -> type[BaseModel]:

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 DecisionKind = Literal[
     "open", "plan", "launch", "refuse", "compare", "promote", "reject", "calibrate",
-    "register_bars", "ingest", "build", "evaluate", "confirm", "fail", "nominate", "stop",
+    "register_bars", "ingest", "build", "evaluate", "confirm", "fail", "nominate", "truth", "stop",
 ]
 JobState = Literal["pending", "running", "completed", "failed"]
 # The launcher's failure classes (tools/failures.py keeps the same list; a test holds them equal:
@@ -118,6 +118,37 @@ class NominatePayload(_Payload):
     """The session's nominee."""
 
     artifact_id: int = Field(description="Nominated artifact id.")
+
+
+class TruthFamily(_Payload):
+    """The ground truth on one task family of the sample."""
+
+    n: int = Field(description="Prompts of this family.")
+    accuracy: float = Field(description="Share the nominee answered correctly.")
+    other_accuracy: float = Field(description="Share the parent answered correctly.")
+    win_rate: float = Field(description="The nominee's win rate on this family.")
+
+
+class TruthPayload(_Payload):
+    """The nominee's ground truth against the parent, by the lab's declared noise-free scorer ([truth] of
+    lab.toml): measured after the sealed confirmation, for the card and the report; never shown to a planner."""
+
+    artifact_id: int = Field(description="The nominee measured.")
+    parent: int = Field(description="The artifact it was measured against (the session's parent).")
+    scorer: str = Field(description="The [truth] kind that scored it.")
+    job_key: str = Field(description="The ground-truth job.")
+    n: int = Field(description="Prompts in the fresh sample.")
+    seed: int = Field(description="Sample seed.")
+    win_rate: float = Field(description="Mean points per prompt (win 1, tie or both bad 0.5, loss 0).")
+    ci_low: float = Field(description="Lower bound of the 95% CI of win_rate.")
+    ci_high: float = Field(description="Upper bound of the 95% CI of win_rate.")
+    outcomes: dict[str, int] = Field(description="Prompts per outcome: win, tie, both_bad, loss.")
+    accuracy: float = Field(description="The nominee's accuracy over the sample.")
+    other_accuracy: float = Field(description="The parent's accuracy over the sample.")
+    per_family: dict[str, TruthFamily] = Field(description="Per task family.")
+    audit_passed: bool = Field(description="The sample shares no prompt with any split, suite or data source.")
+    audit_sha256: str = Field(description="sha256 of the sample's leak audit.")
+    audit_references: dict[str, int] = Field(description="Reference prompts per source it was audited against.")
 
 
 class _JobAttempt(_Payload):
@@ -272,6 +303,11 @@ class NominateDecision(Decision):
     payload: NominatePayload = Field(description="Which artifact.")
 
 
+class TruthDecision(Decision):
+    kind: Literal["truth"] = Field(description="The nominee's ground truth measured.")
+    payload: TruthPayload = Field(description="The result.")
+
+
 class LaunchDecision(Decision):
     kind: Literal["launch"] = Field(description="A job attempt launched.")
     payload: LaunchPayload = Field(description="The attempt and its forecast.")
@@ -294,7 +330,7 @@ class NoteDecision(Decision):
 
 AnyDecision = Annotated[
     OpenDecision | StopDecision | RegisterBarsDecision | VerdictDecision | CalibrateDecision | ConfirmDecision
-    | NominateDecision | LaunchDecision | FailDecision | RefuseDecision | NoteDecision,
+    | NominateDecision | TruthDecision | LaunchDecision | FailDecision | RefuseDecision | NoteDecision,
     Field(discriminator="kind"),
 ]
 DECISION = TypeAdapter(AnyDecision)

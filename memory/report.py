@@ -44,9 +44,6 @@ class ReportError(NotebookError):
     """A report that cannot be made or written; like any NotebookError, the CLI prints it and exits 2."""
 
 
-# Suites whose name starts with this hold the toy world's noise-free ground truth (tools/card.py uses
-# the same prefix; memory sits below tools and cannot import it).
-TRUTH_PREFIX = "truth"
 TRAINING_KINDS = {"sft", "dpo", "klce", "rft", "train"}
 FAMILIES = ("training", "evaluation", "merge", "other")
 
@@ -55,8 +52,9 @@ def family(kind: str) -> str:
     """Budget family of a job kind: training, evaluation, merge, or other (data builds, bundles, ingest)."""
     if kind in TRAINING_KINDS:
         return "training"
-    # "reference": the judged suites' reference answers, generated for an evaluation.
-    return {"eval": "evaluation", "reference": "evaluation", "merge": "merge"}.get(kind, "other")
+    # "reference": the judged suites' reference answers, generated for an evaluation; "truth": the
+    # nominee's ground truth (tools/ground_truth.py), an evaluation by the lab's noise-free scorer.
+    return {"eval": "evaluation", "reference": "evaluation", "truth": "evaluation", "merge": "merge"}.get(kind, "other")
 
 
 def method(a: Artifact) -> str:
@@ -232,13 +230,22 @@ def _confirmation(d: _Data) -> str:
 
 
 def _truth(d: _Data) -> str:
-    subject = d.nominee if d.nominee is not None else (d.chain[-1] if d.chain else None)
-    evs = [e for e in d.evals if e.artifact_id == subject and e.suite.startswith(TRUTH_PREFIX)]
-    if not evs:
-        return "<p>Ground truth: none recorded (only the toy world has one).</p>"
-    items = "".join(f"<li>{escape(e.suite)}: " + ", ".join(f"{escape(k)} = {_num(v)}" for k, v in sorted(e.metrics.items())
-                                                          if isinstance(v, int | float)) + "</li>" for e in evs)
-    return f"<p>Ground truth (toy world) of {_artifact_link(d, subject)}:</p><ul>{items}</ul>"
+    """The nominee's ground truth (its `truth` decision), when the lab declares a scorer ([truth] of lab.toml)."""
+    found = [x for x in d.decisions if x.kind == "truth" and x.payload.artifact_id == d.nominee]
+    if not found:
+        declared = (d.session.config.get("lab") or {}).get("truth")
+        why = "the lab declares no scorer ([truth] in lab.toml)" if not declared else "declared, but no result recorded"
+        return f"<p>Ground truth: none ({escape(why)}).</p>"
+    x = found[-1]
+    t = x.payload
+    families = "".join(f"<tr><td>{escape(name)}</td><td>{f.n}</td><td>{_num(f.accuracy)}</td>"
+                       f"<td>{_num(f.other_accuracy)}</td><td>{_num(f.win_rate)}</td></tr>" for name, f in t.per_family.items())
+    return (f"<p>Ground truth ({escape(t.scorer)}, {_a('decision', x.seq, f'decision {x.seq}')}; never shown to the "
+            f"planner) of {_artifact_link(d, t.artifact_id)} against the parent {_artifact_link(d, t.parent)}: true win "
+            f"rate <b>{_num(t.win_rate)}</b> (95% CI {_num(t.ci_low)} to {_num(t.ci_high)}), n = {t.n}; accuracy "
+            f"{_num(t.accuracy)} vs {_num(t.other_accuracy)}; leak audit of the sample "
+            f"{'passed' if t.audit_passed else '<b>FAILED</b>'}.</p>"
+            + _table("truth", ["family", "n", "nominee accuracy", "parent accuracy", "win rate"], [families]))
 
 
 def _summary(d: _Data) -> str:
@@ -373,7 +380,7 @@ def _sweeps(d: _Data) -> dict[tuple[int, int], list[tuple[float, int]]]:
 
 
 def _dose(d: _Data) -> str:
-    suites = sorted({e.suite for e in d.evals if not e.suite.startswith(TRUTH_PREFIX)})
+    suites = sorted({e.suite for e in d.evals})
     bar_metrics = _bar_keys(d.comparisons)
     out = []
     for (start, end), points in sorted(_sweeps(d).items()):

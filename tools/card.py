@@ -20,12 +20,14 @@ What the card reads, and where from:
 - lineage: the nominee's model ancestors through `artifact.parents` (datasets are the parents of
   kind `dataset`), each with its producing job (`artifact.job_key`): method = job kind, steps =
   `result.steps`, learning rate = `resources.args.lr`, job id = `external_id`;
-- the base: the lineage's root artifact; its license is `recipe.license` when recorded;
+- the base: the lineage's root artifact; its license is the parent's `recipe.license` (recorded when the
+  session registered it: lab.toml's [model] license, else the base's README.md front matter), with
+  `recipe.license_source` saying which;
 - evaluations: the first replicate-0 eval at served decoding of each suite (the look that counts,
   as in evals/compare.py), for the nominee, the parent and the runner-up; noise floors: the first
   calibrated for the suite and metric;
 - the sealed confirmation: `confirm` decisions for the nominee (each cited by its seq) and their evals;
-- ground truth (toy world): the nominee's evals of suites named `truth*`;
+- ground truth: the nominee's `truth` decision (tools/ground_truth.py), when the lab declares a scorer;
 - bars, comparisons, promote/reject decisions, refused comparisons and refused bundles (every
   failure of each), failed job attempts and GPU-hours by kind.
 """
@@ -39,11 +41,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from scipy import stats as sps
 
-from memory.notebook import Artifact, EvalRecord, JobRecord, Notebook
+from memory.notebook import Artifact, Decision, EvalRecord, JobRecord, Notebook
 from memory.records import BundleRefusal, CompareRefusal, IncumbentPayload
 from memory.report import family
 
-TRUTH_PREFIX = "truth"
 # Fewer items than this and a suite cannot resolve differences of a few points: said in the limitations.
 MIN_ITEMS = 100
 # Metrics where lower is better; `n_tokens` says nothing good or bad by itself; the rest: higher is better.
@@ -157,10 +158,10 @@ def sealed_suites(nb: Notebook, session: str, artifact_id: int) -> list[str]:
 
 
 def served_suites(nb: Notebook, session: str, artifact_id: int) -> list[str]:
-    """Suites with a served eval of the artifact, sealed and ground-truth suites left out."""
+    """Suites with a served eval of the artifact, sealed suites left out."""
     skip = set(sealed_suites(nb, session, artifact_id))
     suites = [e.suite for e in nb.evals(artifact_id=artifact_id, session=session) if e.served and e.replicate == 0]
-    return sorted({s for s in suites if s not in skip and not s.startswith(TRUTH_PREFIX)})
+    return sorted({s for s in suites if s not in skip})
 
 
 def metric_names(ev: EvalRecord) -> list[str]:
@@ -259,6 +260,8 @@ def _lineage_section(nb: Notebook, lineage: list[Artifact]) -> list[str]:
         if job is not None:
             if job.result and isinstance(job.result.get("steps"), int):
                 steps = num(job.result["steps"], ref("job", job.id, "result.steps"))
+            if "snapshot" in art.recipe:  # a snapshot of the run (tools/train.py): the step it was saved at
+                steps = num(art.recipe["snapshot"]["step"], ref("artifact", art.id, "recipe.snapshot.step"))
             if isinstance(job.resources.get("args", {}).get("lr"), int | float):
                 lr = num(job.resources["args"]["lr"], ref("job", job.id, "resources.args.lr"))
             job_id = code(job.external_id or job.key[:12])
@@ -347,11 +350,55 @@ def _sealed_section(nb: Notebook, session: str, nominee: Artifact) -> list[str]:
     return [*lines, ""]
 
 
+def truth_of(nb: Notebook, session: str, nominee_id: int) -> Decision | None:
+    """The nominee's ground-truth record (its latest `truth` decision), if one was measured."""
+    found = [d for d in nb.decisions(session, kind="truth") if d.payload.artifact_id == nominee_id]
+    return found[-1] if found else None
+
+
+def _truth_missing(nb: Notebook, session: str, nominee: Artifact) -> list[str]:
+    """Why there is no ground truth: the lab declares no scorer, or its measurement recorded no result."""
+    declared = (nb.session(session).config.get("lab") or {}).get("truth")
+    if not declared:
+        return [f"The lab declares no ground-truth scorer ({code('[truth]')} in lab.toml), so none was measured."]
+    calls = [c for c in nb.tool_calls(session) if c.tool == "ground_truth" and c.args.get("artifact") == nominee.id]
+    why = (f": its tool call {code(calls[-1].id)} ended {code(calls[-1].status)} "
+           f"({code((calls[-1].result or {}).get('summary', ''))})" if calls else ": it was not run")
+    return [f"The lab declares the ground-truth scorer {code(declared.get('kind'))} (sample of "
+            f"{code(declared.get('n'))} prompts), but no result is recorded for the nominee{why}."]
+
+
 def _truth_section(nb: Notebook, session: str, nominee: Artifact) -> list[str]:
-    evs = [e for e in nb.evals(artifact_id=nominee.id, session=session) if e.suite.startswith(TRUTH_PREFIX)]
-    return _evals_block(nb, "## Ground truth (toy world)", evs,
-                        "No ground-truth evaluation is recorded for the nominee in the notebook (only the toy world "
-                        f"has one; measure it there with {code('python run_agent.py world truth CHECKPOINT --lab LAB')}).")
+    """The nominee's true win rate against the parent, by the lab's noise-free scorer."""
+    lines = ["## Ground truth", ""]
+    d = truth_of(nb, session, nominee.id)
+    if d is None:
+        return [*lines, *_truth_missing(nb, session, nominee), ""]
+    t = d.payload
+
+    def at(expr: str, value: float | int) -> str:
+        return num(value, ref("decision", d.seq, expr))
+
+    audit = "passed" if t.audit_passed else "FAILED"
+    lines += [
+        f"Measured once, after the sealed confirmation, by the lab's noise-free scorer {code(t.scorer)} on a fresh "
+        f"sample drawn apart from every prompt of the lab (decision {code(d.seq)}, job {code(t.job_key[:12])}); "
+        "never shown to the agent's planner, so it checks the agent's choice rather than informing it.", "",
+        f"- true win rate against the parent {code(nb.artifact(t.parent).name)} (points: win {code(1)}, "
+        f"tie or both bad {code(0.5)}, loss {code(0)}): {at('payload.win_rate', t.win_rate)} ({code('95%')} CI {at('payload.ci_low', t.ci_low)} to "
+        f"{at('payload.ci_high', t.ci_high)}), n = {at('payload.n', t.n)} prompts, sample seed {code(t.seed)}",
+        f"- accuracy: nominee {at('payload.accuracy', t.accuracy)}, parent {at('payload.other_accuracy', t.other_accuracy)}",
+        "- outcomes: " + ", ".join(f"{code(k)} {at(f'payload.outcomes.{k}', v)}" for k, v in t.outcomes.items()),
+        f"- leak audit of the sample: {audit}{ref('decision', d.seq, 'payload.audit_passed')} against "
+        f"{at('sum(payload.audit_references.*)', sum(t.audit_references.values()))} prompts of the lab "
+        f"(audit hash {code(t.audit_sha256)})", "",
+        "| family | n | nominee accuracy | parent accuracy | win rate |", "|---|---|---|---|---|",
+    ]
+    for family_name, f in t.per_family.items():
+        p = f"payload.per_family.{family_name}"
+        lines.append(f"| {code(family_name)} | {at(f'{p}.n', f.n)} | {at(f'{p}.accuracy', f.accuracy)} | "
+                     f"{at(f'{p}.other_accuracy', f.other_accuracy)} | {at(f'{p}.win_rate', f.win_rate)} |")
+    return [*lines, ""]
 
 
 def _verdict_rows(cmp_id: int, verdicts: list[dict[str, Any]], only_failed: bool) -> list[str]:
@@ -440,7 +487,8 @@ def _compute_section(nb: Notebook, session: str) -> list[str]:
     return ["## GPU-hours", "", f"Settled GPU-hours of every job attempt of the session when this card was written{note}"
             " (the job writing it is not settled yet):",
             _gpu_line("training", [j for j in jobs if family(j.kind) == "training"]),
-            _gpu_line("evaluation (reference answers included)", [j for j in jobs if family(j.kind) == "evaluation"]),
+            _gpu_line("evaluation (reference answers and ground truth included)",
+                      [j for j in jobs if family(j.kind) == "evaluation"]),
             _gpu_line("merges", [j for j in jobs if family(j.kind) == "merge"]),
             _gpu_line("other (ingest, data builds, bundles)", [j for j in jobs if family(j.kind) == "other"]),
             _gpu_line("of these, failed attempts", [j for j in jobs if j.state == "failed"]),
@@ -476,10 +524,21 @@ def _limitations(nb: Notebook, session: str, nominee: Artifact, parent: Artifact
     return [*lines, ""]
 
 
-def _license_section(lineage: list[Artifact]) -> list[str]:
-    license_text = lineage[0].recipe.get("license")
-    said = code(license_text) if license_text else "not recorded in the notebook (check the base model's own terms)"
-    return ["## License", "", f"The base model's license applies: {said}.", ""]
+def _license_section(base: Artifact) -> list[str]:
+    """The base model's license as the session recorded it on its parent (tools/promote.start_incumbent)."""
+    lines = ["## License", ""]
+    if "license" not in base.recipe:
+        return [*lines, "The base model's license is not recorded in the notebook (a session from before licenses "
+                "were recorded): check the base model's own terms.", ""]
+    where = ref("artifact", base.id, "recipe.license")
+    if base.recipe["license"] is None:
+        return [*lines, f"The base model's license: not declared{where} (neither lab.toml's {code('[model] license')}"
+                " nor a `license:` in the base directory's README.md front matter names one). Check the base model's"
+                " own terms before using or redistributing this model.", ""]
+    said = f"The base model's license applies to this model: {code(base.recipe['license'])}{where}"
+    if base.recipe.get("license_source"):
+        said += f" (read from {code(base.recipe['license_source'])}{ref('artifact', base.id, 'recipe.license_source')})"
+    return [*lines, said + ".", ""]
 
 
 def render_card(nb: Notebook, session: str, nominee_id: int, parent_id: int | None, runner_up_id: int | None,
@@ -499,12 +558,12 @@ def render_card(nb: Notebook, session: str, nominee_id: int, parent_id: int | No
         _data_section(lineage_datasets(nb, lineage)),
         _eval_section(nb, session, [("nominee", nominee), ("parent", parent), ("runner-up", runner_up)]),
         _sealed_section(nb, session, nominee),
+        _truth_section(nb, session, nominee),
         _decisions_section(nb, session),
         _rejected_section(nb, session),
         _failures_section(nb, session),
         _compute_section(nb, session),
         _limitations(nb, session, nominee, parent),
-        _truth_section(nb, session, nominee),
-        _license_section(lineage),
+        _license_section(next((a for a in lineage if a.recipe.get("role") == "parent"), lineage[0])),
     ]
     return "\n".join(line for section in sections for line in section).rstrip() + "\n"

@@ -47,6 +47,15 @@ class LabSuite(BaseModel):
         return self.scorer == "judge"
 
 
+class LabTruth(BaseModel):
+    """The lab's ground-truth scorer ([truth] of lab.toml; tools/ground_truth.py)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    kind: Literal["world"] = Field(description="Scorer kind.")
+    n: int = Field(description="Prompts of the fresh sample.")
+    seed: int = Field(description="Sample seed.")
+
+
 class LabSpec(BaseModel):
     """The lab as the tools need it: resolved paths and flat settings (built from lab.toml by the agent)."""
 
@@ -66,6 +75,9 @@ class LabSpec(BaseModel):
     time_limit_min: float = Field(gt=0, description="Wall-clock limit of each job run, minutes.")
     eval_batch_size: int = Field(64, ge=1, description="Prompts generated together by eval jobs.")
     model_name: str = Field("model", description="Model label for throughput forecasts of the launcher.")
+    truth: LabTruth | None = Field(None, description="Ground-truth scorer of the nominee; None: the lab declares none.")
+    base_license: str | None = Field(None, description="The base model's license; None: not declared.")
+    base_license_source: str = Field("not declared", description="Where the license was read (lab.toml, a README).")
 
     def suite(self, name: str) -> LabSuite:
         for s in self.suites:

@@ -45,7 +45,8 @@ def start_incumbent(ctx: ToolContext) -> int:
     path = ctx.lab.parent
     sha = weights_sha256(path) if any(path.glob("*.safetensors")) else file_sha256(path / "config.json")
     return ctx.nb.add_artifact(kind="checkpoint", name="parent", path=str(path), sha256=sha, session=ctx.session,
-                               recipe={"role": "parent", "served_decoding": ctx.lab.served.model_dump(mode="json")}).id
+                               recipe={"role": "parent", "served_decoding": ctx.lab.served.model_dump(mode="json"),
+                                       "license": ctx.lab.base_license, "license_source": ctx.lab.base_license_source}).id
 
 
 def promoting_comparison(nb: Notebook, session: str, candidate: int) -> Comparison | None:

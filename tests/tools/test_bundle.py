@@ -5,7 +5,7 @@ The session (built once for the module) is a toy lab recorded through the notebo
 base (the parent, which never learned to stop), an audited replay dataset, bars registered before
 scoring, the parent evaluated K=3 times (noise floors), an SFT arm that learned to answer briefly and
 stop (promoted), a runner-up that did not (rejected by a bar), a run that diverged (a real nan_loss
-failure), a LoRA arm merged into a model, and a ground-truth suite. Trainers and eval jobs run
+failure), a LoRA arm merged into a model. Trainers and eval jobs run
 in-process; each is recorded as a job attempt with its measured wall time. A serving alternative of
 the SFT arm without the system prompt is recorded and evaluated the same way; the agent's own tools
 (agent/toolbox.py, on the lab's lab.toml) compare and promote it: it clears the bars, but a bundle
@@ -264,11 +264,6 @@ def _build_session(root: Path) -> Toy:
     _evaluate(nb, root, "alternative", alternative, good.model_dir, suites, bare)
     _tool(rt.ctx, "compare", candidate=alternative)
     _tool(rt.ctx, "promote", candidate=alternative)
-    truth = (SuiteSpec(name="truth", scorer="synthetic", items_path=files["truth"]),)
-    for art, path in ((alternative, good.model_dir), (nominee, good.model_dir)):  # the toy world's truth per candidate
-        decoding = Decoding.model_validate(nb.artifact(art).recipe.get("served_decoding", served.model_dump()))
-        _evaluate(nb, root, f"truth-{art}", art, path, truth, decoding, is_served=False)
-
     nominate_step(rt, {"stop_reason": "protocol complete"})
     [published] = nb.artifacts(kind="bundle", session=SESSION)
     full = write_bundle(nb, SESSION, nominee, root / "bundles" / "full", parent_id=base, runner_up_id=runner_up,
@@ -706,13 +701,15 @@ def test_card_holds_every_section_the_issue_lists(toy):
     card = (toy.nominated / "README.md").read_text()
     for heading in ("## Model", "## How to use", "## Lineage", "## Training data", "## Evaluation",
                     "## Sealed confirmation", "## Promotion decisions and bars", "## Rejected alternatives",
-                    "## Failed jobs", "## GPU-hours", "## Limitations", "## Ground truth (toy world)", "## License"):
+                    "## Failed jobs", "## GPU-hours", "## Limitations", "## Ground truth", "## License"):
         assert heading in card
     alternative = toy.nb.artifact(toy.alternative).name
     assert f"nominee `sft-good` | parent `base` | runner-up `{alternative}`" in card
     assert re.search(r"`sft-weak` \(comparison `\d+`\) failed:\n  - `chat/stopped` `delta` `>=`", card)
     assert "`nan_loss`" in card and "nan_loss: step" in card
-    assert "`apache-2.0 (toy world)`" in card and "suite `sealed`" in card and "suite `truth`" in card
+    assert "`apache-2.0 (toy world)`" in card and "suite `sealed`" in card
+    # This lab declares no ground-truth scorer: the card says so (tests/tools/test_ground_truth.py has one).
+    assert "The lab declares no ground-truth scorer" in card
     assert re.search(r"- loop rate on `loops`: [\d.]+<!--", card)
     assert re.search(r"- `chat` has only 4<!-- nb eval:\d+ count\(items\) --> items", card)
 

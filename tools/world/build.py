@@ -342,14 +342,21 @@ rule = "delta >= -1.0 * noise_floor"
 
 def lab_toml(seed: int, size: Size, spec: SizeSpec, stage1_rows: int) -> str:
     return f"""# The toy world (seed {seed}, size {size}), written by `python run_agent.py world build`.
-# An ordinary lab: nothing in the agent special-cases it. Its ground truth is measured by
-# `python run_agent.py world truth CHECKPOINT` and is never shown to the agent.
+# An ordinary lab: nothing in the agent special-cases it. Its ground truth ([truth] below) is measured
+# for the nominee after the sealed confirmation, for the card and the report, and is never shown to the
+# agent; `python run_agent.py world truth CHECKPOINT` measures any checkpoint.
 bars = "world/bars.toml"
 
 [model]
 base = "{BASE}"
 parent = "{PARENT}"
 tokenizer = "{TOKENIZER}"
+# The world's models are built here, from nothing downloaded: they carry the project's license.
+license = "apache-2.0"
+
+[truth]
+kind = "world"
+n = {300 if size == "demo" else 40}
 
 [feedback]
 file = "{FEEDBACK}"
