@@ -12,11 +12,15 @@ step (what resume and replay rely on). The protocol, in order:
    SFT on every human-preferred answer, DPO + NLL on battle pairs, KL-leashed CE (with replay when
    the lab has replay data), RFT on verified synthetic tasks;
 5. a learning-rate sweep along the family whose first arm screened best;
-6. a soup of the promoted siblings (two or more), and dose interpolation from the parent along the
+6. trajectory selection: every arm saves its model at the `trajectory` steps; the best run of the first
+   arms and the sweep (by screen score) has those snapshots screened, and the best snapshot goes on to the
+   judged holdout and a comparison only if it screens above that run's final checkpoint (and above the
+   incumbent): an arm that overshot its best point is caught without a p-value spent on every step;
+7. a soup of the promoted siblings (two or more), and dose interpolation from the parent along the
    best promoted trained checkpoint (alpha < 1 backs off, alpha > 1 extrapolates); the bars pick
    the knee, since only a dose that clears them against the incumbent is promoted;
-7. serving tuning with the weights fixed (decoding alternatives of the incumbent's weights);
-8. stop; the graph then nominates the incumbent and opens the sealed confirmation once.
+8. serving tuning with the weights fixed (decoding alternatives of the incumbent's weights);
+9. stop; the graph then nominates the incumbent and opens the sealed confirmation once.
 
 Each stage (the first arms, the sweep, each merge, each serving alternative) runs as successive
 halving (Jamieson & Talwalkar 2016; Li et al. 2018, Hyperband): every candidate of the stage is made,
@@ -34,8 +38,9 @@ full protocol's).
 A step a gate refused (the budget, most often) is never proposed again: the protocol moves on to
 the next step, or stops when none is left.
 
-Trajectory selection over saved checkpoints of a run is not part of the protocol: the trainers keep
-resume state, not intermediate models, so there is no trajectory to select from.
+Trajectory selection (step 6) is in the full protocol only: 2 snapshots of the best run cost two screen evals
+and, when one is picked, a holdout eval and one p-value (`comparisons()` counts it). When it keeps the final
+checkpoint no step of its own is taken, so the next step's rationale leads with that choice and its numbers.
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from agent.planners import ToolCall
 from agent.summary import Summary
@@ -84,17 +89,31 @@ class PlaybookSettings(BaseModel):
                                            "first; off, every candidate is evaluated on every suite and compared.")
     finalists: int = Field(2, ge=1, description="Screened candidates per stage that go on to the judged holdout and a "
                                                 "comparison (only those whose screen score beats the incumbent).")
+    trajectory: tuple[int, ...] = Field(
+        (10, 20), description="Steps (increasing, below `steps`) at which every arm also saves its model; after the "
+        "sweep the best run's snapshots are screened, and the best goes on to the holdout and a comparison only if it "
+        "screens above that run's final checkpoint (trajectory selection; needs `screen`). Empty: no step.")
+
+    @model_validator(mode="after")
+    def _trajectory_inside_the_arms(self) -> PlaybookSettings:
+        if any(not 0 < t < self.steps for t in self.trajectory) or list(self.trajectory) != sorted(set(self.trajectory)):
+            raise ValueError(f"trajectory {list(self.trajectory)} must increase and lie between 0 and steps "
+                             f"({self.steps}), exclusive")
+        if self.trajectory and not self.screen:
+            raise ValueError("trajectory selection ranks snapshots by their screen score: it needs screen = true")
+        return self
 
     @classmethod
     def test(cls) -> PlaybookSettings:
         return cls(families=("sft",), steps=4, sweep=(), dose_alphas=(0.5,),
-                   serving=(ServingAlternative(temperature=0.0),), rft_counts={"digit_sum": 8}, screen=False)
+                   serving=(ServingAlternative(temperature=0.0),), rft_counts={"digit_sum": 8}, screen=False,
+                   trajectory=())
 
     @classmethod
     def short(cls) -> PlaybookSettings:
         """Two first arms on one dataset (winner SFT, KL-leashed CE), one finalist, one dose, no serving."""
         return cls(families=("sft", "klce"), steps=16, sweep=(), soup=False, dose_alphas=(0.5,), serving=(),
-                   finalists=1)
+                   finalists=1, trajectory=())
 
     @classmethod
     def named(cls, protocol: str) -> PlaybookSettings:
@@ -105,7 +124,7 @@ class PlaybookSettings(BaseModel):
         first = min(self.finalists, len(self.families)) if self.screen else len(self.families)
         swept = min(self.finalists, len(self.sweep)) if self.screen else len(self.sweep)
         soup = int(self.soup and first + swept >= 2)
-        return first + swept + soup + len(self.dose_alphas) + len(self.serving)
+        return first + swept + soup + int(bool(self.trajectory)) + len(self.dose_alphas) + len(self.serving)
 
 
 PROTOCOLS = ("full", "test", "short")
@@ -170,7 +189,15 @@ def _protocol(s: Summary, cfg: PlaybookSettings) -> Iterator[ToolCall]:
     sweep = [_call("train", _train_args(s, family, dataset, cfg, cfg.lr[family] * f),
                    f"lr sweep along the best family {family} (first arm screened {best_score:+.2f}): "
                    f"lr {cfg.lr[family] * f:g}") for f in cfg.sweep]
-    yield from _stage(s, cfg, sweep)
+    swept = yield from _stage(s, cfg, sweep)
+    note = yield from _trajectory(s, cfg, first + swept)
+    yield from _noted(_later(s, cfg), note)
+    if note:  # nothing after it: the stop carries the choice
+        yield _call("stop", {"reason": "protocol complete"}, f"{note}; every step of the protocol has run or was refused")
+
+
+def _later(s: Summary, cfg: PlaybookSettings) -> Iterator[ToolCall]:
+    """The merges, then the serving alternatives."""
     for merge in _merges(s, cfg):
         yield from _stage(s, cfg, [merge])
     base = _weights_incumbent(s)
@@ -178,6 +205,53 @@ def _protocol(s: Summary, cfg: PlaybookSettings) -> Iterator[ToolCall]:
         args = {"artifact": base, **alt.model_dump(exclude_none=True)}
         yield from _stage(s, cfg, [_call("tune_serving", args, "serving alternative for the incumbent's weights: "
                                                               f"{alt.model_dump(exclude_none=True)}")])
+
+
+def _noted(steps: Iterator[ToolCall], note: str | None) -> Iterator[ToolCall]:
+    """The steps, the first one's rationale led by `note` (a choice the protocol made without a step of its own)."""
+    for step in steps:
+        yield step.model_copy(update={"rationale": f"{note}; next: {step.rationale}"}) if note else step
+        note = None
+
+
+def _trajectory(s: Summary, cfg: PlaybookSettings, runs: list[tuple[float, ToolCall]]) -> Iterator[ToolCall]:
+    """Trajectory selection over the best run's snapshots (see the module docstring). Returns the one-line note of a
+    selection that kept the run's final checkpoint, while no step was taken after it; else None."""
+    cheap, judged = _suites(s)
+    found = _best_run(s, runs) if cfg.trajectory and cheap else None
+    if found is None:
+        return None
+    final, snaps = found
+    for step, snap in snaps:
+        yield from _evaluate(s, snap, cheap, f"trajectory selection: screen {snap.name}, step {step} of the best run "
+                             f"{final.name} (screened {_screen(s, final):+.2f}), on the cheap suites {', '.join(cheap)}")
+    screened = [(step, snap) for step, snap in snaps if _has(snap, cheap)]
+    if not screened:
+        return None  # every snapshot's screen failed or was refused: nothing to select from
+    step, best = max(screened, key=lambda t: (_screen(s, t[1]), -t[0]))  # a tie goes to the earlier snapshot
+    mine, theirs = _screen(s, best), _screen(s, final)
+    line = (f"trajectory selection: {best.name} (step {step} of {final.name}) screened {mine:+.2f} noise floors, "
+            f"the run's final checkpoint {theirs:+.2f}")
+    if s.call("compare", {"candidate": best.id}) is not None or (mine > max(theirs, 0.0) and best.id != s.incumbent):
+        yield from _evaluate(s, best, judged, f"{line}: the snapshot goes on to the judged holdout")
+        yield from _judge(s, best, judged, line)
+        return None
+    screens = [c.id for c in s.calls if c.tool == "evaluate" and c.args.get("artifact") in {x.id for _, x in snaps}]
+    if any(c.id > max(screens, default=0) for c in s.calls):
+        return None  # a step was taken since: the choice is on record in that step's rationale
+    return f"{line}: kept the final checkpoint (a snapshot must screen above it and above the incumbent)"
+
+
+def _best_run(s: Summary, runs: list[tuple[float, ToolCall]]) -> tuple[Any, list[tuple[int, Any]]] | None:
+    """The best-screened run (first arms and sweep; a tie goes to the earlier) that saved snapshots: its final
+    checkpoint and [(step, snapshot)]."""
+    for _, producer in sorted(runs, key=lambda t: -t[0]):
+        call = s.call(producer.tool, producer.args)
+        final = s.checkpoint(call.data.get("artifact_id", -1)) if call is not None else None
+        snaps = [(e["step"], s.checkpoint(e["artifact_id"])) for e in (call.data.get("snapshots", []) if call else [])]
+        if final is not None:
+            return (final, [(k, c) for k, c in snaps if c is not None]) if snaps else None
+    return None
 
 
 def _first_arms(s: Summary, cfg: PlaybookSettings) -> Iterator[ToolCall]:
@@ -335,7 +409,7 @@ def _dataset_step(s: Summary, family: str, cfg: PlaybookSettings) -> tuple[int |
 
 def _train_args(s: Summary, family: str, dataset: int, cfg: PlaybookSettings, lr: float) -> dict[str, Any]:
     return {"trainer": family, "parent": s.parent, "dataset": dataset, "lr": lr, "steps": cfg.steps,
-            "batch_size": cfg.batch_size}
+            "batch_size": cfg.batch_size, "snapshots": list(cfg.trajectory)}
 
 
 def _promoted_trained(s: Summary) -> list[int]:

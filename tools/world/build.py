@@ -315,7 +315,7 @@ def battles(parent: Path, tasks: list[WorldTask], decoding, seed: int) -> tuple[
 BARS = """# Default promotion bars of the toy world (registered before any candidate is scored).
 # p_family: the comparisons the full playbook makes (agent.planners.playbook.PlaybookSettings().comparisons());
 # a larger family only raises every p bar (Holm counts the untested rest as p = 1).
-p_family = 9
+p_family = 10
 
 [[bar]]
 suite = "holdout"
