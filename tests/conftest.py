@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from memory.notebook import Notebook, NotebookError
+from tools import zygote
 
 sys.path.insert(0, str(Path(__file__).parent / "agent"))
 from labkit import make_lab  # noqa: E402
@@ -99,6 +100,18 @@ def _one_thread_per_process():
         torch.set_num_threads(1)
         yield
         torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _own_zygotes(tmp_path_factory: pytest.TempPathFactory):
+    """Local jobs (agents' too: they inherit the variable) fork from zygotes of this test process's own
+    directory (tools/zygote.py), stopped when the tests end: none outlives the suite, and none is
+    shared with a developer's session."""
+    folder = tmp_path_factory.mktemp("zygote")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("POSTLAB_ZYGOTE_DIR", str(folder))
+        yield folder
+    zygote.stop(folder)
 
 
 @dataclass

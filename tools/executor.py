@@ -34,6 +34,11 @@ class ExecutorSection(_Settings):
         description="GiB of one GPU of the jobs' nodes (an H200: 139). Training jobs whose memory estimate per GPU "
         "exceeds it are refused at admission; None: not checked.",
     )
+    zygote: bool = Field(
+        True, description="Local executor: each job forks from a warm process with torch, transformers and the "
+        "job modules imported (tools/zygote.py) instead of importing them again; false (or POSTLAB_ZYGOTE=0 in "
+        "the environment): a fresh python per job.",
+    )
     simulated_gpuh_per_device_s: float | None = Field(
         None, gt=0,
         description="Toy world only: GPU-hours charged per measured device-second of a local job (simulated cost). "

@@ -70,6 +70,8 @@ from memory.records import BudgetRefusal, FailPayload, LaunchPayload, MemoryRefu
 from tools.executor import ExecutorSection, SlurmSection
 from tools.failures import Failure, classify, decide, smaller_batch_config
 from tools.jobrun import Resumable, RunPaths, near_time_limit, read_events
+from tools.zygote import Zygote
+from tools.zygote import default_dir as zygote_dir
 
 R = TypeVar("R", bound=BaseModel)
 C = TypeVar("C", bound=BaseModel)
@@ -219,18 +221,23 @@ class LocalBackend:
     """submitit's LocalExecutor: real subprocesses on this machine, which outlive the agent.
 
     `simulated_gpuh_per_device_s` (the toy world's cost model): each run is charged its measured
-    device-seconds times this factor, and marked simulated; None charges measured GPU-hours."""
+    device-seconds times this factor, and marked simulated; None charges measured GPU-hours.
+    `zygote`: each task forks from a warm server that has torch, transformers and the job modules
+    imported already (tools/zygote.py), falling back to a plain python whenever it cannot; None: plain."""
 
     name: Literal["local"] = "local"
 
-    def __init__(self, simulated_gpuh_per_device_s: float | None = None) -> None:
+    def __init__(self, simulated_gpuh_per_device_s: float | None = None, zygote: Zygote | None = None) -> None:
         self.simulated_gpuh_per_device_s = simulated_gpuh_per_device_s
+        self.zygote = zygote
         # Jobs this process submitted: their controllers are our children, polled (and reaped) through
         # submitit's LocalJob; a resumed agent reads the others' liveness from /proc.
         self._submitted: dict[str, submitit.local.local.LocalJob[Any]] = {}
 
     def executor(self, folder: Path, kind: str, resources: Resources) -> submitit.LocalExecutor:
-        ex = submitit.LocalExecutor(folder=folder, max_num_timeout=_NO_SUBMITIT_LIMIT)
+        # The controller copies this environment to the tasks: the zygote is chosen for it.
+        python = self.zygote.prepare(os.environ) if self.zygote is not None else None
+        ex = submitit.LocalExecutor(folder=folder, max_num_timeout=_NO_SUBMITIT_LIMIT, python=python)
         ex.update_parameters(timeout_min=resources.time_limit_min, gpus_per_node=resources.gpus or 0,
                              tasks_per_node=self.tasks(resources), signal_delay_s=resources.signal_delay_s)
         return ex
@@ -483,7 +490,15 @@ def make_backend(section: ExecutorSection) -> Backend:
     if section.kind == "slurm":
         assert section.slurm is not None, "ExecutorSection validates that kind = 'slurm' has a slurm section"
         return SlurmBackend.from_section(section.slurm)
-    return LocalBackend(section.simulated_gpuh_per_device_s)
+    return LocalBackend(section.simulated_gpuh_per_device_s, zygote=local_zygote(section, os.environ))
+
+
+def local_zygote(section: ExecutorSection, env: typing.Mapping[str, str]) -> Zygote | None:
+    """The local jobs' fork server: on unless lab.toml's `executor.zygote = false` or POSTLAB_ZYGOTE=0;
+    its zygotes live in POSTLAB_ZYGOTE_DIR (default /tmp/postlab-zygote-UID)."""
+    if not section.zygote or env.get("POSTLAB_ZYGOTE", "1") == "0":
+        return None
+    return Zygote(zygote_dir(env))
 
 
 # ---- what the notebook keeps of a job, and rebuilding it ---------------------------------------
