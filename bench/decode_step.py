@@ -4,7 +4,11 @@ bench/gen_throughput.py times the engine end to end; this splits one step: the C
 forward alone (CUDA events over `--replays` replays after a prefill of real prompts, so the cache holds real data)
 and the engine's whole step (`evals.generate._decode_static` over one batch, divided by its steps), for the
 attention kernels SDPA can pick with the engine's additive mask (default choice, memory-efficient, cuDNN, math) and
-for transformers' eager attention. Each is set as the graph is captured, which fixes the kernels its replays run.
+for transformers' eager attention, and `triton`: the engine's own split-KV kernel (evals/decode_attention.py, what
+the engine runs on CUDA) and `triton-fused`: that kernel with the RMSNorms and MLPs compiled (the engine's
+CUDA default, `evals.generate.fused_pieces`), the kernel checked first against its PyTorch reference and SDPA on a batch whose wholly masked
+blocks hold NaN (a block read that should not be would show). Each is set as the graph is captured, which fixes the
+kernels its replays run.
 Per variant: ms per step, and the bytes a step must read (all weights, plus every row's whole static cache, which
 the masked step reads in full) over that time against the copy bandwidth measured here. `--profile` adds the top
 CUDA kernels of one plain (not replayed) step.
@@ -36,9 +40,16 @@ from gen_throughput import build, copy_bandwidth, make_items  # noqa: E402
 
 from core.chat import render_prompt  # noqa: E402
 from evals.decoding import Decoding  # noqa: E402
-from evals.generate import WIDTH_BUCKET, _decode_static, _Decoder, _left_pad, generation_config  # noqa: E402
+from evals.generate import (  # noqa: E402
+    WIDTH_BUCKET,
+    _decode_static,
+    _Decoder,
+    _left_pad,
+    fused_pieces,
+    generation_config,
+)
 
-VARIANTS = ["default", "efficient", "cudnn", "math", "eager"]
+VARIANTS = ["default", "efficient", "cudnn", "math", "eager", "triton", "triton-fused"]
 
 
 def backend(variant: str):
@@ -60,7 +71,8 @@ def measure(variant: str, loaded, ids, mask, args) -> dict:
     batch, width = ids.shape
     replays = min(args.replays, args.new_tokens - 1)
     with torch.inference_mode(), backend(variant):
-        decoder = _Decoder(model, batch, width, args.new_tokens)
+        decoder = _Decoder(model, batch, width, args.new_tokens, own_attention=variant.startswith("triton"),
+                           fuse=variant == "triton-fused")
         logits, position = decoder.prefill(ids, mask)
         token = logits.argmax(-1)
         sync(args.device)
@@ -75,7 +87,7 @@ def measure(variant: str, loaded, ids, mask, args) -> dict:
         _decode_static(model, ids, mask, config, [-1], decoders)  # warm: the same shapes, the captured graph
         sync(args.device)
         t0 = time.perf_counter()
-        _decode_static(model, ids, mask, config, [-1], decoders)
+        _decode_static(model, ids, mask, config, [-1], decoders, check_every=args.check_every)
         sync(args.device)
         engine_s = (time.perf_counter() - t0) / args.new_tokens
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -95,14 +107,44 @@ def profile_step(loaded, ids, mask, args) -> str:
         logits, position = decoder.prefill(ids, mask)
         decoder.graph = None  # plain calls: the profiler sees each kernel the graph would replay
         token = logits.argmax(-1)
-        decoder.step(token, position + 1, 0)
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device == "cuda" else [])
-        with profile(activities=activities) as prof:
-            for t in range(1, 4):
-                decoder.step(token, position + 1 + t, t)
-            sync(args.device)
+        with fused_pieces(decoder.fused):  # as captured: the compiled norms and MLPs in place
+            decoder.step(token, position + 1, 0)
+            with profile(activities=activities) as prof:
+                for t in range(1, 4):
+                    decoder.step(token, position + 1 + t, t)
+                sync(args.device)
     key = "cuda_time_total" if args.device == "cuda" else "cpu_time_total"
     return prof.key_averages().table(sort_by=key, row_limit=20, max_name_column_width=70)
+
+
+def check_kernel(batch: int, length: int, seed: int = 0) -> dict:
+    """The Triton kernel against its PyTorch reference and SDPA (bf16, GQA 32/8, head dim 64), each row with its
+    own left padding and last position; the blocks no row may read hold NaN in the kernel's input."""
+    from evals.decode_attention import BLOCK, decode_attention, decode_attention_reference
+
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randn(batch, 32, 1, 64, device="cuda", dtype=torch.bfloat16, generator=g)
+    k, v = (torch.randn(batch, 8, length, 64, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+    bias = torch.full((batch, 1, 1, length), torch.finfo(torch.bfloat16).min, device="cuda", dtype=torch.bfloat16)
+    starts = torch.randint(0, length // 2, (batch,), generator=g, device="cuda").tolist()
+    ends = torch.randint(length // 2, length, (batch,), generator=g, device="cuda").tolist()
+    for row, (lo, hi) in enumerate(zip(starts, ends, strict=True)):
+        bias[row, 0, 0, lo : hi + 1] = 0
+    sdpa = torch.nn.functional.scaled_dot_product_attention(
+        q, k.repeat_interleave(4, 1), v.repeat_interleave(4, 1), attn_mask=bias).transpose(1, 2).float()
+    reference = decode_attention_reference(q, k, v, bias, 64 ** -0.5).float()
+    poisoned_k, poisoned_v = k.clone(), v.clone()
+    for row, (lo, hi) in enumerate(zip(starts, ends, strict=True)):
+        for blk in range(-(-length // BLOCK)):
+            if blk * BLOCK > hi or (blk + 1) * BLOCK <= lo:
+                poisoned_k[row, :, blk * BLOCK : (blk + 1) * BLOCK] = float("nan")
+                poisoned_v[row, :, blk * BLOCK : (blk + 1) * BLOCK] = float("nan")
+    got = decode_attention(q, poisoned_k, poisoned_v, bias, 64 ** -0.5).float()
+    torch.cuda.synchronize()
+    rel = lambda a, b: float((a - b).norm() / b.norm())  # noqa: E731
+    return {"batch": batch, "length": length, "finite": bool(torch.isfinite(got).all()),
+            "vs_reference": rel(got, reference), "vs_sdpa": rel(got, sdpa), "reference_vs_sdpa": rel(reference, sdpa)}
 
 
 def main() -> None:
@@ -114,6 +156,7 @@ def main() -> None:
     p.add_argument("--replays", type=int, default=200)
     p.add_argument("--variants", nargs="+", default=VARIANTS, choices=VARIANTS)
     p.add_argument("--profile", action="store_true")
+    p.add_argument("--check-every", type=int, default=None, help="the engine's stop check interval (None: its own)")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
@@ -122,7 +165,12 @@ def main() -> None:
     prompts = [render_prompt(loaded.tokenizer, i.messages) for i in make_items(args.batch)]
     ids, mask = _left_pad(prompts, loaded.tokenizer.pad_token_id, loaded.device, WIDTH_BUCKET)
     bandwidth = copy_bandwidth(args.device, 1024 if args.device == "cuda" else 64)
-    results = []
+    results, checks = [], []
+    if any(v.startswith("triton") for v in args.variants):
+        checks = [check_kernel(batch, length, seed) for seed, (batch, length) in enumerate([(128, 448), (8, 448), (3, 1000)])]
+        print(f"kernel checks: {checks}", flush=True)
+        if not all(c["finite"] and c["vs_reference"] < 1e-2 and c["vs_sdpa"] < 2e-2 for c in checks):
+            raise SystemExit(f"the decode attention kernel disagrees with its reference or SDPA: {checks}")
     for variant in args.variants:
         try:
             r = measure(variant, loaded, ids, mask, args)
@@ -143,7 +191,7 @@ def main() -> None:
               "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
               "shape": {"batch": args.batch, "width": ids.shape[1], "new_tokens": args.new_tokens,
                         "cache_length": ids.shape[1] + args.new_tokens},
-              "variants": results, "profile_top_kernels": table}
+              "kernel_checks": checks, "variants": results, "profile_top_kernels": table}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     if table:

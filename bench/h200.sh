@@ -9,15 +9,17 @@
 # `timeout` (its own limit, or what is left of the budget), and is skipped when too little is left. Results and logs
 # land in /tmp/r and come back as $OUT/results.tgz (the tool returns at most 8 files); the end of each part's log is
 # printed. Parts: gen-b128 gen-b64 gen-b128-sampled gen-b128-dynamic gen-nemotron train-dense train-lora train-hybrid
-# train-dpo gen-b256 variants decode memory merge.
+# train-dpo train-dense-all train-hybrid-compiled gen-b256 variants variants-compile decode decode-triton memory merge
+# packing.
 set -u
 BUDGET=$1; shift
 START=$(date +%s)
 R=/tmp/r; mkdir -p "$R"
 export PYTHONUNBUFFERED=1 TQDM_DISABLE=1 HF_DATASETS_DISABLE_PROGRESS_BARS=1 TRANSFORMERS_NO_ADVISORY_WARNINGS=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+# The mamba-ssm pure-python wheel (bench/.wheels/h8) joins when carried too: the hybrid parts need it.
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-    bench/.wheels/h6/*.whl || exit 3
+    bench/.wheels/h6/*.whl $(ls bench/.wheels/h8/mamba_ssm-*.whl 2>/dev/null) || exit 3
 export PYTHONPATH=/tmp/site
 { nvidia-smi; df -h /tmp .; python3 -c "import torch, transformers, trl, peft, datasets, pydantic, pyarrow;
 print('torch', torch.__version__, 'transformers', transformers.__version__, 'trl', trl.__version__, 'peft',
@@ -34,16 +36,23 @@ declare -A CMD=(
   [gen-nemotron]="python3 bench/gen_throughput.py --device cuda --dtype bfloat16 --model nemotron-h --prompts 64 --batch-size 64 --max-new-tokens 64 --baseline-prompts 1 --out $R/gen-nemotron-h.json"
   [train-dense]="$T --shape llama-1b --batch 4 --steps 6 --trl-no-checkpointing --out $R/train_throughput-llama-1b.json"
   [train-hybrid]="$T --shape nemotron-h --batch 2 --steps 3 --kinds sft-full sft-lora --out $R/train_throughput-nemotron-h.json"
+  [train-dense-all]="$T --shape llama-1b --batch 4 --steps 6 --kinds sft-full sft-lora dpo --out $R/train_throughput-llama-1b-all.json"
+  [train-hybrid-compiled]="$T --shape nemotron-h --batch 2 --steps 3 --kinds sft-full sft-lora --compile-blocks on --out $R/train_throughput-nemotron-h-compiled.json"
   [train-lora]="$T --shape llama-1b --batch 4 --steps 6 --kinds sft-full sft-lora --out $R/train_throughput-llama-1b-lora.json"
   [train-dpo]="$T --shape llama-1b --batch 4 --steps 6 --kinds dpo --out $R/train_throughput-llama-1b-dpo.json"
   [gen-b256]="$G --model llama-1b --batch-size 256 --static-cache --baseline-prompts 1 --out $R/gen-llama-b256.json"
   [decode]="python3 bench/decode_step.py --profile --out $R/decode_step-llama-1b.json"
   [variants]="python3 bench/train_step_variants.py --device cuda --profile --out $R/train_step_variants-llama-1b.json"
+  [variants-compile]="python3 bench/train_step_variants.py --device cuda --profile --variants full-compile full-compile-fused lora-compile lora-compile-fused --out $R/train_step_variants-llama-1b-compile.json"
+  [decode-triton]="python3 bench/decode_step.py --profile --variants default triton triton-fused --out $R/decode_step-llama-1b-triton.json"
+  [packing]="python3 bench/mamba_kernels.py --parts packing --out $R/mamba_kernels-packing.json"
   [memory]="python3 -m torch.distributed.run --standalone --nproc-per-node 1 bench/train_memory.py --out $R/train_memory-h200.json"
   [merge]="python3 bench/merge_throughput.py --size-gb 4 --shard-gb 1 --repeats 2 --results $R/merge_throughput-h200.json"
 )
 declare -A LIMIT=([gen-b128]=110 [gen-b64]=70 [gen-b128-sampled]=70 [gen-b128-dynamic]=90 [gen-nemotron]=100
-                  [train-dense]=240 [train-lora]=120 [train-dpo]=90 [gen-b256]=80 [decode]=120 [train-hybrid]=150 [variants]=90 [memory]=170 [merge]=140)
+                  [train-dense]=240 [train-lora]=120 [train-dpo]=90 [gen-b256]=80 [decode]=120 [train-hybrid]=150 [variants]=90 [memory]=170 [merge]=140
+                  [variants-compile]=210 [decode-triton]=90 [packing]=200
+                  [train-dense-all]=270 [train-hybrid-compiled]=170)
 for part in "$@"; do
   left=$(( BUDGET - ($(date +%s) - START) ))
   limit=${LIMIT[$part]}; (( limit > left )) && limit=$left

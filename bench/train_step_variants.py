@@ -9,7 +9,11 @@ supervised). Variants change one thing each:
 - `full-fused`: the same with `AdamW(fused=True)`;
 - `lora`: peft's default, which keeps the adapters in float32 and casts each adapted layer's input to float32;
 - `lora-autocast`: the same step under `torch.autocast(bfloat16)` (adapters float32, their products bf16);
-- `lora-bf16`: adapters stored in bf16 like the base (products bf16, no casts).
+- `lora-bf16`: adapters stored in bf16 like the base (products bf16, no casts);
+- `full-compile`, `lora-compile`: `full` and `lora-bf16` with each decoder block compiled
+  (`trainers.common.compile_decoder_blocks`); `...-compile-fused`: and `AdamW(fused=True)`, what the trainer does
+  on one CUDA process. Their first loss must
+  match the eager variant's (same weights, same rows) within 2%, and `compile_s` is the first step's extra time.
 
 Per variant: median step seconds over `--steps` after two warm-up steps, tokens/s, MFU (as
 bench/train_throughput.py counts it, over the bf16 matmul rate measured here), peak GPU memory and the first loss
@@ -45,10 +49,13 @@ from train_throughput import build_model, flops_per_token, matmul_peak  # noqa: 
 from core import tiny  # noqa: E402
 from trainers import loop  # noqa: E402
 from trainers.batch import Encoded  # noqa: E402
-from trainers.common import LoRASettings, make_trainable  # noqa: E402
+from trainers.common import LoRASettings, compile_decoder_blocks, make_trainable  # noqa: E402
 from trainers.sft import SFTObjective  # noqa: E402
 
-VARIANTS = ["full", "full-fused", "lora", "lora-autocast", "lora-bf16"]
+VARIANTS = ["full", "full-fused", "lora", "lora-autocast", "lora-bf16", "full-compile", "lora-compile",
+            "full-compile-fused", "lora-compile-fused"]
+EAGER_OF = {"full-compile": "full", "lora-compile": "lora-bf16", "full-compile-fused": "full",
+            "lora-compile-fused": "lora-bf16"}
 
 
 def rows(n: int, seq_len: int, vocab: int) -> list[Encoded]:
@@ -65,12 +72,14 @@ def build(variant: str, model_dir: Path, device: str, dtype: torch.dtype):
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device)
     lora = LoRASettings(r=64, alpha=128) if variant.startswith("lora") else None
     model = make_trainable(model, model_dir, lora, 0, None)
-    if variant == "lora-bf16":
+    if variant.startswith(("lora-bf16", "lora-compile")):
         for p in model.parameters():
             if p.requires_grad:
                 p.data = p.data.to(dtype)
+    if "-compile" in variant:
+        compile_decoder_blocks(model)
     trainable = [p for p in model.parameters() if p.requires_grad]
-    fused = {"fused": True} if variant == "full-fused" else {}
+    fused = {"fused": True} if variant.endswith("-fused") else {}
     return model, torch.optim.AdamW(trainable, lr=1e-5, **fused)
 
 
@@ -97,18 +106,19 @@ def measure(variant: str, model_dir: Path, args, objective, fpt: float, peak: fl
         torch.cuda.reset_peak_memory_stats()
     model, optimizer = build(variant, model_dir, args.device, dtype)
     autocast = variant == "lora-autocast" and args.device == "cuda"
-    losses, times = [], []
+    losses, times, first = [], [], []
     for i in range(2 + args.steps):
         sync(args.device)
         t0 = time.perf_counter()
         losses.append(step(model, optimizer, objective, args.batch, autocast, args.device))
         sync(args.device)
-        if i >= 2:
-            times.append(time.perf_counter() - t0)
-    table = profile(model, optimizer, objective, args, autocast) if args.profile and variant in ("full", "lora") else None
+        (times if i >= 2 else first).append(time.perf_counter() - t0)
+    profiled = ("full", "lora", "full-compile")
+    table = profile(model, optimizer, objective, args, autocast) if args.profile and variant in profiled else None
     step_s = statistics.median(times)
     tps = args.batch * args.seq_len / step_s
     return {"variant": variant, "step_s": times, "median_step_s": step_s, "tokens_per_s": tps,
+            "compile_s": first[0] - step_s,
             "mfu": tps * fpt / peak if peak else None, "losses": losses,
             "trainable_params": sum(p.numel() for p in model.parameters() if p.requires_grad),
             "peak_gb": torch.cuda.max_memory_allocated() / 1e9 if args.device == "cuda" else None,
@@ -152,9 +162,14 @@ def main() -> None:
             r = measure(variant, model_dir, args, objective, fpt, peak)
             if not math.isfinite(r["losses"][0]) or abs(r["losses"][0] - math.log(vocab)) > 0.25 * math.log(vocab):
                 raise SystemExit(f"{variant}: first loss {r['losses'][0]} is not near ln(vocab) {math.log(vocab):.3f}")
+            eager = next((e for e in results if e["variant"] == EAGER_OF.get(variant)), None)
+            if eager is not None and abs(r["losses"][0] - eager["losses"][0]) > 0.02 * abs(eager["losses"][0]):
+                raise SystemExit(f"{variant}: first loss {r['losses'][0]} differs from {eager['variant']}'s "
+                                 f"{eager['losses'][0]} (same weights and rows)")
             results.append(r)
             print(f"{variant:14} {r['median_step_s'] * 1e3:8.1f} ms  {r['tokens_per_s']:9.0f} tok/s  "
-                  f"MFU {r['mfu'] or 0:.1%}  peak {r['peak_gb'] or 0:.1f} GB", flush=True)
+                  f"MFU {r['mfu'] or 0:.1%}  peak {r['peak_gb'] or 0:.1f} GB  first step +{r['compile_s']:.1f} s",
+                  flush=True)
     import peft
     import transformers
 

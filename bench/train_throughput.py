@@ -153,8 +153,10 @@ def project_run(kind: str, model_dir: Path, data: Path, out: Path, args, dtype: 
     """One of the project's trainers; per-step tokens/s and losses from its metrics.jsonl."""
     from trainers.common import LoRASettings
 
+    compiled = {"auto": None, "on": True, "off": False}[args.compile_blocks]
     common = dict(model_path=model_dir, data_path=data, output_dir=out, steps=args.steps, batch_size=args.batch,
-                  micro_batch_size=args.batch, max_len=args.seq_len, lr=1e-5, dtype=dtype, allow_slow_mamba=True)
+                  micro_batch_size=args.batch, max_len=args.seq_len, lr=1e-5, dtype=dtype, allow_slow_mamba=True,
+                  compile_blocks=compiled)
     if kind == "dpo":
         from trainers.dpo import DPOConfig, train
 
@@ -300,6 +302,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--kinds", nargs="+", default=["sft-full", "sft-lora", "dpo"])
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--compile-blocks", choices=["auto", "on", "off"], default="auto",
+                        help="the project's compile_blocks (auto: the trainer's default, on for one-GPU dense models)")
     parser.add_argument("--trl-no-checkpointing", action="store_true",
                         help="also run TRL with gradient checkpointing off (its default is on), as run '<kind>-noac'")
     args = parser.parse_args()

@@ -11,7 +11,14 @@ models; recurrent ones keep `model.generate`): the prompt is prefilled once, the
 step's forward is one replay of a CUDA graph captured for the batch's shape (on CUDA; plain calls
 on CPU), so decode stops paying Python and kernel-launch overhead per step, the bottleneck of
 eager decoding, and nothing is compiled (capturing a shape costs two forward passes, not the
-24-41 s of torch.compile). Prompt widths are rounded up to a multiple of `WIDTH_BUCKET` so a few
+24-41 s of torch.compile of the whole model). On CUDA the step's attention is `evals.decode_attention`'s
+split-KV kernel, which reads each row's cache only up to its current position; its RMSNorms and MLPs run
+compiled (`fused_pieces`: one small compilation per module class, shared by all layers and shapes, in
+place only while a step is captured); and the host checks for stops every
+`STOP_CHECK_EVERY` steps instead of after each (each check waits for the GPU to drain, which left it
+idle while the next step was launched). Sampled decoding then draws the random numbers of up to
+STOP_CHECK_EVERY - 1 steps after a batch's last stop (output unchanged: those tokens are cut), so a
+CUDA replicate is reproducible but its later batches' draws differ from `generate`'s. Prompt widths are rounded up to a multiple of `WIDTH_BUCKET` so a few
 captured shapes serve a whole call. Logits go through transformers' own repetition-penalty,
 temperature and top-p processors and `torch.multinomial`, step for step as `generate` does, so the
 tokens are `generate`'s up to floating-point reassociation (tests/evals/test_engine_job.py).
@@ -23,8 +30,10 @@ noise floor.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -42,6 +51,7 @@ from transformers import (
 from transformers import PreTrainedTokenizerBase as Tokenizer
 
 from core.chat import render, render_prompt
+from evals import decode_attention
 from evals.decoding import Decoding
 from evals.types import Completion, Item, completion_from_text
 
@@ -76,6 +86,8 @@ def stop_ids(loaded: Loaded, decoding: Decoding) -> list[int]:
 
 
 WIDTH_BUCKET = 64
+# Graph-replayed decoding asks the GPU whether every row has stopped once per this many steps (see the docstring).
+STOP_CHECK_EVERY = 8
 # Plain decoder-only attention models, whose whole state is one KV cache per layer: the engine's own
 # static-cache loop serves these; others (Mamba hybrids keep recurrent state) go through `generate`.
 STATIC_LOOP_MODEL_TYPES = {"llama", "qwen2", "qwen3"}
@@ -153,15 +165,46 @@ def _processors(config: GenerationConfig) -> LogitsProcessorList:
     return procs
 
 
+# Per module class, its forward compiled once (torch.compile caches by code and guards, so every layer and
+# every captured shape of a process shares it).
+_COMPILED: dict[tuple[type, str], object] = {}
+
+
+def fusable(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The decoder's RMSNorms and MLPs: at one token per row each is a chain of small elementwise kernels (the
+    norm's float32 cast, square, mean, rsqrt, scale and cast back; SiLU x up) with no state across steps, unlike
+    attention and its KV cache (whose per-layer index would make the compiler specialise on every layer)."""
+    return [m for m in model.modules() if type(m).__name__.endswith(("RMSNorm", "MLP"))]
+
+
+@contextmanager
+def fused_pieces(modules: list[torch.nn.Module], backend: str = "inductor") -> Iterator[None]:
+    """Inside, each module's forward is its class's compiled forward (an instance attribute, removed on exit);
+    what a CUDA graph captures inside keeps the compiled kernels after the exit."""
+    for m in modules:
+        fn = _COMPILED.setdefault((type(m), backend), torch.compile(type(m).forward, backend=backend))
+        m.forward = partial(fn, m)
+    try:
+        yield
+    finally:
+        for m in modules:
+            del m.forward
+
+
 class _Decoder:
     """A static KV cache for one (batch, width) shape and one decode step over it, replayed as a CUDA graph.
 
     The step reads its token, position and cache slot from fixed buffers and its attention from an
     additive [B, 1, 1, L] mask (a 4D mask reaches attention as is, with no host-side mask building),
-    so one capture serves every step of every batch of this shape."""
+    so one capture serves every step of every batch of this shape. On CUDA the model's attention becomes
+    `evals.decode_attention` (`own_attention`; one-token steps take its kernel, prefill stays on SDPA)."""
 
-    def __init__(self, model: PreTrainedModel, batch: int, width: int, new_tokens: int):
+    def __init__(self, model: PreTrainedModel, batch: int, width: int, new_tokens: int, own_attention: bool = True,
+                 fuse: bool = True):
         self.model, self.width, device = model, width, model.device
+        self.fused = fusable(model) if device.type == "cuda" and fuse else []
+        if device.type == "cuda" and own_attention:
+            model.set_attn_implementation(decode_attention.register())
         length = width + new_tokens
         self.cache = StaticCache(config=model.config, max_cache_len=length)
         self.token = torch.zeros((batch, 1), dtype=torch.long, device=device)
@@ -181,13 +224,14 @@ class _Decoder:
         # what it writes into the cache is cleared by the reset before each batch's prefill.
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                self._forward()
-        torch.cuda.current_stream().wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.logits = self._forward()
+        with fused_pieces(self.fused):
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    self._forward()
+            torch.cuda.current_stream().wait_stream(side)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.logits = self._forward()
 
     def prefill(self, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Fills the cache with the prompts; returns the last logits (float32) and each row's last position."""
@@ -213,8 +257,10 @@ class _Decoder:
 
 
 def _decode_static(model: PreTrainedModel, ids: torch.Tensor, mask: torch.Tensor, config: GenerationConfig,
-                   stops: list[int], decoders: dict[tuple[int, int], _Decoder]) -> torch.Tensor:
-    """`generate`'s sampling loop (processors, multinomial or argmax, pad after a stop) over a _Decoder."""
+                   stops: list[int], decoders: dict[tuple[int, int], _Decoder],
+                   check_every: int | None = None) -> torch.Tensor:
+    """`generate`'s sampling loop (processors, multinomial or argmax, pad after a stop) over a _Decoder; the host
+    checks for the end every `check_every` steps (None: STOP_CHECK_EVERY when the step is a graph replay, else 1)."""
     batch, width = ids.shape
     n_new = config.max_new_tokens
     if (batch, width) not in decoders:
@@ -225,6 +271,9 @@ def _decode_static(model: PreTrainedModel, ids: torch.Tensor, mask: torch.Tensor
     stop_t = torch.tensor(stops, device=ids.device)
     unfinished = torch.ones(batch, dtype=torch.bool, device=ids.device)
     logits, position = decoder.prefill(ids, mask)
+    if check_every is None:
+        check_every = STOP_CHECK_EVERY if decoder.graph is not None else 1
+    alive = torch.ones(n_new, dtype=torch.bool, device=ids.device)  # alive[t]: some row still running after step t
     for t in range(n_new):
         scores = procs(seqs[:, : width + t], logits)
         if config.do_sample:
@@ -234,8 +283,11 @@ def _decode_static(model: PreTrainedModel, ids: torch.Tensor, mask: torch.Tensor
         token = torch.where(unfinished, token, config.pad_token_id)
         seqs[:, width + t] = token
         unfinished &= ~torch.isin(token, stop_t)
-        if t == n_new - 1 or not bool(unfinished.any()):
-            return seqs[:, width : width + t + 1]
+        alive[t] = unfinished.any()  # on the device: no wait here
+        if t == n_new - 1 or (t + 1) % check_every == 0:
+            done = (~alive[: t + 1]).nonzero()
+            if t == n_new - 1 or len(done):  # cut at the first step after which every row had stopped
+                return seqs[:, width : width + (int(done[0]) if len(done) else t) + 1]
         logits = decoder.step(token, position + 1 + t, t)
     raise AssertionError("unreachable: the loop returns at its last step")
 

@@ -94,3 +94,45 @@ def test_static_decoder_check_tells_right_from_wrong_context(llama):
     assert check["rows"] == 4 and check["steps"] == 5 and not check["graph_replayed"]  # CPU: plain calls
     assert check["relative_error"] < gen_throughput.DECODER_TOLERANCE["float32"]
     assert check["wrong_context_relative_error"] > 100 * check["relative_error"]
+
+
+def _grads(model) -> dict[str, torch.Tensor]:
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("lora", [None, LoRASettings(r=4, alpha=8)], ids=["full", "lora"])
+def test_compiled_blocks_give_the_eager_loss_and_gradients(llama, lora):
+    """bench/train_step_variants.py on an H200: compiling the decoder blocks is what lifts the dense step's MFU.
+    On the CPU the compiler's graph capture runs (backend aot_eager: dynamo and AOT autograd, no code generation),
+    with activation checkpointing inside the compiled blocks, over the LoRA wrappers too."""
+    from trainers.common import compile_decoder_blocks, decoder_blocks
+
+    vocab = AutoModelForCausalLM.from_pretrained(llama).config.vocab_size
+    eager = make_trainable(AutoModelForCausalLM.from_pretrained(llama, dtype=torch.float32), llama, lora, 0, True)
+    expected, expected_grads = _loss_and_backward(eager, vocab), _grads(eager)
+    model = make_trainable(AutoModelForCausalLM.from_pretrained(llama, dtype=torch.float32), llama, lora, 0, True)
+    names = [n for n, _ in model.named_parameters()]
+    torch._dynamo.reset()
+    assert compile_decoder_blocks(model, backend="aot_eager") == model.config.num_hidden_layers
+    assert all(b._compiled_call_impl is not None for b in decoder_blocks(model))
+    got = _loss_and_backward(model, vocab)
+    assert [n for n, _ in model.named_parameters()] == names  # state dict names unchanged
+    assert got == pytest.approx(expected, rel=1e-5)
+    grads = _grads(model)
+    assert grads.keys() == expected_grads.keys()
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, expected_grads[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_blocks_compile_by_default_on_cuda_only(llama, tmp_path):
+    """load_policy's default: compiled on one CUDA process for attention-only models; never on the CPU (this
+    test) and never for a Nemotron-H block that holds a Mamba mixer."""
+    from trainers.common import decoder_blocks
+
+    model = load_policy(llama, "float32", None, 0)
+    assert decoder_blocks(model) and all(b._compiled_call_impl is None for b in decoder_blocks(model))
+    hybrid_dir = tiny.build_model("nemotron_h", tiny.build_tokenizer(tmp_path / "tok"), tmp_path / "hybrid")
+    hybrid = AutoModelForCausalLM.from_pretrained(hybrid_dir)
+    kinds = [type(b.mixer).__name__ for b in decoder_blocks(hybrid)]
+    assert kinds and not any("Mamba" in k for k in kinds)
+    assert len(kinds) < len(hybrid.model.layers)

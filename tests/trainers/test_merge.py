@@ -177,3 +177,18 @@ def test_chunked_streaming_equals_the_whole_tensor_formula(tmp_path, monkeypatch
         assert json.loads((out.output_dir / WEIGHTS_MANIFEST).read_text())["weights_sha256"] == out.weights_sha256
     assert result.weights_sha256 != weights_sha256(a_dir)
     assert len({file_sha256(f) for f in result.output_dir.glob("*.safetensors")}) == result.shards == 2
+
+
+def test_a_failing_shard_write_stops_the_merge(tmp_path, monkeypatch):
+    """Hashing and writing run on a thread of their own: a write that fails there (here a full disk, /dev/full)
+    is raised in the merge, not lost with the thread."""
+    from pathlib import Path
+
+    from trainers import merge
+
+    a_dir, b_dir = _mixed_checkpoint(tmp_path / "a", 0), _mixed_checkpoint(tmp_path / "b", 1)
+    monkeypatch.setattr(merge, "CHUNK_ELEMENTS", 1000)
+    sources = merge._sources([a_dir, b_dir], [shard_map(a_dir), shard_map(b_dir)])
+    keys = sorted(sources[0])
+    with pytest.raises(OSError):
+        merge._write_shard(Path("/dev/full"), keys, sources, merge._soup_combine([0.5, 0.5]), 1)
