@@ -521,7 +521,18 @@ def _limitations(nb: Notebook, session: str, nominee: Artifact, parent: Artifact
         if len(ev.items) < MIN_ITEMS:
             lines.append(f"- the sealed suite {code(ev.suite)} has only {num(len(ev.items), ref('eval', ev.id, 'count(items)'))}"
                          f" items: it can reveal a gross failure, not confirm a difference of a few points")
-    return [*lines, ""]
+    return [*lines, *_truth_limitation(nb, session, nominee), ""]
+
+
+def _truth_limitation(nb: Notebook, session: str, nominee: Artifact) -> list[str]:
+    """A ground truth whose interval reaches 0.5 (no gain shown over the parent) or lies below it."""
+    d = truth_of(nb, session, nominee.id)
+    if d is None or d.payload.ci_low > 0.5:
+        return []
+    t, at = d.payload, lambda expr, v: num(v, ref("decision", d.seq, expr))
+    what = "worse than the parent" if t.ci_high < 0.5 else "not shown to be better than the parent"
+    return [f"- by the ground truth the nominee is {what}: true win rate {at('payload.win_rate', t.win_rate)}, "
+            f"interval {at('payload.ci_low', t.ci_low)} to {at('payload.ci_high', t.ci_high)} (n = {at('payload.n', t.n)})"]
 
 
 def _license_section(base: Artifact) -> list[str]:

@@ -235,6 +235,10 @@ def test_the_card_shows_the_truth_and_the_license_each_value_found_in_its_record
     # The words that stand for recorded values carry their references too.
     assert f"passed<!-- nb decision:{seq} payload.audit_passed -->" in truth and _resolve(
         nb, "decision", str(seq), "payload.audit_passed") is True
+    # Its interval reaches 0.5: the limitations say the nominee is not shown to beat the parent.
+    assert (f"- by the ground truth the nominee is not shown to be better than the parent: true win rate "
+            f"0.5625<!-- nb decision:{seq} payload.win_rate -->, interval 0.49<!-- nb decision:{seq} payload.ci_low -->"
+            in _section(text, "Limitations"))
     for shown, expr in (("apache-2.0", "recipe.license"), ("lab.toml [model] license", "recipe.license_source")):
         assert f"`{shown}`<!-- nb artifact:{parent} {expr} -->" in license_text
         assert _resolve(nb, "artifact", str(parent), expr) == shown
