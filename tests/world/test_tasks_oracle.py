@@ -58,6 +58,12 @@ def test_the_oracle_prefers_correct_then_clean_answers():
     assert oracle.true_verdict(prompt, right, looping)[0] == "A"
     assert oracle.true_verdict(prompt, markup, right)[0] == "B"
     assert oracle.true_verdict(prompt, wrong, wrong + " x" * 60)[0] == "A"  # a clean wrong answer beats a looping one
+    # Running on past the answer line (other numbers, so no strict loop) is not stopping: it loses to a
+    # stopped answer of the same correctness, and the loop scorer alone would not have caught it.
+    runs_on = right + "".join(f"\nAnswer: {int(task.gold) + k}" for k in (1, 3, 2))
+    assert not oracle.grade(solve(prompt), runs_on).clean and oracle.grade(solve(prompt), right).clean
+    assert oracle.true_verdict(prompt, runs_on, wrong)[0] == "B"
+    assert oracle.true_verdict(prompt, right + f"\nAnswer: {task.gold}", right)[0] == "B"
 
 
 def test_oracle_noise_matches_its_stated_rates_on_2000_votes():

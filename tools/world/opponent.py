@@ -16,10 +16,11 @@ import random
 
 from tools.world.tasks import Solved, WorldFamily, solve
 
-# Per-family chance of a wrong final answer: weak on long computations, strong on short lookups.
+# Per-family chance of a wrong final answer: weak on long computations, better on short lookups. Often
+# wrong, so that the demo parent (wrong on most prompts, and often running on) wins 30-50% against it.
 ERROR_RATE: dict[WorldFamily, float] = {
-    "letter_count": 0.45, "word_count": 0.45, "digit_sum": 0.55, "long_division": 0.7,
-    "arithmetic_chain": 0.65, "string_edit": 0.45, "json_format": 0.55, "follow_up": 0.55,
+    "letter_count": 0.6, "word_count": 0.6, "digit_sum": 0.7, "long_division": 0.9,
+    "arithmetic_chain": 0.85, "string_edit": 0.6, "json_format": 0.7, "follow_up": 0.7,
 }
 SALT = "toy-world-opponent-v1"
 

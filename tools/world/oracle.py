@@ -9,8 +9,10 @@ graded on the prompt's computed gold (`tools.world.tasks.solve`):
 
 - correct: its final answer equals the gold (the eval checker's reading, `evals.synthetic.extract`; JSON
   requests need a bare JSON object);
-- clean: not looping (`evals.loops.loop_flags`), not empty, and free of chat markup (an answer that did not
-  stop runs on into `<|im_start|>` turns).
+- clean: not looping (`evals.loops.loop_flags`), not empty, free of chat markup (an answer that did not
+  stop runs on into `<|im_start|>` turns), and ending at its answer: a reply with more than one
+  `Answer:` line ran on past it (a parent that fails to stop repeats answer lines, often with other
+  numbers, until the token cap: no strict repetition for the loop scorer to flag, yet not stopped).
 
 Grade = 2 x correct + clean. The higher grade wins; equal grades give TIE when both are correct and
 BOTH_BAD when both are wrong. A prompt that is not a world prompt gets a reply without a verdict
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+import re
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -41,6 +44,8 @@ BOTH_BAD_RATE = 0.05
 WRONG_RATE = 0.10
 NOISE_SALT = "toy-world-oracle-v1"
 _REPLY = {"A": "A", "B": "B", "tie": "TIE", "both_bad": "BOTH_BAD"}
+# The final-answer marker as the eval checker reads it (evals.synthetic).
+_ANSWER_LINE = re.compile(r"answer\s*[:：]", re.IGNORECASE)
 
 
 class OracleNoise(BaseModel):
@@ -76,6 +81,8 @@ def grade(solved: Solved, answer: str) -> Grade:
         problems.append("chat markup (did not stop)")
     if loop_flags(answer).values["looping"]:
         problems.append("looping")
+    elif len(_ANSWER_LINE.findall(answer)) > 1:
+        problems.append("runs on past its answer")
     what = "correct" if correct else ("no answer" if given is None else f"wrong ({given!r})")
     return Grade(correct=correct, clean=not problems, note=", ".join([what, *problems]))
 
