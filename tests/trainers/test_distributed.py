@@ -1,7 +1,8 @@
 """FSDP2 over 2 gloo ranks on the CPU (started by torchrun, as the local executor starts a multi-task job) against
 one process with the same global batch: same loss and gradient-norm trajectory, same final weights; a SIGTERM on
 one rank mid-run saves a DCP checkpoint on both, and the requeued job ends on the uninterrupted run's weights; the
-consolidated model loads with from_pretrained; a copy of the interrupted run resumes on 1 rank (DCP reshards).
+consolidated model loads with from_pretrained; a copy of the interrupted run resumes on 1 rank (DCP reshards);
+the interrupted run's whole-model snapshots (before and after the stop) match the single process's.
 
 Tolerances. The two runs compute every micro-batch identically (rank r takes rows [4r, 4r+4) of each 8-row step,
 in micro-batches of 2, exactly the single process's micro-batches 2r and 2r+1), so they differ only in how float32
@@ -103,7 +104,7 @@ def two_rank_runs(jobs, model_dirs, tmp_path_factory):
     run that rank 1 holds at step 3 until the test has sent that rank (only) a SIGTERM. Returns the configs."""
     root = tmp_path_factory.mktemp("dist-jobs")
     held = jobs["sft"][0].model_copy(update={"model_path": model_dirs["llama"], "output_dir": root / "held",
-                                             "steps": 8})
+                                             "steps": 8, "snapshot_steps": [2, 6]})
     sent = root / "sent"
     spec = {"jobs": [{"trainer": name, "config": _payload(pair[0])} for name, pair in jobs.items()]
             + [{"trainer": "sft", "config": _payload(held)}], "hold": {"step": 3, "until": str(sent)}}
@@ -192,6 +193,13 @@ def test_sigterm_on_one_rank_saves_dcp_on_both_and_resume_matches(two_rank_runs,
     sft.train(straight)  # one process, uninterrupted
     _assert_same_run(base, straight)
     assert [line["step"] for line in _lines(run / "metrics.jsonl")] == list(range(1, 9))
+    # Whole-model snapshots consolidated from both ranks, one saved before the stop and one after the resume.
+    assert [s["step"] for s in result["snapshots"]] == [2, 6]
+    for step in (2, 6):
+        a, b = _weights(run / "snapshots" / f"step-{step}"), _weights(Path(straight.output_dir) / "snapshots" / f"step-{step}")
+        assert a.keys() == b.keys()
+        for k in a:
+            torch.testing.assert_close(a[k], b[k], rtol=0, atol=WEIGHT_ATOL)
     resharded = sft.train(moved)
     assert resharded.resumed_at_steps == [3] and resharded.world_size == 1
     _assert_same_run(moved, straight)
