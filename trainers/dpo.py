@@ -183,8 +183,10 @@ class DPOObjective:
     def loss(self, model, rows: list[int], normalizer: float) -> MicroLoss:
         ids = [self.train_ids[i] for i in rows]
         chosen, rejected = [self.pairs[i][0] for i in ids], [self.pairs[i][1] for i in ids]
-        batch = pad_batch(chosen + rejected, self.pad_id).to(model.device)
-        logp = losses.sequence_logprobs(model, batch, self.chunk)
+        host = pad_batch(chosen + rejected, self.pad_id)
+        pos = losses.Positions.of(host)  # on the host: the forward never waits on the GPU (trainers/losses.py)
+        batch = host.to(model.device)
+        logp = losses.sequence_logprobs(model, batch, self.chunk, pos.to(model.device))
         pi_c, pi_r = logp[: len(ids)], logp[len(ids):]
         ref = torch.tensor([self.ref[i] for i in ids], device=logp.device)
         margin = self.beta * ((pi_c - ref[:, 0]) - (pi_r - ref[:, 1]))
@@ -193,10 +195,10 @@ class DPOObjective:
         nll = chosen_nll(pi_c, n_c)
         loss = (dpo + self.nll_weight * nll).sum() / normalizer
         dpo_d, nll_d, margin_d = dpo.detach(), nll.detach(), margin.detach()
-        metrics = {"dpo": float(dpo_d.sum()) / normalizer, "nll": float(nll_d.sum()) / normalizer,
-                   "reward_accuracy": float((margin_d > 0).float().sum()) / normalizer,
-                   "reward_margin": float(margin_d.sum()) / normalizer}
-        return MicroLoss(loss, batch.tokens, int(batch.loss_mask.sum()), metrics)
+        sums = torch.stack([dpo_d.sum(), nll_d.sum(), (margin_d > 0).float().sum(), margin_d.sum()]).tolist()
+        metrics = {k: v / normalizer for k, v in zip(("dpo", "nll", "reward_accuracy", "reward_margin"), sums,
+                                                     strict=True)}
+        return MicroLoss(loss, host.tokens, pos.count, metrics)
 
 
 def heldout_metrics(model, pairs, ref, heldout: list[int], pad_id: int, beta: float, micro: int,

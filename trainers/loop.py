@@ -167,7 +167,9 @@ def _trim_metrics(paths: RunPaths, step: int) -> None:
 
 def _optimizer(model, config: TrainConfig):
     trainable = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(trainable, lr=config.lr, weight_decay=config.weight_decay)
+    # One fused kernel per dtype on a single GPU (FSDP2's DTensor parameters keep the default foreach step).
+    fused = all(p.is_cuda and not isinstance(p, DTensor) for p in trainable)
+    optimizer = torch.optim.AdamW(trainable, lr=config.lr, weight_decay=config.weight_decay, fused=fused or None)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _schedule(config.warmup_steps, config.steps))
     return optimizer, scheduler
 

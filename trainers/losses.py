@@ -14,6 +14,10 @@ which is what FSDP2 needs: the root unit's weights (the head included) are gathe
 again when backward reaches it. Parameter names, state dicts and hooks are untouched.
 
 Each function returns values at the supervised positions in row-major order, with `rows` (the row of each).
+The positions can be found on the host before the batch moves to the GPU (`Positions.of(cpu_batch).to(device)`):
+the hidden states are then gathered by index, and nothing in the forward waits for the GPU to say how many
+positions there are (a boolean-mask selection on the GPU is such a wait, with the GPU idle while the host
+launches what follows).
 """
 
 from __future__ import annotations
@@ -31,17 +35,30 @@ from trainers.batch import Batch
 
 @dataclass(frozen=True)
 class Positions:
-    """Which next-token predictions carry loss: `select` over [B, T-1], `rows` the row of each of the N."""
+    """Which next-token predictions carry loss: `index` of each of the N into the flattened [B, T] hidden states,
+    `rows` the row of each, `targets` the token each predicts."""
 
-    select: torch.Tensor
+    index: torch.Tensor
     rows: torch.Tensor
     targets: torch.Tensor
 
     @classmethod
     def of(cls, batch: Batch) -> Positions:
         select = batch.loss_mask > 0
-        rows = torch.arange(select.shape[0], device=select.device)[:, None].expand_as(select)[select]
-        return cls(select, rows, batch.input_ids[:, 1:][select])
+        rows, cols = select.nonzero(as_tuple=True)
+        width = batch.input_ids.shape[1]
+        return cls(rows * width + cols, rows, batch.input_ids[rows, cols + 1])
+
+    @property
+    def count(self) -> int:
+        return self.index.shape[0]
+
+    def to(self, device: torch.device) -> Positions:
+        return Positions(self.index.to(device), self.rows.to(device), self.targets.to(device))
+
+    def gather(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The hidden states [B, T, d] at the N positions: [N, d]."""
+        return hidden.reshape(-1, hidden.shape[-1]).index_select(0, self.index)
 
     def per_row(self, values: torch.Tensor, n_rows: int) -> torch.Tensor:
         """Sums per-position values into their rows: [N] -> [B]."""
@@ -73,12 +90,13 @@ def _logp_chunk(head: Callable, hidden: torch.Tensor, targets: torch.Tensor) -> 
     return logits.gather(-1, targets[:, None])[:, 0] - logits.logsumexp(-1)
 
 
-def token_logprobs(model, batch: Batch, chunk: int) -> tuple[torch.Tensor, Positions]:
-    """log p(target) at each supervised position [N] (float32), computed chunk by chunk."""
-    pos = Positions.of(batch)
+def token_logprobs(model, batch: Batch, chunk: int, pos: Positions | None = None) -> tuple[torch.Tensor, Positions]:
+    """log p(target) at each supervised position [N] (float32), computed chunk by chunk; `pos`: the batch's
+    positions when found already (on the host, before the batch moved)."""
+    pos = pos if pos is not None else Positions.of(batch)
 
     def head_fn(hidden, head):
-        h = hidden[:, :-1][pos.select]
+        h = pos.gather(hidden)
         return torch.cat([checkpoint(_logp_chunk, head, h[s], pos.targets[s], use_reentrant=False)
                           for s in _chunks(h.shape[0], chunk)] or [h.new_zeros(0, dtype=torch.float32)])
 
@@ -86,9 +104,9 @@ def token_logprobs(model, batch: Batch, chunk: int) -> tuple[torch.Tensor, Posit
         return _forward(model, batch), pos
 
 
-def sequence_logprobs(model, batch: Batch, chunk: int) -> torch.Tensor:
+def sequence_logprobs(model, batch: Batch, chunk: int, pos: Positions | None = None) -> torch.Tensor:
     """Summed log-probability of each row's supervised tokens: [B]."""
-    logp, pos = token_logprobs(model, batch, chunk)
+    logp, pos = token_logprobs(model, batch, chunk, pos)
     return pos.per_row(logp, batch.input_ids.shape[0])
 
 
@@ -96,7 +114,7 @@ def supervised_hidden(model, batch: Batch) -> torch.Tensor:
     """The final hidden states at the supervised positions [N, d], with the head skipped (a frozen parent's
     input to `ce_and_kl`)."""
     pos = Positions.of(batch)
-    with _head_returns(model, lambda hidden, _head: hidden[:, :-1][pos.select]):
+    with _head_returns(model, lambda hidden, _head: pos.gather(hidden)):
         return _forward(model, batch)
 
 
@@ -118,7 +136,7 @@ def ce_and_kl(model, batch: Batch, parent_hidden: torch.Tensor, parent_head: Cal
     pos = Positions.of(batch)
 
     def head_fn(hidden, head):
-        h = hidden[:, :-1][pos.select]
+        h = pos.gather(hidden)
         theirs = parent_head or head
         return torch.cat([checkpoint(_ce_kl_chunk, head, theirs, h[s], parent_hidden[s], pos.targets[s],
                                      use_reentrant=False) for s in _chunks(h.shape[0], chunk)])

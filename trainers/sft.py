@@ -82,9 +82,12 @@ class SFTObjective:
         return pack_batch([[self.encoded[j] for j in self.packs[i]] for i in rows], self.pad_id, self.seq_idx)
 
     def loss(self, model: torch.nn.Module, rows: list[int], normalizer: float) -> MicroLoss:
-        batch = self.batch(rows).to(model.device)
-        logp, _ = losses.token_logprobs(model, batch, self.chunk)  # supervised positions only, chunked head
-        return MicroLoss(-logp.sum() / normalizer, batch.tokens, int(batch.loss_mask.sum()))
+        # Positions and counts from the host copy: the forward then never waits on the GPU (trainers/losses.py).
+        host = self.batch(rows)
+        pos = losses.Positions.of(host)
+        batch = host.to(model.device)
+        logp, _ = losses.token_logprobs(model, batch, self.chunk, pos.to(model.device))  # chunked head
+        return MicroLoss(-logp.sum() / normalizer, host.tokens, pos.count)
 
 
 def encode_rows(tokenizer, rows: list[SFTRow], system_prompt: str | None, max_len: int) -> list[Encoded]:
