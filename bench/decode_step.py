@@ -26,6 +26,7 @@ import platform
 import sys
 import tempfile
 import time
+from collections import OrderedDict
 from contextlib import nullcontext
 from datetime import UTC, datetime
 from pathlib import Path
@@ -83,7 +84,7 @@ def measure(variant: str, loaded, ids, mask, args) -> dict:
         replay_s = (time.perf_counter() - t0) / replays
         pad = loaded.tokenizer.pad_token_id
         config = generation_config(Decoding(max_new_tokens=args.new_tokens, stop_token_ids=(-1,)), [-1], pad)
-        decoders = {(batch, width): decoder}
+        decoders = OrderedDict({(batch, width, args.new_tokens): decoder})
         _decode_static(model, ids, mask, config, [-1], decoders)  # warm: the same shapes, the captured graph
         sync(args.device)
         t0 = time.perf_counter()
@@ -147,6 +148,31 @@ def check_kernel(batch: int, length: int, seed: int = 0) -> dict:
             "vs_reference": rel(got, reference), "vs_sdpa": rel(got, sdpa), "reference_vs_sdpa": rel(reference, sdpa)}
 
 
+def profile_engine(loaded, ids, mask, args) -> dict:
+    """The engine's whole loop (`_decode_static`, its captured decoder, 32 steps) under the profiler: its top kernels
+    and CPU ops, and the host's time against the GPU's (a loop the host cannot feed shows more CPU than CUDA)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    batch, width = ids.shape
+    pad = loaded.tokenizer.pad_token_id
+    config = generation_config(Decoding(max_new_tokens=32, stop_token_ids=(-1,)), [-1], pad)
+    decoders = OrderedDict()
+    with torch.inference_mode():
+        _decode_static(loaded.model, ids, mask, config, [-1], decoders)
+        sync(args.device)
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            t0 = time.perf_counter()
+            _decode_static(loaded.model, ids, mask, config, [-1], decoders)
+            sync(args.device)
+            wall = time.perf_counter() - t0
+    averages = prof.key_averages()
+    return {"steps": 32, "wall_s": wall,
+            "self_cpu_s": sum(e.self_cpu_time_total for e in averages) / 1e6,
+            "self_cuda_s": sum(e.self_device_time_total for e in averages) / 1e6,
+            "by_cuda": averages.table(sort_by="self_cuda_time_total", row_limit=15, max_name_column_width=60),
+            "by_cpu": averages.table(sort_by="self_cpu_time_total", row_limit=15, max_name_column_width=60)}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cuda", choices=["cpu", "cuda"])
@@ -156,6 +182,7 @@ def main() -> None:
     p.add_argument("--replays", type=int, default=200)
     p.add_argument("--variants", nargs="+", default=VARIANTS, choices=VARIANTS)
     p.add_argument("--profile", action="store_true")
+    p.add_argument("--profile-engine", action="store_true", help="profile the engine's whole loop")
     p.add_argument("--check-every", type=int, default=None, help="the engine's stop check interval (None: its own)")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
@@ -184,6 +211,10 @@ def main() -> None:
               f"bytes/step {r['bytes_per_step'] / 1e9:.2f} GB  {r['replay_fraction_of_bandwidth']:.1%} of copy bandwidth",
               flush=True)
     table = profile_step(loaded, ids, mask, args) if args.profile else None
+    engine = profile_engine(loaded, ids, mask, args) if args.profile_engine else None
+    if engine:
+        print(f"engine loop: wall {engine['wall_s']:.3f} s, CPU {engine['self_cpu_s']:.3f} s, "
+              f"CUDA {engine['self_cuda_s']:.3f} s\n{engine['by_cpu']}\n{engine['by_cuda']}", flush=True)
     report = {"bench": "decode_step", "command": " ".join(["python", *sys.argv]),
               "at": datetime.now(UTC).isoformat(timespec="seconds"),
               "hardware": {"device": torch.cuda.get_device_name() if args.device == "cuda" else platform.processor(),
@@ -191,7 +222,7 @@ def main() -> None:
               "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
               "shape": {"batch": args.batch, "width": ids.shape[1], "new_tokens": args.new_tokens,
                         "cache_length": ids.shape[1] + args.new_tokens},
-              "kernel_checks": checks, "variants": results, "profile_top_kernels": table}
+              "kernel_checks": checks, "variants": results, "profile_top_kernels": table, "engine_profile": engine}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     if table:

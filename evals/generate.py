@@ -30,9 +30,10 @@ noise floor.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
@@ -58,11 +59,13 @@ from evals.types import Completion, Item, completion_from_text
 
 @dataclass(frozen=True)
 class Loaded:
-    """A model and its tokenizer, loaded once per job."""
+    """A model and its tokenizer, loaded once per job; `decoders` keeps the static loop's captured shapes across
+    the job's generate calls (its suites), the MAX_DECODERS most recently used."""
 
     model: PreTrainedModel
     tokenizer: Tokenizer
     device: torch.device
+    decoders: OrderedDict = field(default_factory=OrderedDict, repr=False, compare=False)
 
 
 def load(path: str | Path, device: str = "cpu", dtype: str = "float32") -> Loaded:
@@ -86,6 +89,10 @@ def stop_ids(loaded: Loaded, decoding: Decoding) -> list[int]:
 
 
 WIDTH_BUCKET = 64
+# Captured decoder shapes kept per loaded model: each holds a static KV cache (1.9 GB at batch 128 x 448 positions
+# on the 1B shape) and a CUDA graph; capturing one again costs two forwards, a capture and, with a new shape for the
+# compiled pieces, a recompilation.
+MAX_DECODERS = 4
 # Graph-replayed decoding asks the GPU whether every row has stopped once per this many steps (see the docstring).
 STOP_CHECK_EVERY = 8
 # Plain decoder-only attention models, whose whole state is one KV cache per layer: the engine's own
@@ -136,7 +143,6 @@ def generate(loaded: Loaded, items: Sequence[Item], decoding: Decoding, seed: in
     order = sorted(range(len(items)), key=lambda i: len(prompts[i]))
     out: dict[int, Completion] = {}
     own_loop = static_cache and loaded.model.config.model_type in STATIC_LOOP_MODEL_TYPES
-    decoders: dict[tuple[int, int], _Decoder] = {}
     torch.manual_seed(seed)
     for start in range(0, len(order), batch_size):
         batch = order[start:start + batch_size]
@@ -144,7 +150,7 @@ def generate(loaded: Loaded, items: Sequence[Item], decoding: Decoding, seed: in
                               WIDTH_BUCKET if static_cache else 1)
         with torch.inference_mode():
             if own_loop:
-                new_ids = _decode_static(loaded.model, ids, mask, config, stops, decoders)
+                new_ids = _decode_static(loaded.model, ids, mask, config, stops, loaded.decoders)
             else:
                 new_ids = loaded.model.generate(input_ids=ids, attention_mask=mask,
                                                 generation_config=config)[:, ids.shape[1]:]
@@ -257,15 +263,19 @@ class _Decoder:
 
 
 def _decode_static(model: PreTrainedModel, ids: torch.Tensor, mask: torch.Tensor, config: GenerationConfig,
-                   stops: list[int], decoders: dict[tuple[int, int], _Decoder],
+                   stops: list[int], decoders: OrderedDict,
                    check_every: int | None = None) -> torch.Tensor:
     """`generate`'s sampling loop (processors, multinomial or argmax, pad after a stop) over a _Decoder; the host
     checks for the end every `check_every` steps (None: STOP_CHECK_EVERY when the step is a graph replay, else 1)."""
     batch, width = ids.shape
     n_new = config.max_new_tokens
-    if (batch, width) not in decoders:
-        decoders[(batch, width)] = _Decoder(model, batch, width, n_new)
-    decoder, procs = decoders[(batch, width)], _processors(config)
+    key = (batch, width, n_new)
+    if key not in decoders:
+        while len(decoders) >= MAX_DECODERS:
+            decoders.popitem(last=False)
+        decoders[key] = _Decoder(model, batch, width, n_new)
+    decoders.move_to_end(key)
+    decoder, procs = decoders[key], _processors(config)
     seqs = torch.full((batch, width + n_new), config.pad_token_id, dtype=torch.long, device=ids.device)
     seqs[:, :width] = ids
     stop_t = torch.tensor(stops, device=ids.device)

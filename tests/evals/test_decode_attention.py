@@ -8,6 +8,7 @@ against transformers' own SDPA path."""
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 
 import pytest
 import torch
@@ -95,7 +96,7 @@ def test_sparse_stop_checks_cut_where_every_step_checks(tiny_models, item):
     def decode(stops: list[int], every: int) -> torch.Tensor:
         config = generation_config(Decoding(max_new_tokens=12), stops, pad)
         with torch.inference_mode():
-            return _decode_static(loaded.model, ids, mask, config, stops, {}, check_every=every)
+            return _decode_static(loaded.model, ids, mask, config, stops, OrderedDict(), check_every=every)
 
     free = decode([-1], 1)
     stops = sorted(set(free[:, 6].tolist()))  # every row stops by step 6, the last one between checks 5 and 10
@@ -126,3 +127,22 @@ def test_fused_pieces_compute_the_eager_step_and_leave_no_trace(tmp_path):
             got = model(input_ids=ids).logits
     assert not any("forward" in vars(m) for m in pieces)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_captured_decoders_outlive_a_call_up_to_the_bound(tiny_models, item, monkeypatch):
+    """The static loop's decoders (a KV cache and a CUDA graph per shape) stay with the loaded model across
+    generate calls, at most MAX_DECODERS of them, the least recently used dropped first; answers are unchanged."""
+    from evals import generate as engine
+    from evals.decoding import Decoding
+
+    loaded = engine.load(tiny_models["llama"])
+    items = [item(f"q{i}", "tell me " + "more " * i) for i in range(4)]
+    dec = Decoding(max_new_tokens=5)
+    first = engine.generate(loaded, items, dec, seed=0, batch_size=4, static_cache=True)
+    kept = dict(loaded.decoders)
+    assert list(kept) == [(4, engine.WIDTH_BUCKET, 5)]
+    assert engine.generate(loaded, items, dec, seed=0, batch_size=4, static_cache=True) == first
+    assert loaded.decoders[(4, engine.WIDTH_BUCKET, 5)] is kept[(4, engine.WIDTH_BUCKET, 5)]  # reused, not rebuilt
+    monkeypatch.setattr(engine, "MAX_DECODERS", 1)
+    engine.generate(loaded, items[:2], dec, seed=0, batch_size=2, static_cache=True)
+    assert list(loaded.decoders) == [(2, engine.WIDTH_BUCKET, 5)]
