@@ -123,8 +123,13 @@ def distributed_env() -> dict[str, str]:
 
 
 def process_started_at() -> float:
-    """Epoch seconds when this process started (10 ms resolution), from /proc's clock ticks since boot."""
-    ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])  # field 22, starttime
+    """Epoch seconds when this process started (10 ms resolution), from /proc's clock ticks since boot.
+
+    A job forked by the zygote (tools/zygote.py) counts from its client's start, the task process the
+    executor started and times: POSTLAB_ZYGOTE_CLIENT is "<job pid>:<client pid>" (for this process only)."""
+    job, _, client = os.environ.get("POSTLAB_ZYGOTE_CLIENT", "").partition(":")
+    stat = Path(f"/proc/{client}/stat" if job == str(os.getpid()) else "/proc/self/stat")
+    ticks = int(stat.read_text().rsplit(")", 1)[1].split()[19])  # field 22, starttime
     uptime = float(Path("/proc/uptime").read_text().split()[0])
     return time.time() - uptime + ticks / os.sysconf("SC_CLK_TCK")
 

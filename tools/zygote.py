@@ -226,7 +226,7 @@ def client(argv: list[str]) -> NoReturn:
     ignored = [int(s) for s in FORWARDED if signal.getsignal(s) == signal.SIG_IGN]
     umask = os.umask(0)
     os.umask(umask)
-    request = {"protocol": PROTOCOL, "argv": args, "cwd": os.getcwd(), "env": dict(os.environ), "umask": umask,
+    request = {"protocol": PROTOCOL, "pid": os.getpid(), "argv": args, "cwd": os.getcwd(), "env": dict(os.environ), "umask": umask,
                "ignored": ignored, "affinity": sorted(os.sched_getaffinity(0))}
     try:
         socket.send_fds(conn, [json.dumps(request).encode()], [0, 1, 2])
@@ -298,6 +298,7 @@ class Request:
     """One job to fork, as the client sent it."""
 
     protocol: int  # the client's PROTOCOL: a zygote serves its own only
+    pid: int  # the client's: the job's run starts when it did (tools/jobrun.py reads POSTLAB_ZYGOTE_CLIENT)
     argv: list[str]  # python's arguments: -u -m MODULE ARGS...
     cwd: str
     env: dict[str, str]
@@ -536,6 +537,7 @@ def run_job(request: Request) -> NoReturn:
     os.sched_setaffinity(0, request.affinity)
     os.environ.clear()
     os.environ.update(request.env)
+    os.environ["POSTLAB_ZYGOTE_CLIENT"] = f"{os.getpid()}:{request.pid}"
     time.tzset()
     for s in FORWARDED:
         default = signal.default_int_handler if s == signal.SIGINT else signal.SIG_DFL

@@ -29,6 +29,10 @@ JOB = """
 import os, signal, sys, time
 import zyjob_dep
 print(os.getpid(), os.getppid(), flush=True)
+if sys.argv[1] == "started":
+    from tools.jobrun import process_started_at
+    print(process_started_at(), flush=True)
+    sys.exit(len(sys.stdin.readline()))
 if sys.argv[1] == "exit":
     sys.exit(int(sys.argv[2]))
 if sys.argv[1] == "usr2":
@@ -83,6 +87,21 @@ def test_a_job_forks_from_the_zygote_and_ends_with_its_status(zygote: zy.Zygote,
     pid, ppid = pids(proc)
     assert proc.wait(timeout=30) == 7
     assert ppid == server and pid not in (server, proc.pid)  # forked by the zygote, not the zygote itself
+
+
+def test_a_job_starts_when_its_client_did(zygote: zy.Zygote, env: dict[str, str]) -> None:
+    # The executor's time limit and the ledger's wall time count from the task process it started.
+    zygote.wait(env)
+    prefix = zygote.prepare(env)
+    proc = subprocess.Popen([*prefix.split(), "-u", "-m", "zyjob", "started"], env=env, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    pids(proc)
+    started = float(proc.stdout.readline())
+    ticks = int(Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    client_started = time.time() - float(Path("/proc/uptime").read_text().split()[0]) + ticks / os.sysconf("SC_CLK_TCK")
+    proc.communicate("\n", timeout=30)
+    assert proc.returncode == 1  # the job read the line from the client's stdin
+    assert started == pytest.approx(client_started, abs=0.03)
 
 
 def test_signals_reach_the_job_and_its_end_is_the_clients(zygote: zy.Zygote, env: dict[str, str]) -> None:
