@@ -394,6 +394,9 @@ def _truth_section(nb: Notebook, session: str, nominee: Artifact) -> list[str]:
         f"(audit hash {code(t.audit_sha256)})", "",
         "| family | n | nominee accuracy | parent accuracy | win rate |", "|---|---|---|---|---|",
     ]
+    if t.artifact_id == t.parent:
+        lines[4:4] = ["The nominee is the parent itself: this compares two independently sampled draws of one model, "
+                      "so it shows the scorer's noise, not a gain.", ""]
     for family_name, f in t.per_family.items():
         p = f"payload.per_family.{family_name}"
         lines.append(f"| {code(family_name)} | {at(f'{p}.n', f.n)} | {at(f'{p}.accuracy', f.accuracy)} | "
@@ -527,7 +530,7 @@ def _limitations(nb: Notebook, session: str, nominee: Artifact, parent: Artifact
 def _truth_limitation(nb: Notebook, session: str, nominee: Artifact) -> list[str]:
     """A ground truth whose interval reaches 0.5 (no gain shown over the parent) or lies below it."""
     d = truth_of(nb, session, nominee.id)
-    if d is None or d.payload.ci_low > 0.5:
+    if d is None or d.payload.ci_low > 0.5 or d.payload.artifact_id == d.payload.parent:  # (the parent vs itself)
         return []
     t, at = d.payload, lambda expr, v: num(v, ref("decision", d.seq, expr))
     what = "worse than the parent" if t.ci_high < 0.5 else "not shown to be better than the parent"

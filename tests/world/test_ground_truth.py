@@ -63,6 +63,8 @@ def test_the_nominees_ground_truth_is_one_job_and_one_record_the_planner_never_s
     assert len(nb.jobs(session=SESSION, kind=ground_truth.JOB_KIND)) == 1 and len(nb.decisions(SESSION, kind="truth")) == 1
 
     section = "\n".join(card._truth_section(nb, SESSION, nb.artifact(parent)))
+    assert "The nominee is the parent itself" in section  # and no limitation is drawn from a self-comparison
+    assert card._truth_limitation(nb, SESSION, nb.artifact(parent)) == []
     for expr, value in (("payload.win_rate", t.win_rate), ("payload.ci_low", t.ci_low), ("payload.n", t.n)):
         assert card.num(value, card.ref("decision", record.seq, expr)) in section
     nb.close()
