@@ -18,6 +18,10 @@ and refuses, with one message naming the file, the key and what was expected (`L
   Slurm names, and each `extra_sbatch` entry is one `--option[=value]` without whitespace that
   does not override what the launcher sets itself (partition, time, resources, log paths).
 
+Two optional entries feed the model card only: `[model] license` (the base model's license; default: the
+`license:` of the base directory's README.md front matter) and `[truth]` (a ground-truth scorer of the
+nominee, run after the sealed confirmation and never shown to the planner; tools/ground_truth.py).
+
     cfg = load_lab_config(Path("lab"))      # reads lab/lab.toml
 """
 

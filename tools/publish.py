@@ -3,9 +3,10 @@ its final place (`bundles/<session>-<name>`) and recorded as a `bundle` artifact
 
 The order of the nomination step (agent/graph.py): `nominate` writes a candidate's bundle, runs
 check-bundle on it and records the `nominate` decision; `sealed_open` scores the sealed suites once,
-for that nominee; `publish` (this tool) rewrites the two files read from the notebook, `README.md`
-and `training_evidence.json`, as the notebook now stands (the sealed result in the card, with its
-records; the evidence's last decision after it), and renames the bundle into place.
+for that nominee; `ground_truth` (when the lab declares [truth]) records its ground truth; `publish`
+(this tool) rewrites the two files read from the notebook, `README.md` and `training_evidence.json`,
+as the notebook now stands (the sealed result and the ground truth in the card, with their records;
+the evidence's last decision after them), and renames the bundle into place.
 
 What it checks, in a job (replay serves it, so replay writes no bundle): every other file has the
 sha256 it had when check-bundle passed (the weights, tokenizer, template and configs are the ones
