@@ -1,13 +1,19 @@
 """Is the world worth researching? Recipe arms from the parent, each scored by ground truth; and job costs.
 
-    python -m tools.world.measure --lab DIR --out DIR [--device cuda] [--n 2000] [--arms NAME,...] [--costs]
+    python -m tools.world.measure --lab DIR --out DIR [--device cuda] [--n 2000] [--arms NAME,...] [--spread K]
+                                  [--no-opponent] [--costs]
 
 What it measures (DESIGN.md section 6; issue 12 item 5), with the project's own builders and trainers:
 
 - the parent's true win rate against the opponent;
-- recipe arms trained from the parent by `trainers.sft` on data built by `tools.datasets` from the world's
-  train split (winner SFT at several learning rates and repeat counts, synthetic verified SFT), each
-  scored by `world truth` against the parent on the same fresh sample;
+- recipe arms trained from the parent by `trainers.sft` (or `trainers.klce`) on data built by `tools.datasets`
+  from the world's train split (winner SFT at several learning rates and repeat counts, synthetic verified
+  SFT; `playbook-*`: the playbook's own first arms at its default settings, trained as tools/train.py
+  trains them), each scored by `world truth` against the parent on the same fresh sample (and against
+  the opponent unless --no-opponent);
+- with --spread K: the dev-holdout win score of the parent and of each arm in K replicates, as the
+  agent's calibration measures it (against the parent's reference answers, judged by the noisy oracle),
+  and its spread between replicates: the noise the agent must see through;
 - with --costs: wall and CPU seconds of one playbook-sized SFT arm (30 steps) and of eval jobs (the
   synthetic, loop and stop suites at the served decoding, K = 1 and 3), parts of the cost model
   (tools/world/cost.py).
