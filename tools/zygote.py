@@ -374,8 +374,10 @@ class Server:
         assert self.listener is not None, "accept() runs only while listening"
         conn, _ = self.listener.accept()
         self.last_active = time.monotonic()
+        conn.settimeout(10.0)  # a client sends its request at once; one that does not must not stall the others
         try:
             msg, fds, _, _ = socket.recv_fds(conn, MAX_MESSAGE, 3)
+            conn.settimeout(None)
             request = Request(**json.loads(msg), fds=fds)
         except (OSError, ValueError, TypeError) as err:
             log(f"bad request: {err}")
