@@ -236,6 +236,7 @@ def _name(facts: dict[str, Any], artifact: int) -> str:
 
 
 def judge_session(seed: int, lab: Path, work: Path, truth_n: int, truth_seed: int, device: str) -> dict[str, Any]:
+    """Judge one finished session; its greedy looks and truth answers are cached in `work`."""
     with Notebook.open(lab / "notebook.db", readonly=True) as nb:
         facts = session_facts(nb, lab)
     reproduced = replay_reproduced(lab)
@@ -259,7 +260,7 @@ def judge_session(seed: int, lab: Path, work: Path, truth_n: int, truth_seed: in
             "budget_gpuh": facts["budget_gpuh"], "spent_gpuh": spent,
             "replay_reproduced": reproduced, "parent": facts["parent"], "candidates": cands,
             "greedy_looks": {str(k): v for k, v in looks.items()}, "extra_eval_gpuh": extra,
-            "truth_generation_s": bank.generation_s, "policies": policies}
+            "truth_cache": str(bank.cache), "truth_generation_s": bank.generation_s, "policies": policies}
 
 
 # ---- summary --------------------------------------------------------------------------------------

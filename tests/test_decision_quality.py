@@ -41,7 +41,7 @@ SEEDS = (1, 2, 3)
 PROTOCOL = "test"
 POLICIES = {"playbook", "greedy", "last_arm", "oracle_best"}
 SESSION_KEYS = {"seed", "session", "lab", "status", "budget_gpuh", "spent_gpuh", "replay_reproduced", "parent", "candidates",
-                "greedy_looks", "extra_eval_gpuh", "truth_generation_s", "policies", "feedback", "p_family", "redraw_s",
+                "greedy_looks", "extra_eval_gpuh", "truth_cache", "truth_generation_s", "policies", "feedback", "p_family", "redraw_s",
                 "session_s", "judge_s"}
 POLICY_KEYS = {"policy", "nominee", "nominee_name", "nominee_vs_parent", "nominee_truly_better", "nominee_truly_worse",
                "promotions", "n_promotions", "n_false", "gpuh", "true_improvement", "improvement_per_gpuh",
@@ -124,6 +124,7 @@ def _judged_again(lab: Path, cache: Path, db: Path, served: dict, new: int, old:
     from evals.judge import judged_prompt
 
     tasks, _ = draw_sample(lab, TRUTH_N, 0)
+    assert json.loads((cache / "sample.json").read_text())["ids"] == [t.id for t in tasks]  # the answers are to this sample
     prompts = [judged_prompt(t.item("truth")) for t in tasks]
     answers = []
     for artifact in (new, old):
@@ -143,7 +144,7 @@ def _judged_again(lab: Path, cache: Path, db: Path, served: dict, new: int, old:
 
 @pytest.mark.slow
 def test_false_promotions_recomputed_from_the_notebooks(bench_run):
-    result, work = bench_run
+    result, _ = bench_run
     totals = dict.fromkeys(POLICIES, 0)
     judged = 0
     for s in result["sessions"]:
@@ -153,7 +154,7 @@ def test_false_promotions_recomputed_from_the_notebooks(bench_run):
         assert [(p["from"], p["to"]) for p in recorded] == _promotions(db)
         served = _served(db, s["parent"])
         assert _artifact(db, s["parent"], served)[0] == next(c for c in s["candidates"] if c["id"] == s["parent"])["key"]
-        cache = work / f"judge-{s['seed']}" / f"truth-n{TRUTH_N}-s0"
+        cache = Path(s["truth_cache"])
         for name in POLICIES:  # the playbook's promotions (from the notebook) and the baselines', judged here again
             false = 0
             for row in s["policies"][name]["promotions"]:

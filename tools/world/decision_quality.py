@@ -50,6 +50,7 @@ from tools.world.build import (
 from tools.world.tasks import draw_mix, hash_seed
 from tools.world.truth import draw_sample
 
+SAMPLE = "sample.json"  # in a bank's cache: the truth sample's task ids, in order
 _POINTS = {"A": 1.0, "B": 0.0, "tie": 0.5, "both_bad": 0.5}
 
 
@@ -102,12 +103,15 @@ class TruthBank:
         self.n, self.seed, self.device = len(tasks), seed, device
         self.items = [t.item("truth") for t in tasks]
         self.prompts = [judged_prompt(i) for i in self.items]
+        # The sample depends on the lab (it avoids the lab's own battles), so each lab's bank has its own cache.
         self.cache = cache / f"truth-n{n}-s{seed}"
         self.cache.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(self.cache / SAMPLE, {"n": self.n, "seed": seed, "ids": [t.id for t in tasks]})
         self.generation_s = 0.0
 
     def path_of(self, key: str) -> Path:
-        """Where the answers of `key` are cached (JSON: key, checkpoint, answers in sample order)."""
+        """Where the answers of `key` are cached (JSON: key, checkpoint, answers in sample order; the sample's
+        ids are in SAMPLE next to it)."""
         return self.cache / f"{key}.json"
 
     def answers(self, key: str, checkpoint: Path, decoding: Decoding) -> list[str]:
