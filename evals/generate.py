@@ -88,13 +88,13 @@ def stop_ids(loaded: Loaded, decoding: Decoding) -> list[int]:
     return [eos] if isinstance(eos, int) else list(eos)
 
 
-WIDTH_BUCKET = 64
+WIDTH_BUCKET = 32
 # Captured decoder shapes kept per loaded model: each holds a static KV cache (1.9 GB at batch 128 x 448 positions
 # on the 1B shape) and a CUDA graph; capturing one again costs two forwards, a capture and, with a new shape for the
 # compiled pieces, a recompilation.
 MAX_DECODERS = 4
 # Graph-replayed decoding asks the GPU whether every row has stopped once per this many steps (see the docstring).
-STOP_CHECK_EVERY = 8
+STOP_CHECK_EVERY = 16
 # Plain decoder-only attention models, whose whole state is one KV cache per layer: the engine's own
 # static-cache loop serves these; others (Mamba hybrids keep recurrent state) go through `generate`.
 STATIC_LOOP_MODEL_TYPES = {"llama", "qwen2", "qwen3"}
