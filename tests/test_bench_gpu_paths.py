@@ -5,7 +5,9 @@
 - bench/train_step_variants.py on an H200: on one process, peft's float32 adapters made the LoRA step 1.6x slower
   than bf16 adapters; the trainer now stores them in the compute dtype there;
 - bench/gen_throughput.py's check of the engine's static-cache decoder against one full forward (the check every
-  GPU run makes before timing) tells a right decoder from a wrong context.
+  GPU run makes before timing) tells a right decoder from a wrong context;
+- bench/train_step_variants.py on an H200: compiling the decoder blocks (the trainer's default on one GPU) must
+  give the eager loss and gradients, LoRA and activation checkpointing included.
 """
 
 from __future__ import annotations
@@ -125,7 +127,7 @@ def test_compiled_blocks_give_the_eager_loss_and_gradients(llama, lora):
 
 
 def test_blocks_compile_by_default_on_cuda_only(llama, tmp_path):
-    """load_policy's default: compiled on one CUDA process for attention-only models; never on the CPU (this
+    """load_policy's default: compiled on one CUDA process (not for LoRA on a hybrid); never on the CPU (this
     test) and never for a Nemotron-H block that holds a Mamba mixer."""
     from trainers.common import decoder_blocks
 
