@@ -33,6 +33,7 @@ import os
 import platform
 import re
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -143,6 +144,7 @@ def compare_zygote(jobs: int) -> dict[str, object]:
                                     for m in ("wall_s", "cpu_s")} for name, rs in runs.items()}
     finally:
         zygote.stop(folder)
+        shutil.rmtree(folder)
     return out
 
 

@@ -149,7 +149,6 @@ class Zygote:
                            cwd=ROOT, env=dict(env), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                            check=True, timeout=60)
 
-
     def wait(self, env: Mapping[str, str], timeout_s: float = 120.0) -> int:
         """Start the zygote for `env` if needed and wait until it listens; its pid (benchmarks and tests)."""
         self.prepare(env)
@@ -342,7 +341,6 @@ class Server:
         # Only noted here: the loop retires (a handler runs between any two bytecodes, even mid-fork).
         signal.signal(signal.SIGTERM, lambda *_: setattr(self, "stop_asked", "SIGTERM"))
         signal.signal(signal.SIGINT, lambda *_: setattr(self, "stop_asked", "SIGINT"))
-        self.sock_path.unlink(missing_ok=True)  # a dead zygote's socket; the lock says none listens on it
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.listener.bind(str(self.sock_path))
         self.listener.listen(64)
@@ -612,18 +610,29 @@ def _unbuffered_stdio() -> None:
         setattr(sys, f"__{name}__", new)
 
 
+def _take(lock_fd: int) -> bool:
+    """Take the zygote's lock unless another zygote holds it. `_locked` probes it with a shared lock for
+    microseconds: a few retries tell such a probe from a holder."""
+    for _ in range(50):
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            time.sleep(0.01)
+    return False
+
+
 def serve(sock_path: Path, preload: tuple[str, ...], idle_s: float) -> None:
     """Detach, take the lock, import, listen, serve; in a forked child, run its job instead."""
     if os.fork():
         os._exit(0)  # the caller waits for this detach only; the daemon is reparented, not a zombie
     os.setsid()
     lock_fd = os.open(sock_path.with_suffix(".lock"), os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+    if not _take(lock_fd):
         os._exit(0)  # another zygote of this key is starting or listening
     os.ftruncate(lock_fd, 0)
     os.write(lock_fd, str(os.getpid()).encode())
+    sock_path.unlink(missing_ok=True)  # a dead zygote's socket: from now on, a socket here means listening
     start, cpu, env = time.monotonic(), time.process_time(), dict(os.environ)
     log(f"importing {len(preload)} modules")
     for name in preload:
