@@ -20,8 +20,9 @@ import pytest
 
 from memory.notebook import Notebook
 from tools import zygote as zy
+from tools.executor import ExecutorSection
 from tools.jobrun import RunPaths, read_events
-from tools.launcher import Launcher, LocalBackend, Resources
+from tools.launcher import Launcher, LocalBackend, Resources, local_zygote
 from tools.probe import CountConfig, count
 
 PRELOAD = ("submitit.core._submit", "tools.jobrun", "tools.probe", "zyjob_dep")
@@ -211,3 +212,11 @@ def test_the_client_imports_nothing_heavy() -> None:
     out = subprocess.run([sys.executable, "-P", "-c", code, zy.__file__], capture_output=True, text=True, check=True)
     loaded = json.loads(out.stdout)
     assert not [m for m in loaded if m.split(".")[0] in {"torch", "transformers", "pydantic", "submitit", "tools"}]
+
+
+def test_lab_toml_and_the_environment_turn_it_off() -> None:
+    local = ExecutorSection(kind="local")
+    assert local_zygote(local, {"POSTLAB_ZYGOTE_DIR": "/tmp/zy"}).folder == Path("/tmp/zy")
+    assert local_zygote(local, {}).folder == Path(f"/tmp/postlab-zygote-{os.getuid()}")
+    assert local_zygote(local, {"POSTLAB_ZYGOTE": "0"}) is None
+    assert local_zygote(ExecutorSection(kind="local", zygote=False), {}) is None
