@@ -18,7 +18,8 @@ limit, a cancel) closes its connection, and the zygote kills the child's process
 that dies makes the client kill the child and fail.
 
 Correctness never depends on the zygote: whenever it cannot serve (none listening yet, a stale
-socket, a refusal) the client execs the plain python command. The zygote refuses a request whose
+socket, a refusal, a zygote still importing when the client's wait ends) the client execs the plain
+python command. The zygote refuses a request whose
 import-time environment (HF_*, TORCH*, OMP_*, PYTHON*, locale, ...) differs from its own, and once
 any file of a module it preloaded changed (or a site-packages directory: a package was installed),
 it refuses and retires: edited code is never served stale, and the launcher starts a fresh zygote
@@ -75,6 +76,9 @@ PRELOAD = (
 )
 IDLE_S = 300.0  # seconds without a running job or a request before a zygote exits
 RESTART_S = 60.0  # seconds between two starts of the same zygote by one launcher
+# A client finding its zygote still importing waits this share of the job's time limit, at most WAIT_MAX_S.
+WAIT_SHARE = 0.1
+WAIT_MAX_S = 60.0
 MAX_SOCKET_PATH = 100  # bytes; Linux's limit for a Unix socket's path is 107
 PROTOCOL = 1
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
@@ -127,8 +131,8 @@ class Zygote:
         """The `python` prefix for submitit.LocalExecutor (None: the plain one, the socket path would be too
         long); starts a zygote for `env` unless one holds its lock.
 
-        The first jobs after a start run the plain command (the client falls back while the zygote
-        imports, instead of waiting for it). A zygote is started at most once per RESTART_S: one that
+        The first jobs after a start wait for the zygote's imports, within a share of their time limit
+        (the client's `_connect`), else run the plain command. A zygote is started at most once per RESTART_S: one that
         keeps failing (a module that no longer imports) costs one import a minute, not one per job."""
         sock = self.socket(env)
         if len(os.fsencode(sock)) > MAX_SOCKET_PATH:
@@ -240,16 +244,25 @@ def client(argv: list[str]) -> NoReturn:
 
 
 def _connect(sock_path: str, args: list[str]) -> socket.socket | None:
+    """A connection to the zygote, waiting for one that is still importing (it holds its lock, its socket
+    is not there yet) for up to WAIT_SHARE of the job's time limit (the wait counts against it), at most
+    WAIT_MAX_S: importing alongside it would cost the same seconds of CPU twice. None: run plain."""
     if args[:2] != ["-u", "-m"] or len(args) < 3:  # the only form submitit's LocalExecutor runs
         return None
-    conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    conn.settimeout(30.0)  # a listening zygote answers in milliseconds; one that hangs is not waited for
-    try:
-        conn.connect(sock_path)
-    except OSError:  # none listening yet (importing), or a stale socket
-        conn.close()
-        return None
-    return conn
+    limit_s = float(os.environ.get("SUBMITIT_LOCAL_TIMEOUT_S") or 0)  # the controller's, for its tasks
+    deadline = time.monotonic() + min(WAIT_MAX_S, WAIT_SHARE * limit_s)
+    lock = Path(sock_path).with_suffix(".lock")
+    while True:
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        conn.settimeout(30.0)  # a listening zygote answers in milliseconds; one that hangs is not waited for
+        try:
+            conn.connect(sock_path)
+            return conn
+        except OSError:  # none listening: importing, or gone (a stale socket, no lock held)
+            conn.close()
+        if time.monotonic() > deadline or not _locked(lock):
+            return None
+        time.sleep(0.1)
 
 
 def _fallback(args: list[str]) -> NoReturn:

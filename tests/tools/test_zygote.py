@@ -48,6 +48,7 @@ def env(tmp_path: Path) -> dict[str, str]:
     mods.mkdir()
     (mods / "zyjob.py").write_text(JOB)
     (mods / "zyjob_dep.py").write_text("VERSION = 1\n")
+    (mods / "zyslow.py").write_text("import time\ntime.sleep(3)  # a slow import: the zygote is still starting\n")
     path = [str(mods), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     return {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
 
@@ -220,3 +221,17 @@ def test_lab_toml_and_the_environment_turn_it_off() -> None:
     assert local_zygote(local, {}).folder == Path(f"/tmp/postlab-zygote-{os.getuid()}")
     assert local_zygote(local, {"POSTLAB_ZYGOTE": "0"}) is None
     assert local_zygote(ExecutorSection(kind="local", zygote=False), {}) is None
+
+
+@pytest.mark.parametrize(("limit_s", "served"), [(600, True), (5, False)])
+def test_a_client_waits_for_a_starting_zygote_within_a_share_of_its_limit(
+        tmp_path_factory: pytest.TempPathFactory, env: dict[str, str], limit_s: int, served: bool) -> None:
+    handle = zy.Zygote(tmp_path_factory.mktemp("zy"), preload=(*PRELOAD, "zyslow"), idle_s=60)
+    try:
+        job_env = {**env, "SUBMITIT_LOCAL_TIMEOUT_S": str(limit_s)}  # as the controller sets it for its tasks
+        proc = client(handle, job_env, "zyjob", "exit", "0")  # at once: the zygote is importing for 3 s
+        pid, ppid = pids(proc)
+        assert proc.wait(timeout=60) == 0
+        assert (ppid in zy.running(handle.folder)) is served and (pid == proc.pid) is not served
+    finally:
+        zy.stop(handle.folder)
