@@ -63,10 +63,8 @@ ARMS: dict[str, Arm] = {
     "playbook-sft-16": Arm(data="winner", lr=1e-3, steps=16, as_agent=True),
     "playbook-klce-16": Arm(data="winner", lr=1e-3, steps=16, trainer="klce", as_agent=True),
     "playbook-sft-lr2e-3-30": Arm(data="winner", lr=2e-3, steps=30, as_agent=True),
-    # Settings the agent's tools accept that should hurt: a learning rate far too high, and many repeats.
+    # A setting the agent's train tool accepts that truly hurts: a learning rate 30x the playbook's.
     "sft-lr3e-2-16": Arm(data="winner", lr=3e-2, steps=16, as_agent=True),
-    "sft-lr3e-2-30": Arm(data="winner", lr=3e-2, steps=30, as_agent=True),
-    "sft-rep8-lr1e-2-200": Arm(data="winner", lr=1e-2, steps=200, repeat=8, as_agent=True),
 }
 
 
