@@ -22,7 +22,8 @@ Four policies are applied to the same session's candidates (no extra training):
   dev-holdout win score at greedy decoding beats the incumbent's (no noise floor, no bars). The session
   evaluated at served decoding only, so each greedy look is an extra eval job (the holdout judge suite against
   the parent's reference completions), run by this benchmark and charged apart (`extra_gpuh`);
-- last_arm: nominate the last trained candidate (one promotion, parent -> it);
+- last_arm: nominate the last trained arm (its final checkpoint, not a mid-way snapshot; one promotion,
+  parent -> it);
 - oracle_best: the candidate with the highest true win rate against the parent (the ceiling).
 
 Per promotion: the new incumbent against the one it replaced on the truth sample; a false promotion is one
@@ -71,23 +72,40 @@ GOALS = {
 # ---- one session --------------------------------------------------------------------------------
 
 
-def run_session(lab: Path, budget: str, protocol: str, log: Path) -> float:
-    """Run the playbook session on `lab` unless a finished one is there (an interrupted one is resumed: a
-    benchmark killed midway goes on where it stopped); returns its wall seconds (0 if reused)."""
+def session_command(lab: Path, budget: str, protocol: str) -> list[str] | None:
+    """run_agent.py's arguments for the playbook session on `lab`: a new session, or the resumption of an
+    interrupted one (a benchmark killed midway goes on where it stopped); None when a finished one is there."""
     command = ["--budget", budget, "--lab", str(lab), "--session", SESSION, "--protocol", protocol, "--quiet"]
     if (lab / "notebook.db").exists():
         with Notebook.open(lab / "notebook.db", readonly=True) as nb:
             states = [s.status for s in nb.sessions() if s.name == SESSION]
         if states and states[0] != "open":
-            return 0.0
+            return None
         command = ["resume", SESSION, "--lab", str(lab), "--quiet"] if states else command
-    start = time.monotonic()
-    with open(log, "a") as out:
-        rc = subprocess.call([sys.executable, str(REPO / "run_agent.py"), *command], cwd=REPO, stdout=out,
-                             stderr=subprocess.STDOUT)
-    if rc not in (0, 1):
-        raise SystemExit(f"session on {lab} exited {rc}; see {log}")
-    return time.monotonic() - start
+    return [sys.executable, str(REPO / "run_agent.py"), *command]
+
+
+def run_sessions(labs: dict[int, Path], budget: str, protocol: str, work: Path, parallel: int) -> dict[int, float]:
+    """Each seed's session, `parallel` at a time; returns their wall seconds (0 for one found finished)."""
+    pending, running, walls = list(labs), {}, {}
+    while pending or running:
+        while pending and len(running) < parallel:
+            seed = pending.pop(0)
+            command = session_command(labs[seed], budget, protocol)
+            if command is None:
+                walls[seed] = 0.0
+                continue
+            log = open(work / f"session-{seed}.log", "a")
+            proc = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+            running[seed] = (proc, log, time.monotonic())
+        time.sleep(1.0)
+        for seed, (proc, log, start) in [(k, v) for k, v in running.items() if v[0].poll() is not None]:
+            del running[seed]
+            log.close()
+            if proc.returncode not in (0, 1):  # 1: the session ended failed, which is a result to judge
+                raise SystemExit(f"session on {labs[seed]} exited {proc.returncode}; see {work}/session-{seed}.log")
+            walls[seed] = time.monotonic() - start
+    return walls
 
 
 def session_facts(nb: Notebook, lab: Path) -> dict[str, Any]:
@@ -99,6 +117,7 @@ def session_facts(nb: Notebook, lab: Path) -> dict[str, Any]:
         a = nb.artifact(c.id)
         decoding = Decoding.model_validate(a.recipe["served_decoding"]) if "served_decoding" in a.recipe else served
         cands.append({"id": c.id, "name": c.name, "origin": c.origin, "path": a.path, "sha256": a.sha256,
+                      "snapshot": "snapshot" in a.recipe,  # a run's mid-way save (trajectory selection), not an arm
                       "decoding": decoding.model_dump(mode="json"), "key": answer_key(a.sha256, decoding)})
     promotions = [(d.payload.get("previous"), d.payload.get("artifact_id")) for d in nb.decisions(SESSION, kind="promote")
                   if d.payload.get("action") == "incumbent"]
@@ -197,7 +216,7 @@ def policy_greedy(facts: dict[str, Any], looks: dict[int, dict[str, float]]) -> 
 
 
 def policy_last_arm(facts: dict[str, Any]) -> tuple[list[tuple[int, int]], int]:
-    trained = [c["id"] for c in facts["candidates"] if c["origin"].startswith("train:")]
+    trained = [c["id"] for c in facts["candidates"] if c["origin"].startswith("train:") and not c["snapshot"]]
     return ([(facts["parent"], trained[-1])], trained[-1]) if trained else ([], facts["parent"])
 
 
@@ -323,47 +342,46 @@ def register_family(lab: Path, protocol: str) -> int:
     return family
 
 
-def one_seed(args: argparse.Namespace, seed: int) -> dict[str, Any]:
-    """Redraw, run and judge one session seed; the row is also written to WORK/seed-SEED.json."""
-    lab, done = args.work / f"lab-{seed}", args.work / f"seed-{seed}.json"
-    if args.reuse_rows and done.is_file():
-        return json.loads(done.read_text())
-    t0 = time.monotonic()
+def prepare(args: argparse.Namespace, seed: int) -> dict[str, Any]:
+    """The seed's lab: a copy of the world with its own feedback draw, and the protocol's p-value family."""
+    lab, t0 = args.work / f"lab-{seed}", time.monotonic()
     fresh = not (lab / "notebook.db").exists()
     redraw = redraw_feedback(args.work / "world", lab, seed)
     family = register_family(lab, args.protocol) if fresh else None
-    redraw_s = time.monotonic() - t0
-    session_s = run_session(lab, args.budget, args.protocol, args.work / f"session-{seed}.log")
+    return {"lab": lab, "feedback": redraw.model_dump(), "p_family": family, "redraw_s": time.monotonic() - t0}
+
+
+def finish(args: argparse.Namespace, seed: int, prepared: dict[str, Any], session_s: float) -> dict[str, Any]:
+    """Judge the seed's finished session; the row is also written to WORK/seed-SEED.json."""
     t1 = time.monotonic()
-    row = judge_session(seed, lab, args.work / f"judge-{seed}", args.truth_n, args.truth_seed, args.device)
-    row |= {"feedback": redraw.model_dump(), "p_family": family, "redraw_s": redraw_s, "session_s": session_s,
-            "judge_s": time.monotonic() - t1}
-    done.write_text(json.dumps(row, indent=1) + "\n")
+    row = judge_session(seed, prepared["lab"], args.work / f"judge-{seed}", args.truth_n, args.truth_seed, args.device)
+    row |= {k: prepared[k] for k in ("feedback", "p_family", "redraw_s")} | {"session_s": session_s,
+                                                                             "judge_s": time.monotonic() - t1}
+    (args.work / f"seed-{seed}.json").write_text(json.dumps(row, indent=1) + "\n")
     print(f"seed {seed}: " + ", ".join(f"{k} nominee {v['nominee_name']} {v['nominee_vs_parent']['win_rate']:.3f}"
                                        for k, v in row["policies"].items()), flush=True)
     return row
 
 
-def run_seeds(args: argparse.Namespace, seeds: list[int], argv: list[str]) -> list[dict[str, Any]]:
-    """Every seed, `--parallel` at a time (each in its own process: sessions and truth generation are heavy)."""
-    args.work.mkdir(parents=True, exist_ok=True)
-    if args.parallel <= 1:
-        return [one_seed(args, seed) for seed in seeds]
-    pending, running = list(seeds), []
-    while pending or running:
-        while pending and len(running) < args.parallel:
-            seed = pending.pop(0)
-            log = open(args.work / f"seed-{seed}.log", "w")
-            running.append((seed, log, subprocess.Popen([sys.executable, __file__, *argv, "--one-seed", str(seed)],
-                                                        cwd=REPO, stdout=log, stderr=subprocess.STDOUT)))
-        time.sleep(1.0)
-        for item in [r for r in running if r[2].poll() is not None]:
-            running.remove(item)
-            item[1].close()
-            if item[2].returncode != 0:
-                raise SystemExit(f"seed {item[0]} failed (exit {item[2].returncode}); see {args.work}/seed-{item[0]}.log")
-    return [json.loads((args.work / f"seed-{seed}.json").read_text()) for seed in seeds]
+def one_seed(args: argparse.Namespace, seed: int) -> dict[str, Any]:
+    """Redraw, run and judge one session seed (`--one-seed N` does this by hand)."""
+    prepared = prepare(args, seed)
+    walls = run_sessions({seed: prepared["lab"]}, args.budget, args.protocol, args.work, 1)
+    return finish(args, seed, prepared, walls[seed])
 
+
+def run_seeds(args: argparse.Namespace, seeds: list[int]) -> list[dict[str, Any]]:
+    """Every seed: the redraws one at a time, then the sessions `--parallel` at a time (the heavy part, each
+    its own run_agent.py), then the judging one at a time, all in this process (one torch import, not one
+    per seed). A seed whose row is in WORK (`--reuse-rows`) is taken from there."""
+    args.work.mkdir(parents=True, exist_ok=True)
+    todo = [seed for seed in seeds if not (args.reuse_rows and (args.work / f"seed-{seed}.json").is_file())]
+    prepared = {seed: prepare(args, seed) for seed in todo}
+    walls = run_sessions({seed: p["lab"] for seed, p in prepared.items()}, args.budget, args.protocol, args.work,
+                         max(1, args.parallel))
+    for seed in todo:
+        finish(args, seed, prepared[seed], walls[seed])
+    return [json.loads((args.work / f"seed-{seed}.json").read_text()) for seed in seeds]
 
 
 def _seed_list(text: str) -> list[int]:
@@ -386,9 +404,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--truth-seed", type=int, default=0, help="truth sample seed")
     p.add_argument("--device", default="cpu", help="device of the truth generation")
     p.add_argument("--work", type=Path, default=Path("/tmp/decision-quality"), help="worlds, sessions and caches")
-    p.add_argument("--parallel", type=int, default=1, help="seeds run at the same time")
+    p.add_argument("--parallel", type=int, default=1, help="sessions run at the same time")
     p.add_argument("--reuse-rows", action="store_true", help="take a seed's row from WORK/seed-SEED.json when there")
-    p.add_argument("--one-seed", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--one-seed", type=int, help="redraw, run and judge this one seed only (WORK/world built)")
     p.add_argument("--out", type=Path, default=REPO / "bench/results/decision_quality.json")
     args = p.parse_args(argv)
     try:
@@ -403,7 +421,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     build(args.work / "world", seed=args.world_seed, size=args.size)  # once, before any seed copies it
     build_s = time.monotonic() - t0
-    sessions = run_seeds(args, seeds, argv if argv is not None else sys.argv[1:])
+    sessions = run_seeds(args, seeds)
     summary = {name: summarize_policy(sessions, name) for name in POLICIES}
     result = {
         "command": "python bench/decision_quality.py " + " ".join(argv if argv is not None else sys.argv[1:]),
