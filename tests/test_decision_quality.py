@@ -9,7 +9,9 @@ redrawn, the oracle applied to the cached answers, the interval computed here): 
 must equal the benchmark's, and so must the false-promotion counts.
 
 The reduced run is the `test` protocol (one 4-step SFT arm, its dose and one serving alternative), not the
-benchmark's `short` one: a session of it is about 11 jobs, and three of them are what `make test` can afford.
+benchmark's `short` one: a session of it is about 12 jobs, and three of them are what `make test` can afford.
+Measured on the shared 2-core machine: 296 s for the whole run at load ~7, about 200 CPU-s with the jobs'
+fork server (the shared world's build included, ~40 of them); 545 CPU-s with POSTLAB_ZYGOTE=0.
 """
 
 from __future__ import annotations
