@@ -75,6 +75,10 @@ def load(path: str | Path, device: str = "cpu", dtype: str = "float32") -> Loade
         raise FileNotFoundError(f"{path}: not a checkpoint directory (no config.json)")
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).to(device).eval()
+    # A checkpoint saved mid-training may say use_cache = false; generate() would then re-run the whole prefix at
+    # every token (the model's generation config overrides a passed config's defaults).
+    model.config.use_cache = True
+    model.generation_config.use_cache = True
     return Loaded(model=model, tokenizer=tokenizer, device=torch.device(device))
 
 

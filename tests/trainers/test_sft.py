@@ -56,6 +56,9 @@ def test_sft_learns_and_reloads(kind, lora, model_dirs, sft_data, tmp_path):
         adapter = load_file(result.model_dir / "adapter_model.safetensors")
         assert any("lm_head" in k for k in adapter)
         assert any("experts" in k for k in adapter) == (kind == "nemotron_h")
+    if lora is None:  # training ran with the KV cache off; the saved checkpoint must decode with it on
+        assert json.loads((result.model_dir / "config.json").read_text())["use_cache"] is True
+        assert json.loads((result.model_dir / "generation_config.json").read_text()).get("use_cache", True) is True
     reload_and_generate(result)
 
 
