@@ -124,12 +124,30 @@ class TruthFamily(_Payload):
     """The ground truth on one task family of the sample."""
 
     n: int = Field(description="Prompts of this family.")
-    accuracy: float = Field(description="Share the nominee answered correctly.")
-    other_accuracy: float = Field(description="Share the parent answered correctly.")
-    win_rate: float = Field(description="The nominee's win rate on this family.")
+    accuracy: float = Field(description="Share the measured side answered correctly.")
+    other_accuracy: float = Field(description="Share the other side answered correctly.")
+    win_rate: float = Field(description="The measured side's win rate on this family.")
 
 
-class TruthPayload(_Payload):
+class TruthFigures(_Payload):
+    """A ground-truth measurement on a fresh sample by a noise-free scorer: what `world truth` reports and what
+    the `truth` decision keeps."""
+
+    n: int = Field(description="Prompts in the fresh sample.")
+    seed: int = Field(description="Sample seed.")
+    win_rate: float = Field(description="Mean points per prompt (win 1, tie or both bad 0.5, loss 0).")
+    ci_low: float = Field(description="Lower bound of the 95% CI of win_rate.")
+    ci_high: float = Field(description="Upper bound of the 95% CI of win_rate.")
+    outcomes: dict[str, int] = Field(description="Prompts per outcome: win, tie, both_bad, loss.")
+    accuracy: float = Field(description="The measured side's accuracy over the sample.")
+    other_accuracy: float = Field(description="The other side's accuracy over the sample.")
+    per_family: dict[str, TruthFamily] = Field(description="Per task family.")
+    audit_passed: bool = Field(description="The sample shares no prompt with any split, suite or data source.")
+    audit_sha256: str = Field(description="sha256 of the sample's leak audit.")
+    audit_references: dict[str, int] = Field(description="Reference prompts per source it was audited against.")
+
+
+class TruthPayload(TruthFigures):
     """The nominee's ground truth against the parent, by the lab's declared noise-free scorer ([truth] of
     lab.toml): measured after the sealed confirmation, for the card and the report; never shown to a planner."""
 
@@ -137,18 +155,6 @@ class TruthPayload(_Payload):
     parent: int = Field(description="The artifact it was measured against (the session's parent).")
     scorer: str = Field(description="The [truth] kind that scored it.")
     job_key: str = Field(description="The ground-truth job.")
-    n: int = Field(description="Prompts in the fresh sample.")
-    seed: int = Field(description="Sample seed.")
-    win_rate: float = Field(description="Mean points per prompt (win 1, tie or both bad 0.5, loss 0).")
-    ci_low: float = Field(description="Lower bound of the 95% CI of win_rate.")
-    ci_high: float = Field(description="Upper bound of the 95% CI of win_rate.")
-    outcomes: dict[str, int] = Field(description="Prompts per outcome: win, tie, both_bad, loss.")
-    accuracy: float = Field(description="The nominee's accuracy over the sample.")
-    other_accuracy: float = Field(description="The parent's accuracy over the sample.")
-    per_family: dict[str, TruthFamily] = Field(description="Per task family.")
-    audit_passed: bool = Field(description="The sample shares no prompt with any split, suite or data source.")
-    audit_sha256: str = Field(description="sha256 of the sample's leak audit.")
-    audit_references: dict[str, int] = Field(description="Reference prompts per source it was audited against.")
 
 
 class _JobAttempt(_Payload):

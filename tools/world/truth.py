@@ -19,8 +19,9 @@ import json
 import math
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from memory.records import TruthFamily, TruthFigures
 from tools.leak import DEFAULT_NGRAM, Reference, ReferenceIndex, audit, prompt_text
 from tools.world import opponent, oracle
 from tools.world.build import (
@@ -39,34 +40,15 @@ OPPONENT = "opponent"
 _POINTS = {"win": 1.0, "tie": 0.5, "both_bad": 0.5, "loss": 0.0}
 
 
-class FamilyTruth(BaseModel):
-    """Accuracy of both sides on one family of the sample."""
-
-    model_config = ConfigDict(extra="forbid")
-    n: int = Field(description="Prompts of this family.")
-    accuracy: float = Field(description="Share the checkpoint answered correctly.")
-    other_accuracy: float = Field(description="Share the other side answered correctly.")
-    win_rate: float = Field(description="The checkpoint's win rate on this family.")
+# The figures are the notebook's own model (memory.records), so a `truth` decision keeps exactly what this reports.
+FamilyTruth = TruthFamily
 
 
-class TruthResult(BaseModel):
+class TruthResult(TruthFigures):
     """What `world truth` reports."""
 
-    model_config = ConfigDict(extra="forbid")
     checkpoint: str = Field(description="The checkpoint measured.")
     other: str = Field(description="What it was measured against: a checkpoint path or 'opponent'.")
-    n: int = Field(description="Prompts in the sample.")
-    seed: int = Field(description="Truth sample seed.")
-    win_rate: float = Field(description="Mean points per prompt (win 1, tie/both-bad 0.5, loss 0).")
-    ci_low: float = Field(description="Lower bound of the 95% CI of win_rate.")
-    ci_high: float = Field(description="Upper bound of the 95% CI of win_rate.")
-    outcomes: dict[str, int] = Field(description="Prompts per outcome: win, tie, both_bad, loss.")
-    accuracy: float = Field(description="The checkpoint's accuracy over the sample.")
-    other_accuracy: float = Field(description="The other side's accuracy over the sample.")
-    per_family: dict[str, FamilyTruth] = Field(description="Per task family.")
-    audit_passed: bool = Field(description="The sample shares no prompt with any split, suite or data source.")
-    audit_sha256: str = Field(description="sha256 of the leak audit result.")
-    audit_references: dict[str, int] = Field(description="Reference prompts per source the sample was audited against.")
 
 
 def world_references(lab: Path) -> list[Reference]:
