@@ -213,3 +213,24 @@ def test_battle_margin_scorer_signs(item):
     outs = battle_margin.score(items, lps)
     assert [o.values["prefers_chosen"] for o in outs] == [1.0, 0.0]
     assert [o.values["margin"] for o in outs] == [2.0, -7.0]
+
+
+def test_a_checkpoint_saved_without_the_kv_cache_still_decodes_with_it(tiny_models, item, tmp_path):
+    # A checkpoint saved mid-training says use_cache = false; generate() would then re-run the whole prefix at
+    # every token. The loader turns the cache on, and the answers equal those of the same weights saved with it.
+    import shutil
+
+    src = tiny_models["nemotron_h"]
+    off = tmp_path / "no-cache"
+    shutil.copytree(src, off)
+    for name in ("config.json", "generation_config.json"):
+        path = off / name
+        if path.is_file():
+            data = json.loads(path.read_text())
+            data["use_cache"] = False
+            path.write_text(json.dumps(data))
+    loaded = load(off)
+    assert loaded.model.config.use_cache is True and loaded.model.generation_config.use_cache is True
+    dec = Decoding(max_new_tokens=6)
+    items = _items(item, n=3)
+    assert [c.text for c in generate(loaded, items, dec, seed=0)] == [c.text for c in generate(load(src), items, dec, seed=0)]
