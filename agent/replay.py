@@ -170,7 +170,7 @@ def replay(lab_dir: Path, session: str, *, bars: Path | None = None, planner: st
             s = original.session(session)
         except NotebookError as exc:
             raise SessionError(str(exc)) from None
-        settings = (PlaybookSettings.model_validate(s.config["playbook"]) if protocol is None
+        settings = (PlaybookSettings.recorded(s.config["playbook"], session) if protocol is None
                     else PlaybookSettings.named(protocol))
         with Notebook.open(Path(tmp) / "notebook.db") as scratch:
             scratch.open_session(session, lab=s.lab, budget_gpuh=s.budget_gpuh, reserve_gpuh=s.reserve_gpuh,

@@ -160,7 +160,7 @@ def resume(lab_dir: Path, session: str, quiet: bool) -> int:
         saved = s.config
         if sha256_text(canonical_json(saved["lab"])) != sha256_text(canonical_json(config.model_dump(mode="json"))):
             raise SessionError(f"{lab_dir}/lab.toml changed since session {session} started; resume needs the same lab")
-        settings = PlaybookSettings.model_validate(saved["playbook"])
+        settings = PlaybookSettings.recorded(saved["playbook"], session)
         section = config.executor.model_copy(update={"kind": s.executor})
         rt = _runtime(nb, session, lab_dir, config, section, settings, s.planner, quiet)
         start_incumbent(rt.ctx)

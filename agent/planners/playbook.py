@@ -48,8 +48,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from agent.errors import SessionError
 from agent.planners import ToolCall
 from agent.summary import Summary
 from evals.synthetic import Family
@@ -118,6 +119,18 @@ class PlaybookSettings(BaseModel):
     @classmethod
     def named(cls, protocol: str) -> PlaybookSettings:
         return {"full": cls, "test": cls.test, "short": cls.short}[protocol]()
+
+    @classmethod
+    def recorded(cls, saved: dict[str, Any], session: str) -> PlaybookSettings:
+        """The settings a session recorded at its start (resume and replay), or one clear refusal: a session
+        recorded by another version of the playbook (e.g. before trajectory selection) cannot be read as is."""
+        try:
+            return cls.model_validate(saved)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "settings"
+            raise SessionError(f"session {session}: its recorded playbook settings do not fit this version "
+                               f"({where}: {first['msg']}); replay it with --protocol, or start a new session") from None
 
     def comparisons(self) -> int:
         """The most comparisons (p-values) this protocol makes: the p_family its bars should register."""

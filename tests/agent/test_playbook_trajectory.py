@@ -138,3 +138,16 @@ def test_the_full_protocol_saves_snapshots_and_counts_their_comparison_the_other
 def test_trajectory_steps_must_lie_inside_the_arms_and_need_the_screen(update):
     with pytest.raises(ValidationError, match="trajectory"):
         PlaybookSettings(**(PlaybookSettings().model_dump() | update))
+
+
+def test_recorded_settings_round_trip_and_an_older_record_is_one_clear_refusal():
+    from agent.errors import SessionError
+
+    for name in ("full", "test", "short"):
+        s = PlaybookSettings.named(name)
+        assert PlaybookSettings.recorded(s.model_dump(mode="json"), "s1") == s
+    # A test-protocol session recorded before trajectory selection: no `trajectory` key, screening off.
+    older = PlaybookSettings.test().model_dump(mode="json")
+    del older["trajectory"]
+    with pytest.raises(SessionError, match=r"session s1: .*trajectory.*--protocol"):
+        PlaybookSettings.recorded(older, "s1")
