@@ -5,7 +5,10 @@ step (what resume and replay rely on). The protocol, in order:
 
 1. ingest and split the feedback; register the bars (bars before scores);
 2. calibrate the incumbent: K >= 3 replicates on every open suite (noise before deltas; replicate 0
-   is the baseline); again after every promotion, since compare reads the incumbent's own floor;
+   is the baseline); again after a promotion, since compare reads the incumbent's own floor, but only
+   when a step first reads that calibration (`lazy_calibration`): screens on the cheap suites read the
+   parent's floors and the incumbent's first eval, so a promotion whose later candidates all screen out
+   spends nothing on a calibration no comparison reads;
 3. stop early when N arms in a row failed or missed the bars, or the budget above the reserve is
    too small for another step;
 4. first arms, one per family at conservative settings, each from the session's parent: winner
@@ -82,6 +85,10 @@ class PlaybookSettings(BaseModel):
         (ServingAlternative(temperature=0.0), ServingAlternative(repetition_penalty=1.1)),
         description="Serving alternatives tried with the weights fixed.")
     k: int = Field(3, ge=3, description="Replicates of each incumbent calibration.")
+    lazy_calibration: bool = Field(
+        True, description="Calibrate a promoted incumbent only when a step first reads its calibration (a judged eval "
+        "against its reference answers, a serving alternative, a comparison against its floors), not at once: a "
+        "promotion whose later candidates all screen out costs no calibration. The parent is calibrated first always.")
     max_failed_arms: int = Field(3, ge=1, description="Stop after this many arms in a row failed or missed the bars.")
     rft_counts: dict[Family, int] = Field({"digit_sum": 24, "arithmetic_chain": 24, "letter_count": 24},
                                           description="Verified tasks per family for RFT prompts.")
@@ -124,6 +131,8 @@ class PlaybookSettings(BaseModel):
     def recorded(cls, saved: dict[str, Any], session: str) -> PlaybookSettings:
         """The settings a session recorded at its start (resume and replay), or one clear refusal: a session
         recorded by another version of the playbook (e.g. before trajectory selection) cannot be read as is."""
+        # Sessions recorded before lazy calibration calibrated every new incumbent at once: replay them so.
+        saved = {"lazy_calibration": False} | dict(saved)
         try:
             return cls.model_validate(saved)
         except ValidationError as exc:
@@ -166,19 +175,36 @@ def next_step(s: Summary, cfg: PlaybookSettings) -> ToolCall:
     if s.bars is None:
         return _call("register_bars", {}, "bars before scores: register the lab's promotion bars before any eval")
     inc = s.incumbent
+    calibrate = _call("calibrate", {"artifact": inc, "k": cfg.k},
+                      f"noise before deltas: K={cfg.k} replicates of incumbent {inc} on every open suite (its baseline)")
     if inc not in s.calibrated:
         calibration = s.call("calibrate", {"artifact": inc, "k": cfg.k})
         if calibration is not None and calibration.status != "open":
             name = s.checkpoint(inc).name if s.checkpoint(inc) else inc
             return _call("stop", {"reason": f"calibration of incumbent {name} failed: {calibration.summary}"},
                          "no noise floor, no comparison")
-        return _call("calibrate", {"artifact": inc, "k": cfg.k},
-                     f"noise before deltas: K={cfg.k} replicates of incumbent {inc} on every open suite (its baseline)")
+        if not cfg.lazy_calibration or inc == s.parent or calibration is not None:
+            return calibrate
     stop = _stop_reason(s, cfg)
     if stop:
         return _call("stop", {"reason": stop}, stop)
     step = next(_protocol(s, cfg), None)
+    if step is not None and inc not in s.calibrated and _reads_calibration(s, step):
+        return calibrate.model_copy(update={"rationale": f"{calibrate.rationale}, now that the next step "
+                                                          f"({step.tool}: {step.rationale}) reads it"})
     return step or _call("stop", {"reason": "protocol complete"}, "every step of the protocol has run or was refused")
+
+
+def _reads_calibration(s: Summary, step: ToolCall) -> bool:
+    """Whether `step` reads the incumbent's calibration: a comparison (its floors and baseline), a serving
+    alternative (evaluated on every suite against its reference answers), or an eval on a judged suite."""
+    if step.tool in ("compare", "tune_serving"):
+        return True
+    if step.tool != "evaluate":
+        return False
+    suites = step.args.get("suites")
+    _, judged = _suites(s)
+    return suites is None or any(x in judged for x in suites)
 
 
 def _stop_reason(s: Summary, cfg: PlaybookSettings) -> str | None:
