@@ -46,11 +46,12 @@ else:
     Path(out).mkdir()
     for f in sorted(Path(src_a).iterdir()):
         shutil.copyfile(f, Path(out) / f.name)
+written = time.perf_counter() - t0
 fsync_dir(out)
 elapsed = time.perf_counter() - t0
 # VmHWM is this process image's own peak; ru_maxrss would carry the parent's peak across fork + exec.
 hwm = next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmHWM:"))
-print(json.dumps({{"seconds": elapsed, "peak_rss_bytes": hwm}}))
+print(json.dumps({{"seconds": elapsed, "fsync_seconds": elapsed - written, "peak_rss_bytes": hwm}}))
 """
 
 
@@ -148,6 +149,7 @@ def main() -> None:
     for op, rs in runs.items():
         secs = statistics.median(r["seconds"] for r in rs)
         table[op] = {"seconds_median": secs, "seconds_all": [r["seconds"] for r in rs],
+                     "fsync_seconds_all": [r["fsync_seconds"] for r in rs],
                      "output_gb_per_s": gb / secs, "peak_rss_gb": max(r["peak_rss_bytes"] for r in rs) / 1e9}
     share = table["soup"]["output_gb_per_s"] / table["copy"]["output_gb_per_s"]
     shard_bytes = args.shard_gb * 2**30

@@ -223,12 +223,17 @@ def _copy_side_files(src: Path, dst: Path) -> None:
 # (convert, scale, add, cast back) run in cache instead of each going out to memory (2-3x faster than
 # 16 MiB chunks on a 2-core host), while reads and writes stay large; memory is a few chunks per shard.
 CHUNK_ELEMENTS = 1 << 18
-# Output shards written at once, each by two threads (combine; hash and write): each shard has its own sha256 (a
-# sequential hash runs near 2 GB/s on one core), so several shards in flight keep hashing and writes off the
-# critical path. On the 16-core GPU machine 4 single-thread workers reached 58% of a plain copy's bandwidth.
+# Output shards written at once. Each shard has its own sha256, which is sequential (about 1-2 GB/s on one core),
+# so shards in flight are what spreads hashing over the cores; each shard's pipeline runs five threads (see
+# _ShardPipeline), most of them waiting on memory copies, the hash or the disk.
 MAX_WORKERS = max(1, min(8, (os.cpu_count() or 2) // 2))
-# Output chunks in flight between a shard's combining thread and its writer.
-WRITE_DEPTH = 3
+# Chunk slots circulating through one shard's pipeline: each holds one chunk of every input and of the output, so a
+# shard's memory is PIPELINE_DEPTH chunks, and each stage can work while the others hold the other slots.
+PIPELINE_DEPTH = 4
+# Output bytes a shard's writer lets pile up before its flusher pushes them to disk (fdatasync) while the merge goes
+# on. Without it the page cache held the whole output until the caller's final fsync, and that flush ran after all
+# the combining instead of beside it (on the GPU machine the flush alone took about as long as a plain copy).
+FLUSH_BYTES = 64 << 20
 _DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
            "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
            "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2}
@@ -287,50 +292,114 @@ def _dtype(path: Path, name: str) -> torch.dtype:
     return _DTYPES[name]
 
 
-class _HashingWriter:
-    """Hashes and appends filled output chunks, in order, on its own thread while the caller combines the next
-    ones; `take` hands out one of WRITE_DEPTH reusable buffers. A write error stops the shard at the next `take`
-    or at the end of the `with` block."""
+class _Chunk(NamedTuple):
+    """Elements [first, first + n) of one tensor."""
 
-    def __init__(self, out, digest, width: int):
-        self.out, self.digest, self.error = out, digest, None
+    key: str
+    first: int
+    n: int
+
+
+class _Slot:
+    """Reusable buffers for one chunk in flight: one uint8 buffer per input, one for the output, and the chunk."""
+
+    def __init__(self, inputs: int, width: int):
+        self.inputs = [torch.empty(width, dtype=torch.uint8) for _ in range(inputs)]
+        self.output = torch.empty(width, dtype=torch.uint8)
+        self.chunk = _Chunk("", 0, 0)
+        self.nbytes = 0
+
+
+class _ShardPipeline:
+    """One output shard's chunks, in order, through five threads: a reader (plain reads of every input's chunk), the
+    caller's thread (combine), a hasher (the shard's sha256, over the output bytes in file order), a writer (appends
+    them) and a flusher (fdatasync every FLUSH_BYTES, so the disk writes while the rest goes on). PIPELINE_DEPTH
+    slots go round from stage to stage, so a shard takes its slowest stage's time, not the sum of all of them; the
+    output is fsynced before `run` returns.
+
+    The first error of any stage is kept; from then on every stage passes slots on without working on them (so no
+    stage waits forever on another) and the reader stops, and `run` raises it."""
+
+    def __init__(self, out, digest, read: Callable[[_Slot], None], inputs: int, width: int):
+        self.out, self.digest, self.read = out, digest, read
+        self.error: BaseException | None = None
         self.free: queue.Queue = queue.Queue()
-        self.filled: queue.Queue = queue.Queue()
-        for _ in range(WRITE_DEPTH):
-            self.free.put(torch.empty(width, dtype=torch.uint8))
-        self.thread = threading.Thread(target=self._run, daemon=True)
+        for _ in range(PIPELINE_DEPTH):
+            self.free.put(_Slot(inputs, width))
+        self.read_q: queue.Queue = queue.Queue()
+        self.hash_q: queue.Queue = queue.Queue()
+        self.write_q: queue.Queue = queue.Queue()
+        self.unflushed, self.closing = 0, False
+        self.flush_wanted = threading.Event()
 
-    def __enter__(self) -> _HashingWriter:
-        self.thread.start()
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        self.filled.put(None)
-        self.thread.join()
-        if exc_type is None and self.error is not None:
-            raise self.error
-
-    def _run(self) -> None:
-        while (item := self.filled.get()) is not None:
-            buf, nbytes = item
-            if self.error is None:
-                try:
-                    view = memoryview(buf[:nbytes].numpy())
-                    self.digest.update(view)
-                    self.out.write(view)
-                # Stored and raised in the combining thread (a full disk, say), which stops handing out chunks.
-                except BaseException as err:  # noqa: BLE001
-                    self.error = err
-            self.free.put(buf)
-
-    def take(self) -> torch.Tensor:
-        buf = self.free.get()
+    def run(self, plan: list[_Chunk], combine: Callable[[_Slot], None]) -> None:
+        threads = [threading.Thread(target=fn, args=args, daemon=True) for fn, args in (
+            (self._read_all, (plan,)), (self._stage, (self.hash_q, self.write_q, self._hash)),
+            (self._stage, (self.write_q, self.free, self._write)), (self._flush_loop, ()))]
+        for t in threads:
+            t.start()
+        self._stage(self.read_q, self.hash_q, combine)
+        for t in threads[:3]:
+            t.join()
+        self.closing = True
+        self.flush_wanted.set()
+        threads[3].join()
+        if self.error is None:
+            self.out.flush()
+            os.fsync(self.out.fileno())
         if self.error is not None:
             raise self.error
-        return buf
 
-    def put(self, buf: torch.Tensor, nbytes: int) -> None:
-        self.filled.put((buf, nbytes))
+    def _fail(self, err: BaseException) -> None:
+        if self.error is None:
+            self.error = err
+
+    def _read_all(self, plan: list[_Chunk]) -> None:
+        for chunk in plan:
+            if self.error is not None:
+                break
+            slot = self.free.get()
+            slot.chunk = chunk
+            try:
+                self.read(slot)
+            # Kept and raised by run() in the merge's thread (a truncated input, say); the slot goes on unread.
+            except BaseException as err:  # noqa: BLE001
+                self._fail(err)
+            self.read_q.put(slot)
+        self.read_q.put(None)
+
+    def _stage(self, inbox: queue.Queue, outbox: queue.Queue, work: Callable[[_Slot], None]) -> None:
+        while (slot := inbox.get()) is not None:
+            if self.error is None:
+                try:
+                    work(slot)
+                # Kept and raised by run() (a full disk, say); later slots pass through undone.
+                except BaseException as err:  # noqa: BLE001
+                    self._fail(err)
+            outbox.put(slot)
+        outbox.put(None)
+
+    def _hash(self, slot: _Slot) -> None:
+        self.digest.update(memoryview(slot.output[: slot.nbytes].numpy()))
+
+    def _write(self, slot: _Slot) -> None:
+        self.out.write(memoryview(slot.output[: slot.nbytes].numpy()))
+        self.unflushed += slot.nbytes
+        if self.unflushed >= FLUSH_BYTES:
+            self.out.flush()
+            self.unflushed = 0
+            self.flush_wanted.set()
+
+    def _flush_loop(self) -> None:
+        while True:
+            self.flush_wanted.wait()
+            self.flush_wanted.clear()
+            if self.closing:
+                return
+            try:
+                os.fdatasync(self.out.fileno())
+            except OSError as err:
+                self._fail(err)
 
 
 def _write_shard(out_path: Path, keys: list[str], sources: list[dict[str, tuple[Path, _Entry]]],
@@ -352,7 +421,10 @@ def _write_shard_chunks(out_path: Path, keys: list[str], sources: list[dict[str,
     ref = {k: sources[0][k][1] for k in keys}
     dtypes = {k: _dtype(sources[0][k][0], ref[k].dtype) for k in keys}
     width = max((d.itemsize for d in dtypes.values()), default=1) * CHUNK_ELEMENTS
-    in_bufs = [torch.empty(width, dtype=torch.uint8) for _ in sources]
+    plan = []
+    for k in keys:
+        numel = (ref[k].end - ref[k].start) // dtypes[k].itemsize
+        plan += [_Chunk(k, first, min(CHUNK_ELEMENTS, numel - first)) for first in range(0, numel, CHUNK_ELEMENTS)]
     acc, tmp = torch.empty(CHUNK_ELEMENTS, dtype=torch.float32), torch.empty(CHUNK_ELEMENTS, dtype=torch.float32)
     header = _header_bytes(keys, ref)
     digest = hashlib.sha256(header)
@@ -361,18 +433,24 @@ def _write_shard_chunks(out_path: Path, keys: list[str], sources: list[dict[str,
         for path in {src[k][0] for src in sources for k in keys}:
             fds[path] = os.open(path, os.O_RDONLY)
             stack.callback(os.close, fds[path])
+            os.posix_fadvise(fds[path], 0, 0, os.POSIX_FADV_SEQUENTIAL)  # larger readahead for a cold input
+
+        def read(slot: _Slot) -> None:
+            key, first, n = slot.chunk
+            size = dtypes[key].itemsize
+            for buf, src in zip(slot.inputs, sources, strict=True):
+                path, entry = src[key]
+                _pread(fds[path], path, buf[: n * size], entry.start + first * size)
+
+        def combine_slot(slot: _Slot) -> None:
+            key, first, n = slot.chunk
+            dtype = dtypes[key]
+            slot.nbytes = n * dtype.itemsize
+            chunks = [buf[: slot.nbytes].view(dtype) for buf in slot.inputs]
+            combine(key, first, chunks, slot.output[: slot.nbytes].view(dtype), acc[:n], tmp[:n])
+
         out.write(header)
-        with _HashingWriter(out, digest, width) as writer:
-            for k in keys:
-                size = dtypes[k].itemsize
-                numel = (ref[k].end - ref[k].start) // size
-                for first in range(0, numel, CHUNK_ELEMENTS):
-                    n = min(CHUNK_ELEMENTS, numel - first)
-                    chunks = [_pread(fds[path], path, buf[: n * size], entry.start + first * size).view(dtypes[k])
-                              for buf, (path, entry) in zip(in_bufs, (src[k] for src in sources), strict=True)]
-                    out_buf = writer.take()
-                    combine(k, first, chunks, out_buf[: n * size].view(dtypes[k]), acc[:n], tmp[:n])
-                    writer.put(out_buf, n * size)
+        _ShardPipeline(out, digest, read, len(sources), width).run(plan, combine_slot)
     return digest.hexdigest()
 
 
@@ -390,8 +468,9 @@ def stream_merge(models: list[Path], combine: Combine, output_dir: Path, side_fi
 
     Inputs are read with plain reads chunk by chunk (no memory maps held open), merged into preallocated
     FP32 scratch, and each output shard is hashed as it is written, so the result's weights_sha256 needs no
-    second pass over the output; up to MAX_WORKERS shards are written at once, each hashed and written on its own
-    thread while the next chunks are combined. Side files (config, tokenizer)
+    second pass over the output; up to MAX_WORKERS shards are written at once, each through its own pipeline of
+    threads (read, combine, hash, write, flush: _ShardPipeline), and every shard is on disk (fsynced) before the
+    directory is renamed into place. Side files (config, tokenizer)
     come from the first model, then from `side_files` when given (a LoRA adapter's tokenizer and chat template)."""
     first_map = check_compatible(models)
     shards = sorted(set(first_map.values()))
@@ -403,7 +482,9 @@ def stream_merge(models: list[Path], combine: Combine, output_dir: Path, side_fi
     jobs = {names[s]: sorted(k for k, v in first_map.items() if v == s) for s in shards}
     try:
         workers = min(MAX_WORKERS, len(jobs))
-        threads = max(1, (os.cpu_count() or 1) // (2 * workers))  # each worker: its combine and its writer thread
+        # Each worker's combine gets two cores' worth of intra-op threads: its reader, hasher and writer spend
+        # much of their time in memory copies and the disk, and the hash is the one stage that cannot be split.
+        threads = max(1, (os.cpu_count() or 1) // (2 * workers))
         with ThreadPoolExecutor(max_workers=workers) as pool:
             futures = {name: pool.submit(_write_shard, tmp / name, keys, sources, combine, threads)
                        for name, keys in jobs.items()}

@@ -192,3 +192,75 @@ def test_a_failing_shard_write_stops_the_merge(tmp_path, monkeypatch):
     keys = sorted(sources[0])
     with pytest.raises(OSError):
         merge._write_shard(Path("/dev/full"), keys, sources, merge._soup_combine([0.5, 0.5]), 1)
+
+
+def test_pipelined_shards_are_hashed_and_flushed_as_whole_files(tmp_path, monkeypatch):
+    """Shard pipelines with two slots and a flush every few chunks: each shard's digest, taken on the hashing thread
+    while the writer and flusher run beside it, is hashlib's sha256 of the whole file as it lies on disk, and the
+    bytes are the formula's."""
+    from core.util import file_sha256
+    from trainers import merge
+    from trainers.common import WEIGHTS_MANIFEST
+
+    a_dir, b_dir = _mixed_checkpoint(tmp_path / "a", 0), _mixed_checkpoint(tmp_path / "b", 1)
+    monkeypatch.setattr(merge, "CHUNK_ELEMENTS", 500)
+    monkeypatch.setattr(merge, "PIPELINE_DEPTH", 2)  # slots are reused many times per shard
+    monkeypatch.setattr(merge, "FLUSH_BYTES", 3000)  # the flusher runs several times per shard
+    result = soup(SoupConfig(models=[a_dir, b_dir], weights=[0.5, 0.5], output_dir=tmp_path / "s"))
+    recorded = json.loads((result.output_dir / WEIGHTS_MANIFEST).read_text())["sha256"]
+    files = sorted(result.output_dir.glob("*.safetensors"))
+    assert len(files) == 2 and recorded == {f.name: file_sha256(f) for f in files}
+    a, b, souped = (_all_tensors(d) for d in (a_dir, b_dir, result.output_dir))
+    for k in a:
+        assert torch.equal(souped[k], (0.5 * a[k].float() + 0.5 * b[k].float()).to(a[k].dtype)), k
+
+
+def test_a_failing_stage_stops_the_merge_and_leaves_nothing(tmp_path, monkeypatch):
+    """An error on any thread of a shard's pipeline is raised in the merge, and no stage is left waiting on another
+    (the merge returns): the reader's, on an input cut short after its header was read (safetensors itself refuses
+    a short file when the merge checks its inputs, so the shard writer is called after that check), and the
+    combine's, where the merge leaves no output or partial directory."""
+    import threading
+    from pathlib import Path
+
+    from trainers import merge
+
+    a_dir, b_dir = _mixed_checkpoint(tmp_path / "a", 0), _mixed_checkpoint(tmp_path / "b", 1)
+    monkeypatch.setattr(merge, "CHUNK_ELEMENTS", 500)
+    monkeypatch.setattr(merge, "PIPELINE_DEPTH", 2)
+
+    def returns(fn, *args):
+        raised = []
+        worker = threading.Thread(target=lambda: raised.append(_raises(fn, *args)))
+        worker.start()
+        worker.join(timeout=60)
+        assert not worker.is_alive(), "a pipeline stage is waiting forever"
+        return raised[0]
+
+    sources = merge._sources([a_dir, b_dir], [shard_map(a_dir), shard_map(b_dir)])
+    shard = b_dir / "a.safetensors"
+    shard.write_bytes(shard.read_bytes()[:-3000])
+    keys = sorted(k for k, (path, _) in sources[1].items() if path == shard)
+    err = returns(merge._write_shard, tmp_path / "out.safetensors", keys, sources, merge._soup_combine([0.5, 0.5]), 1)
+    assert isinstance(err, MergeError) and "file ends inside a tensor" in str(err)
+
+    calls = []
+
+    def failing_combine(key, first, chunks, out, acc, tmp):
+        calls.append(key)
+        if len(calls) == 3:
+            raise RuntimeError("combine failed")
+        out.copy_(chunks[0])
+
+    out = tmp_path / "c"
+    err = returns(merge.stream_merge, [a_dir], failing_combine, out)
+    assert isinstance(err, RuntimeError) and str(err) == "combine failed"
+    assert not out.exists() and not Path(f"{out}.partial").exists()
+
+
+def _raises(fn, *args):
+    try:
+        fn(*args)
+    except Exception as err:  # noqa: BLE001 - the test inspects what was raised
+        return err
+    return None
