@@ -46,6 +46,7 @@ from evals.generate import (  # noqa: E402
     _decode_static,
     _Decoder,
     _left_pad,
+    _Sampler,
     fused_pieces,
     generation_config,
 )
@@ -74,17 +75,19 @@ def measure(variant: str, loaded, ids, mask, args) -> dict:
     with torch.inference_mode(), backend(variant):
         decoder = _Decoder(model, batch, width, args.new_tokens, own_attention=variant.startswith("triton"),
                            fuse=variant == "triton-fused")
-        logits, position = decoder.prefill(ids, mask)
-        token = logits.argmax(-1)
+        token = decoder.prefill(ids, mask).argmax(-1)
         sync(args.device)
         t0 = time.perf_counter()
-        for t in range(replays):
-            decoder.step(token, position + 1 + t, t)
+        for _ in range(replays):
+            decoder.feed(token)
         sync(args.device)
         replay_s = (time.perf_counter() - t0) / replays
         pad = loaded.tokenizer.pad_token_id
         config = generation_config(Decoding(max_new_tokens=args.new_tokens, stop_token_ids=(-1,)), [-1], pad)
-        decoders = OrderedDict({(batch, width, args.new_tokens): decoder})
+        sampler = _Sampler(config, [-1])  # the engine's decoder: the same variant, with the choice captured too
+        decoder = _Decoder(model, batch, width, args.new_tokens, sampler, own_attention=variant.startswith("triton"),
+                           fuse=variant == "triton-fused")
+        decoders = OrderedDict({(batch, width, args.new_tokens, sampler.key): decoder})
         _decode_static(model, ids, mask, config, [-1], decoders)  # warm: the same shapes, the captured graph
         sync(args.device)
         t0 = time.perf_counter()
@@ -105,15 +108,14 @@ def profile_step(loaded, ids, mask, args) -> str:
     batch, width = ids.shape
     with torch.inference_mode():
         decoder = _Decoder(loaded.model, batch, width, args.new_tokens)
-        logits, position = decoder.prefill(ids, mask)
+        token = decoder.prefill(ids, mask).argmax(-1)
         decoder.graph = None  # plain calls: the profiler sees each kernel the graph would replay
-        token = logits.argmax(-1)
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device == "cuda" else [])
         with fused_pieces(decoder.fused):  # as captured: the compiled norms and MLPs in place
-            decoder.step(token, position + 1, 0)
+            decoder.feed(token)
             with profile(activities=activities) as prof:
-                for t in range(1, 4):
-                    decoder.step(token, position + 1 + t, t)
+                for _ in range(3):
+                    decoder.feed(token)
                 sync(args.device)
     key = "cuda_time_total" if args.device == "cuda" else "cpu_time_total"
     return prof.key_averages().table(sort_by=key, row_limit=20, max_name_column_width=70)

@@ -18,10 +18,13 @@ place only while a step is captured); and the host checks for stops every
 `STOP_CHECK_EVERY` steps instead of after each (each check waits for the GPU to drain, which left it
 idle while the next step was launched). Sampled decoding then draws the random numbers of up to
 STOP_CHECK_EVERY - 1 steps after a batch's last stop (output unchanged: those tokens are cut), so a
-CUDA replicate is reproducible but its later batches' draws differ from `generate`'s. Prompt widths are rounded up to a multiple of `WIDTH_BUCKET` so a few
-captured shapes serve a whole call. Logits go through transformers' own repetition-penalty,
-temperature and top-p processors and `torch.multinomial`, step for step as `generate` does, so the
-tokens are `generate`'s up to floating-point reassociation (tests/evals/test_engine_job.py).
+CUDA replicate is reproducible but its later batches' draws differ from `generate`'s. Prompt widths are rounded up
+to a multiple of `WIDTH_BUCKET` so a few captured shapes serve a whole call. The choice of the next token is part
+of the captured step (`_Sampler`): transformers' own repetition-penalty, temperature and top-p processors, then
+argmax or `torch.multinomial`'s own single-draw algorithm, on static buffers, so a decode step is one replay with
+no host work between steps; on the CPU the same step runs eagerly and its tokens are `generate`'s for the same
+seed (tests/evals/test_engine_job.py). On CUDA the graph's random numbers come from the same seeded generator,
+at other offsets than `generate`'s, so the draws differ from `generate`'s but keep its distribution.
 
 Seeding: the global torch generator is seeded once per call; with the same items, decoding, seed
 and batch size a replicate is reproducible. Different seeds give the sampling replicates of a
@@ -59,8 +62,8 @@ from evals.types import Completion, Item, completion_from_text
 
 @dataclass(frozen=True)
 class Loaded:
-    """A model and its tokenizer, loaded once per job; `decoders` keeps the static loop's captured shapes across
-    the job's generate calls (its suites), the MAX_DECODERS most recently used."""
+    """A model and its tokenizer, loaded once per job; `decoders` keeps the static loop's captured decoders (one
+    per shape and decoding) across the job's generate calls (its suites), the MAX_DECODERS most recently used."""
 
     model: PreTrainedModel
     tokenizer: Tokenizer
@@ -201,17 +204,48 @@ def fused_pieces(modules: list[torch.nn.Module], backend: str = "inductor") -> I
             del m.forward
 
 
+def _draw(probs: torch.Tensor) -> torch.Tensor:
+    """One token per row, drawn from `probs`: `torch.multinomial(probs, 1)`'s own algorithm for a single draw (the
+    argmax of probs / q with q ~ Exp(1), the exponential race; PyTorch's Distributions.cpp), so the same generator
+    state gives the same tokens and leaves the same state, without multinomial's validity checks of the input,
+    which read a device value on the host: a captured step may not wait for the device."""
+    q = torch.empty_like(probs).exponential_(1)
+    return torch.div(probs, q, out=q).argmax(dim=-1)
+
+
+class _Sampler:
+    """The served decoding's choice of the next token, computed on static buffers alone so that a CUDA graph can
+    capture it with the decode step (a whole step is then one replay; its dozen small sampling kernels were
+    launched one by one from the host before): transformers' own processors (repetition penalty, temperature,
+    top-p), then argmax or `_draw`. The penalty is taken over the decoder's whole sequence buffer, whose positions
+    not generated yet hold the row's last prompt token: the penalised set is then exactly the prompt and the
+    tokens generated so far, as `generate` penalises them (the processor penalises a set: repeats change nothing)."""
+
+    def __init__(self, config: GenerationConfig, stops: list[int]):
+        self.procs, self.do_sample, self.pad = _processors(config), config.do_sample, config.pad_token_id
+        self.stops = list(stops)
+        self.key = (config.do_sample, config.temperature, config.top_p, config.repetition_penalty, tuple(stops),
+                    self.pad)
+
+    def __call__(self, seqs: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        scores = self.procs(seqs, logits)
+        return _draw(torch.softmax(scores, dim=-1)) if self.do_sample else scores.argmax(dim=-1)
+
+
 class _Decoder:
-    """A static KV cache for one (batch, width) shape and one decode step over it, replayed as a CUDA graph.
+    """A static KV cache for one (batch, width, new tokens) shape and one decode step over it, replayed as a CUDA
+    graph.
 
-    The step reads its token, position and cache slot from fixed buffers and its attention from an
-    additive [B, 1, 1, L] mask (a 4D mask reaches attention as is, with no host-side mask building),
-    so one capture serves every step of every batch of this shape. On CUDA the model's attention becomes
-    `evals.decode_attention` (`own_attention`; one-token steps take its kernel, prefill stays on SDPA)."""
+    The step reads its token, position and cache slot from fixed buffers and its attention from an additive
+    [B, 1, 1, L] mask (a 4D mask reaches attention as is, with no host-side mask building), so one capture serves
+    every step of every batch of this shape. With a `sampler` the captured step also chooses the next token and
+    does the loop's bookkeeping on the device (`_choose`: sequence buffer, stop flags, the next step's inputs);
+    without one it is the forward alone, fed by `feed` (the benchmarks' checks). On CUDA the model's attention
+    becomes `evals.decode_attention` (`own_attention`; one-token steps take its kernel, prefill stays on SDPA)."""
 
-    def __init__(self, model: PreTrainedModel, batch: int, width: int, new_tokens: int, own_attention: bool = True,
-                 fuse: bool = True):
-        self.model, self.width, device = model, width, model.device
+    def __init__(self, model: PreTrainedModel, batch: int, width: int, new_tokens: int,
+                 sampler: _Sampler | None = None, own_attention: bool = True, fuse: bool = True):
+        self.model, self.width, self.sampler, device = model, width, sampler, model.device
         self.fused = fusable(model) if device.type == "cuda" and fuse else []
         if device.type == "cuda" and own_attention:
             model.set_attn_implementation(decode_attention.register())
@@ -219,32 +253,65 @@ class _Decoder:
         self.cache = StaticCache(config=model.config, max_cache_len=length)
         self.token = torch.zeros((batch, 1), dtype=torch.long, device=device)
         self.position = torch.zeros((batch, 1), dtype=torch.long, device=device)
-        self.slot = torch.full((1,), width, dtype=torch.long, device=device)
+        self.slot = torch.full((1,), width, dtype=torch.long, device=device)  # the cache slot `token` goes to
         self.bias = torch.zeros((batch, 1, 1, length), dtype=model.dtype, device=device)
+        self.seqs = torch.zeros((batch, length), dtype=torch.long, device=device)
+        self.col = torch.full((1,), width, dtype=torch.long, device=device)  # the column the next choice goes to
+        self.unfinished = torch.ones(batch, dtype=torch.bool, device=device)
+        self.alive = torch.ones(new_tokens, dtype=torch.bool, device=device)  # alive[t]: a row still runs after t
+        self.stop_t = torch.tensor(sampler.stops if sampler else [], dtype=torch.long, device=device)
         self.graph: torch.cuda.CUDAGraph | None = None
-        if device.type == "cuda":
+        self.logits = None
+        # A captured step with a choice ends by opening the next slot, so it needs two new tokens at least.
+        if device.type == "cuda" and new_tokens > 1:
             self._capture()
 
     def _forward(self) -> torch.Tensor:
         return self.model(input_ids=self.token, attention_mask=self.bias, position_ids=self.position,
                           past_key_values=self.cache, cache_position=self.slot, use_cache=True).logits
 
+    def _step(self) -> torch.Tensor:
+        logits = self._forward()
+        if self.sampler is not None:
+            self._choose(logits[:, -1].float())
+        return logits
+
+    def _choose(self, logits: torch.Tensor) -> None:
+        """Chooses the token at column `col` from float32 `logits`, as `generate` does (pad once a row has stopped),
+        records it and whether any row still runs, and makes it the next forward's input: device ops only."""
+        token = torch.where(self.unfinished, self.sampler(self.seqs, logits), self.sampler.pad)
+        self.seqs.index_copy_(1, self.col, token[:, None])
+        self.unfinished &= ~(token[:, None] == self.stop_t).any(-1)
+        self.alive.index_copy_(0, self.col - self.width, self.unfinished.any()[None])
+        self.col.add_(1)
+        self._next_inputs(token)
+
+    def _next_inputs(self, token: torch.Tensor) -> None:
+        self.token.copy_(token[:, None])
+        self.slot.add_(1)
+        self.position.add_(1)
+        self.bias.index_fill_(-1, self.slot, 0)
+
     def _capture(self) -> None:
-        # Warm-up on a side stream first (lazy cache and library initialisation must not be captured);
-        # what it writes into the cache is cleared by the reset before each batch's prefill.
+        # Warm-up on a side stream first (lazy cache and library initialisation must not be captured); what it
+        # writes (cache, buffers) is reset by the next prefill. Each warm-up starts at the first decode slot.
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with fused_pieces(self.fused):
             with torch.cuda.stream(side):
                 for _ in range(2):
-                    self._forward()
+                    self.slot.fill_(self.width)
+                    self.col.fill_(self.width)
+                    self._step()
             torch.cuda.current_stream().wait_stream(side)
+            self.slot.fill_(self.width)
+            self.col.fill_(self.width)
             self.graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(self.graph):
-                self.logits = self._forward()
+                self.logits = self._step()
 
-    def prefill(self, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Fills the cache with the prompts; returns the last logits (float32) and each row's last position."""
+    def prefill(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Fills the cache with the prompts and resets the step's buffers; returns the last logits (float32)."""
         self.cache.reset()
         positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)  # as `generate` derives them
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=self.cache,
@@ -252,57 +319,59 @@ class _Decoder:
                          logits_to_keep=1)
         self.bias.fill_(torch.finfo(self.bias.dtype).min)
         self.bias[:, 0, 0, : self.width].masked_fill_(mask.bool(), 0)
-        return out.logits[:, -1].to(copy=True, dtype=torch.float32), positions[:, -1:]
+        self.position.copy_(positions[:, -1:])
+        self.slot.fill_(self.width - 1)  # _next_inputs moves it to the first decode slot
+        self.col.fill_(self.width)
+        self.seqs[:, : self.width] = ids
+        self.seqs[:, self.width :] = ids[:, -1:]  # a token already in each row: see _Sampler
+        self.unfinished.fill_(True)
+        self.alive.fill_(True)
+        return out.logits[:, -1].to(copy=True, dtype=torch.float32)
 
-    def step(self, token: torch.Tensor, position: torch.Tensor, t: int) -> torch.Tensor:
-        """Feeds `token` at decode step t (cache slot width + t); returns the next logits (float32)."""
-        self.token.copy_(token[:, None])
-        self.position.copy_(position)
-        self.slot.fill_(self.width + t)
-        self.bias[:, 0, 0, self.width + t] = 0
+    def choose(self, logits: torch.Tensor) -> None:
+        """The first new token, from the prefill's logits (outside the graph)."""
+        self._choose(logits)
+
+    def advance(self) -> None:
+        """One decode step: the forward of the last chosen token and, with a sampler, the choice of the next."""
         if self.graph is None:
-            return self._forward()[:, -1].float()
-        self.graph.replay()
+            self.logits = self._step()
+        else:
+            self.graph.replay()
+
+    def feed(self, token: torch.Tensor) -> torch.Tensor:
+        """Without a sampler: the forward of `token` at the next slot; returns its logits (float32)."""
+        self._next_inputs(token)
+        self.advance()
         return self.logits[:, -1].float()
 
 
 def _decode_static(model: PreTrainedModel, ids: torch.Tensor, mask: torch.Tensor, config: GenerationConfig,
                    stops: list[int], decoders: OrderedDict,
                    check_every: int | None = None) -> torch.Tensor:
-    """`generate`'s sampling loop (processors, multinomial or argmax, pad after a stop) over a _Decoder; the host
-    checks for the end every `check_every` steps (None: STOP_CHECK_EVERY when the step is a graph replay, else 1)."""
+    """`generate`'s sampling loop (processors, multinomial or argmax, pad after a stop) over a _Decoder whose step
+    also chooses the token; the host checks for the end every `check_every` steps (None: STOP_CHECK_EVERY when the
+    step is a graph replay, else 1)."""
     batch, width = ids.shape
     n_new = config.max_new_tokens
-    key = (batch, width, n_new)
+    sampler = _Sampler(config, stops)
+    key = (batch, width, n_new, sampler.key)
     if key not in decoders:
         while len(decoders) >= MAX_DECODERS:
             decoders.popitem(last=False)
-        decoders[key] = _Decoder(model, batch, width, n_new)
+        decoders[key] = _Decoder(model, batch, width, n_new, sampler)
     decoders.move_to_end(key)
-    decoder, procs = decoders[key], _processors(config)
-    seqs = torch.full((batch, width + n_new), config.pad_token_id, dtype=torch.long, device=ids.device)
-    seqs[:, :width] = ids
-    stop_t = torch.tensor(stops, device=ids.device)
-    unfinished = torch.ones(batch, dtype=torch.bool, device=ids.device)
-    logits, position = decoder.prefill(ids, mask)
+    decoder = decoders[key]
+    decoder.choose(decoder.prefill(ids, mask))
     if check_every is None:
         check_every = STOP_CHECK_EVERY if decoder.graph is not None else 1
-    alive = torch.ones(n_new, dtype=torch.bool, device=ids.device)  # alive[t]: some row still running after step t
     for t in range(n_new):
-        scores = procs(seqs[:, : width + t], logits)
-        if config.do_sample:
-            token = torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1).squeeze(1)
-        else:
-            token = scores.argmax(dim=-1)
-        token = torch.where(unfinished, token, config.pad_token_id)
-        seqs[:, width + t] = token
-        unfinished &= ~torch.isin(token, stop_t)
-        alive[t] = unfinished.any()  # on the device: no wait here
+        if t:
+            decoder.advance()
         if t == n_new - 1 or (t + 1) % check_every == 0:
-            done = (~alive[: t + 1]).nonzero()
+            done = (~decoder.alive[: t + 1]).nonzero()
             if t == n_new - 1 or len(done):  # cut at the first step after which every row had stopped
-                return seqs[:, width : width + (int(done[0]) if len(done) else t) + 1]
-        logits = decoder.step(token, position + 1 + t, t)
+                return decoder.seqs[:, width : width + (int(done[0]) if len(done) else t) + 1].clone()
     raise AssertionError("unreachable: the loop returns at its last step")
 
 

@@ -140,9 +140,13 @@ def test_captured_decoders_outlive_a_call_up_to_the_bound(tiny_models, item, mon
     dec = Decoding(max_new_tokens=5)
     first = engine.generate(loaded, items, dec, seed=0, batch_size=4, static_cache=True)
     kept = dict(loaded.decoders)
-    assert list(kept) == [(4, engine.WIDTH_BUCKET, 5)]
+    assert [k[:3] for k in kept] == [(4, engine.WIDTH_BUCKET, 5)]
+    (key,) = kept
     assert engine.generate(loaded, items, dec, seed=0, batch_size=4, static_cache=True) == first
-    assert loaded.decoders[(4, engine.WIDTH_BUCKET, 5)] is kept[(4, engine.WIDTH_BUCKET, 5)]  # reused, not rebuilt
+    assert loaded.decoders[key] is kept[key]  # reused, not rebuilt
+    sampled = dec.model_copy(update={"temperature": 0.7})
+    engine.generate(loaded, items, sampled, seed=0, batch_size=4, static_cache=True)
+    assert len(loaded.decoders) == 2  # another decoding is another captured step
     monkeypatch.setattr(engine, "MAX_DECODERS", 1)
     engine.generate(loaded, items[:2], dec, seed=0, batch_size=2, static_cache=True)
-    assert list(loaded.decoders) == [(2, engine.WIDTH_BUCKET, 5)]
+    assert [k[:3] for k in loaded.decoders] == [(2, engine.WIDTH_BUCKET, 5)]
