@@ -448,17 +448,33 @@ class SlurmBackend:
         return submitit.SlurmJob(folder=folder, job_id=job_id, tasks=(task,))
 
     def runs(self, job_id: str, folder: Path, resources: Resources) -> list[Run]:
-        out = subprocess.run(
-            ["sacct", "-j", job_id, "--duplicates", "-X", "-P", "-n",
-             "-o", "State,ElapsedRaw,AllocTRES,Start,End,ExitCode"],
-            check=True, capture_output=True, text=True, timeout=60,
-        ).stdout
+        out = _sacct(["sacct", "-j", job_id, "--duplicates", "-X", "-P", "-n",
+                      "-o", "State,ElapsedRaw,AllocTRES,Start,End,ExitCode"])
         runs = [_sacct_run(line, self.tasks(resources)) for line in out.splitlines() if line.strip()]
         # Just after sbatch the accounting record may not exist yet: the job is pending.
         return runs or [Run(state="PENDING", started=None, ended=None, elapsed_s=0.0, devices=1, exit_code=None)]
 
     def cancel(self, job_id: str, folder: Path) -> None:
         subprocess.run(["scancel", job_id], check=True, timeout=60)
+
+
+SACCT_RETRY_S = (1.0, 2.0, 4.0, 8.0, 15.0)  # waits between tries: about half a minute in all
+
+
+def _sacct(command: list[str]) -> str:
+    """sacct's output. slurmdbd answers with an error while it restarts or is busy (a loaded node, a database
+    lock): a job's accounting is asked again after a wait instead of failing the session on one bad answer; a
+    slurmdbd still down after about 30 s is one clear error naming the command and its last message."""
+    for wait in (*SACCT_RETRY_S, None):
+        try:
+            return subprocess.run(command, check=True, capture_output=True, text=True, timeout=60).stdout
+        except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
+            if wait is None:
+                said = (getattr(exc, "stderr", None) or "").strip() or str(exc)
+                raise RuntimeError(f"{' '.join(command[:3])}: Slurm accounting did not answer after "
+                                   f"{len(SACCT_RETRY_S) + 1} tries: {said}") from None
+            time.sleep(wait)
+    raise AssertionError("unreachable")
 
 
 def _sacct_run(line: str, tasks: int) -> Run:
