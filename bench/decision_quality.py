@@ -31,6 +31,15 @@ that is not truly better (its 95% CI does not lie above 0.5). Per session and po
 parent (truly better / truly worse at the CI), the true improvement (win rate - 0.5) per GPU-hour (the
 session's settled GPU-hours, plus the policy's extra evals), and whether the nominee is within the CI of the
 oracle-best (the oracle-best does not truly beat it head to head). The summary checks issue 16's goals.
+
+A second accounting sits beside the goal's (`own_gpuh`, "gain per own GPU-h"): each policy charged only what
+it needs itself. The playbook pays its whole session; greedy pays for making the candidates (ingest, builds,
+training, merges), the parent's reference answers and its looks; last_arm only for making them. It shows what
+the playbook's rigor (calibrations, screens, judged evals, sealed confirmation) costs per unit of true gain.
+
+Since every policy picks from the same candidates and the goal's accounting charges them the same session,
+the goal's ratio is bounded: playbook / greedy <= (oracle-best gain / greedy gain) x (1 + greedy's extra evals /
+session GPU-h). The playbook can only beat greedy by more where greedy's picks lose true gain.
 """
 
 from __future__ import annotations
@@ -125,8 +134,26 @@ def session_facts(nb: Notebook, lab: Path) -> dict[str, Any]:
     parent = parent_of(nb, SESSION)
     return {"parent": parent, "candidates": cands, "promotions": promotions,
             "nominee": nominations[-1].payload.get("artifact_id") if nominations else (promotions or [(0, parent)])[-1][1],
-            "spent_gpuh": nb.ledger(SESSION).spent_gpuh, "status": nb.session(SESSION).status,
+            "spent_gpuh": nb.ledger(SESSION).spent_gpuh, "making_gpuh": _making_gpuh(nb),
+            "parent_reference_gpuh": _parent_reference_gpuh(nb), "status": nb.session(SESSION).status,
             "budget_gpuh": nb.session(SESSION).budget_gpuh}
+
+
+# Job kinds that score rather than make: what a policy that needs no evaluation of its own does not pay for.
+SCORING_KINDS = {"eval", "reference", "truth", "bundle"}
+
+
+def _making_gpuh(nb: Notebook) -> float:
+    """GPU-hours of the jobs that made the session's data and candidates (ingest, dataset builds, training,
+    merges): what any policy walking these candidates pays before it looks at one."""
+    return sum(j.gpu_hours or 0.0 for j in nb.jobs(session=SESSION) if j.kind not in SCORING_KINDS)
+
+
+def _parent_reference_gpuh(nb: Notebook) -> float:
+    """GPU-hours of the parent's reference answers (the session's first reference job, its calibration's), which
+    the greedy looks are judged against."""
+    refs = [j for j in nb.jobs(session=SESSION) if j.kind == "reference"]
+    return (refs[0].gpu_hours or 0.0) if refs else 0.0
 
 
 def replay_reproduced(lab: Path) -> bool:
@@ -229,7 +256,8 @@ def policy_oracle_best(facts: dict[str, Any], vs_parent: dict[int, PairTruth]) -
 
 
 def judge_policy(name: str, promotions: list[tuple[int, int]], nominee: int, facts: dict[str, Any],
-                 bank: TruthBank, keys: dict[int, str], vs_parent: dict[int, PairTruth], gpuh: float) -> dict[str, Any]:
+                 bank: TruthBank, keys: dict[int, str], vs_parent: dict[int, PairTruth], gpuh: float,
+                 own_gpuh: float | None) -> dict[str, Any]:
     rows = []
     for prev, new in promotions:
         t = bank.pair(keys[new], keys[prev])
@@ -246,7 +274,7 @@ def judge_policy(name: str, promotions: list[tuple[int, int]], nominee: int, fac
         "promotions": rows, "n_promotions": len(rows), "n_false": sum(r["false"] for r in rows),
         "gpuh": gpuh, "true_improvement": nom.win_rate - 0.5,
         "improvement_per_gpuh": (nom.win_rate - 0.5) / gpuh if gpuh > 0 else 0.0,
-        "within_oracle_ci": not beaten,
+        "own_gpuh": own_gpuh, "within_oracle_ci": not beaten,
     }
 
 
@@ -268,15 +296,19 @@ def judge_session(seed: int, lab: Path, work: Path, truth_n: int, truth_seed: in
     vs_parent = {i: bank.pair(k, keys[facts["parent"]]) for i, k in keys.items()}
     extra = sum(v["gpuh"] for v in looks.values())
     spent = facts["spent_gpuh"]
-    chosen = {"playbook": (facts["promotions"], facts["nominee"], spent),
-              "greedy": (*policy_greedy(facts, looks), spent + extra),
-              "last_arm": (*policy_last_arm(facts), spent),
-              "oracle_best": (*policy_oracle_best(facts, vs_parent), spent)}
-    policies = {name: judge_policy(name, p, n, facts, bank, keys, vs_parent, g) for name, (p, n, g) in chosen.items()}
+    # (promotions, nominee, GPU-h charged as the issue states: the session's plus the policy's extra evals,
+    #  GPU-h the policy itself needs: making the candidates plus its own looks; None for the oracle, which reads truth)
+    making = facts["making_gpuh"]
+    chosen = {"playbook": (facts["promotions"], facts["nominee"], spent, spent),
+              "greedy": (*policy_greedy(facts, looks), spent + extra, making + facts["parent_reference_gpuh"] + extra),
+              "last_arm": (*policy_last_arm(facts), spent, making),
+              "oracle_best": (*policy_oracle_best(facts, vs_parent), spent, None)}
+    policies = {name: judge_policy(name, p, n, facts, bank, keys, vs_parent, g, own)
+                for name, (p, n, g, own) in chosen.items()}
     cands = [{k: c[k] for k in ("id", "name", "origin", "key")} | {"vs_parent": vs_parent[c["id"]].model_dump(
         include={"win_rate", "ci_low", "ci_high"})} for c in facts["candidates"]]
     return {"seed": seed, "session": SESSION, "lab": str(lab), "status": facts["status"],
-            "budget_gpuh": facts["budget_gpuh"], "spent_gpuh": spent,
+            "budget_gpuh": facts["budget_gpuh"], "spent_gpuh": spent, "making_gpuh": making,
             "replay_reproduced": reproduced, "parent": facts["parent"], "candidates": cands,
             "greedy_looks": {str(k): v for k, v in looks.items()}, "extra_eval_gpuh": extra,
             "truth_cache": str(bank.cache), "truth_generation_s": bank.generation_s, "policies": policies}
@@ -298,7 +330,16 @@ def summarize_policy(sessions: list[dict[str, Any]], name: str) -> dict[str, Any
         "mean_true_improvement": sum(p["true_improvement"] for p in ps) / len(ps), "gpuh": gpuh,
         "improvement_per_gpuh": sum(p["true_improvement"] for p in ps) / gpuh if gpuh > 0 else 0.0,
         "within_oracle_ci_share": sum(p["within_oracle_ci"] for p in ps) / len(ps),
+        **_own(ps),
     }
+
+
+def _own(ps: list[dict[str, Any]]) -> dict[str, float | None]:
+    """Gain per GPU-hour the policy itself needs (None for the oracle): a second accounting beside the goal's."""
+    if any(p.get("own_gpuh") is None for p in ps):
+        return {"own_gpuh": None, "improvement_per_own_gpuh": None}
+    own = sum(p["own_gpuh"] for p in ps)
+    return {"own_gpuh": own, "improvement_per_own_gpuh": sum(p["true_improvement"] for p in ps) / own if own > 0 else 0.0}
 
 
 def check_goals(summary: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
@@ -318,14 +359,19 @@ def check_goals(summary: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
 
 def table(summary: dict[str, dict[str, Any]]) -> str:
     head = ("| policy | sessions | nominee truly better | nominee truly worse | promotions | false | "
-            "mean true gain | gain per GPU-h | within oracle CI |")
-    lines = [head, "|" + "---|" * 9]
+            "mean true gain | gain per GPU-h | gain per own GPU-h | within oracle CI |")
+    lines = [head, "|" + "---|" * 10]
     for name, p in summary.items():
         lines.append(f"| {name} | {p['sessions']} | {p['nominee_truly_better_share']:.0%} | "
                      f"{p['nominee_truly_worse_sessions']} | {p['promotions']} | {p['false_promotions']} "
                      f"({p['false_promotion_share']:.0%}) | {p['mean_true_improvement']:+.3f} | "
-                     f"{p['improvement_per_gpuh']:+.4f} | {p['within_oracle_ci_share']:.0%} |")
+                     f"{p['improvement_per_gpuh']:+.4f} | {_signed(p.get('improvement_per_own_gpuh'))} | "
+                     f"{p['within_oracle_ci_share']:.0%} |")
     return "\n".join(lines)
+
+
+def _signed(value: float | None) -> str:
+    return "-" if value is None else f"{value:+.4f}"
 
 
 # ---- main -----------------------------------------------------------------------------------------
