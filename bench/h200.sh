@@ -8,7 +8,7 @@
 # The first argument is the call's budget in seconds; each PART runs in its own process, in the order given, under
 # `timeout` (its own limit, or what is left of the budget), and is skipped when too little is left. Results and logs
 # land in /tmp/r and come back as $OUT/results.tgz (the tool returns at most 8 files); the end of each part's log is
-# printed. Parts: gen-b128 gen-b64 gen-b128-sampled gen-b128-dynamic gen-nemotron train-dense train-lora train-hybrid
+# printed. Parts: gen-b128 gen-b64 gen-b128-sampled gen-b64-sampled gen-b128-dynamic gen-nemotron train-dense train-lora train-hybrid
 # train-dpo train-dense-all train-hybrid-compiled gen-b256 variants variants-compile decode decode-triton memory merge
 # packing.
 set -u
@@ -25,7 +25,8 @@ export PYTHONPATH=/tmp/site
 print('torch', torch.__version__, 'transformers', transformers.__version__, 'trl', trl.__version__, 'peft',
       peft.__version__, 'datasets', datasets.__version__, 'pyarrow', pyarrow.__version__, 'cuda', torch.version.cuda)"
 } > "$R/env.txt" 2>&1
-tail -4 "$R/env.txt"
+{ nproc; grep -m1 'model name' /proc/cpuinfo; grep -o -m1 -w sha_ni /proc/cpuinfo; } >> "$R/env.txt"
+tail -7 "$R/env.txt"
 G="python3 bench/gen_throughput.py --device cuda --dtype bfloat16 --prompts 256 --max-new-tokens 256"
 T="python3 bench/train_throughput.py --device cuda --seq-len 4096"
 declare -A CMD=(
@@ -47,10 +48,11 @@ declare -A CMD=(
   [decode-triton]="python3 bench/decode_step.py --profile --variants default triton triton-fused --profile-engine --out $R/decode_step-llama-1b-triton.json"
   [packing]="python3 bench/mamba_kernels.py --parts packing --out $R/mamba_kernels-packing.json"
   [memory]="python3 -m torch.distributed.run --standalone --nproc-per-node 1 bench/train_memory.py --out $R/train_memory-h200.json"
-  [merge]="python3 bench/merge_throughput.py --size-gb 4 --shard-gb 1 --repeats 2 --results $R/merge_throughput-h200.json"
+  [merge]="python3 bench/merge_throughput.py --size-gb 4 --shard-gb 1 --repeats 3 --profile --results $R/merge_throughput-h200.json"
+  [gen-b64-sampled]="$G --model llama-1b --batch-size 64 --static-cache --sampled --baseline-prompts 1 --out $R/gen-llama-b64-sampled.json"
 )
 declare -A LIMIT=([gen-b128]=110 [gen-b64]=70 [gen-b128-sampled]=70 [gen-b128-dynamic]=90 [gen-nemotron]=100
-                  [train-dense]=240 [train-lora]=120 [train-dpo]=90 [gen-b256]=80 [decode]=120 [train-hybrid]=150 [variants]=90 [memory]=170 [merge]=140
+                  [train-dense]=240 [train-lora]=120 [train-dpo]=90 [gen-b256]=80 [decode]=120 [train-hybrid]=150 [variants]=90 [memory]=170 [merge]=170 [gen-b64-sampled]=70
                   [variants-compile]=210 [decode-triton]=90 [packing]=200
                   [train-dense-all]=270 [train-hybrid-compiled]=170)
 for part in "$@"; do

@@ -102,6 +102,46 @@ def check_soup(a: Path, b: Path, work: Path) -> float:
     return worst
 
 
+def profile_soup(a: Path, b: Path, out: Path) -> dict:
+    """One soup in this process with each pipeline stage's busy seconds summed over its shards (read, combine,
+    hash, write; the flusher's fdatasync calls are the disk's time): the largest per-shard sum is what bounds a
+    shard, and the sum of all against wall time x cores says how busy the cores were."""
+    import threading
+    from collections import Counter
+
+    from trainers import merge
+
+    busy, lock = Counter(), threading.Lock()
+
+    def timed(name, fn):
+        def wrapper(*args):
+            start = time.perf_counter()
+            try:
+                return fn(*args)
+            finally:
+                with lock:
+                    busy[name] += time.perf_counter() - start
+        return wrapper
+
+    pipeline, sync = merge._ShardPipeline, os.fdatasync
+    hash_, write, run = pipeline._hash, pipeline._write, pipeline.run
+
+    def run_timed(self, plan, combine):
+        self.read = timed("read", self.read)
+        return run(self, plan, timed("combine", combine))
+
+    pipeline._hash, pipeline._write, pipeline.run = timed("hash", hash_), timed("write", write), run_timed
+    os.fdatasync = timed("fdatasync", sync)
+    try:
+        start = time.perf_counter()
+        merge.soup(merge.SoupConfig(models=[a, b], weights=[0.5, 0.5], output_dir=out))
+        wall = time.perf_counter() - start
+    finally:
+        pipeline._hash, pipeline._write, pipeline.run, os.fdatasync = hash_, write, run, sync
+    shutil.rmtree(out)
+    return {"wall_seconds": wall, "workers": merge.MAX_WORKERS, "busy_seconds": dict(busy)}
+
+
 def filesystem(path: Path) -> str:
     """The mount holding `path` (device, mount point, type), from /proc/mounts: which disk was measured."""
     mounts = [line.split()[:3] for line in Path("/proc/mounts").read_text().splitlines()]
@@ -127,6 +167,7 @@ def main() -> None:
     parser.add_argument("--dir", type=Path, default=None, help="scratch directory on the disk to measure")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument("--profile", action="store_true", help="also one in-process soup with per-stage busy times")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
@@ -139,6 +180,7 @@ def main() -> None:
         max_err = check_soup(work / "a", work / "b", work)
         if max_err != 0.0:
             raise SystemExit(f"soup differs from the FP32 formula cast back: max abs error {max_err}")
+        profile = profile_soup(work / "a", work / "b", work / "profiled") if args.profile else None
         runs: dict[str, list[dict]] = {"soup": [], "copy": []}
         for _ in range(args.repeats):
             for op in ("copy", "soup"):
@@ -162,6 +204,7 @@ def main() -> None:
         "soup": table["soup"], "copy": table["copy"],
         "soup_share_of_copy_bandwidth": share,
         "soup_peak_rss_in_shards": table["soup"]["peak_rss_gb"] * 1e9 / shard_bytes,
+        "soup_stage_profile": profile,
         "goals": {"share>=0.70": share >= 0.70,
                   "peak_rss<2_shards": table["soup"]["peak_rss_gb"] * 1e9 < 2 * shard_bytes},
     }
@@ -171,6 +214,8 @@ def main() -> None:
     for op in ("copy", "soup"):
         r = table[op]
         print(f"{op:6} {r['output_gb_per_s']:9.2f} {r['seconds_median']:11.2f} {r['peak_rss_gb']:12.2f}")
+    if profile:
+        print(f"profiled soup: {profile}")
     print(f"soup / copy bandwidth: {share:.0%}; soup peak RSS = {result['soup_peak_rss_in_shards']:.2f} shards "
           f"(goal < 2); checkpoint {gb:.2f} GB in {shard_bytes / 1e9:.2f} GB shards")
 
