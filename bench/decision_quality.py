@@ -1,13 +1,15 @@
 """Decision quality: how often the agent's promotions are real, against naive policies, in the toy world.
 
     .venv/bin/python bench/decision_quality.py [--seeds 10] [--first-seed 1] [--size test|demo] [--budget 60gpuh]
-        [--protocol short|test|full] [--world-seed 0] [--truth-n 2000] [--work DIR] [--parallel 1]
+        [--protocol short|test|full] [--world-seed 0 | --world-per-seed] [--truth-n 2000] [--work DIR] [--parallel 1]
         [--out bench/results/decision_quality.json]
 
 The world (seed `--world-seed`) is built once, in WORK/world. Each session seed gets its own copy of it
 with the feedback drawn afresh (WORK/lab-SEED, tools/world/decision_quality.redraw_feedback: new battle
 prompts, the parent's answers and the oracle's votes at that seed), so a seed costs a battle generation,
-not a world build. Its bars get the p-value family the protocol really uses
+not a world build. With `--world-per-seed` each session seed gets its own world instead, built with that
+seed in WORK/world-SEED (its own pretraining, parent, opponent, suites and feedback; a world build per seed,
+about 160 CPU-s at the demo size), so that the arms' true effects differ between sessions too. Its bars get the p-value family the protocol really uses
 (`PlaybookSettings.comparisons()`). One playbook session runs on it (`run_agent.py --budget B --protocol
 P`, a real session with real jobs; a finished session found there is reused), then its decisions are
 judged against the world's ground truth: a fresh truth sample, never seen by the agent, answered by every
@@ -48,6 +50,7 @@ import argparse
 import json
 import platform
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -61,6 +64,7 @@ from agent.config import load_lab_config, parse_budget  # noqa: E402
 from agent.planners.playbook import PROTOCOLS, PlaybookSettings  # noqa: E402
 from agent.runner import lab_spec  # noqa: E402
 from agent.summary import summarize  # noqa: E402
+from core.util import sha256_text  # noqa: E402
 from evals.decoding import Decoding  # noqa: E402
 from memory.notebook import Notebook  # noqa: E402
 from tools.promote import parent_of  # noqa: E402
@@ -389,12 +393,21 @@ def register_family(lab: Path, protocol: str) -> int:
 
 
 def prepare(args: argparse.Namespace, seed: int) -> dict[str, Any]:
-    """The seed's lab: a copy of the world with its own feedback draw, and the protocol's p-value family."""
+    """The seed's lab and the protocol's p-value family: a copy of the one world with its own feedback draw, or
+    (`--world-per-seed`) a copy of the world built with the seed itself (its own parent, opponent, suites and
+    feedback)."""
     lab, t0 = args.work / f"lab-{seed}", time.monotonic()
     fresh = not (lab / "notebook.db").exists()
-    redraw = redraw_feedback(args.work / "world", lab, seed)
+    if args.world_per_seed:
+        world = args.work / f"world-{seed}"
+        manifest, _ = build(world, seed=seed, size=args.size)
+        if not lab.exists():
+            shutil.copytree(world, lab, symlinks=True)
+        feedback = {"world_seed": seed, "world_manifest_sha256": sha256_text(manifest.model_dump_json(indent=2) + "\n")}
+    else:
+        feedback = redraw_feedback(args.work / "world", lab, seed).model_dump()
     family = register_family(lab, args.protocol) if fresh else None
-    return {"lab": lab, "feedback": redraw.model_dump(), "p_family": family, "redraw_s": time.monotonic() - t0}
+    return {"lab": lab, "feedback": feedback, "p_family": family, "redraw_s": time.monotonic() - t0}
 
 
 def finish(args: argparse.Namespace, seed: int, prepared: dict[str, Any], session_s: float) -> dict[str, Any]:
@@ -446,6 +459,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget", default="60gpuh", help="session budget (run_agent.py --budget)")
     p.add_argument("--protocol", choices=PROTOCOLS, default="short", help="playbook size")
     p.add_argument("--world-seed", type=int, default=0, help="seed of the one world every session's feedback is drawn in")
+    p.add_argument("--world-per-seed", action="store_true",
+                   help="build each seed's own world (seed = the session seed) instead of redrawing one world's feedback")
     p.add_argument("--truth-n", type=int, default=2000, help="prompts of the truth sample")
     p.add_argument("--truth-seed", type=int, default=0, help="truth sample seed")
     p.add_argument("--device", default="cpu", help="device of the truth generation")
@@ -465,7 +480,8 @@ def main(argv: list[str] | None = None) -> int:
         one_seed(args, args.one_seed)
         return 0
     t0 = time.monotonic()
-    build(args.work / "world", seed=args.world_seed, size=args.size)  # once, before any seed copies it
+    if not args.world_per_seed:
+        build(args.work / "world", seed=args.world_seed, size=args.size)  # once, before any seed copies it
     build_s = time.monotonic() - t0
     sessions = run_seeds(args, seeds)
     summary = {name: summarize_policy(sessions, name) for name in POLICIES}
