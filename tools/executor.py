@@ -23,6 +23,12 @@ class SlurmSection(_Settings):
     cpus_per_task: int = Field(8, ge=1, description="CPUs per job.")
     mem_gb: int = Field(64, ge=1, description="Memory per job in GB.")
     extra_sbatch: list[str] = Field(default_factory=list, description="Extra `#SBATCH` lines, verbatim.")
+    zygote: bool = Field(
+        False, description="Single-host clusters only (scripts/slurm-up's loopback cluster, a workstation running "
+        "Slurm): each task forks from a warm zygote on the submitting host, as local jobs do (tools/zygote.py). A "
+        "task on another node finds no zygote there and runs a plain python; off by default so that no login node "
+        "imports torch for nothing. POSTLAB_ZYGOTE=0 turns it off too.",
+    )
 
 
 class ExecutorSection(_Settings):

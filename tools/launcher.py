@@ -70,7 +70,7 @@ from memory.records import BudgetRefusal, FailPayload, LaunchPayload, MemoryRefu
 from tools.executor import ExecutorSection, SlurmSection
 from tools.failures import Failure, classify, decide, smaller_batch_config
 from tools.jobrun import Resumable, RunPaths, near_time_limit, read_events
-from tools.zygote import Zygote
+from tools.zygote import TIME_LIMIT_VAR, Zygote
 from tools.zygote import default_dir as zygote_dir
 
 R = TypeVar("R", bound=BaseModel)
@@ -392,23 +392,30 @@ class SlurmBackend:
     """submitit's SlurmExecutor; run states and elapsed times come from `sacct` (slurmdbd accounting).
 
     A job asks for one node with `tasks` processes (one per GPU by default), each with
-    `cpus_per_task` CPUs; it is charged the GPUs sacct reports allocated (AllocTRES gres/gpu)."""
+    `cpus_per_task` CPUs; it is charged the GPUs sacct reports allocated (AllocTRES gres/gpu).
+    `zygote` (single-host clusters, `executor.slurm.zygote`): each task forks from a warm server on this
+    host, as a local job's does; a task on another node finds none and runs a plain python."""
 
     name: Literal["slurm"] = "slurm"
 
     def __init__(self, partition: str, *, account: str | None = None, qos: str | None = None, gpus_per_node: int = 1,
-                 cpus_per_task: int = 8, mem_gb: int = 64, extra_sbatch: Sequence[str] = ()):
+                 cpus_per_task: int = 8, mem_gb: int = 64, extra_sbatch: Sequence[str] = (),
+                 zygote: Zygote | None = None):
         self.partition, self.account, self.qos = partition, account, qos
         self.gpus_per_node, self.cpus_per_task, self.mem_gb = gpus_per_node, cpus_per_task, mem_gb
         self.additional_parameters = _sbatch_lines(list(extra_sbatch))
+        self.zygote = zygote
 
     @classmethod
-    def from_section(cls, section: SlurmSection) -> SlurmBackend:
+    def from_section(cls, section: SlurmSection, zygote: Zygote | None = None) -> SlurmBackend:
         return cls(section.partition, account=section.account, qos=section.qos, gpus_per_node=section.gpus_per_node,
-                   cpus_per_task=section.cpus_per_task, mem_gb=section.mem_gb, extra_sbatch=section.extra_sbatch)
+                   cpus_per_task=section.cpus_per_task, mem_gb=section.mem_gb, extra_sbatch=section.extra_sbatch,
+                   zygote=zygote)
 
     def executor(self, folder: Path, kind: str, resources: Resources) -> submitit.SlurmExecutor:
-        ex = submitit.SlurmExecutor(folder=folder, max_num_timeout=_NO_SUBMITIT_LIMIT)
+        # sbatch passes this environment on to the tasks (--export=ALL): the zygote is chosen for it.
+        python = self.zygote.prepare(os.environ) if self.zygote is not None else None
+        ex = submitit.SlurmExecutor(folder=folder, max_num_timeout=_NO_SUBMITIT_LIMIT, python=python)
         params: dict[str, Any] = {
             "job_name": kind, "partition": self.partition, "time": math.ceil(resources.time_limit_min),
             "nodes": 1, "gpus_per_node": self.gpus(resources), "ntasks_per_node": self.tasks(resources),
@@ -418,6 +425,8 @@ class SlurmBackend:
             # job ends instead and the launcher admits (or refuses) the requeue.
             "additional_parameters": {"no-requeue": True, **self.additional_parameters},
         }
+        if python is not None:  # how long a task may wait for a zygote still importing is a share of this
+            params["setup"] = [f"export {TIME_LIMIT_VAR}={int(60 * resources.time_limit_min)}"]
         if self.account:
             params["account"] = self.account
         if self.qos:
@@ -505,16 +514,21 @@ def make_backend(section: ExecutorSection) -> Backend:
     """The backend of a lab's `[executor]` section."""
     if section.kind == "slurm":
         assert section.slurm is not None, "ExecutorSection validates that kind = 'slurm' has a slurm section"
-        return SlurmBackend.from_section(section.slurm)
+        on = section.slurm.zygote and env_allows_zygote(os.environ)
+        return SlurmBackend.from_section(section.slurm, zygote=Zygote(zygote_dir(os.environ)) if on else None)
     return LocalBackend(section.simulated_gpuh_per_device_s, zygote=local_zygote(section, os.environ))
 
 
 def local_zygote(section: ExecutorSection, env: typing.Mapping[str, str]) -> Zygote | None:
     """The local jobs' fork server: on unless lab.toml's `executor.zygote = false` or POSTLAB_ZYGOTE=0;
     its zygotes live in POSTLAB_ZYGOTE_DIR (default /tmp/postlab-zygote-UID)."""
-    if not section.zygote or env.get("POSTLAB_ZYGOTE", "1") == "0":
+    if not section.zygote or not env_allows_zygote(env):
         return None
     return Zygote(zygote_dir(env))
+
+
+def env_allows_zygote(env: typing.Mapping[str, str]) -> bool:
+    return env.get("POSTLAB_ZYGOTE", "1") != "0"
 
 
 # ---- what the notebook keeps of a job, and rebuilding it ---------------------------------------

@@ -8,6 +8,10 @@ project's 2-core machine, for jobs that then work a second or two. The launcher'
 
     .venv/bin/python tools/zygote.py SOCKET -u -m submitit.core._submit FOLDER
 
+On a single-host Slurm cluster (lab.toml's `executor.slurm.zygote`, off by default) the SlurmBackend gives
+sbatch the same prefix: srun starts the client, which sits in the step (sacct times it) while the job
+runs forked from the zygote on this host. A task landing on another node finds no zygote and runs plain.
+
 The client imports only the standard library. It connects to the zygote's Unix socket, sends its
 argv, environment, cwd, umask, CPU affinity and ignored signals with its stdin/stdout/stderr (SCM_RIGHTS),
 and the zygote forks a child that adopts them and runs `submitit.core._submit` as __main__, as
@@ -79,6 +83,9 @@ RESTART_S = 60.0  # seconds between two starts of the same zygote by one launche
 # A client finding its zygote still importing waits this share of the job's time limit, at most WAIT_MAX_S.
 WAIT_SHARE = 0.1
 WAIT_MAX_S = 60.0
+# The job's time limit in seconds, for an executor that does not tell its tasks (Slurm; submitit's local
+# controller sets SUBMITIT_LOCAL_TIMEOUT_S): the launcher exports it in the sbatch script.
+TIME_LIMIT_VAR = "POSTLAB_JOB_TIME_LIMIT_S"
 MAX_SOCKET_PATH = 100  # bytes; Linux's limit for a Unix socket's path is 107
 PROTOCOL = 1
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
@@ -249,7 +256,7 @@ def _connect(sock_path: str, args: list[str]) -> socket.socket | None:
     WAIT_MAX_S: importing alongside it would cost the same seconds of CPU twice. None: run plain."""
     if args[:2] != ["-u", "-m"] or len(args) < 3:  # the only form submitit's LocalExecutor runs
         return None
-    limit_s = float(os.environ.get("SUBMITIT_LOCAL_TIMEOUT_S") or 0)  # the controller's, for its tasks
+    limit_s = float(os.environ.get("SUBMITIT_LOCAL_TIMEOUT_S") or os.environ.get(TIME_LIMIT_VAR) or 0)
     deadline = time.monotonic() + min(WAIT_MAX_S, WAIT_SHARE * limit_s)
     lock = Path(sock_path).with_suffix(".lock")
     while True:
