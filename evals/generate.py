@@ -294,10 +294,12 @@ class _Decoder:
 
     def _capture(self) -> None:
         # Warm-up on a side stream first (lazy cache and library initialisation must not be captured); what it
-        # writes (cache, buffers) is reset by the next prefill. Each warm-up starts at the first decode slot.
+        # writes (cache, buffers) is reset by the next prefill. Each warm-up starts at the first decode slot. The
+        # warm-up's draws would move the seeded generator on: its state is put back, so a call that captures
+        # draws what a call reusing the capture draws (a replicate does not depend on what was captured before).
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
-        with fused_pieces(self.fused):
+        with fused_pieces(self.fused), torch.random.fork_rng(devices=[self.model.device]):
             with torch.cuda.stream(side):
                 for _ in range(2):
                     self.slot.fill_(self.width)

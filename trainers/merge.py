@@ -224,12 +224,12 @@ def _copy_side_files(src: Path, dst: Path) -> None:
 # 16 MiB chunks on a 2-core host), while reads and writes stay large; memory is a few chunks per shard.
 CHUNK_ELEMENTS = 1 << 18
 # Output shards written at once. Each shard has its own sha256, which is sequential (about 1-2 GB/s on one core),
-# so shards in flight are what spreads hashing over the cores; each shard's pipeline runs five threads (see
-# _ShardPipeline), most of them waiting on memory copies, the hash or the disk.
+# so shards in flight are what spreads hashing over the cores; each shard's pipeline runs its combining lanes, a
+# hasher, a writer and a flusher (see _ShardPipeline).
 MAX_WORKERS = max(1, min(8, (os.cpu_count() or 2) // 2))
-# Chunk slots circulating through one shard's pipeline: each holds one chunk of every input and of the output, so a
-# shard's memory is PIPELINE_DEPTH chunks, and each stage can work while the others hold the other slots.
-PIPELINE_DEPTH = 4
+# Chunk slots per combining lane of a shard: each holds one chunk of every input and of the output, so a shard's
+# memory is lanes x PIPELINE_DEPTH chunks, and each stage can work while the others hold the other slots.
+PIPELINE_DEPTH = 3
 # Output bytes a shard's writer lets pile up before its flusher pushes them to disk (fdatasync) while the merge goes
 # on. Without it the page cache held the whole output until the caller's final fsync, and that flush ran after all
 # the combining instead of beside it (on the GPU machine the flush alone took about as long as a plain copy).
@@ -301,49 +301,57 @@ class _Chunk(NamedTuple):
 
 
 class _Slot:
-    """Reusable buffers for one chunk in flight: one uint8 buffer per input, one for the output, and the chunk."""
+    """Reusable buffers for one chunk in flight, owned by one lane: one uint8 buffer per input, one for the output,
+    and the chunk."""
 
-    def __init__(self, inputs: int, width: int):
+    def __init__(self, lane: int, inputs: int, width: int):
+        self.lane = lane
         self.inputs = [torch.empty(width, dtype=torch.uint8) for _ in range(inputs)]
         self.output = torch.empty(width, dtype=torch.uint8)
         self.chunk = _Chunk("", 0, 0)
         self.nbytes = 0
 
 
+# work(slot, fp32 scratch, fp32 scratch): reads slot.chunk of every input and fills slot.output / slot.nbytes.
+Work = Callable[[_Slot, torch.Tensor, torch.Tensor], None]
+
+
 class _ShardPipeline:
-    """One output shard's chunks, in order, through five threads: a reader (plain reads of every input's chunk), the
-    caller's thread (combine), a hasher (the shard's sha256, over the output bytes in file order), a writer (appends
-    them) and a flusher (fdatasync every FLUSH_BYTES, so the disk writes while the rest goes on). PIPELINE_DEPTH
-    slots go round from stage to stage, so a shard takes its slowest stage's time, not the sum of all of them; the
-    output is fsynced before `run` returns.
+    """One output shard's chunks through threads: `lanes` lanes, lane k reading and combining chunks k, k + lanes,
+    k + 2 lanes, ... with its own PIPELINE_DEPTH slots and scratch; a hasher taking the lanes' chunks back in file
+    order (the shard's sha256); a writer appending them; a flusher (fdatasync every FLUSH_BYTES, so the disk writes
+    while the rest goes on). The stages overlap, so a shard takes its slowest stage's time, not the sum of all of
+    them, and the lanes share the combining, the costliest stage; the output is fsynced before `run` returns.
 
+    A lane waits only for its own slots, which the writer hands back to it, so no lane can starve another of slots.
     The first error of any stage is kept; from then on every stage passes slots on without working on them (so no
-    stage waits forever on another) and the reader stops, and `run` raises it."""
+    stage waits forever on another), and `run` raises it."""
 
-    def __init__(self, out, digest, read: Callable[[_Slot], None], inputs: int, width: int):
-        self.out, self.digest, self.read = out, digest, read
+    def __init__(self, out, digest, lanes: int, inputs: int, width: int):
+        self.out, self.digest = out, digest
         self.error: BaseException | None = None
-        self.free: queue.Queue = queue.Queue()
-        for _ in range(PIPELINE_DEPTH):
-            self.free.put(_Slot(inputs, width))
-        self.read_q: queue.Queue = queue.Queue()
-        self.hash_q: queue.Queue = queue.Queue()
+        self.free = [queue.Queue() for _ in range(lanes)]
+        for lane, free in enumerate(self.free):
+            for _ in range(PIPELINE_DEPTH):
+                free.put(_Slot(lane, inputs, width))
+        self.done = [queue.Queue() for _ in range(lanes)]
         self.write_q: queue.Queue = queue.Queue()
         self.unflushed, self.closing = 0, False
         self.flush_wanted = threading.Event()
 
-    def run(self, plan: list[_Chunk], combine: Callable[[_Slot], None]) -> None:
-        threads = [threading.Thread(target=fn, args=args, daemon=True) for fn, args in (
-            (self._read_all, (plan,)), (self._stage, (self.hash_q, self.write_q, self._hash)),
-            (self._stage, (self.write_q, self.free, self._write)), (self._flush_loop, ()))]
-        for t in threads:
+    def run(self, plan: list[_Chunk], work: Work) -> None:
+        lanes = len(self.free)
+        targets = [(self._lane, (k, plan[k::lanes], work)) for k in range(lanes)]
+        targets += [(self._hash_all, (len(plan),)), (self._write_all, ())]
+        threads = [threading.Thread(target=fn, args=args, daemon=True) for fn, args in targets]
+        flusher = threading.Thread(target=self._flush_loop, daemon=True)
+        for t in [*threads, flusher]:
             t.start()
-        self._stage(self.read_q, self.hash_q, combine)
-        for t in threads[:3]:
+        for t in threads:
             t.join()
         self.closing = True
         self.flush_wanted.set()
-        threads[3].join()
+        flusher.join()
         if self.error is None:
             self.out.flush()
             os.fsync(self.out.fileno())
@@ -354,33 +362,39 @@ class _ShardPipeline:
         if self.error is None:
             self.error = err
 
-    def _read_all(self, plan: list[_Chunk]) -> None:
-        for chunk in plan:
-            if self.error is not None:
-                break
-            slot = self.free.get()
+    def _lane(self, lane: int, chunks: list[_Chunk], work: Work) -> None:
+        # One intra-op thread: the lanes are the parallelism, and a team of threads per lane (each op's fork and
+        # join) oversubscribed the cores: on the GPU machine the combine ran 3x slower with 2 threads per shard.
+        torch.set_num_threads(1)
+        acc, tmp = torch.empty(CHUNK_ELEMENTS, dtype=torch.float32), torch.empty(CHUNK_ELEMENTS, dtype=torch.float32)
+        for chunk in chunks:
+            slot = self.free[lane].get()
             slot.chunk = chunk
-            try:
-                self.read(slot)
-            # Kept and raised by run() in the merge's thread (a truncated input, say); the slot goes on unread.
-            except BaseException as err:  # noqa: BLE001
-                self._fail(err)
-            self.read_q.put(slot)
-        self.read_q.put(None)
-
-    def _stage(self, inbox: queue.Queue, outbox: queue.Queue, work: Callable[[_Slot], None]) -> None:
-        while (slot := inbox.get()) is not None:
             if self.error is None:
                 try:
-                    work(slot)
-                # Kept and raised by run() (a full disk, say); later slots pass through undone.
+                    work(slot, acc, tmp)
+                # Kept and raised by run() in the merge's thread (a truncated input, say); the slot goes on undone.
                 except BaseException as err:  # noqa: BLE001
                     self._fail(err)
-            outbox.put(slot)
-        outbox.put(None)
+            self.done[lane].put(slot)
 
-    def _hash(self, slot: _Slot) -> None:
-        self.digest.update(memoryview(slot.output[: slot.nbytes].numpy()))
+    def _hash_all(self, chunks: int) -> None:
+        for i in range(chunks):
+            slot = self.done[i % len(self.done)].get()
+            if self.error is None:
+                self.digest.update(memoryview(slot.output[: slot.nbytes].numpy()))
+            self.write_q.put(slot)
+        self.write_q.put(None)
+
+    def _write_all(self) -> None:
+        while (slot := self.write_q.get()) is not None:
+            if self.error is None:
+                try:
+                    self._write(slot)
+                # Kept and raised by run() (a full disk, say); later slots pass through unwritten.
+                except BaseException as err:  # noqa: BLE001
+                    self._fail(err)
+            self.free[slot.lane].put(slot)
 
     def _write(self, slot: _Slot) -> None:
         self.out.write(memoryview(slot.output[: slot.nbytes].numpy()))
@@ -403,21 +417,9 @@ class _ShardPipeline:
 
 
 def _write_shard(out_path: Path, keys: list[str], sources: list[dict[str, tuple[Path, _Entry]]],
-                 combine: Combine, threads: int) -> str:
-    """Writes one output shard chunk by chunk; returns its sha256, hashed from the bytes as they are written.
-
-    This thread's torch ops use `threads` intra-op threads, its share of the cores: several shards are combined at
-    once, and each worker's own full team of intra-op threads would oversubscribe the cores on chunks this small."""
-    own = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        return _write_shard_chunks(out_path, keys, sources, combine)
-    finally:
-        torch.set_num_threads(own)
-
-
-def _write_shard_chunks(out_path: Path, keys: list[str], sources: list[dict[str, tuple[Path, _Entry]]],
-                        combine: Combine) -> str:
+                 combine: Combine, lanes: int) -> str:
+    """Writes one output shard chunk by chunk, combined on `lanes` threads; returns its sha256, hashed from the
+    bytes as they are written."""
     ref = {k: sources[0][k][1] for k in keys}
     dtypes = {k: _dtype(sources[0][k][0], ref[k].dtype) for k in keys}
     width = max((d.itemsize for d in dtypes.values()), default=1) * CHUNK_ELEMENTS
@@ -425,7 +427,6 @@ def _write_shard_chunks(out_path: Path, keys: list[str], sources: list[dict[str,
     for k in keys:
         numel = (ref[k].end - ref[k].start) // dtypes[k].itemsize
         plan += [_Chunk(k, first, min(CHUNK_ELEMENTS, numel - first)) for first in range(0, numel, CHUNK_ELEMENTS)]
-    acc, tmp = torch.empty(CHUNK_ELEMENTS, dtype=torch.float32), torch.empty(CHUNK_ELEMENTS, dtype=torch.float32)
     header = _header_bytes(keys, ref)
     digest = hashlib.sha256(header)
     with ExitStack() as stack, open(out_path, "wb") as out:
@@ -435,22 +436,19 @@ def _write_shard_chunks(out_path: Path, keys: list[str], sources: list[dict[str,
             stack.callback(os.close, fds[path])
             os.posix_fadvise(fds[path], 0, 0, os.POSIX_FADV_SEQUENTIAL)  # larger readahead for a cold input
 
-        def read(slot: _Slot) -> None:
-            key, first, n = slot.chunk
-            size = dtypes[key].itemsize
-            for buf, src in zip(slot.inputs, sources, strict=True):
-                path, entry = src[key]
-                _pread(fds[path], path, buf[: n * size], entry.start + first * size)
-
-        def combine_slot(slot: _Slot) -> None:
+        def work(slot: _Slot, acc: torch.Tensor, tmp: torch.Tensor) -> None:
             key, first, n = slot.chunk
             dtype = dtypes[key]
             slot.nbytes = n * dtype.itemsize
-            chunks = [buf[: slot.nbytes].view(dtype) for buf in slot.inputs]
+            chunks = []
+            for buf, src in zip(slot.inputs, sources, strict=True):
+                path, entry = src[key]
+                chunks.append(_pread(fds[path], path, buf[: slot.nbytes], entry.start + first * dtype.itemsize)
+                              .view(dtype))
             combine(key, first, chunks, slot.output[: slot.nbytes].view(dtype), acc[:n], tmp[:n])
 
         out.write(header)
-        _ShardPipeline(out, digest, read, len(sources), width).run(plan, combine_slot)
+        _ShardPipeline(out, digest, lanes, len(sources), width).run(plan, work)
     return digest.hexdigest()
 
 
@@ -480,18 +478,20 @@ def stream_merge(models: list[Path], combine: Combine, output_dir: Path, side_fi
     tmp.mkdir(parents=True)
     sources = _sources(models, [shard_map(m) for m in models])
     jobs = {names[s]: sorted(k for k, v in first_map.items() if v == s) for s in shards}
+    own_threads = torch.get_num_threads()  # the lanes set their own; the caller's is restored after
     try:
         workers = min(MAX_WORKERS, len(jobs))
-        # Each worker's combine gets two cores' worth of intra-op threads: its reader, hasher and writer spend
-        # much of their time in memory copies and the disk, and the hash is the one stage that cannot be split.
-        threads = max(1, (os.cpu_count() or 1) // (2 * workers))
+        # Each shard's share of the cores, less one for its hasher and writer, goes to its combining lanes.
+        lanes = max(1, (os.cpu_count() or 1) // workers - 1)
         with ThreadPoolExecutor(max_workers=workers) as pool:
-            futures = {name: pool.submit(_write_shard, tmp / name, keys, sources, combine, threads)
+            futures = {name: pool.submit(_write_shard, tmp / name, keys, sources, combine, lanes)
                        for name, keys in jobs.items()}
             shard_sha = {name: f.result() for name, f in futures.items()}
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    finally:
+        torch.set_num_threads(own_threads)
     total = sum(e.end - e.start for _, e in sources[0].values())
     index = {"metadata": {"total_size": total}, "weight_map": {k: names[s] for k, s in sorted(first_map.items())}}
     (tmp / INDEX).write_text(json.dumps(index, indent=2) + "\n")
@@ -711,13 +711,18 @@ def _single_stored(base: Path, param: str, shape: list[int], sources: dict[str, 
 
 class _LoRACombine:
     """combine() of merge_lora: W + scale * lhs @ rhs in FP32 (cast back to W's dtype), or the adapter's own copy
-    of the tensor (peft modules_to_save), or W unchanged. The factors of a target are read once, when the first of
-    its stored tensors is written, and dropped after the last: memory is the factors of the targets in flight."""
+    of the tensor (peft modules_to_save), or W unchanged. The factors of a target are read once, when the first
+    chunk of its stored tensors is combined, and dropped after the last: memory is the factors of the targets in
+    flight."""
 
     def __init__(self, plan: _LoRAPlan, adapter_file: Path, fd: int, base_entries: dict[str, _Entry]):
         self._plan, self._file, self._fd = plan, adapter_file, fd
         self._entries, self._base = read_header(adapter_file), base_entries
-        self._pending = Counter(u.target for u in plan.updates.values())
+        # Chunks still to come per target: lanes combine a tensor's chunks out of order, so its last chunk is not
+        # the last one to need the factors.
+        self._pending = Counter()
+        for key, update in plan.updates.items():
+            self._pending[update.target] += -(-math.prod(base_entries[key].shape) // CHUNK_ELEMENTS)
         self._blocks: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         self._lock = threading.Lock()
 
@@ -728,8 +733,7 @@ class _LoRACombine:
             out.copy_(self._read(self._plan.replaced[key], first, len(out)))
         elif key in self._plan.updates:
             out.copy_(acc.copy_(weight).add_(self._delta(key, first, len(out))))
-            if first + len(out) == math.prod(self._base[key].shape):
-                self._release(self._plan.updates[key].target)
+            self._release(self._plan.updates[key].target)
         else:
             out.copy_(weight)
 
