@@ -48,7 +48,7 @@ declare -A CMD=(
   [decode-triton]="python3 bench/decode_step.py --profile --variants default triton triton-fused --profile-engine --out $R/decode_step-llama-1b-triton.json"
   [packing]="python3 bench/mamba_kernels.py --parts packing --out $R/mamba_kernels-packing.json"
   [memory]="python3 -m torch.distributed.run --standalone --nproc-per-node 1 bench/train_memory.py --out $R/train_memory-h200.json"
-  [merge]="python3 bench/merge_throughput.py --size-gb 4 --shard-gb 1 --repeats 3 --profile --results $R/merge_throughput-h200.json"
+  [merge]="python3 bench/merge_throughput.py --size-gb 4 --shard-gb 1 --repeats 3 --profile --profile-lanes 1 2 5 --results $R/merge_throughput-h200.json"
   [gen-b64-sampled]="$G --model llama-1b --batch-size 64 --static-cache --sampled --baseline-prompts 1 --out $R/gen-llama-b64-sampled.json"
 )
 declare -A LIMIT=([gen-b128]=110 [gen-b64]=70 [gen-b128-sampled]=70 [gen-b128-dynamic]=90 [gen-nemotron]=100

@@ -382,9 +382,12 @@ class _ShardPipeline:
         for i in range(chunks):
             slot = self.done[i % len(self.done)].get()
             if self.error is None:
-                self.digest.update(memoryview(slot.output[: slot.nbytes].numpy()))
+                self._hash(slot)
             self.write_q.put(slot)
         self.write_q.put(None)
+
+    def _hash(self, slot: _Slot) -> None:
+        self.digest.update(memoryview(slot.output[: slot.nbytes].numpy()))
 
     def _write_all(self) -> None:
         while (slot := self.write_q.get()) is not None:
@@ -452,6 +455,11 @@ def _write_shard(out_path: Path, keys: list[str], sources: list[dict[str, tuple[
     return digest.hexdigest()
 
 
+def combining_lanes(shards_at_once: int) -> int:
+    """Combining lanes per shard: each shard's share of the cores, less one for its hasher and writer."""
+    return max(1, (os.cpu_count() or 1) // shards_at_once - 1)
+
+
 def _sources(models: list[Path], maps: list[dict[str, str]]) -> list[dict[str, tuple[Path, _Entry]]]:
     """Per model: tensor name -> (its shard file, its header entry)."""
     out = []
@@ -481,8 +489,7 @@ def stream_merge(models: list[Path], combine: Combine, output_dir: Path, side_fi
     own_threads = torch.get_num_threads()  # the lanes set their own; the caller's is restored after
     try:
         workers = min(MAX_WORKERS, len(jobs))
-        # Each shard's share of the cores, less one for its hasher and writer, goes to its combining lanes.
-        lanes = max(1, (os.cpu_count() or 1) // workers - 1)
+        lanes = combining_lanes(workers)
         with ThreadPoolExecutor(max_workers=workers) as pool:
             futures = {name: pool.submit(_write_shard, tmp / name, keys, sources, combine, lanes)
                        for name, keys in jobs.items()}
