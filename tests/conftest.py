@@ -40,7 +40,14 @@ DEADLINE_S = 1800
 # at no cost), and collection checks that every test sits in the unit it needs.
 FINISHED_FILES = {"tests/agent/test_session.py", "tests/agent/test_replay.py", "tests/memory/test_report.py"}
 WORLD_FILES = {"tests/test_decision_quality.py"}  # besides tests/world/: modules that call session_world()
-HEAVY_FIRST = ("finished", "slurm", "toy_world")
+# Longest units first (longest processing time first): the two workers then end on short units and finish
+# together. The three shared units lead; the files after them took 40-130 s each in a clean-clone run at
+# load 4-8 (tests ran in collection order before, and test_distributed.py's ~110 s came last). A unit not
+# named here keeps its collection order after these.
+HEAVY_FIRST = ("finished", "slurm", "toy_world", "tests/trainers/test_distributed.py", "tests/test_bench_scaling.py",
+               "tests/tools/test_bundle.py", "tests/tools/test_launcher.py", "tests/test_entry_points.py",
+               "tests/agent/test_failures_session.py", "tests/tools/test_launcher_attach.py", "tests/test_pipeline.py",
+               "tests/tools/test_builders.py", "tests/agent/test_llm_planner.py")
 
 
 def work_unit(nodeid: str) -> str:
@@ -103,13 +110,20 @@ def _one_thread_per_process():
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _own_zygotes(tmp_path_factory: pytest.TempPathFactory):
+def _own_zygotes(tmp_path_factory: pytest.TempPathFactory, _one_thread_per_process):
     """Local jobs (agents' too: they inherit the variable) fork from zygotes of this test process's own
     directory (tools/zygote.py), stopped when the tests end: none outlives the suite, and none is
-    shared with a developer's session."""
+    shared with a developer's session.
+
+    On an xdist worker (`make test`: every worker runs jobs) the zygote for this process's environment
+    starts here, importing in the background while the first tests run, so that the worker's first job
+    does not wait 10-17 s for it; agents and the tests' own launchers pass the same environment, so the
+    same zygote serves them. A plain `pytest tests/x.py` starts none until a job needs one."""
     folder = tmp_path_factory.mktemp("zygote")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("POSTLAB_ZYGOTE_DIR", str(folder))
+        if os.environ.get("PYTEST_XDIST_WORKER"):
+            zygote.Zygote(folder).prepare(os.environ)
         yield folder
     zygote.stop(folder)
 

@@ -31,6 +31,7 @@ from agent.planners.playbook import PlaybookSettings, next_step
 from agent.summary import Budget, Call, Checkpoint, Refused, Summary, Verdict
 from agent.toolbox import canonical_args
 from evals.decoding import Decoding
+from memory.notebook import Notebook
 from tools.world import oracle
 from tools.world.build import BARS
 from tools.world.decision_quality import answer_key
@@ -189,6 +190,27 @@ def test_greedy_baseline_rewalked_from_its_looks(bench_run):
                 inc = c["id"]
         assert [(p["from"], p["to"]) for p in s["policies"]["greedy"]["promotions"]] == walked
         assert s["policies"]["greedy"]["nominee"] == inc
+
+
+@pytest.mark.slow
+def test_a_test_world_session_nominates_a_bundle_that_passes_check_bundle(bench_run):
+    """A whole session on the test world ends in a nomination whose bundle passes check-bundle. The test
+    world's parent used to fail it (its answers ran past the served cap and could decode to U+FFFD), so a
+    world session ended `failed`. One of the reduced run's sessions serves (the same world, parent and
+    protocol, its own feedback draw): a session of its own cost the suite another 85 s (this test lived in
+    tests/world/test_session.py). After the tests above: check-bundle may write to the lab."""
+    result, _ = bench_run
+    s = result["sessions"][0]
+    lab = Path(s["lab"])
+    with Notebook.open(lab / "notebook.db", readonly=True) as nb:
+        assert nb.session(s["session"]).status == "done"
+        assert nb.decisions(s["session"], kind="nominate")
+    bundles = sorted((lab / "bundles").iterdir())
+    assert bundles, "the nomination wrote no bundle"
+    check = subprocess.run([sys.executable, "run_agent.py", "check-bundle", str(bundles[-1]), "--lab", str(lab)],
+                           cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "U+FFFD" not in check.stdout
 
 
 # ---- the playbook's decision rules, on hand-made summaries (pure: no job, no notebook) ----------------
