@@ -39,17 +39,24 @@ demo: $(VENV)/.installed
 	$(PY) run_agent.py world build --lab lab --size demo
 	$(PY) run_agent.py --budget 60gpuh --lab lab; rc=$$?; $(PY) run_agent.py report --lab lab -o lab/report.html; exit $$rc
 
-# Starts the loopback Slurm cluster (skipped tests say why if it cannot start), runs the whole
-# suite on $(PYTEST_WORKERS) workers (tests/conftest.py keeps each shared session on one), stops the
-# cluster, and exits with pytest's status (5, "no tests ran", is a failure too).
-test: $(VENV)/.installed-dev chromium
-	@scripts/slurm-up || echo "make test: the loopback Slurm cluster did not start; Slurm tests will be skipped with the reason"
-	@set +e; $(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup --no-loadscope-reorder $(PYTEST_ARGS); rc=$$?; scripts/slurm-down; \
+# Installs the venv while Chromium and the loopback Slurm cluster come up in the background (neither
+# needs the venv; one chain, since both may apt-get install and two apt-gets refuse each other's lock),
+# runs the whole suite on $(PYTEST_WORKERS) workers (tests/conftest.py keeps each shared session on
+# one), stops the cluster, and exits with pytest's status (5, "no tests ran", is a failure too).
+# A cluster that cannot start skips the Slurm tests, each saying why. (`make`, not $(MAKE): a line naming
+# $(MAKE) runs even under `make -n`, and this one runs the suite.)
+test:
+	@services=$$(mktemp); \
+	  { make --no-print-directory chromium && { scripts/slurm-up || echo "make test: the loopback Slurm cluster did not start; Slurm tests will be skipped with the reason"; }; } >$$services 2>&1 & bg=$$!; \
+	  make --no-print-directory install-dev; installed=$$?; wait $$bg; up=$$?; cat $$services; rm -f $$services; \
+	  [ $$installed -eq 0 ] && [ $$up -eq 0 ] || exit 1; \
+	  $(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup --no-loadscope-reorder $(PYTEST_ARGS); rc=$$?; scripts/slurm-down; \
 	  if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests"; fi; exit $$rc
 
-# Headless Chromium (Debian's package) opens the HTML report in the report tests.
+# Headless Chromium (Debian's package) opens the HTML report in the report tests. Without recommends: the
+# desktop's (a printer dialog, Mesa's GL drivers, a notification daemon, upower) are not needed headless.
 chromium:
-	@command -v chromium >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+	@command -v chromium >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null; }
 	@command -v chromium >/dev/null || { echo "make test: could not install chromium (apt-get as root)"; exit 1; }
 
 slurm-up:
