@@ -102,7 +102,7 @@ def check_soup(a: Path, b: Path, work: Path) -> float:
     return worst
 
 
-def profile_soup(a: Path, b: Path, out: Path, lanes: int | None) -> dict:
+def profile_soup(a: Path, b: Path, out: Path, lanes: int | None, chunk: int | None) -> dict:
     """One soup in this process with each pipeline stage's busy seconds summed over its shards (the lanes' reads
     and combining, summed over lanes; hash; write; the flusher's fdatasync calls, the disk's time): a stage's sum
     over shards (over lanes too) against wall time x shards says how close it came to bounding the soup."""
@@ -123,7 +123,7 @@ def profile_soup(a: Path, b: Path, out: Path, lanes: int | None) -> dict:
                     busy[name] += time.perf_counter() - start
         return wrapper
 
-    pipeline, sync, own_lanes = merge._ShardPipeline, os.fdatasync, merge.combining_lanes
+    pipeline, sync, own_lanes, own_chunk = merge._ShardPipeline, os.fdatasync, merge.combining_lanes, merge.CHUNK_ELEMENTS
     hash_, write, run = pipeline._hash, pipeline._write, pipeline.run
     used = []
 
@@ -136,15 +136,17 @@ def profile_soup(a: Path, b: Path, out: Path, lanes: int | None) -> dict:
 
     pipeline._hash, pipeline._write, pipeline.run = timed("hash", hash_), timed("write", write), run_timed
     os.fdatasync, merge.combining_lanes = timed("fdatasync", sync), chosen_lanes
+    merge.CHUNK_ELEMENTS = chunk or own_chunk
     try:
         start = time.perf_counter()
         merge.soup(merge.SoupConfig(models=[a, b], weights=[0.5, 0.5], output_dir=out))
         wall = time.perf_counter() - start
     finally:
         pipeline._hash, pipeline._write, pipeline.run, os.fdatasync = hash_, write, run, sync
-        merge.combining_lanes = own_lanes
+        merge.combining_lanes, merge.CHUNK_ELEMENTS = own_lanes, own_chunk
     shutil.rmtree(out)
-    return {"wall_seconds": wall, "shards_at_once": used[0][0], "lanes": used[0][1], "busy_seconds": dict(busy)}
+    return {"wall_seconds": wall, "shards_at_once": used[0][0], "lanes": used[0][1],
+            "chunk_elements": chunk or own_chunk, "busy_seconds": dict(busy)}
 
 
 def filesystem(path: Path) -> str:
@@ -175,6 +177,8 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="also one in-process soup with per-stage busy times")
     parser.add_argument("--profile-lanes", type=int, nargs="*", default=[],
                         help="with --profile: also profile with these combining lanes per shard")
+    parser.add_argument("--profile-chunks", type=int, nargs="*", default=[],
+                        help="with --profile: and these chunk sizes (elements), each with each lane count")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
@@ -187,8 +191,9 @@ def main() -> None:
         max_err = check_soup(work / "a", work / "b", work)
         if max_err != 0.0:
             raise SystemExit(f"soup differs from the FP32 formula cast back: max abs error {max_err}")
-        profile = [profile_soup(work / "a", work / "b", work / "profiled", lanes)
-                   for lanes in [None, *args.profile_lanes]] if args.profile else None
+        profile = [profile_soup(work / "a", work / "b", work / "profiled", lanes, chunk)
+                   for lanes in [None, *args.profile_lanes] for chunk in [None, *args.profile_chunks]
+                   ] if args.profile else None
         runs: dict[str, list[dict]] = {"soup": [], "copy": []}
         for _ in range(args.repeats):
             for op in ("copy", "soup"):
