@@ -1,5 +1,5 @@
 """The decision-quality benchmark on a reduced run (3 session seeds at `--size test`, the test protocol),
-and the playbook's decision rules on hand-made summaries.
+one of its sessions' bundles through check-bundle, and the playbook's decision rules on hand-made summaries.
 
 Real parts throughout the reduced run: the test suite's shared toy world (seed 0, copied), three feedback
 redraws of it, three real sessions through run_agent.py (run side by side), greedy holdout evals as real
