@@ -48,11 +48,11 @@ declare -A CMD=(
   [decode-triton]="python3 bench/decode_step.py --profile --variants default triton triton-fused --profile-engine --out $R/decode_step-llama-1b-triton.json"
   [packing]="python3 bench/mamba_kernels.py --parts packing --out $R/mamba_kernels-packing.json"
   [memory]="python3 -m torch.distributed.run --standalone --nproc-per-node 1 bench/train_memory.py --out $R/train_memory-h200.json"
-  [merge]="python3 bench/merge_throughput.py --size-gb 4 --shard-gb 1 --repeats 3 --profile --profile-lanes 1 2 --profile-chunks 65536 131072 --results $R/merge_throughput-h200.json"
+  [merge]="python3 bench/merge_throughput.py --size-gb 4 --shard-gb 1 --repeats 4 --profile --results $R/merge_throughput-h200.json"
   [gen-b64-sampled]="$G --model llama-1b --batch-size 64 --static-cache --sampled --baseline-prompts 1 --out $R/gen-llama-b64-sampled.json"
 )
 declare -A LIMIT=([gen-b128]=110 [gen-b64]=70 [gen-b128-sampled]=70 [gen-b128-dynamic]=90 [gen-nemotron]=100
-                  [train-dense]=240 [train-lora]=120 [train-dpo]=90 [gen-b256]=80 [decode]=120 [train-hybrid]=150 [variants]=90 [memory]=170 [merge]=230 [gen-b64-sampled]=70
+                  [train-dense]=240 [train-lora]=120 [train-dpo]=90 [gen-b256]=80 [decode]=120 [train-hybrid]=150 [variants]=90 [memory]=170 [merge]=170 [gen-b64-sampled]=70
                   [variants-compile]=210 [decode-triton]=90 [packing]=200
                   [train-dense-all]=270 [train-hybrid-compiled]=170)
 for part in "$@"; do

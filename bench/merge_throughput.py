@@ -102,10 +102,10 @@ def check_soup(a: Path, b: Path, work: Path) -> float:
     return worst
 
 
-def profile_soup(a: Path, b: Path, out: Path, lanes: int | None, chunk: int | None) -> dict:
-    """One soup in this process with each pipeline stage's busy seconds summed over its shards (the lanes' reads
-    and combining, summed over lanes; hash; write; the flusher's fdatasync calls, the disk's time): a stage's sum
-    over shards (over lanes too) against wall time x shards says how close it came to bounding the soup."""
+def profile_soup(a: Path, b: Path, out: Path) -> dict:
+    """One soup in this process with each pipeline stage's busy seconds summed over its shards (reads and
+    combining in the worker threads; hash and write in the writers; the flushers' fdatasync calls, the disk's
+    time): a stage's sum against wall time x shards in flight says how close it came to bounding the soup."""
     import threading
     from collections import Counter
 
@@ -123,30 +123,21 @@ def profile_soup(a: Path, b: Path, out: Path, lanes: int | None, chunk: int | No
                     busy[name] += time.perf_counter() - start
         return wrapper
 
-    pipeline, sync, own_lanes, own_chunk = merge._ShardPipeline, os.fdatasync, merge.combining_lanes, merge.CHUNK_ELEMENTS
-    hash_, write, run = pipeline._hash, pipeline._write, pipeline.run
-    used = []
-
-    def chosen_lanes(workers):
-        used.append((workers, lanes or own_lanes(workers)))
-        return used[-1][1]
+    pipeline, sync = merge._ShardPipeline, os.fdatasync
+    write, run = pipeline._write, pipeline.run
 
     def run_timed(self, plan, work):
-        return run(self, plan, timed("lanes (read and combine)", work))
+        return run(self, plan, timed("read and combine", work))
 
-    pipeline._hash, pipeline._write, pipeline.run = timed("hash", hash_), timed("write", write), run_timed
-    os.fdatasync, merge.combining_lanes = timed("fdatasync", sync), chosen_lanes
-    merge.CHUNK_ELEMENTS = chunk or own_chunk
+    pipeline._write, pipeline.run, os.fdatasync = timed("hash and write", write), run_timed, timed("fdatasync", sync)
     try:
         start = time.perf_counter()
         merge.soup(merge.SoupConfig(models=[a, b], weights=[0.5, 0.5], output_dir=out))
         wall = time.perf_counter() - start
     finally:
-        pipeline._hash, pipeline._write, pipeline.run, os.fdatasync = hash_, write, run, sync
-        merge.combining_lanes, merge.CHUNK_ELEMENTS = own_lanes, own_chunk
+        pipeline._write, pipeline.run, os.fdatasync = write, run, sync
     shutil.rmtree(out)
-    return {"wall_seconds": wall, "shards_at_once": used[0][0], "lanes": used[0][1],
-            "chunk_elements": chunk or own_chunk, "busy_seconds": dict(busy)}
+    return {"wall_seconds": wall, "busy_seconds": dict(busy)}
 
 
 def filesystem(path: Path) -> str:
@@ -175,10 +166,6 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--results", type=Path, default=RESULTS)
     parser.add_argument("--profile", action="store_true", help="also one in-process soup with per-stage busy times")
-    parser.add_argument("--profile-lanes", type=int, nargs="*", default=[],
-                        help="with --profile: also profile with these combining lanes per shard")
-    parser.add_argument("--profile-chunks", type=int, nargs="*", default=[],
-                        help="with --profile: and these chunk sizes (elements), each with each lane count")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
@@ -191,9 +178,7 @@ def main() -> None:
         max_err = check_soup(work / "a", work / "b", work)
         if max_err != 0.0:
             raise SystemExit(f"soup differs from the FP32 formula cast back: max abs error {max_err}")
-        profile = [profile_soup(work / "a", work / "b", work / "profiled", lanes, chunk)
-                   for lanes in [None, *args.profile_lanes] for chunk in [None, *args.profile_chunks]
-                   ] if args.profile else None
+        profile = profile_soup(work / "a", work / "b", work / "profiled") if args.profile else None
         runs: dict[str, list[dict]] = {"soup": [], "copy": []}
         for _ in range(args.repeats):
             for op in ("copy", "soup"):
@@ -227,8 +212,8 @@ def main() -> None:
     for op in ("copy", "soup"):
         r = table[op]
         print(f"{op:6} {r['output_gb_per_s']:9.2f} {r['seconds_median']:11.2f} {r['peak_rss_gb']:12.2f}")
-    for p in profile or []:
-        print(f"profiled soup: {p}")
+    if profile:
+        print(f"profiled soup: {profile}")
     print(f"soup / copy bandwidth: {share:.0%}; soup peak RSS = {result['soup_peak_rss_in_shards']:.2f} shards "
           f"(goal < 2); checkpoint {gb:.2f} GB in {shard_bytes / 1e9:.2f} GB shards")
 

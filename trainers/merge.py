@@ -224,11 +224,11 @@ def _copy_side_files(src: Path, dst: Path) -> None:
 # 16 MiB chunks on a 2-core host), while reads and writes stay large; memory is a few chunks per shard.
 CHUNK_ELEMENTS = 1 << 18
 # Output shards written at once. Each shard has its own sha256, which is sequential (about 1-2 GB/s on one core),
-# so shards in flight are what spreads hashing over the cores; each shard's pipeline runs its combining lanes, a
-# hasher, a writer and a flusher (see _ShardPipeline).
+# so shards in flight are what spreads hashing over the cores; each shard's pipeline runs its combining thread, a
+# writer and a flusher (see _ShardPipeline).
 MAX_WORKERS = max(1, min(8, (os.cpu_count() or 2) // 2))
-# Chunk slots per combining lane of a shard: each holds one chunk of every input and of the output, so a shard's
-# memory is lanes x PIPELINE_DEPTH chunks, and each stage can work while the others hold the other slots.
+# Chunk slots per shard in flight between its combining thread and its writer: each holds one chunk of every input
+# and of the output, so a shard's memory is PIPELINE_DEPTH chunks.
 PIPELINE_DEPTH = 3
 # Output bytes a shard's writer lets pile up before its flusher pushes them to disk (fdatasync) while the merge goes
 # on. Without it the page cache held the whole output until the caller's final fsync, and that flush ran after all
@@ -301,106 +301,76 @@ class _Chunk(NamedTuple):
 
 
 class _Slot:
-    """Reusable buffers for one chunk in flight, owned by one lane: one uint8 buffer per input, one for the output,
-    and the chunk."""
+    """Reusable buffers for one chunk in flight: one uint8 buffer per input, one for the output, and the chunk."""
 
-    def __init__(self, lane: int, inputs: int, width: int):
-        self.lane = lane
+    def __init__(self, inputs: int, width: int):
         self.inputs = [torch.empty(width, dtype=torch.uint8) for _ in range(inputs)]
         self.output = torch.empty(width, dtype=torch.uint8)
         self.chunk = _Chunk("", 0, 0)
         self.nbytes = 0
 
 
-# work(slot, fp32 scratch, fp32 scratch): reads slot.chunk of every input and fills slot.output / slot.nbytes.
+# work(slot, fp32 scratch, fp32 scratch): reads slot.chunk of every input and fills slot.output and slot.nbytes.
 Work = Callable[[_Slot, torch.Tensor, torch.Tensor], None]
 
 
 class _ShardPipeline:
-    """One output shard's chunks through threads: `lanes` lanes, lane k reading and combining chunks k, k + lanes,
-    k + 2 lanes, ... with its own PIPELINE_DEPTH slots and scratch; a hasher taking the lanes' chunks back in file
-    order (the shard's sha256); a writer appending them; a flusher (fdatasync every FLUSH_BYTES, so the disk writes
-    while the rest goes on). The stages overlap, so a shard takes its slowest stage's time, not the sum of all of
-    them, and the lanes share the combining, the costliest stage; the output is fsynced before `run` returns.
+    """One output shard's chunks, in order: the calling thread reads and combines each into one of PIPELINE_DEPTH
+    reusable slots; a writer thread hashes it (the shard's sha256) and appends it; a flusher thread pushes what was
+    written to disk every FLUSH_BYTES (fdatasync). Combining, hashing and writing, and the disk overlap, so a shard
+    takes its slowest stage's time, not the sum; the output is fsynced before `run` returns.
 
-    A lane waits only for its own slots, which the writer hands back to it, so no lane can starve another of slots.
-    The first error of any stage is kept; from then on every stage passes slots on without working on them (so no
-    stage waits forever on another), and `run` raises it."""
+    An error of the writer or the flusher is kept, stops the combining at its next slot and is raised by `run`; an
+    error while combining stops the writer and the flusher before it propagates, so no thread is left waiting."""
 
-    def __init__(self, out, digest, lanes: int, inputs: int, width: int):
+    def __init__(self, out, digest, inputs: int, width: int):
         self.out, self.digest = out, digest
         self.error: BaseException | None = None
-        self.free = [queue.Queue() for _ in range(lanes)]
-        for lane, free in enumerate(self.free):
-            for _ in range(PIPELINE_DEPTH):
-                free.put(_Slot(lane, inputs, width))
-        self.done = [queue.Queue() for _ in range(lanes)]
-        self.write_q: queue.Queue = queue.Queue()
+        self.free: queue.Queue = queue.Queue()
+        for _ in range(PIPELINE_DEPTH):
+            self.free.put(_Slot(inputs, width))
+        self.filled: queue.Queue = queue.Queue()
         self.unflushed, self.closing = 0, False
         self.flush_wanted = threading.Event()
 
     def run(self, plan: list[_Chunk], work: Work) -> None:
-        lanes = len(self.free)
-        targets = [(self._lane, (k, plan[k::lanes], work)) for k in range(lanes)]
-        targets += [(self._hash_all, (len(plan),)), (self._write_all, ())]
-        threads = [threading.Thread(target=fn, args=args, daemon=True) for fn, args in targets]
-        flusher = threading.Thread(target=self._flush_loop, daemon=True)
-        for t in [*threads, flusher]:
-            t.start()
+        threads = [threading.Thread(target=fn, daemon=True) for fn in (self._write_all, self._flush_loop)]
         for t in threads:
-            t.join()
-        self.closing = True
-        self.flush_wanted.set()
-        flusher.join()
-        if self.error is None:
-            self.out.flush()
-            os.fsync(self.out.fileno())
+            t.start()
+        acc, tmp = torch.empty(CHUNK_ELEMENTS, dtype=torch.float32), torch.empty(CHUNK_ELEMENTS, dtype=torch.float32)
+        try:
+            for chunk in plan:
+                slot = self.free.get()
+                if self.error is not None:
+                    break
+                slot.chunk = chunk
+                work(slot, acc, tmp)
+                self.filled.put(slot)
+        finally:
+            self.filled.put(None)
+            threads[0].join()
+            self.closing = True
+            self.flush_wanted.set()
+            threads[1].join()
         if self.error is not None:
             raise self.error
-
-    def _fail(self, err: BaseException) -> None:
-        if self.error is None:
-            self.error = err
-
-    def _lane(self, lane: int, chunks: list[_Chunk], work: Work) -> None:
-        # One intra-op thread: the lanes are the parallelism, and a team of threads per lane (each op's fork and
-        # join) oversubscribed the cores: on the GPU machine the combine ran 3x slower with 2 threads per shard.
-        torch.set_num_threads(1)
-        acc, tmp = torch.empty(CHUNK_ELEMENTS, dtype=torch.float32), torch.empty(CHUNK_ELEMENTS, dtype=torch.float32)
-        for chunk in chunks:
-            slot = self.free[lane].get()
-            slot.chunk = chunk
-            if self.error is None:
-                try:
-                    work(slot, acc, tmp)
-                # Kept and raised by run() in the merge's thread (a truncated input, say); the slot goes on undone.
-                except BaseException as err:  # noqa: BLE001
-                    self._fail(err)
-            self.done[lane].put(slot)
-
-    def _hash_all(self, chunks: int) -> None:
-        for i in range(chunks):
-            slot = self.done[i % len(self.done)].get()
-            if self.error is None:
-                self._hash(slot)
-            self.write_q.put(slot)
-        self.write_q.put(None)
-
-    def _hash(self, slot: _Slot) -> None:
-        self.digest.update(memoryview(slot.output[: slot.nbytes].numpy()))
+        self.out.flush()
+        os.fsync(self.out.fileno())
 
     def _write_all(self) -> None:
-        while (slot := self.write_q.get()) is not None:
+        while (slot := self.filled.get()) is not None:
             if self.error is None:
                 try:
                     self._write(slot)
-                # Kept and raised by run() (a full disk, say); later slots pass through unwritten.
+                # Kept and raised by run() in the merge's thread (a full disk, say), which stops handing out chunks.
                 except BaseException as err:  # noqa: BLE001
-                    self._fail(err)
-            self.free[slot.lane].put(slot)
+                    self.error = err
+            self.free.put(slot)
 
     def _write(self, slot: _Slot) -> None:
-        self.out.write(memoryview(slot.output[: slot.nbytes].numpy()))
+        view = memoryview(slot.output[: slot.nbytes].numpy())
+        self.digest.update(view)
+        self.out.write(view)
         self.unflushed += slot.nbytes
         if self.unflushed >= FLUSH_BYTES:
             self.out.flush()
@@ -416,13 +386,25 @@ class _ShardPipeline:
             try:
                 os.fdatasync(self.out.fileno())
             except OSError as err:
-                self._fail(err)
+                self.error = self.error or err
 
 
 def _write_shard(out_path: Path, keys: list[str], sources: list[dict[str, tuple[Path, _Entry]]],
-                 combine: Combine, lanes: int) -> str:
-    """Writes one output shard chunk by chunk, combined on `lanes` threads; returns its sha256, hashed from the
-    bytes as they are written."""
+                 combine: Combine, threads: int) -> str:
+    """Writes one output shard chunk by chunk; returns its sha256, hashed from the bytes as they are written.
+
+    This thread's torch ops use `threads` intra-op threads, its share of the cores: several shards are combined at
+    once, and each worker's own full team of intra-op threads would oversubscribe the cores on chunks this small."""
+    own = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return _write_shard_chunks(out_path, keys, sources, combine)
+    finally:
+        torch.set_num_threads(own)
+
+
+def _write_shard_chunks(out_path: Path, keys: list[str], sources: list[dict[str, tuple[Path, _Entry]]],
+                        combine: Combine) -> str:
     ref = {k: sources[0][k][1] for k in keys}
     dtypes = {k: _dtype(sources[0][k][0], ref[k].dtype) for k in keys}
     width = max((d.itemsize for d in dtypes.values()), default=1) * CHUNK_ELEMENTS
@@ -451,13 +433,8 @@ def _write_shard(out_path: Path, keys: list[str], sources: list[dict[str, tuple[
             combine(key, first, chunks, slot.output[: slot.nbytes].view(dtype), acc[:n], tmp[:n])
 
         out.write(header)
-        _ShardPipeline(out, digest, lanes, len(sources), width).run(plan, work)
+        _ShardPipeline(out, digest, len(sources), width).run(plan, work)
     return digest.hexdigest()
-
-
-def combining_lanes(shards_at_once: int) -> int:
-    """Combining lanes per shard: each shard's share of the cores, less one for its hasher and writer."""
-    return max(1, (os.cpu_count() or 1) // shards_at_once - 1)
 
 
 def _sources(models: list[Path], maps: list[dict[str, str]]) -> list[dict[str, tuple[Path, _Entry]]]:
@@ -475,7 +452,7 @@ def stream_merge(models: list[Path], combine: Combine, output_dir: Path, side_fi
     Inputs are read with plain reads chunk by chunk (no memory maps held open), merged into preallocated
     FP32 scratch, and each output shard is hashed as it is written, so the result's weights_sha256 needs no
     second pass over the output; up to MAX_WORKERS shards are written at once, each through its own pipeline of
-    threads (read, combine, hash, write, flush: _ShardPipeline), and every shard is on disk (fsynced) before the
+    threads (combine, hash and write, flush: _ShardPipeline), and every shard is on disk (fsynced) before the
     directory is renamed into place. Side files (config, tokenizer)
     come from the first model, then from `side_files` when given (a LoRA adapter's tokenizer and chat template)."""
     first_map = check_compatible(models)
@@ -486,19 +463,20 @@ def stream_merge(models: list[Path], combine: Combine, output_dir: Path, side_fi
     tmp.mkdir(parents=True)
     sources = _sources(models, [shard_map(m) for m in models])
     jobs = {names[s]: sorted(k for k, v in first_map.items() if v == s) for s in shards}
-    own_threads = torch.get_num_threads()  # the lanes set their own; the caller's is restored after
     try:
         workers = min(MAX_WORKERS, len(jobs))
-        lanes = combining_lanes(workers)
+        # Each worker: its combining thread with this many intra-op threads, and its writer (the hash and the
+        # writes). Measured on the GPU machine (16 cores, 4 shards): more threads per shard than that (a reader
+        # of its own, a hasher apart from the writer, or several combining threads) made the soup slower, not
+        # faster, once the flushes ran beside it.
+        threads = max(1, (os.cpu_count() or 1) // (2 * workers))
         with ThreadPoolExecutor(max_workers=workers) as pool:
-            futures = {name: pool.submit(_write_shard, tmp / name, keys, sources, combine, lanes)
+            futures = {name: pool.submit(_write_shard, tmp / name, keys, sources, combine, threads)
                        for name, keys in jobs.items()}
             shard_sha = {name: f.result() for name, f in futures.items()}
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    finally:
-        torch.set_num_threads(own_threads)
     total = sum(e.end - e.start for _, e in sources[0].values())
     index = {"metadata": {"total_size": total}, "weight_map": {k: names[s] for k, s in sorted(first_map.items())}}
     (tmp / INDEX).write_text(json.dumps(index, indent=2) + "\n")
@@ -725,8 +703,7 @@ class _LoRACombine:
     def __init__(self, plan: _LoRAPlan, adapter_file: Path, fd: int, base_entries: dict[str, _Entry]):
         self._plan, self._file, self._fd = plan, adapter_file, fd
         self._entries, self._base = read_header(adapter_file), base_entries
-        # Chunks still to come per target: lanes combine a tensor's chunks out of order, so its last chunk is not
-        # the last one to need the factors.
+        # Chunks still to come per target: the factors go once the last of them is combined, in whatever order.
         self._pending = Counter()
         for key, update in plan.updates.items():
             self._pending[update.target] += -(-math.prod(base_entries[key].shape) // CHUNK_ELEMENTS)

@@ -195,9 +195,9 @@ def test_a_failing_shard_write_stops_the_merge(tmp_path, monkeypatch):
 
 
 def test_pipelined_shards_are_hashed_and_flushed_as_whole_files(tmp_path, monkeypatch):
-    """Shard pipelines with two slots per lane, several lanes and a flush every few chunks: each shard's digest,
-    taken on the hashing thread while the lanes, the writer and the flusher run beside it, is hashlib's sha256 of
-    the whole file as it lies on disk, and the bytes are the formula's, for any number of lanes."""
+    """Shard pipelines with two slots and a flush every few chunks: each shard's digest, taken on the writer thread
+    while the combining and the flusher run beside it, is hashlib's sha256 of the whole file as it lies on disk,
+    and the bytes are the formula's, for any number of intra-op threads."""
     from core.util import file_sha256
     from trainers import merge
     from trainers.common import WEIGHTS_MANIFEST
@@ -206,30 +206,30 @@ def test_pipelined_shards_are_hashed_and_flushed_as_whole_files(tmp_path, monkey
     monkeypatch.setattr(merge, "CHUNK_ELEMENTS", 500)
     monkeypatch.setattr(merge, "PIPELINE_DEPTH", 2)  # slots are reused many times per shard
     monkeypatch.setattr(merge, "FLUSH_BYTES", 3000)  # the flusher runs several times per shard
-    monkeypatch.setattr(merge.os, "cpu_count", lambda: 8)  # several combining lanes per shard, even on 2 cores
+    monkeypatch.setattr(merge.os, "cpu_count", lambda: 8)  # several intra-op threads per shard, even on 2 cores
     threads = torch.get_num_threads()
     result = soup(SoupConfig(models=[a_dir, b_dir], weights=[0.5, 0.5], output_dir=tmp_path / "s"))
-    assert torch.get_num_threads() == threads  # the lanes' one intra-op thread each is not left behind
+    assert torch.get_num_threads() == threads  # the workers' own thread counts are not left behind
     recorded = json.loads((result.output_dir / WEIGHTS_MANIFEST).read_text())["sha256"]
     files = sorted(result.output_dir.glob("*.safetensors"))
     assert len(files) == 2 and recorded == {f.name: file_sha256(f) for f in files}
     a, b, souped = (_all_tensors(d) for d in (a_dir, b_dir, result.output_dir))
     for k in a:
         assert torch.equal(souped[k], (0.5 * a[k].float() + 0.5 * b[k].float()).to(a[k].dtype)), k
-    # Any number of lanes writes the same bytes, hashed as hashlib hashes the file.
+    # Any number of intra-op threads writes the same bytes, hashed as hashlib hashes the file.
     sources = merge._sources([a_dir, b_dir], [shard_map(a_dir), shard_map(b_dir)])
     keys = sorted(sources[0])
-    for lanes in (1, 2, 5):
-        path = tmp_path / f"lanes{lanes}.safetensors"
-        digest = merge._write_shard(path, keys, sources, merge._soup_combine([0.5, 0.5]), lanes)
-        assert digest == file_sha256(path) == file_sha256(tmp_path / "lanes1.safetensors")
+    for threads in (1, 3):
+        path = tmp_path / f"threads{threads}.safetensors"
+        digest = merge._write_shard(path, keys, sources, merge._soup_combine([0.5, 0.5]), threads)
+        assert digest == file_sha256(path) == file_sha256(tmp_path / "threads1.safetensors")
 
 
 def test_a_failing_stage_stops_the_merge_and_leaves_nothing(tmp_path, monkeypatch):
-    """An error on any thread of a shard's pipeline is raised in the merge, and no stage is left waiting on another
-    (the merge returns): the reader's, on an input cut short after its header was read (safetensors itself refuses
-    a short file when the merge checks its inputs, so the shard writer is called after that check), and the
-    combine's, where the merge leaves no output or partial directory."""
+    """An error in a shard's pipeline is raised in the merge, and no thread is left waiting on another (the merge
+    returns): a read of an input cut short after its header was read (safetensors itself refuses a short file when
+    the merge checks its inputs, so the shard writer is called after that check), and a failing combine, where the
+    merge leaves no output or partial directory. (A failing write: the next test.)"""
     import threading
     from pathlib import Path
 

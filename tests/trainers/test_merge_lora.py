@@ -123,8 +123,6 @@ def test_3d_experts_stored_transposed_equal_peft(tmp_path, monkeypatch):
                                      )).save_pretrained(tmp_path / "adapter")
     assert _entries(tmp_path / "base")["model.layers.0.mlp.experts.gate_up_proj"].shape == [4, 32, 96]
     monkeypatch.setattr(merge, "CHUNK_ELEMENTS", 100)  # rows of 96 and expert blocks of 3072 straddle chunks
-    # Several combining lanes per shard: a target's chunks are combined out of order, on threads at once.
-    monkeypatch.setattr(merge.os, "cpu_count", lambda: 8)
     result = merge_lora(LoRAMergeConfig(base=tmp_path / "base", adapter=tmp_path / "adapter",
                                         output_dir=tmp_path / "merged"))
     changed = _assert_matches_peft(tmp_path / "base", tmp_path / "adapter", result.output_dir, 2)
