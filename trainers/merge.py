@@ -16,9 +16,10 @@
 
 Soups and doses stream: tensors are read in chunks of a few MiB with plain file reads (no memory map
 keeps pages resident), combined in FP32 scratch, cast back to their dtype and written shard by shard in
-the layout of the first model, each shard hashed as it is written; so peak memory stays a few chunks per
-shard in flight, not shards or models (bench/merge_throughput.py measures it against a plain copy). Key sets, shapes and dtypes are compared for all
-inputs before anything is written; the output is built in a temporary directory and renamed into
+the layout of the first model, each shard hashed as it is written and flushed to disk while the next chunks
+are combined; so peak memory stays a few chunks per shard in flight, not shards or models, and the merge runs
+at a plain copy's speed (bench/merge_throughput.py measures both). Key sets, shapes and dtypes are compared for
+all inputs before anything is written; the output is built in a temporary directory, fsynced and renamed into
 place, with config and tokenizer files copied from the first model and a fresh shard index.
 
 Why in-house: peft's `add_weighted_adapter` / `merge_and_unload` and mergekit-style tools load whole models; a
@@ -232,7 +233,8 @@ MAX_WORKERS = max(1, min(8, (os.cpu_count() or 2) // 2))
 PIPELINE_DEPTH = 3
 # Output bytes a shard's writer lets pile up before its flusher pushes them to disk (fdatasync) while the merge goes
 # on. Without it the page cache held the whole output until the caller's final fsync, and that flush ran after all
-# the combining instead of beside it (on the GPU machine the flush alone took about as long as a plain copy).
+# the combining instead of beside it (on the GPU machine the final fsync of 4.3 GB took 1.6-2.0 s, more than half
+# of a plain copy's time).
 FLUSH_BYTES = 64 << 20
 _DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
            "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
@@ -466,9 +468,9 @@ def stream_merge(models: list[Path], combine: Combine, output_dir: Path, side_fi
     try:
         workers = min(MAX_WORKERS, len(jobs))
         # Each worker: its combining thread with this many intra-op threads, and its writer (the hash and the
-        # writes). Measured on the GPU machine (16 cores, 4 shards): more threads per shard than that (a reader
-        # of its own, a hasher apart from the writer, or several combining threads) made the soup slower, not
-        # faster, once the flushes ran beside it.
+        # writes). On the GPU machine (16 cores, 4 shards of 1 GB, flushes beside) this soup took 3.1 s; with a
+        # reader and a hasher of their own per shard 8.5 s, with 3 combining threads of one intra-op thread each
+        # per shard 5.1 s (bench/results/merge_throughput-h200-*.json): more threads only contended.
         threads = max(1, (os.cpu_count() or 1) // (2 * workers))
         with ThreadPoolExecutor(max_workers=workers) as pool:
             futures = {name: pool.submit(_write_shard, tmp / name, keys, sources, combine, threads)
