@@ -20,9 +20,9 @@ import pytest
 
 from memory.notebook import Notebook
 from tools import zygote as zy
-from tools.executor import ExecutorSection
+from tools.executor import ExecutorSection, SlurmSection
 from tools.jobrun import RunPaths, read_events
-from tools.launcher import Launcher, LocalBackend, Resources, local_zygote
+from tools.launcher import Launcher, LocalBackend, Resources, SlurmBackend, local_zygote, make_backend
 from tools.probe import CountConfig, count
 
 PRELOAD = ("submitit.core._submit", "tools.jobrun", "tools.probe", "zyjob_dep")
@@ -223,12 +223,36 @@ def test_lab_toml_and_the_environment_turn_it_off() -> None:
     assert local_zygote(ExecutorSection(kind="local", zygote=False), {}) is None
 
 
-@pytest.mark.parametrize(("limit_s", "served"), [(600, True), (5, False)])
+def test_slurm_tasks_fork_from_a_zygote_only_when_the_lab_says_so(tmp_path: Path, env: dict[str, str],
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("POSTLAB_ZYGOTE_DIR", str(tmp_path / "zy"))
+    monkeypatch.delenv("POSTLAB_ZYGOTE", raising=False)
+    slurm = SlurmSection(partition="debug")
+    assert make_backend(ExecutorSection(kind="slurm", slurm=slurm)).zygote is None  # no torch on a login node
+    on = ExecutorSection(kind="slurm", slurm=slurm.model_copy(update={"zygote": True}))
+    assert make_backend(on).zygote.folder == tmp_path / "zy"
+    monkeypatch.setenv("POSTLAB_ZYGOTE", "0")
+    assert make_backend(on).zygote is None
+    # sbatch's tasks run the client, told the job's time limit (Slurm does not tell them) for their wait.
+    monkeypatch.setenv("PYTHONPATH", env["PYTHONPATH"])  # where the probe's preloaded modules lie
+    backend = SlurmBackend("debug", zygote=zy.Zygote(tmp_path / "own", preload=PRELOAD, idle_s=60))
+    try:
+        ex = backend.executor(tmp_path / "jobs", "eval", Resources(time_limit_min=7))
+        assert str(backend.zygote.socket(os.environ)) in ex.python and "tools/zygote.py" in ex.python
+        assert ex.parameters["setup"] == [f"export {zy.TIME_LIMIT_VAR}=420"]
+    finally:
+        zy.stop(backend.zygote.folder)
+
+
+@pytest.mark.parametrize(("limit_var", "limit_s", "served"), [("SUBMITIT_LOCAL_TIMEOUT_S", 600, True),
+                                                              ("SUBMITIT_LOCAL_TIMEOUT_S", 5, False),
+                                                              (zy.TIME_LIMIT_VAR, 600, True)])
 def test_a_client_waits_for_a_starting_zygote_within_a_share_of_its_limit(
-        tmp_path_factory: pytest.TempPathFactory, env: dict[str, str], limit_s: int, served: bool) -> None:
+        tmp_path_factory: pytest.TempPathFactory, env: dict[str, str], limit_var: str, limit_s: int,
+        served: bool) -> None:
     handle = zy.Zygote(tmp_path_factory.mktemp("zy"), preload=(*PRELOAD, "zyslow"), idle_s=60)
     try:
-        job_env = {**env, "SUBMITIT_LOCAL_TIMEOUT_S": str(limit_s)}  # as the controller sets it for its tasks
+        job_env = {**env, limit_var: str(limit_s)}  # as submitit's local controller, or an sbatch script, sets it
         proc = client(handle, job_env, "zyjob", "exit", "0")  # at once: the zygote is importing for 3 s
         pid, ppid = pids(proc)
         assert proc.wait(timeout=60) == 0
