@@ -60,9 +60,10 @@ test:
 	  if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests"; fi; exit $$rc
 
 # Headless Chromium (Debian's package) opens the HTML report in the report tests. Without recommends: the
-# desktop's (a printer dialog, Mesa's GL drivers, a notification daemon, upower) are not needed headless.
+# desktop's (a printer dialog, Mesa's GL drivers, a notification daemon, upower) are not needed headless;
+# its one font recommend is kept, so the report renders with the fonts a default install has.
 chromium:
-	@command -v chromium >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null; }
+	@command -v chromium >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium fonts-liberation >/dev/null; }
 	@command -v chromium >/dev/null || { echo "make test: could not install chromium (apt-get as root)"; exit 1; }
 
 slurm-up:
