@@ -205,7 +205,7 @@ def _tool(ctx, tool: str, **args):
 
 
 def _build_session(root: Path) -> Toy:
-    torch.set_num_threads(2)
+    torch.set_num_threads(1)  # as every test process (tests/conftest.py): two threads spin on a busy 2-core machine
     tok = tiny.build_tokenizer(root / "tokenizer")
     base_dir = tiny.build_model("llama", tok, root / "base", seed=0)
     lab, files = _write_lab(root, tok, base_dir)
