@@ -474,16 +474,21 @@ def _sacct(command: list[str]) -> str:
     """sacct's output. slurmdbd answers with an error while it restarts or is busy (a loaded node, a database
     lock): a job's accounting is asked again after a wait instead of failing the session on one bad answer; a
     slurmdbd still down after about 30 s is one clear error naming the command and its last message."""
-    for wait in (*SACCT_RETRY_S, None):
+    for wait in SACCT_RETRY_S:
         try:
-            return subprocess.run(command, check=True, capture_output=True, text=True, timeout=60).stdout
-        except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
-            if wait is None:
-                said = (getattr(exc, "stderr", None) or "").strip() or str(exc)
-                raise RuntimeError(f"{' '.join(command[:3])}: Slurm accounting did not answer after "
-                                   f"{len(SACCT_RETRY_S) + 1} tries: {said}") from None
+            return _run_sacct(command)
+        except (subprocess.CalledProcessError, subprocess.TimeoutExpired):
             time.sleep(wait)
-    raise AssertionError("unreachable")
+    try:
+        return _run_sacct(command)
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
+        said = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else exc.stderr or ""
+        raise RuntimeError(f"{' '.join(command[:3])}: Slurm accounting did not answer after "
+                           f"{len(SACCT_RETRY_S) + 1} tries: {said.strip() or exc}") from None
+
+
+def _run_sacct(command: list[str]) -> str:
+    return subprocess.run(command, check=True, capture_output=True, text=True, timeout=60).stdout
 
 
 def _sacct_run(line: str, tasks: int) -> Run:
