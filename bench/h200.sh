@@ -9,8 +9,9 @@
 # `timeout` (its own limit, or what is left of the budget), and is skipped when too little is left. Results and logs
 # land in /tmp/r and come back as $OUT/results.tgz (the tool returns at most 8 files); the end of each part's log is
 # printed. Parts: gen-b128 gen-b64 gen-b128-sampled gen-b64-sampled gen-b128-dynamic gen-nemotron train-dense train-lora train-hybrid
-# train-dpo train-dense-all train-hybrid-compiled gen-b256 variants variants-compile decode decode-triton memory merge
-# packing.
+# train-dpo train-dense-all train-hybrid-compiled train-hybrid-auto gen-b256 variants variants-compile variants-hybrid
+# decode decode-triton memory merge packing. The hybrid parts need the mamba-ssm wheel carried too:
+#     carry=["bench/.wheels/h6", "bench/.wheels/h8/mamba_ssm-2.3.2.post1-py3-none-any.whl"]
 set -u
 BUDGET=$1; shift
 START=$(date +%s)
@@ -39,6 +40,8 @@ declare -A CMD=(
   [train-hybrid]="$T --shape nemotron-h --batch 2 --steps 3 --kinds sft-full sft-lora --out $R/train_throughput-nemotron-h.json"
   [train-dense-all]="$T --shape llama-1b --batch 4 --steps 6 --kinds sft-full sft-lora dpo --out $R/train_throughput-llama-1b-all.json"
   [train-hybrid-compiled]="$T --shape nemotron-h --batch 2 --steps 3 --kinds sft-full sft-lora --compile-blocks on --out $R/train_throughput-nemotron-h-compiled.json"
+  [train-hybrid-auto]="$T --shape nemotron-h --batch 2 --steps 4 --kinds sft-full sft-lora --out $R/train_throughput-nemotron-h-lora-auto.json"
+  [variants-hybrid]="python3 bench/train_step_variants.py --device cuda --shape nemotron-h --batch 2 --steps 4 --variants full-compile-fused lora-bf16 lora-compile-fused lora-compile-fused-mamba lora-compile-fused-merged-experts lora-bf16-peft-experts lora-compile-fused-peft-experts --profile full-compile-fused lora-compile-fused lora-bf16 --out $R/train_step_variants-nemotron-h-lora.json"
   [train-lora]="$T --shape llama-1b --batch 4 --steps 6 --kinds sft-full sft-lora --out $R/train_throughput-llama-1b-lora.json"
   [train-dpo]="$T --shape llama-1b --batch 4 --steps 6 --kinds dpo --out $R/train_throughput-llama-1b-dpo.json"
   [gen-b256]="$G --model llama-1b --batch-size 256 --static-cache --baseline-prompts 1 --out $R/gen-llama-b256.json"
@@ -54,7 +57,7 @@ declare -A CMD=(
 declare -A LIMIT=([gen-b128]=110 [gen-b64]=70 [gen-b128-sampled]=70 [gen-b128-dynamic]=90 [gen-nemotron]=100
                   [train-dense]=240 [train-lora]=120 [train-dpo]=90 [gen-b256]=80 [decode]=120 [train-hybrid]=150 [variants]=90 [memory]=170 [merge]=170 [gen-b64-sampled]=70
                   [variants-compile]=210 [decode-triton]=90 [packing]=200
-                  [train-dense-all]=270 [train-hybrid-compiled]=170)
+                  [train-dense-all]=270 [train-hybrid-compiled]=170 [train-hybrid-auto]=200 [variants-hybrid]=330)
 for part in "$@"; do
   left=$(( BUDGET - ($(date +%s) - START) ))
   limit=${LIMIT[$part]}; (( limit > left )) && limit=$left

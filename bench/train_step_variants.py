@@ -13,13 +13,23 @@ supervised). Variants change one thing each:
 - `full-compile`, `lora-compile`: `full` and `lora-bf16` with each decoder block compiled
   (`trainers.common.compile_decoder_blocks`); `...-compile-fused`: and `AdamW(fused=True)`, what the trainer does
   on one CUDA process. Their first loss must
-  match the eager variant's (same weights, same rows) within 2%, and `compile_s` is the first step's extra time.
+  match the eager variant's (same weights, same rows) within 2%, and `compile_s` is the first step's extra time;
+- for the `nemotron-h` shape (LoRA on its routed experts too): `...-peft-experts` runs the experts through peft's
+  own `ParamWrapper` (a parametrization registered and removed on every call: what the trainer did before
+  `trainers.lora_experts`); `lora-compile-fused-merged-experts` folds each expert stack's factors into its weight
+  (W + s * B @ A, one baddbmm) inside the compiled block instead of the trainer's unfused low-rank path;
+  `lora-compile-fused-mamba` also compiles each Mamba mixer's adapted `in_proj` (base matmul, LoRA factors,
+  scale and add) as a region of its own.
 
 Per variant: median step seconds over `--steps` after two warm-up steps, tokens/s, MFU (as
-bench/train_throughput.py counts it, over the bf16 matmul rate measured here), peak GPU memory and the first loss
-(a random model's is ln(vocab)); `--profile` adds the top CUDA kernels of one step of `full` and `lora`.
+bench/train_throughput.py counts it, over the bf16 matmul rate measured here), peak GPU memory, the first loss
+(a random model's is ln(vocab)), and the compiler's graph breaks and distinct graphs over all steps;
+`--profile` adds the top CUDA kernels of one step of `full`, `lora` and `full-compile` (`--profile VARIANT...`:
+of those), with the step's summed kernel time against its wall time.
 
     python3 bench/train_step_variants.py --device cuda --out bench/results/train_step_variants-llama-1b.json --profile
+    python3 bench/train_step_variants.py --device cuda --shape nemotron-h --batch 2 --variants full-compile-fused \\
+        lora-bf16 lora-compile-fused --profile full-compile-fused lora-compile-fused --out /tmp/variants-h.json
     .venv/bin/python bench/train_step_variants.py --device cpu --shape tiny --seq-len 64 --batch 2 --steps 1 \\
         --variants full lora-bf16 --out /tmp/variants.json
 """
@@ -36,6 +46,7 @@ import sys
 import tempfile
 import time
 from contextlib import nullcontext
+from unittest.mock import patch
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -53,9 +64,13 @@ from trainers.common import LoRASettings, compile_decoder_blocks, make_trainable
 from trainers.sft import SFTObjective  # noqa: E402
 
 VARIANTS = ["full", "full-fused", "lora", "lora-autocast", "lora-bf16", "full-compile", "lora-compile",
-            "full-compile-fused", "lora-compile-fused"]
+            "full-compile-fused", "lora-compile-fused", "lora-bf16-peft-experts", "lora-compile-fused-peft-experts",
+            "lora-compile-fused-merged-experts", "lora-compile-fused-mamba"]
 EAGER_OF = {"full-compile": "full", "lora-compile": "lora-bf16", "full-compile-fused": "full",
-            "lora-compile-fused": "lora-bf16"}
+            "lora-compile-fused": "lora-bf16", "lora-bf16-peft-experts": "lora-bf16",
+            "lora-compile-fused-peft-experts": "lora-bf16", "lora-compile-fused-merged-experts": "lora-bf16",
+            "lora-compile-fused-mamba": "lora-bf16"}
+PROFILED = ["full", "lora", "full-compile"]
 
 
 def rows(n: int, seq_len: int, vocab: int) -> list[Encoded]:
@@ -76,10 +91,20 @@ def build(variant: str, model_dir: Path, device: str, dtype: torch.dtype):
         for p in model.parameters():
             if p.requires_grad:
                 p.data = p.data.to(dtype)
+    if variant.endswith("-peft-experts"):
+        from peft.tuners.lora.layer import ParamWrapper
+
+        for m in model.modules():  # back to peft's own ParamWrapper.forward (the class's)
+            if isinstance(m, ParamWrapper):
+                vars(m).pop("forward", None)
     if "-compile" in variant:
         compile_decoder_blocks(model)
+    if variant.endswith("-mamba"):
+        for m in model.modules():
+            if type(m).__name__ == "NemotronHMamba2Mixer":
+                m.in_proj.compile()
     trainable = [p for p in model.parameters() if p.requires_grad]
-    fused = {"fused": True} if variant.endswith("-fused") else {}
+    fused = {"fused": True} if "-fused" in variant else {}
     return model, torch.optim.AdamW(trainable, lr=1e-5, **fused)
 
 
@@ -98,23 +123,42 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def merged_expert_linear(x: torch.Tensor, weight: torch.Tensor, factors, offsets: torch.Tensor) -> torch.Tensor:
+    """`trainers.lora_experts._linear`'s alternative: the factors folded into the expert stack's weight first."""
+    from transformers.integrations.moe import _grouped_mm
+
+    if factors is not None:
+        lhs, rhs, scaling = factors
+        weight = torch.baddbmm(weight, lhs, rhs, alpha=scaling)
+    return _grouped_mm(x, weight.transpose(-2, -1), offs=offsets)
+
+
 def measure(variant: str, model_dir: Path, args, objective, fpt: float, peak: float | None) -> dict:
+    from torch._dynamo.utils import counters
+
+    from trainers import lora_experts
+
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
     gc.collect()
     if args.device == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
+    torch._dynamo.reset()
+    counters.clear()
     model, optimizer = build(variant, model_dir, args.device, dtype)
     autocast = variant == "lora-autocast" and args.device == "cuda"
     losses, times, first = [], [], []
-    for i in range(2 + args.steps):
-        sync(args.device)
-        t0 = time.perf_counter()
-        losses.append(step(model, optimizer, objective, args.batch, autocast, args.device))
-        sync(args.device)
-        (times if i >= 2 else first).append(time.perf_counter() - t0)
-    profiled = ("full", "lora", "full-compile")
-    table = profile(model, optimizer, objective, args, autocast) if args.profile and variant in profiled else None
+    merged = variant.endswith("-merged-experts")
+    with patch.object(lora_experts, "_linear", merged_expert_linear) if merged else nullcontext():
+        for i in range(2 + args.steps):
+            sync(args.device)
+            t0 = time.perf_counter()
+            losses.append(step(model, optimizer, objective, args.batch, autocast, args.device))
+            sync(args.device)
+            (times if i >= 2 else first).append(time.perf_counter() - t0)
+        compiler = {"graph_breaks": sum(counters["graph_break"].values()),
+                    "unique_graphs": counters["stats"]["unique_graphs"]}
+        table = profile(model, optimizer, objective, args, autocast) if variant in args.profile else None
     step_s = statistics.median(times)
     tps = args.batch * args.seq_len / step_s
     return {"variant": variant, "step_s": times, "median_step_s": step_s, "tokens_per_s": tps,
@@ -122,7 +166,8 @@ def measure(variant: str, model_dir: Path, args, objective, fpt: float, peak: fl
             "mfu": tps * fpt / peak if peak else None, "losses": losses,
             "trainable_params": sum(p.numel() for p in model.parameters() if p.requires_grad),
             "peak_gb": torch.cuda.max_memory_allocated() / 1e9 if args.device == "cuda" else None,
-            "attn_implementation": model.config._attn_implementation, "profile_top_kernels": table}
+            "attn_implementation": model.config._attn_implementation, "compiler": compiler,
+            "profile_top_kernels": table}
 
 
 def profile(model, optimizer, objective, args, autocast: bool) -> str:
@@ -131,24 +176,33 @@ def profile(model, optimizer, objective, args, autocast: bool) -> str:
     from torch.profiler import profile as torch_profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device == "cuda" else [])
+    sync(args.device)
     with torch_profile(activities=activities) as prof:
+        t0 = time.perf_counter()
         step(model, optimizer, objective, args.batch, autocast, args.device)
         sync(args.device)
+        wall = time.perf_counter() - t0
+    events = prof.key_averages()
     key = "cuda_time_total" if args.device == "cuda" else "cpu_time_total"
-    return prof.key_averages().table(sort_by=key, row_limit=25, max_name_column_width=60)
+    busy = sum(e.self_device_time_total for e in events) / 1e3
+    return (f"step wall {wall * 1e3:.1f} ms (profiled), kernels {busy:.1f} ms\n"
+            + events.table(sort_by=key, row_limit=30, max_name_column_width=60))
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cuda", choices=["cpu", "cuda"])
-    p.add_argument("--shape", default="llama-1b", choices=["llama-1b", "tiny"])
+    p.add_argument("--shape", default="llama-1b", choices=["llama-1b", "nemotron-h", "tiny", "tiny-nemotron-h"])
     p.add_argument("--seq-len", type=int, default=4096)
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--steps", type=int, default=4, help="timed steps after two warm-up steps")
     p.add_argument("--variants", nargs="+", default=VARIANTS, choices=VARIANTS)
-    p.add_argument("--profile", action="store_true")
+    p.add_argument("--profile", nargs="*", choices=VARIANTS, default=[],
+                   help="profile one step of these variants (flag alone: full, lora, full-compile)")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
+    if args.profile == [] and "--profile" in sys.argv:
+        args.profile = PROFILED
     if args.device == "cpu":
         torch.set_num_threads(2)
     peak = matmul_peak(args.device)

@@ -13,7 +13,8 @@ model gives (SFT: ln(vocab) within 25%; DPO: at least 75% of the sigmoid loss ln
 term), else the bench stops before reporting any figure.
 
 Shapes: `llama-1b` (hidden 2048, 16 layers, 32 heads, 8 KV heads, MLP 8192), `nemotron-h` (bench/gen_throughput's
-18-layer Mamba-2 / MoE / attention hybrid, hidden 2048), `tiny` (core.tiny's Llama, for a CPU smoke).
+18-layer Mamba-2 / MoE / attention hybrid, hidden 2048), `tiny` and `tiny-nemotron-h` (core.tiny's Llama and
+hybrid, for a CPU smoke).
 
 GPU (one H200; TRL travels as wheels; writes bench/results/train_throughput-<shape>.json):
 
@@ -59,8 +60,8 @@ def build_model(shape: str, tok_dir: Path, out: Path) -> Path:
     """Saves a randomly initialised model of `shape` with the offline tokenizer; returns its directory."""
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    if shape == "tiny":
-        return tiny.build_model("llama", tok_dir, out)
+    if shape in ("tiny", "tiny-nemotron-h"):
+        return tiny.build_model("llama" if shape == "tiny" else "nemotron_h", tok_dir, out)
     tokenizer = AutoTokenizer.from_pretrained(tok_dir)
     special = {"pad_token_id": tokenizer.pad_token_id, "eos_token_id": eot_id(tokenizer)}
     torch.manual_seed(0)
@@ -296,7 +297,8 @@ def check(name: str, kind: str, losses: list[float], vocab: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    parser.add_argument("--shape", choices=["tiny", "llama-1b", "nemotron-h"], default="tiny")
+    parser.add_argument("--shape", choices=["tiny", "tiny-nemotron-h", "llama-1b", "nemotron-h"],
+                        default="tiny")
     parser.add_argument("--seq-len", type=int, default=4096)
     parser.add_argument("--batch", type=int, default=4, help="rows per optimizer step (one micro-batch)")
     parser.add_argument("--steps", type=int, default=6)

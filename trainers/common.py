@@ -27,7 +27,7 @@ from transformers import (
 )
 
 from core.util import file_sha256, write_json_atomic
-from trainers import distributed, mamba_kernels
+from trainers import distributed, lora_experts, mamba_kernels
 
 # LoRA targets that work on Nemotron-H: peft refuses the Mamba mixer's out_proj and conv1d.
 NEMOTRON_H_LORA_TARGETS = ["in_proj", "q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj"]
@@ -494,6 +494,7 @@ def _make_trainable(model: PreTrainedModel, lora: LoRASettings | None, seed: int
     ))
     if lora.train_lm_head:
         _fp32_trainable_head(peft_model)
+    lora_experts.use_unfused_experts(peft_model)  # compilable, and no weight gradient for the frozen experts
     return peft_model.train()
 
 
