@@ -16,16 +16,14 @@ supervised). Variants change one thing each:
   match the eager variant's (same weights, same rows) within 2%, and `compile_s` is the first step's extra time;
 - for the `nemotron-h` shape (LoRA on its routed experts too): `...-peft-experts` runs the experts through peft's
   own `ParamWrapper` (a parametrization registered and removed on every call: what the trainer did before
-  `trainers.lora_experts`); `lora-compile-fused-merged-experts` folds each expert stack's factors into its weight
-  (W + s * B @ A, one baddbmm) inside the compiled block instead of the trainer's unfused low-rank path;
-  `lora-compile-fused-mamba` also compiles each Mamba mixer's adapted `in_proj` (base matmul, LoRA factors,
-  scale and add) as a region of its own.
+  `trainers.lora_experts`); `lora-compile-fused-blocks-only` compiles the attention and MoE blocks but not the
+  Mamba mixers' adapted `in_proj` (`compile_decoder_blocks` compiles both).
 
 Per variant: median step seconds over `--steps` after two warm-up steps, tokens/s, MFU (as
 bench/train_throughput.py counts it, over the bf16 matmul rate measured here), peak GPU memory, the first loss
 (a random model's is ln(vocab)), and the compiler's graph breaks and distinct graphs over all steps;
 `--profile` adds the top CUDA kernels of one step of `full`, `lora` and `full-compile` (`--profile VARIANT...`:
-of those), with the step's summed kernel time against its wall time.
+of those), with the step's wall time beside the table's summed kernel time.
 
     python3 bench/train_step_variants.py --device cuda --out bench/results/train_step_variants-llama-1b.json --profile
     python3 bench/train_step_variants.py --device cuda --shape nemotron-h --batch 2 --variants full-compile-fused \\
@@ -46,7 +44,6 @@ import sys
 import tempfile
 import time
 from contextlib import nullcontext
-from unittest.mock import patch
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -60,16 +57,15 @@ from train_throughput import build_model, flops_per_token, matmul_peak  # noqa: 
 from core import tiny  # noqa: E402
 from trainers import loop  # noqa: E402
 from trainers.batch import Encoded  # noqa: E402
-from trainers.common import LoRASettings, compile_decoder_blocks, make_trainable  # noqa: E402
+from trainers.common import LoRASettings, compile_decoder_blocks, decoder_blocks, make_trainable  # noqa: E402
 from trainers.sft import SFTObjective  # noqa: E402
 
 VARIANTS = ["full", "full-fused", "lora", "lora-autocast", "lora-bf16", "full-compile", "lora-compile",
             "full-compile-fused", "lora-compile-fused", "lora-bf16-peft-experts", "lora-compile-fused-peft-experts",
-            "lora-compile-fused-merged-experts", "lora-compile-fused-mamba"]
+            "lora-compile-fused-blocks-only"]
 EAGER_OF = {"full-compile": "full", "lora-compile": "lora-bf16", "full-compile-fused": "full",
             "lora-compile-fused": "lora-bf16", "lora-bf16-peft-experts": "lora-bf16",
-            "lora-compile-fused-peft-experts": "lora-bf16", "lora-compile-fused-merged-experts": "lora-bf16",
-            "lora-compile-fused-mamba": "lora-bf16"}
+            "lora-compile-fused-peft-experts": "lora-bf16", "lora-compile-fused-blocks-only": "lora-bf16"}
 PROFILED = ["full", "lora", "full-compile"]
 
 
@@ -97,12 +93,11 @@ def build(variant: str, model_dir: Path, device: str, dtype: torch.dtype):
         for m in model.modules():  # back to peft's own ParamWrapper.forward (the class's)
             if isinstance(m, ParamWrapper):
                 vars(m).pop("forward", None)
-    if "-compile" in variant:
+    if variant.endswith("-blocks-only"):
+        for block in decoder_blocks(model):
+            block.compile()
+    elif "-compile" in variant:
         compile_decoder_blocks(model)
-    if variant.endswith("-mamba"):
-        for m in model.modules():
-            if type(m).__name__ == "NemotronHMamba2Mixer":
-                m.in_proj.compile()
     trainable = [p for p in model.parameters() if p.requires_grad]
     fused = {"fused": True} if "-fused" in variant else {}
     return model, torch.optim.AdamW(trainable, lr=1e-5, **fused)
@@ -123,20 +118,8 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def merged_expert_linear(x: torch.Tensor, weight: torch.Tensor, factors, offsets: torch.Tensor) -> torch.Tensor:
-    """`trainers.lora_experts._linear`'s alternative: the factors folded into the expert stack's weight first."""
-    from transformers.integrations.moe import _grouped_mm
-
-    if factors is not None:
-        lhs, rhs, scaling = factors
-        weight = torch.baddbmm(weight, lhs, rhs, alpha=scaling)
-    return _grouped_mm(x, weight.transpose(-2, -1), offs=offsets)
-
-
 def measure(variant: str, model_dir: Path, args, objective, fpt: float, peak: float | None) -> dict:
     from torch._dynamo.utils import counters
-
-    from trainers import lora_experts
 
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
     gc.collect()
@@ -148,17 +131,15 @@ def measure(variant: str, model_dir: Path, args, objective, fpt: float, peak: fl
     model, optimizer = build(variant, model_dir, args.device, dtype)
     autocast = variant == "lora-autocast" and args.device == "cuda"
     losses, times, first = [], [], []
-    merged = variant.endswith("-merged-experts")
-    with patch.object(lora_experts, "_linear", merged_expert_linear) if merged else nullcontext():
-        for i in range(2 + args.steps):
-            sync(args.device)
-            t0 = time.perf_counter()
-            losses.append(step(model, optimizer, objective, args.batch, autocast, args.device))
-            sync(args.device)
-            (times if i >= 2 else first).append(time.perf_counter() - t0)
-        compiler = {"graph_breaks": sum(counters["graph_break"].values()),
-                    "unique_graphs": counters["stats"]["unique_graphs"]}
-        table = profile(model, optimizer, objective, args, autocast) if variant in args.profile else None
+    for i in range(2 + args.steps):
+        sync(args.device)
+        t0 = time.perf_counter()
+        losses.append(step(model, optimizer, objective, args.batch, autocast, args.device))
+        sync(args.device)
+        (times if i >= 2 else first).append(time.perf_counter() - t0)
+    compiler = {"graph_breaks": sum(counters["graph_break"].values()),
+                "unique_graphs": counters["stats"]["unique_graphs"]}
+    table = profile(model, optimizer, objective, args, autocast) if variant in args.profile else None
     step_s = statistics.median(times)
     tps = args.batch * args.seq_len / step_s
     return {"variant": variant, "step_s": times, "median_step_s": step_s, "tokens_per_s": tps,
@@ -184,9 +165,8 @@ def profile(model, optimizer, objective, args, autocast: bool) -> str:
         wall = time.perf_counter() - t0
     events = prof.key_averages()
     key = "cuda_time_total" if args.device == "cuda" else "cpu_time_total"
-    busy = sum(e.self_device_time_total for e in events) / 1e3
-    return (f"step wall {wall * 1e3:.1f} ms (profiled), kernels {busy:.1f} ms\n"
-            + events.table(sort_by=key, row_limit=30, max_name_column_width=60))
+    # The table's last line, "Self CUDA time total", is the step's kernel time.
+    return f"step wall {wall * 1e3:.1f} ms (profiled)\n" + events.table(sort_by=key, row_limit=30, max_name_column_width=60)
 
 
 def main() -> None:

@@ -114,8 +114,8 @@ class TrainConfig(BaseModel):
         1024, gt=0, description="Supervised positions per chunk of the head + loss (bounds float32 logits memory).")
     compile_blocks: bool | None = Field(
         None, description="torch.compile each decoder block in place (fuses the norms, rotary, activation and "
-        "residual passes between the matmuls); None = on for one-process CUDA training, except LoRA on Mamba "
-        "hybrids (measured slower compiled). Not applied under FSDP2 or to Mamba blocks.")
+        "residual passes between the matmuls), and each LoRA layer of a Mamba block; None = on for one-process CUDA "
+        "training. Not applied under FSDP2 or to Mamba mixers.")
     allow_slow_mamba: bool = Field(
         False, description="On a GPU, train a Mamba/hybrid model even without mamba-ssm and causal-conv1d's kernels "
         "(the `gpu` extra): transformers then falls back to its pure-torch scan, ~15x slower. False = refuse.")
@@ -399,10 +399,10 @@ def load_policy(model_path: Path, dtype: str, lora: LoRASettings | None, seed: i
 
     Distributed, it is FSDP2-sharded; full fine-tuning then keeps float32 master weights and computes in
     `dtype` through the mixed-precision policy, LoRA stores its frozen base in `dtype`. On one process the decoder
-    blocks are compiled where `compile_blocks` says so. None: on CUDA, except LoRA on a Mamba hybrid. Measured on an
-    H200: the dense 1B step (4 x 4096) 304.6 -> 243.9 ms compiled (bench/train_step_variants.py); Nemotron-H 0.9B
-    (bench/train_throughput.py, its attention and MoE blocks compiled) full fine-tuning 77.3k tokens/s against 55.9k
-    eager the session before, but LoRA 48.3k against 61.6k eager.
+    blocks are compiled where `compile_blocks` says so (None: on CUDA). Measured on an H200: the dense 1B step
+    (4 x 4096) 304.6 -> 243.9 ms compiled (bench/train_step_variants.py); the Nemotron-H 0.9B LoRA step (2 x 4096; its
+    attention and MoE blocks compiled) 170.0 -> 98.5 ms, below full fine-tuning's 107.8 ms compiled (bench/README.md,
+    hybrid LoRA).
     """
     env = distributed.setup()
     config = AutoConfig.from_pretrained(model_path)
@@ -413,7 +413,7 @@ def load_policy(model_path: Path, dtype: str, lora: LoRASettings | None, seed: i
 
     if not env.distributed:
         if compile_blocks is None:
-            compile_blocks = device().type == "cuda" and not (lora is not None and config.model_type in RECURRENT_MODEL_TYPES)
+            compile_blocks = device().type == "cuda"
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=storage).to(device())
         return _adapters_in(policy(model, compile_blocks), storage)
     compute = getattr(torch, dtype) if dtype != "float32" else None
@@ -448,30 +448,51 @@ def make_trainable(model: PreTrainedModel, model_path: Path | None, lora: LoRASe
     return model
 
 
-def decoder_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The model's repeated decoder blocks: its longest `nn.ModuleList` (`model.layers` in transformers' causal
-    LMs, under peft's wrappers too); blocks holding a Mamba mixer are left out (their Triton SSD kernels and the
-    recurrent state are not for the compiler)."""
+def _block_list(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The model's repeated blocks: its longest `nn.ModuleList` (`model.layers` in transformers' causal LMs, under
+    peft's wrappers too)."""
     lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList)]
-    if not lists:
+    return list(max(lists, key=len)) if lists else []
+
+
+def _has_mamba(block: torch.nn.Module) -> bool:
+    return any("Mamba" in type(m).__name__ for m in block.modules())
+
+
+def decoder_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The model's repeated decoder blocks; blocks holding a Mamba mixer are left out (their Triton SSD kernels and
+    the recurrent state are not for the compiler)."""
+    return [b for b in _block_list(model) if not _has_mamba(b)]
+
+
+def mamba_adapters(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The peft LoRA layers inside Mamba blocks (the mixers' adapted `in_proj`): each a region of its own for the
+    compiler, as the mixer around it holds the Triton SSD kernels."""
+    mamba = [b for b in _block_list(model) if _has_mamba(b)]
+    if not mamba:
         return []
-    blocks = max(lists, key=len)
-    return [b for b in blocks if not any("Mamba" in type(m).__name__ for m in b.modules())]
+    from peft.tuners.lora import LoraLayer
+
+    return [m for b in mamba for m in b.modules() if isinstance(m, LoraLayer)]
 
 
 def compile_decoder_blocks(model: torch.nn.Module, backend: str = "inductor") -> int:
-    """torch.compile each decoder block in place (regional compilation); returns how many were compiled.
+    """torch.compile each decoder block in place (regional compilation), and each LoRA layer of a Mamba block;
+    returns how many regions were compiled.
 
     Between its matmuls a transformer block runs a dozen memory-bound elementwise passes (RMSNorm in float32, rotary,
     SiLU x up, residual adds, their backward): measured on an H200 (bench/train_step_variants.py, 1B Llama, 4 x 4096)
     they took about 40% of an eager step's GPU time, and the launch gaps between them another 10% of the step.
-    Inductor fuses them into a few kernels.
+    Inductor fuses them into a few kernels. A peft LoRA layer runs, eager, a dozen small kernels and casts around its
+    two extra matmuls with the GPU waiting on Python: on the Nemotron-H bench shape, compiling the Mamba mixers'
+    adapted in_proj took the LoRA step from 122.5 to 112.1 ms (bench/README.md, hybrid LoRA; experts then on an
+    unfused low-rank path).
     The blocks share one code object, so one compilation (and one more when shapes vary: dynamic shapes) serves all
     of them. Parameter names, state dicts and hooks stay as they are (`nn.Module.compile` keeps the module)."""
-    blocks = decoder_blocks(model)
-    for block in blocks:
-        block.compile(backend=backend)
-    return len(blocks)
+    regions = decoder_blocks(model) + mamba_adapters(model)
+    for region in regions:
+        region.compile(backend=backend)
+    return len(regions)
 
 
 def _make_trainable(model: PreTrainedModel, lora: LoRASettings | None, seed: int,
@@ -494,7 +515,7 @@ def _make_trainable(model: PreTrainedModel, lora: LoRASettings | None, seed: int
     ))
     if lora.train_lm_head:
         _fp32_trainable_head(peft_model)
-    lora_experts.use_unfused_experts(peft_model)  # compilable, and no weight gradient for the frozen experts
+    lora_experts.use_plain_experts(peft_model)  # peft's experts LoRA, without its per-call parametrization
     return peft_model.train()
 
 
