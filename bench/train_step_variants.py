@@ -17,7 +17,8 @@ supervised). Variants change one thing each:
 - for the `nemotron-h` shape (LoRA on its routed experts too): `...-peft-experts` runs the experts through peft's
   own `ParamWrapper` (a parametrization registered and removed on every call: what the trainer did before
   `trainers.lora_experts`); `lora-compile-fused-blocks-only` compiles the attention and MoE blocks but not the
-  Mamba mixers' adapted `in_proj` (`compile_decoder_blocks` compiles both).
+  Mamba mixers' adapted `in_proj` (`compile_decoder_blocks` compiles both); `...-nogc`: Python's garbage
+  collector frozen and off during the steps (is a collection pause part of a host-bound step?).
 
 Per variant: median step seconds over `--steps` after two warm-up steps, tokens/s, MFU (as
 bench/train_throughput.py counts it, over the bf16 matmul rate measured here), peak GPU memory, the first loss
@@ -62,10 +63,11 @@ from trainers.sft import SFTObjective  # noqa: E402
 
 VARIANTS = ["full", "full-fused", "lora", "lora-autocast", "lora-bf16", "full-compile", "lora-compile",
             "full-compile-fused", "lora-compile-fused", "lora-bf16-peft-experts", "lora-compile-fused-peft-experts",
-            "lora-compile-fused-blocks-only"]
+            "lora-compile-fused-blocks-only", "lora-compile-fused-nogc", "full-compile-fused-nogc"]
 EAGER_OF = {"full-compile": "full", "lora-compile": "lora-bf16", "full-compile-fused": "full",
             "lora-compile-fused": "lora-bf16", "lora-bf16-peft-experts": "lora-bf16",
-            "lora-compile-fused-peft-experts": "lora-bf16", "lora-compile-fused-blocks-only": "lora-bf16"}
+            "lora-compile-fused-peft-experts": "lora-bf16", "lora-compile-fused-blocks-only": "lora-bf16",
+            "lora-compile-fused-nogc": "lora-bf16", "full-compile-fused-nogc": "full"}
 PROFILED = ["full", "lora", "full-compile"]
 
 
@@ -131,6 +133,10 @@ def measure(variant: str, model_dir: Path, args, objective, fpt: float, peak: fl
     model, optimizer = build(variant, model_dir, args.device, dtype)
     autocast = variant == "lora-autocast" and args.device == "cuda"
     losses, times, first = [], [], []
+    if variant.endswith("-nogc"):
+        gc.collect()
+        gc.freeze()
+        gc.disable()
     for i in range(2 + args.steps):
         sync(args.device)
         t0 = time.perf_counter()
@@ -140,6 +146,8 @@ def measure(variant: str, model_dir: Path, args, objective, fpt: float, peak: fl
     compiler = {"graph_breaks": sum(counters["graph_break"].values()),
                 "unique_graphs": counters["stats"]["unique_graphs"]}
     table = profile(model, optimizer, objective, args, autocast) if variant in args.profile else None
+    gc.enable()
+    gc.unfreeze()
     step_s = statistics.median(times)
     tps = args.batch * args.seq_len / step_s
     return {"variant": variant, "step_s": times, "median_step_s": step_s, "tokens_per_s": tps,
@@ -165,8 +173,10 @@ def profile(model, optimizer, objective, args, autocast: bool) -> str:
         wall = time.perf_counter() - t0
     events = prof.key_averages()
     key = "cuda_time_total" if args.device == "cuda" else "cpu_time_total"
-    # The table's last line, "Self CUDA time total", is the step's kernel time.
-    return f"step wall {wall * 1e3:.1f} ms (profiled)\n" + events.table(sort_by=key, row_limit=30, max_name_column_width=60)
+    # The table's last line, "Self CUDA time total", is the step's kernel time; the second table, by host time,
+    # says where a host-bound step's CPU goes.
+    return (f"step wall {wall * 1e3:.1f} ms (profiled)\n" + events.table(sort_by=key, row_limit=30, max_name_column_width=60)
+            + "\n" + events.table(sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=60))
 
 
 def main() -> None:
