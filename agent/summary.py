@@ -84,7 +84,7 @@ class Summary(_View):
     session: str = Field(description="Session name.")
     budget: Budget = Field(description="The GPU-hour ledger.")
     split: dict[str, Any] | None = Field(description="The feedback split: id, sha256 and per-split counts.")
-    bars: dict[str, Any] | None = Field(description="Registered bars: id, sha256, rules.")
+    bars: dict[str, Any] | None = Field(description="Registered bars: id, sha256, rules, p_family, replicates.")
     parent: int | None = Field(description="The session's parent checkpoint.")
     incumbent: int | None = Field(description="The current incumbent.")
     calibrated: list[int] = Field(description="Checkpoints with noise floors.")
@@ -103,17 +103,26 @@ class Summary(_View):
         """The recorded call of `tool` with these arguments (compared in canonical form, defaults filled)."""
         wanted = canonical_args(tool, args)
         for c in self.calls:
-            if c.tool == tool and c.args == wanted:
+            if c.tool == tool and _recorded(tool, c.args) == wanted:
                 return c
         return None
 
     def refused(self, tool: str, args: dict[str, Any]) -> Refused | None:
         """The gate refusal of `tool` with these arguments, if a gate refused it."""
         wanted = canonical_args(tool, args)
-        return next((r for r in self.gate_refusals if r.tool == tool and r.args == wanted), None)
+        return next((r for r in self.gate_refusals if r.tool == tool and _recorded(tool, r.args) == wanted), None)
 
     def checkpoint(self, artifact_id: int) -> Checkpoint | None:
         return next((c for c in self.checkpoints if c.id == artifact_id), None)
+
+
+def _recorded(tool: str, args: dict[str, Any]) -> dict[str, Any]:
+    """Recorded arguments in today's canonical form: a call recorded before an argument existed gets its default
+    (an evaluate recorded without `replicates` is the one-look evaluate it was)."""
+    try:
+        return canonical_args(tool, args)
+    except ValueError:  # no longer valid arguments: compared as recorded, so they match nothing asked today
+        return args
 
 
 def _origin(recipe: dict[str, Any]) -> str:
@@ -192,7 +201,8 @@ def summarize(nb: Notebook, session: str) -> Summary:
         record = nb.bars(registered[-1].payload.get("bars_id"))
         rules = [f"{b['suite']}/{b['metric']} {b['statistic']} {b['op']} {b['value']:g}"
                  f"{' * noise_floor' if b['unit'] == 'noise_floor' else ''}" for b in record.spec["bars"]]
-        bars = {"id": record.id, "sha256": record.sha256, "rules": rules, "p_family": record.spec.get("p_family")}
+        bars = {"id": record.id, "sha256": record.sha256, "rules": rules, "p_family": record.spec.get("p_family"),
+                "replicates": record.spec.get("replicates", 1)}
     calls = [Call(id=c.id, tool=c.tool, args=c.args, status=c.status, summary=(c.result or {}).get("summary", ""),
                   data=(c.result or {}).get("data", {})) for c in nb.tool_calls(session) if c.tool not in HIDDEN_TOOLS]
     checkpoints = _checkpoints(nb, session)

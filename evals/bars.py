@@ -3,6 +3,7 @@
 Each bar names a suite, a metric and a rule `<statistic> <op> <number> [* noise_floor]`:
 
     p_family = 10                            # at most 10 p-values tested this session (needed by p bars)
+    replicates = 3                           # bars without a p-value read the mean of 3 served draws a side
 
     [[bar]]
     suite = "math"
@@ -19,6 +20,17 @@ Statistics (candidate minus incumbent, paired by item): `delta` (mean difference
 `p` (one-sided p-value of `test` for "the candidate is better",
 Holm-adjusted), `ci_low` / `ci_high` (percentile bootstrap bounds at
 `confidence`). `noise_floor` is the suite/metric's mean absolute delta between incumbent replicates.
+
+`replicates` (default 1: each side's first look alone) pre-registers how many served draws every bar other
+than a p bar reads: each side's per-item values are averaged over its replicates 0 .. n-1 at its decoding (the
+first eval of each replicate index; the incumbent's come from its calibration, the candidate's replicate k
+samples with the same seed k). A single draw of a sampled eval against a single draw of the incumbent's
+differs by about 1.25 noise floors (one floor is the mean |difference| of two draws) when nothing changed, so
+a one-floor guard read on single looks rejects a truly equal candidate about one time in five; on the mean of
+3 draws a side, about one in twelve, and a real loss of more than a floor is caught more often, not less. The
+floor itself (the bar's unit) is unchanged: the guard still bounds the metric's true difference by one floor.
+Under greedy decoding a look is exact and only replicate 0 is read. p bars always read replicate 0: their
+test is over items, and mcnemar needs the 0/1 values of one draw.
 
 `p_family` pre-registers how many p-values the session may test in all. Holm's procedure controls
 the family-wise error only over a family fixed in advance; recomputed over the p-values seen so far,
@@ -143,6 +155,9 @@ class Bars(BaseModel):
     p_family: int | None = Field(None, ge=1, le=1_000_000, validate_default=True,
                                  description="Most p-values the session will test (Holm family size); "
                                              "required when any bar is a p bar, and at least their number.")
+    replicates: int = Field(1, ge=1, le=16, description="Served draws a side that every bar other than a p bar "
+                            "averages per item (1: the first look alone); the incumbent needs a calibration of K >= "
+                            "this many replicates.")
 
     @field_validator("p_family")
     @classmethod
@@ -155,7 +170,9 @@ class Bars(BaseModel):
         return family
 
     def canonical(self) -> dict[str, Any]:
-        return {"bars": [b.canonical() for b in self.bar], "p_family": self.p_family}
+        # replicates = 1 is left out so that bars registered before the key existed keep their sha256.
+        return {"bars": [b.canonical() for b in self.bar], "p_family": self.p_family} | (
+            {"replicates": self.replicates} if self.replicates != 1 else {})
 
     @classmethod
     def from_canonical(cls, spec: dict[str, Any]) -> Bars:
@@ -165,7 +182,7 @@ class Bars(BaseModel):
             unit = " * noise_floor" if c["unit"] == "noise_floor" else ""
             bars.append(Bar(suite=c["suite"], metric=c["metric"], rule=f"{c['statistic']} {c['op']} {c['value']!r}{unit}",
                             test=c["test"], confidence=c["confidence"] or 0.95))
-        return cls(bar=tuple(bars), p_family=spec.get("p_family"))
+        return cls(bar=tuple(bars), p_family=spec.get("p_family"), replicates=spec.get("replicates", 1))
 
 
 class BarsError(ValueError):
@@ -188,7 +205,7 @@ def _errors(err: ValidationError, prefix: tuple = ()) -> list[str]:
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             shown, msg = "", ("unknown key (a bar has suite, metric, rule, test, confidence)" if prefix else
-                              "unknown key (a bars file holds p_family and [[bar]] tables)")
+                              "unknown key (a bars file holds p_family, replicates and [[bar]] tables)")
         out.append(f"{_where(prefix + tuple(e['loc'])) or '(top level)'}: {msg}{shown}")
     return out
 

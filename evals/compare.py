@@ -22,7 +22,10 @@ the tool call. Refusals when:
   per-item values measure different things and cannot be paired.
 
 Each side is read from its FIRST replicate-0 eval of the suite at the relevant decoding: the first
-look is the one that counts, so re-running a sampled eval until a lucky draw buys nothing. Items
+look is the one that counts, so re-running a sampled eval until a lucky draw buys nothing. Bars that
+pre-register `replicates = n` read every bar other than a p bar on each side's per-item mean over its
+first evals of replicates 0 .. n-1 at that decoding (a missing replicate refuses the comparison); the
+number of draws is fixed before any score, so drawing until a lucky mean is not possible either. Items
 are paired by item id, never by position.
 
 p-value bars are Holm-adjusted (Holm 1979) over the pre-registered family of `p_family` p-values:
@@ -131,9 +134,29 @@ def _check_candidate(nb: Notebook, session: str, candidate: int, bars: Bars, reg
     return reasons
 
 
+def _mean_values(nb: Notebook, session: str, first: EvalRecord, bar: Bar, draws: int) -> dict[str, float]:
+    """item id -> the metric's value in `first` (a side's first look), or its mean over the side's replicates
+    0 .. draws-1 at the same decoding (the first eval of each index); one look under greedy decoding."""
+    if draws == 1 or Decoding.model_validate(first.decoding).greedy:
+        return item_values(first, bar.metric)
+    found: dict[int, EvalRecord] = {}
+    for e in nb.evals(artifact_id=first.artifact_id, suite=bar.suite, session=session):
+        if e.served and e.decoding_sha256 == first.decoding_sha256:
+            found.setdefault(e.replicate, e)
+    missing = [k for k in range(draws) if k not in found]
+    if missing:
+        raise _Refused(f"suite {bar.suite}: the bars read the mean of {draws} served draws a side, and artifact "
+                       f"{first.artifact_id} lacks replicate(s) {missing} (evaluate it with replicates = {draws})")
+    values = [item_values(found[k], bar.metric) for k in range(draws)]
+    if any(set(v) != set(values[0]) for v in values):
+        raise _Refused(f"suite {bar.suite}: the replicates of artifact {first.artifact_id} scored different items")
+    return {i: sum(v[i] for v in values) / draws for i in values[0]}
+
+
 def _pairs(nb: Notebook, session: str, candidate: int, incumbent: int, bar: Bar,
-           served: Decoding) -> tuple[list[float], list[float], EvalRecord]:
-    """Per-item values of both sides lined up by item id, and the incumbent eval they came from."""
+           served: Decoding, replicates: int = 1) -> tuple[list[float], list[float], EvalRecord]:
+    """Per-item values of both sides lined up by item id (each bar other than a p bar averaged over `replicates`
+    served draws a side), and the incumbent eval (its first look) they came from."""
     sides, missing = [], []
     for artifact_id, fingerprint in ((candidate, served.fingerprint()), (incumbent, None)):
         try:
@@ -143,8 +166,9 @@ def _pairs(nb: Notebook, session: str, candidate: int, incumbent: int, bar: Bar,
     if missing:  # both sides named when both lack the eval
         raise _Refused(*missing)
     cand_eval, inc_eval = sides
-    cand = item_values(cand_eval, bar.metric)
-    inc = item_values(inc_eval, bar.metric)
+    draws = 1 if bar.statistic == "p" else replicates
+    cand = _mean_values(nb, session, cand_eval, bar, draws)
+    inc = _mean_values(nb, session, inc_eval, bar, draws)
     modes = (_scoring_mode(cand_eval), _scoring_mode(inc_eval))
     if modes[0] != modes[1]:
         raise _Refused(f"suite {bar.suite}: candidate eval {cand_eval.id} was scored in mode {modes[0]}, incumbent "
@@ -260,7 +284,7 @@ def judge(nb: Notebook, session: str, candidate: int, incumbent: int, bars: Bars
     rows = []
     for bar in spec.bar:
         try:
-            cand, inc, inc_eval = _pairs(nb, session, candidate, incumbent, bar, served)
+            cand, inc, inc_eval = _pairs(nb, session, candidate, incumbent, bar, served, spec.replicates)
             rows.append((bar, len(cand), _statistic(bar, cand, inc), _threshold(nb, session, bar, inc_eval)))
         except _Refused as refusal:
             reasons.extend(refusal.args)

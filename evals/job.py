@@ -9,7 +9,8 @@ in the notebook; the job itself never touches it.
 
 Replicates (for the noise floor): with sampling, replicate k regenerates with seed `seed + k`;
 under greedy decoding regeneration would repeat itself, so replicate 0 is the full suite and
-replicate k >= 1 is a seeded bootstrap resample of its items (the item-sampling noise).
+replicate k >= 1 is a seeded bootstrap resample of its items (the item-sampling noise). A sampled job may
+start at `first_replicate` > 0 to add draws to replicates an earlier job recorded (seed + k is still the seed).
 
 Command (a config JSON written by the evaluate tool):
 
@@ -103,6 +104,9 @@ class EvalJobConfig(BaseModel):
     served: bool = Field(True, description="Whether `decoding` is the candidate's served decoding; if not, diagnostic only.")
     suites: tuple[SuiteSpec, ...] = Field(min_length=1, description="Suites to run on the one loaded model.")
     replicates: int = Field(1, ge=1, le=32, description="Replicates per suite (K >= 3 for a noise floor).")
+    first_replicate: int = Field(0, ge=0, le=31, description="Index of the job's first replicate: replicates "
+                                 "first_replicate .. first_replicate + replicates - 1 run, so a job can add new draws "
+                                 "to replicates recorded by an earlier one (sampled decoding only).")
     seed: int = Field(0, ge=0, description="Base seed: sampling seed of replicate k is seed + k.")
     batch_size: int = Field(64, ge=1, description="Prompts generated together.")
     static_cache: bool = Field(False, description="The engine's static-KV-cache decode loop, each step one CUDA graph replay on GPU (attention-only models; see evals/generate.py).")
@@ -121,7 +125,9 @@ class EvalJobConfig(BaseModel):
             raise ValueError("reward_proxy suites need reward_model")
         if "judge" in scorers and self.judge is None:
             raise ValueError("judge suites need judge")
-        if self.replicates > 1 and any(s.sealed for s in self.suites):
+        if self.first_replicate and self.decoding.greedy:
+            raise ValueError("greedy replicates k >= 1 resample replicate 0's items: run them in replicate 0's job")
+        if (self.replicates > 1 or self.first_replicate) and any(s.sealed for s in self.suites):
             raise ValueError("sealed suites are scored once: run them in a job with replicates = 1")
         names = [s.name for s in self.suites]
         if len(set(names)) != len(names):
@@ -238,7 +244,7 @@ def run_suite(cfg: EvalJobConfig, spec: SuiteSpec, loaded: Loaded, tools: Tools,
     items = read_items(spec.items_path)
     results: list[SuiteResult] = []
     base: list[Outcome] = []
-    for k in range(cfg.replicates):
+    for k in range(cfg.first_replicate, cfg.first_replicate + cfg.replicates):
         seed = cfg.seed + k
         if k > 0 and cfg.decoding.greedy:
             outs = resample(base, seed)

@@ -243,13 +243,14 @@ PARENT_METRICS = {"synthetic": {"correct": 0.50}, "loops": {"looping": 0.20}, "h
 SHORT = PlaybookSettings.short()
 
 
-def _arms(sft: dict, klce: dict) -> tuple[list[Checkpoint], list[Call]]:
-    """The short protocol after its dataset and both first arms were made (artifacts 3 and 4)."""
-    args = {f: {"trainer": f, "parent": 1, "dataset": 2, "lr": SHORT.lr[f], "steps": SHORT.steps,
-                "batch_size": SHORT.batch_size} for f in ("sft", "klce")}
+def _arms(sft: dict, dpo: dict) -> tuple[list[Checkpoint], list[Call]]:
+    """The short protocol after its datasets and both first arms were made (artifacts 3 and 4)."""
+    args = {f: {"trainer": f, "parent": 1, "dataset": d, "lr": SHORT.lr[f], "steps": SHORT.steps,
+                "batch_size": SHORT.batch_size} for f, d in (("sft", 2), ("dpo", 5))}
     calls = [_done(1, "build_dataset", {"builder": "winner_sft"}, {"artifact_id": 2}),
-             _done(2, "train", args["sft"], {"artifact_id": 3}), _done(3, "train", args["klce"], {"artifact_id": 4})]
-    cps = [_cp(1, "parent", PARENT_METRICS, parent=None), _cp(3, "train:sft", sft), _cp(4, "train:klce", klce)]
+             _done(4, "build_dataset", {"builder": "battle_pairs"}, {"artifact_id": 5}),
+             _done(2, "train", args["sft"], {"artifact_id": 3}), _done(3, "train", args["dpo"], {"artifact_id": 4})]
+    cps = [_cp(1, "parent", PARENT_METRICS, parent=None), _cp(3, "train:sft", sft), _cp(4, "train:dpo", dpo)]
     return cps, calls
 
 
@@ -263,12 +264,12 @@ def test_both_arms_are_screened_on_the_cheap_suites_before_any_holdout_eval():
 
 
 def test_only_the_best_screened_arm_spends_a_holdout_eval_and_a_p_value():
-    # sft: +2 floors on synthetic, klce: +4 (0.70 vs 0.50 at a floor of 0.05) -> klce is the one finalist
+    # sft: +2 floors on synthetic, dpo: +4 (0.70 vs 0.50 at a floor of 0.05) -> dpo is the one finalist
     cps, calls = _arms({"synthetic": {"correct": 0.60}, "loops": {"looping": 0.20}},
                        {"synthetic": {"correct": 0.70}, "loops": {"looping": 0.20}})
     step = next_step(_summary(cps, calls), SHORT)
     assert (step.tool, step.args) == ("evaluate", {"artifact": 4, "suites": ["holdout"]})
-    cps[2] = _cp(4, "train:klce", cps[2].metrics | {"holdout": {"win_score": 0.6}})
+    cps[2] = _cp(4, "train:dpo", cps[2].metrics | {"holdout": {"win_score": 0.6}})
     step = next_step(_summary(cps, calls), SHORT)
     assert (step.tool, step.args) == ("compare", {"candidate": 4})
 
@@ -284,7 +285,7 @@ def test_no_arm_that_screens_no_better_than_the_incumbent_is_compared():
 def test_no_comparison_beyond_the_pre_registered_p_family():
     cps, calls = _arms({"synthetic": {"correct": 0.60}, "loops": {"looping": 0.20}},
                        {"synthetic": {"correct": 0.70}, "loops": {"looping": 0.20}})
-    cps[2] = _cp(4, "train:klce", cps[2].metrics | {"holdout": {"win_score": 0.6}})
+    cps[2] = _cp(4, "train:dpo", cps[2].metrics | {"holdout": {"win_score": 0.6}})
     spent = [_done(9, "compare", {"candidate": 99}, {}), _done(10, "compare", {"candidate": 98}, {})]
     assert next_step(_summary(cps, calls + spent, p_family=2), SHORT).tool == "stop"
     assert next_step(_summary(cps, calls + spent, p_family=3), SHORT).tool == "compare"
@@ -311,7 +312,8 @@ def test_a_step_a_gate_refused_is_never_proposed_again():
 
 def test_the_world_bars_register_the_full_protocols_comparisons():
     assert tomllib.loads(BARS)["p_family"] == PlaybookSettings().comparisons()
-    assert PlaybookSettings.short().comparisons() == 2  # one screened finalist and one dose
+    assert PlaybookSettings.short().comparisons() == 3  # one screened finalist, one fallback and one dose
+    assert tomllib.loads(BARS)["replicates"] <= PlaybookSettings().k  # the incumbent's calibration has the draws
 
 
 def test_the_summary_lists_every_gate_refusal_from_the_notebook(tmp_path):

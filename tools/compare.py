@@ -49,7 +49,9 @@ def _body(ctx: ToolContext, args: Args) -> ToolOutcome:
                                data={"refused": True, "candidate": args.candidate})
         verdicts, promoted, cid = [v.model_dump(mode="json") for v in outcome.verdicts], outcome.promoted, outcome.comparison_id
     verdict = "clears every bar" if promoted else "fails the bars"
-    summary = f"{name} vs incumbent {ctx.nb.artifact(incumbent).name} {verdict}: {_verdict_line(verdicts)}"
+    draws = ctx.nb.bars(bars_id).spec.get("replicates", 1)
+    means = f" (bars without a p-value on the mean of {draws} served draws a side)" if draws > 1 else ""
+    summary = f"{name} vs incumbent {ctx.nb.artifact(incumbent).name} {verdict}{means}: {_verdict_line(verdicts)}"
     return ToolOutcome(tool=NAME, status="done", summary=summary,
                        data={"comparison_id": cid, "promoted": promoted, "candidate": args.candidate, "incumbent": incumbent})
 

@@ -7,7 +7,7 @@ the same base seed, so a candidate and its incumbent draw the same sampling seed
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from evals.decoding import Decoding
 from evals.job import EvalJobConfig, SuiteSpec
@@ -28,6 +28,16 @@ class Args(BaseModel):
     artifact: int = Field(description="Artifact id of the checkpoint.")
     suites: list[str] | None = Field(None, description="Suite names; default: every open suite of the lab.")
     diagnostic: bool = Field(False, description="Greedy decoding instead of the served one: recorded, never promotes.")
+    replicates: int = Field(1, ge=1, le=16, description="Served draws wanted per suite: the replicates 0 .. n-1 the "
+                            "artifact lacks at its served decoding are run (replicate k samples with seed k, like the "
+                            "incumbent's calibration), so the bars' `replicates` can average them. Under greedy decoding "
+                            "one look is exact and nothing more runs.")
+
+    @model_validator(mode="after")
+    def _served_draws(self) -> Args:
+        if self.replicates > 1 and self.diagnostic:
+            raise ValueError("replicates > 1 are served draws: a diagnostic (greedy) eval is one exact look")
+        return self
 
 
 def suite_specs(ctx: ToolContext, names: list[str], reference: dict[str, str]) -> tuple[SuiteSpec, ...]:
@@ -54,15 +64,15 @@ class MissingReference(ValueError):
 
 
 def eval_job(ctx: ToolContext, artifact_id: int, suite_names: list[str], decoding: Decoding, served: bool,
-             replicates: int, reference: dict[str, str] | None = None) -> EvalJobConfig:
+             replicates: int, reference: dict[str, str] | None = None, first_replicate: int = 0) -> EvalJobConfig:
     """The eval job of an artifact; its output directory is named by weights, decoding, suites and references."""
     artifact = ctx.nb.artifact(artifact_id)
     suites = suite_specs(ctx, suite_names, reference or {})
     name = content_name("eval", {"weights": artifact.sha256, "decoding": decoding.fingerprint(),
                                  "suites": [s.model_dump(mode="json") for s in suites], "replicates": replicates,
-                                 "served": served})
+                                 "served": served} | ({"first_replicate": first_replicate} if first_replicate else {}))
     return EvalJobConfig(checkpoint=artifact.path, decoding=decoding, served=served, suites=suites,
-                         replicates=replicates, batch_size=ctx.lab.eval_batch_size,
+                         replicates=replicates, first_replicate=first_replicate, batch_size=ctx.lab.eval_batch_size,
                          judge=ctx.lab.judge if any(s.scorer == "judge" for s in suites) else None,
                          output_dir=ctx.paths.evaluation(name))
 
@@ -118,6 +128,49 @@ def metrics_line(evals: list[EvalRecord]) -> str:
     return ", ".join(parts)
 
 
+def served_draws(ctx: ToolContext, artifact_id: int, suite: str, decoding: Decoding) -> dict[int, EvalRecord]:
+    """replicate k -> the artifact's first served eval of `suite` at `decoding` with that replicate index."""
+    out: dict[int, EvalRecord] = {}
+    for e in ctx.nb.evals(artifact_id=artifact_id, suite=suite, session=ctx.session):
+        if e.served and e.decoding_sha256 == decoding.fingerprint():
+            out.setdefault(e.replicate, e)
+    return out
+
+
+def leading_replicates(ctx: ToolContext, artifact_id: int, names: list[str], decoding: Decoding) -> int:
+    """How many replicates 0 .. n-1 every suite of `names` already has (the first one missing starts the job)."""
+    counts = []
+    for suite in names:
+        have, n = served_draws(ctx, artifact_id, suite, decoding), 0
+        while n in have:
+            n += 1
+        counts.append(n)
+    return min(counts)
+
+
+def replicate_means(evals: list[EvalRecord]) -> str:
+    """'suite/metric=value' of replicate 0, or over a job of later replicates, their mean (what was drawn)."""
+    if any(e.replicate == 0 for e in evals):
+        return metrics_line(evals)
+    parts = []
+    for suite in dict.fromkeys(e.suite for e in evals):
+        reps = [e for e in evals if e.suite == suite]
+        names = sorted(m for m, v in reps[0].metrics.items() if isinstance(v, int | float) and not m.startswith("n_"))
+        parts += [f"{suite}/{m}={sum(e.metrics[m] for e in reps) / len(reps):.3f}" for m in names]
+    return "mean of the new draws " + ", ".join(parts)
+
+
+def _enough(ctx: ToolContext, args: Args, names: list[str], decoding: Decoding) -> ToolOutcome:
+    """The served draws asked for are all recorded already (or greedy decoding, where one look is exact)."""
+    evals = [e for suite in names for k, e in sorted(served_draws(ctx, args.artifact, suite, decoding).items())
+             if k < (1 if decoding.greedy else args.replicates)]
+    why = "greedy decoding: one look is exact" if decoding.greedy else f"replicates 0-{args.replicates - 1} recorded"
+    summary = f"{ctx.nb.artifact(args.artifact).name}: {why}, nothing to run"
+    data = {"artifact_id": args.artifact, "eval_ids": [e.id for e in evals]}
+    record_once(ctx, "evaluate", summary, data)
+    return ToolOutcome(tool=NAME, status="done", summary=summary, data=data)
+
+
 def _body(ctx: ToolContext, args: Args) -> ToolOutcome:
     artifact = ctx.nb.artifact(args.artifact)
     names = args.suites or [s.name for s in ctx.lab.open_suites]
@@ -128,12 +181,17 @@ def _body(ctx: ToolContext, args: Args) -> ToolOutcome:
     served = served_of(ctx, args.artifact)
     decoding = served.model_copy(update={"temperature": 0.0, "top_p": 1.0}) if args.diagnostic else served
     reference = references_of(ctx, incumbent_of(ctx.nb, ctx.session))
+    first = leading_replicates(ctx, args.artifact, names, decoding) if args.replicates > 1 and not decoding.greedy else 0
+    if args.replicates > 1 and (decoding.greedy or first >= args.replicates):
+        return _enough(ctx, args, names, decoding)
     try:
-        cfg = eval_job(ctx, args.artifact, names, decoding, not args.diagnostic, 1, reference)
+        cfg = eval_job(ctx, args.artifact, names, decoding, not args.diagnostic, args.replicates - first, reference,
+                       first_replicate=first)
     except MissingReference as exc:
         return ToolOutcome(tool=NAME, status="failed", summary=str(exc))
     evals, key = run_and_record(ctx, args.artifact, cfg)
-    summary = f"{artifact.name}{' (diagnostic, greedy)' if args.diagnostic else ''}: {metrics_line(evals)}"
+    drawn = f" (replicates {first}-{args.replicates - 1})" if args.replicates > 1 else ""
+    summary = f"{artifact.name}{' (diagnostic, greedy)' if args.diagnostic else ''}{drawn}: {replicate_means(evals)}"
     record_once(ctx, "evaluate", summary, {"artifact_id": args.artifact, "eval_ids": [e.id for e in evals], "job_key": key})
     return ToolOutcome(tool=NAME, status="done", summary=summary,
                        data={"artifact_id": args.artifact, "eval_ids": [e.id for e in evals]})

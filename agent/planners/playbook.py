@@ -97,6 +97,9 @@ class PlaybookSettings(BaseModel):
                                            "first; off, every candidate is evaluated on every suite and compared.")
     finalists: int = Field(2, ge=1, description="Screened candidates per stage that go on to the judged holdout and a "
                                                 "comparison (only those whose screen score beats the incumbent).")
+    fallbacks: int = Field(0, ge=0, description="Further screened candidates a stage judges, one for each of its "
+                           "finalists the bars rejected (in screen order, only those that screen above the incumbent); "
+                           "`comparisons()` counts them in the p-value family.")
     trajectory: tuple[int, ...] = Field(
         (10, 20), description="Steps (increasing, below `steps`) at which every arm also saves its model; after the "
         "sweep the best run's snapshots are screened, and the best goes on to the holdout and a comparison only if it "
@@ -119,9 +122,10 @@ class PlaybookSettings(BaseModel):
 
     @classmethod
     def short(cls) -> PlaybookSettings:
-        """Two first arms on one dataset (winner SFT, KL-leashed CE), one finalist, one dose, no serving."""
-        return cls(families=("sft", "klce"), steps=16, sweep=(), soup=False, dose_alphas=(0.5,), serving=(),
-                   finalists=1, trajectory=())
+        """Two first arms of different families (winner SFT, DPO on battle pairs), one finalist and one fallback
+        when the bars reject it, one dose, no serving."""
+        return cls(families=("sft", "dpo"), steps=16, sweep=(), soup=False, dose_alphas=(0.5,), serving=(),
+                   finalists=1, fallbacks=1, trajectory=())
 
     @classmethod
     def named(cls, protocol: str) -> PlaybookSettings:
@@ -143,8 +147,9 @@ class PlaybookSettings(BaseModel):
 
     def comparisons(self) -> int:
         """The most comparisons (p-values) this protocol makes: the p_family its bars should register."""
-        first = min(self.finalists, len(self.families)) if self.screen else len(self.families)
-        swept = min(self.finalists, len(self.sweep)) if self.screen else len(self.sweep)
+        judged = self.finalists + self.fallbacks
+        first = min(judged, len(self.families)) if self.screen else len(self.families)
+        swept = min(judged, len(self.sweep)) if self.screen else len(self.sweep)
         soup = int(self.soup and first + swept >= 2)
         return first + swept + soup + int(bool(self.trajectory)) + len(self.dose_alphas) + len(self.serving)
 
@@ -331,8 +336,11 @@ def _stage(s: Summary, cfg: PlaybookSettings, producers: list[ToolCall]) -> Iter
                         key=lambda t: (-t[0], t[1]))
         compared = [c for _, _, c, _ in ranked if s.call("compare", {"candidate": c.id}) is not None]
         hopeful = [c for score, _, c, _ in ranked if score > 0 and c.id != s.incumbent and c not in compared]
-        for cand in (compared + hopeful)[:max(cfg.finalists, len(compared))]:
-            yield from _judge(s, cand, judged, f"screened {_screen(s, cand):+.2f} noise floors above the incumbent")
+        rejected = sum(_rejected(s, c) for c in compared)
+        for cand in (compared + hopeful)[:max(cfg.finalists + min(cfg.fallbacks, rejected), len(compared))]:
+            yield from _judge(s, cand, judged, f"screened {_screen(s, cand):+.2f} noise floors above the incumbent"
+                              + (f" (a fallback: {rejected} finalist(s) of this stage rejected)"
+                                 if cand not in compared[:cfg.finalists] and rejected else ""))
         return [(score, p) for score, _, _, p in ranked]
     for cand, _ in made:
         yield from _judge(s, cand, None, _primary_line(s, cand))
@@ -343,6 +351,9 @@ def _stage(s: Summary, cfg: PlaybookSettings, producers: list[ToolCall]) -> Iter
 def _judge(s: Summary, cand, suites: list[str] | None, why: str) -> Iterator[ToolCall]:
     """Evaluate the candidate on `suites` (None: every open suite), compare it with the incumbent, promote it."""
     ok = yield from _evaluate(s, cand, suites, f"evaluate {cand.name} at its served decoding")
+    if not ok:
+        return
+    ok = yield from _replicated(s, cand)
     if not ok:
         return
     compared = s.call("compare", {"candidate": cand.id})
@@ -356,6 +367,29 @@ def _judge(s: Summary, cand, suites: list[str] | None, why: str) -> Iterator[Too
     if mine and mine[-1].promoted and cand.id != s.incumbent and s.call("promote", {"candidate": cand.id}) is None \
             and s.refused("promote", {"candidate": cand.id}) is None:
         yield _call("promote", {"candidate": cand.id}, f"{cand.name} cleared every bar: " + "; ".join(mine[-1].bars))
+
+
+def _rejected(s: Summary, cand) -> bool:
+    """Whether the candidate's comparison ended without a promotion (failed the bars, or was refused)."""
+    compared = s.call("compare", {"candidate": cand.id})
+    return compared is not None and compared.status != "open" and not any(v.promoted for v in cand.verdicts)
+
+
+def _replicated(s: Summary, cand) -> Iterator[ToolCall]:
+    """The served draws the bars average (`replicates` a side on the suites of the bars without a p-value), drawn
+    before the comparison; returns whether they are there (or not needed)."""
+    draws = s.bars.get("replicates", 1)
+    suites = list(dict.fromkeys(suite for suite, _, stat, _ in _rules(s) if stat != "p"))
+    if draws == 1 or not suites:
+        return True
+    args = {"artifact": cand.id, "suites": suites, "replicates": draws}
+    done = s.call("evaluate", args)
+    if done is not None and done.status == "done":
+        return True
+    if (done is None or done.status == "open") and s.refused("evaluate", args) is None:
+        yield _call("evaluate", args, f"the bars read the mean of {draws} served draws a side on {', '.join(suites)}: "
+                                      f"draw {cand.name}'s replicates up to {draws - 1} before its comparison")
+    return False
 
 
 def _evaluate(s: Summary, cand, suites: list[str] | None, why: str) -> Iterator[ToolCall]:

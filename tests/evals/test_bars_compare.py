@@ -423,3 +423,61 @@ def test_a_peek_under_another_artifact_id_of_the_same_weights_refused(lab):
     record_result(nb, "s1", twin, _result(BETTER))  # ...then registered again and re-evaluated
     out = compare(nb, "s1", twin, inc, reg.id, SERVED)
     assert out.refused and "after eval" in out.reasons[0]
+
+
+REPLICATED = "replicates = 3\n" + P_BAR.replace("mcnemar_exact", "paired_t") + """
+[[bar]]
+suite = "math"
+metric = "correct"
+rule = "delta >= -1.0 * noise_floor"
+"""
+
+
+def test_bars_read_the_mean_of_the_preregistered_draws_a_side(lab):
+    nb, inc, cand = lab
+    floor = _calibrate(nb, inc)[0]  # incumbent replicates 0-2: 24, 23 and 25 of 40 correct (mean 0.6)
+    reg = _register(nb, "p_family = 2\n" + REPLICATED)
+    assert nb.bars(reg.id).spec["replicates"] == 3
+    # The candidate's first draw loses 4 items (a one-look delta of -0.1, below the floor of -0.05): an unlucky
+    # draw; its replicates 1 and 2 win 2 items each (mean over 3 draws: 23.33 of 40 against 24).
+    unlucky = [0] * 4 + BASE[4:]
+    record_result(nb, "s1", cand, _result(unlucky))
+    out = compare(nb, "s1", cand, inc, reg.id, SERVED)
+    assert out.refused and "lacks replicate(s) [1, 2]" in out.reasons[0] and "replicates = 3" in out.reasons[0]
+    two_more = BASE[:1] + [1] + BASE[2:3] + [1] + BASE[4:]  # items 1 and 3 right as well
+    for k in (1, 2):
+        record_result(nb, "s1", cand, _result(two_more, replicate=k))
+    out = compare(nb, "s1", cand, inc, reg.id, SERVED)
+    p_bar, delta_bar = out.verdicts
+    cand_mean = (sum(unlucky) + 2 * (sum(BASE) + 2)) / 3 / 40
+    assert delta_bar.value == pytest.approx(cand_mean - 0.6) and delta_bar.threshold == pytest.approx(-floor.mean_abs_delta)
+    assert delta_bar.holds and delta_bar.value > -floor.mean_abs_delta > -0.1
+    # The p bar reads the first draws alone: the unlucky look is worse, so it is far from significant.
+    assert p_bar.raw_p > 0.5 and not out.promoted
+
+
+def test_one_look_bars_unchanged_and_their_hash_kept(lab, tmp_path):
+    nb, inc, cand = lab
+    one = bars_mod.Bars.model_validate(__import__("tomllib").loads(BARS))
+    assert "replicates" not in one.canonical()  # bars registered before the key keep their sha256
+    assert bars_mod.Bars.from_canonical(one.canonical()) == one
+    three = bars_mod.Bars.model_validate(__import__("tomllib").loads("replicates = 3\n" + BARS))
+    assert bars_mod.Bars.from_canonical(three.canonical()).replicates == 3
+    for bad, why in (("replicates = 0", "greater than or equal to 1"), ('replicates = "3"', "valid integer"),
+                     ("replicates = 17", "less than or equal to 16")):
+        path = tmp_path / "bars.toml"
+        path.write_text(bad + "\n" + BARS)
+        with pytest.raises(bars_mod.BarsError) as err:
+            bars_mod.load(path)
+        assert "replicates" in str(err.value) and why in str(err.value), str(err.value)
+
+
+def test_greedy_sides_read_their_one_exact_look(lab):
+    nb, inc, cand = lab
+    reps = [BASE, [0, *BASE[1:]], [1, 1, *BASE[2:]]]
+    noise.calibrate(nb, "s1", [record_result(nb, "s1", inc, _result(r, decoding=GREEDY, replicate=k))[0]
+                               for k, r in enumerate(reps)])
+    reg = _register(nb, "replicates = 3\n" + BARS)
+    record_result(nb, "s1", cand, _result(BETTER, decoding=GREEDY))
+    out = compare(nb, "s1", cand, inc, reg.id, GREEDY)
+    assert not out.refused and out.verdicts[0].value == pytest.approx((sum(BETTER) - sum(BASE)) / 40)

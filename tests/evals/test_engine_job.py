@@ -234,3 +234,23 @@ def test_a_checkpoint_saved_without_the_kv_cache_still_decodes_with_it(tiny_mode
     dec = Decoding(max_new_tokens=6)
     items = _items(item, n=3)
     assert [c.text for c in generate(loaded, items, dec, seed=0)] == [c.text for c in generate(load(src), items, dec, seed=0)]
+
+
+def test_a_later_job_adds_the_same_draws_as_one_job_of_every_replicate(tiny_models, item, tmp_path):
+    # Replicates 1-2 drawn by a second job (first_replicate = 1) equal replicates 1-2 of one job of 3: the same
+    # seeds, so a candidate's later draws pair with the incumbent calibration's replicates of the same index.
+    items = _write_items(tmp_path / "items.jsonl", _items(item, 3))
+    hot = Decoding(max_new_tokens=6, temperature=1.0)
+    spec = [SuiteSpec(name="s", scorer="loops", items_path=items)]
+    whole = run(EvalJobConfig(checkpoint=tiny_models["llama"], decoding=hot, replicates=3, output_dir=tmp_path / "a",
+                              suites=spec))
+    later = run(EvalJobConfig(checkpoint=tiny_models["llama"], decoding=hot, replicates=2, first_replicate=1,
+                              output_dir=tmp_path / "b", suites=spec))
+    assert [(r.replicate, r.seed) for r in later.suites] == [(1, 1), (2, 2)]
+    texts = [[json.loads(x)["text"] for x in Path(r.completions_path).read_text().splitlines()] for r in whole.suites]
+    assert [[json.loads(x)["text"] for x in Path(r.completions_path).read_text().splitlines()]
+            for r in later.suites] == texts[1:]
+    assert texts[1] != texts[2]  # the draws differ from each other: the comparison above can fail
+    with pytest.raises(ValueError, match="greedy replicates"):
+        EvalJobConfig(checkpoint=tiny_models["llama"], decoding=Decoding(), replicates=2, first_replicate=1,
+                      output_dir=tmp_path / "c", suites=spec)

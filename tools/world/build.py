@@ -49,7 +49,7 @@ from tools.world.tasks import WORLD_FAMILIES, WorldTask, draw, draw_mix, hash_se
 
 Size = Literal["demo", "test"]
 # Bump whenever anything a build writes changes (lab.toml values too): an older cache is then rebuilt.
-WORLD_VERSION = 5
+WORLD_VERSION = 6
 WORLD_DIR = "world"
 MANIFEST = "manifest.json"
 COMMIT = "manifest.sha256"
@@ -318,6 +318,10 @@ BARS = """# Default promotion bars of the toy world (registered before any candi
 # p_family: the comparisons the full playbook makes (agent.planners.playbook.PlaybookSettings().comparisons());
 # a larger family only raises every p bar (Holm counts the untested rest as p = 1).
 p_family = 10
+# The bars without a p-value read each side's mean over 3 served draws (the incumbent's K = 3 calibration; the
+# candidate's replicates 1-2 are drawn before its comparison): one draw against one draw rejects a truly equal
+# candidate at a one-floor guard about one time in five.
+replicates = 3
 
 [[bar]]
 suite = "holdout"
