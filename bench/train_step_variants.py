@@ -16,9 +16,9 @@ supervised). Variants change one thing each:
   match the eager variant's (same weights, same rows) within 2%, and `compile_s` is the first step's extra time;
 - for the `nemotron-h` shape (LoRA on its routed experts too): `...-peft-experts` runs the experts through peft's
   own `ParamWrapper` (a parametrization registered and removed on every call: what the trainer did before
-  `trainers.lora_experts`); `lora-compile-fused-blocks-only` compiles the attention and MoE blocks but not the
-  Mamba mixers' adapted `in_proj` (`compile_decoder_blocks` compiles both); `...-nogc`: Python's garbage
-  collector frozen and off during the steps (is a collection pause part of a host-bound step?).
+  `trainers.lora_experts`); `lora-compile-fused-mamba` also compiles each Mamba mixer's adapted `in_proj` (base
+  matmul, LoRA factors, scale and add) as a region of its own; `...-nogc`: Python's garbage collector frozen and
+  off during the steps (is a collection pause part of a host-bound step?).
 
 Per variant: median step seconds over `--steps` after two warm-up steps, tokens/s, MFU (as
 bench/train_throughput.py counts it, over the bf16 matmul rate measured here), peak GPU memory, the first loss
@@ -58,15 +58,15 @@ from train_throughput import build_model, flops_per_token, matmul_peak  # noqa: 
 from core import tiny  # noqa: E402
 from trainers import loop  # noqa: E402
 from trainers.batch import Encoded  # noqa: E402
-from trainers.common import LoRASettings, compile_decoder_blocks, decoder_blocks, make_trainable  # noqa: E402
+from trainers.common import LoRASettings, compile_decoder_blocks, make_trainable  # noqa: E402
 from trainers.sft import SFTObjective  # noqa: E402
 
 VARIANTS = ["full", "full-fused", "lora", "lora-autocast", "lora-bf16", "full-compile", "lora-compile",
             "full-compile-fused", "lora-compile-fused", "lora-bf16-peft-experts", "lora-compile-fused-peft-experts",
-            "lora-compile-fused-blocks-only", "lora-compile-fused-nogc", "full-compile-fused-nogc"]
+            "lora-compile-fused-mamba", "lora-compile-fused-nogc", "full-compile-fused-nogc"]
 EAGER_OF = {"full-compile": "full", "lora-compile": "lora-bf16", "full-compile-fused": "full",
             "lora-compile-fused": "lora-bf16", "lora-bf16-peft-experts": "lora-bf16",
-            "lora-compile-fused-peft-experts": "lora-bf16", "lora-compile-fused-blocks-only": "lora-bf16",
+            "lora-compile-fused-peft-experts": "lora-bf16", "lora-compile-fused-mamba": "lora-bf16",
             "lora-compile-fused-nogc": "lora-bf16", "full-compile-fused-nogc": "full"}
 PROFILED = ["full", "lora", "full-compile"]
 
@@ -95,11 +95,12 @@ def build(variant: str, model_dir: Path, device: str, dtype: torch.dtype):
         for m in model.modules():  # back to peft's own ParamWrapper.forward (the class's)
             if isinstance(m, ParamWrapper):
                 vars(m).pop("forward", None)
-    if variant.endswith("-blocks-only"):
-        for block in decoder_blocks(model):
-            block.compile()
-    elif "-compile" in variant:
+    if "-compile" in variant:
         compile_decoder_blocks(model)
+    if variant.endswith("-mamba"):
+        for m in model.modules():
+            if type(m).__name__ == "NemotronHMamba2Mixer":
+                m.in_proj.compile()
     trainable = [p for p in model.parameters() if p.requires_grad]
     fused = {"fused": True} if "-fused" in variant else {}
     return model, torch.optim.AdamW(trainable, lr=1e-5, **fused)

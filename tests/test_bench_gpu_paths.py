@@ -127,7 +127,7 @@ def test_compiled_blocks_give_the_eager_loss_and_gradients(llama, lora):
 
 
 def test_blocks_compile_by_default_on_cuda_only(llama, tmp_path):
-    """load_policy's default: compiled on one CUDA process (not for LoRA on a hybrid); never on the CPU (this
+    """load_policy's default: compiled on one CUDA process (LoRA on a hybrid too); never on the CPU (this
     test) and never for a Nemotron-H block that holds a Mamba mixer."""
     from trainers.common import decoder_blocks
 

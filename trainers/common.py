@@ -114,8 +114,8 @@ class TrainConfig(BaseModel):
         1024, gt=0, description="Supervised positions per chunk of the head + loss (bounds float32 logits memory).")
     compile_blocks: bool | None = Field(
         None, description="torch.compile each decoder block in place (fuses the norms, rotary, activation and "
-        "residual passes between the matmuls), and each LoRA layer of a Mamba block; None = on for one-process CUDA "
-        "training. Not applied under FSDP2 or to Mamba mixers.")
+        "residual passes between the matmuls); None = on for one-process CUDA training. Not applied under FSDP2 or "
+        "to Mamba blocks.")
     allow_slow_mamba: bool = Field(
         False, description="On a GPU, train a Mamba/hybrid model even without mamba-ssm and causal-conv1d's kernels "
         "(the `gpu` extra): transformers then falls back to its pure-torch scan, ~15x slower. False = refuse.")
@@ -401,8 +401,8 @@ def load_policy(model_path: Path, dtype: str, lora: LoRASettings | None, seed: i
     `dtype` through the mixed-precision policy, LoRA stores its frozen base in `dtype`. On one process the decoder
     blocks are compiled where `compile_blocks` says so (None: on CUDA). Measured on an H200: the dense 1B step
     (4 x 4096) 304.6 -> 243.9 ms compiled (bench/train_step_variants.py); the Nemotron-H 0.9B LoRA step (2 x 4096; its
-    attention and MoE blocks compiled) 170.0 -> 98.5 ms, below full fine-tuning's 107.8 ms compiled (bench/README.md,
-    hybrid LoRA).
+    attention and MoE blocks compiled, trainers/lora_experts.py) 170.0 -> 98.5 ms, against full fine-tuning's 107.8 ms
+    compiled in the same call (bench/README.md, hybrid LoRA: that step is host-bound, and varies by machine).
     """
     env = distributed.setup()
     config = AutoConfig.from_pretrained(model_path)
@@ -448,51 +448,32 @@ def make_trainable(model: PreTrainedModel, model_path: Path | None, lora: LoRASe
     return model
 
 
-def _block_list(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The model's repeated blocks: its longest `nn.ModuleList` (`model.layers` in transformers' causal LMs, under
-    peft's wrappers too)."""
-    lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList)]
-    return list(max(lists, key=len)) if lists else []
-
-
-def _has_mamba(block: torch.nn.Module) -> bool:
-    return any("Mamba" in type(m).__name__ for m in block.modules())
-
-
 def decoder_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The model's repeated decoder blocks; blocks holding a Mamba mixer are left out (their Triton SSD kernels and
-    the recurrent state are not for the compiler)."""
-    return [b for b in _block_list(model) if not _has_mamba(b)]
-
-
-def mamba_adapters(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The peft LoRA layers inside Mamba blocks (the mixers' adapted `in_proj`): each a region of its own for the
-    compiler, as the mixer around it holds the Triton SSD kernels."""
-    mamba = [b for b in _block_list(model) if _has_mamba(b)]
-    if not mamba:
+    """The model's repeated decoder blocks: its longest `nn.ModuleList` (`model.layers` in transformers' causal
+    LMs, under peft's wrappers too); blocks holding a Mamba mixer are left out (their Triton SSD kernels and the
+    recurrent state are not for the compiler)."""
+    lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList)]
+    if not lists:
         return []
-    from peft.tuners.lora import LoraLayer
-
-    return [m for b in mamba for m in b.modules() if isinstance(m, LoraLayer)]
+    blocks = max(lists, key=len)
+    return [b for b in blocks if not any("Mamba" in type(m).__name__ for m in b.modules())]
 
 
 def compile_decoder_blocks(model: torch.nn.Module, backend: str = "inductor") -> int:
-    """torch.compile each decoder block in place (regional compilation), and each LoRA layer of a Mamba block;
-    returns how many regions were compiled.
+    """torch.compile each decoder block in place (regional compilation); returns how many were compiled.
 
     Between its matmuls a transformer block runs a dozen memory-bound elementwise passes (RMSNorm in float32, rotary,
     SiLU x up, residual adds, their backward): measured on an H200 (bench/train_step_variants.py, 1B Llama, 4 x 4096)
     they took about 40% of an eager step's GPU time, and the launch gaps between them another 10% of the step.
-    Inductor fuses them into a few kernels. A peft LoRA layer runs, eager, a dozen small kernels and casts around its
-    two extra matmuls with the GPU waiting on Python: on the Nemotron-H bench shape, compiling the Mamba mixers'
-    adapted in_proj took the LoRA step from 122.5 to 112.1 ms (bench/README.md, hybrid LoRA; experts then on an
-    unfused low-rank path).
+    Inductor fuses them into a few kernels.
     The blocks share one code object, so one compilation (and one more when shapes vary: dynamic shapes) serves all
-    of them. Parameter names, state dicts and hooks stay as they are (`nn.Module.compile` keeps the module)."""
-    regions = decoder_blocks(model) + mamba_adapters(model)
-    for region in regions:
-        region.compile(backend=backend)
-    return len(regions)
+    of them. Parameter names, state dicts and hooks stay as they are (`nn.Module.compile` keeps the module).
+    The Mamba mixers' LoRA-adapted in_proj is not compiled as a region of its own: on the Nemotron-H bench shape
+    that measured slower in two of three H200 calls (bench/README.md, hybrid LoRA)."""
+    blocks = decoder_blocks(model)
+    for block in blocks:
+        block.compile(backend=backend)
+    return len(blocks)
 
 
 def _make_trainable(model: PreTrainedModel, lora: LoRASettings | None, seed: int,
