@@ -103,14 +103,14 @@ class Summary(_View):
         """The recorded call of `tool` with these arguments (compared in canonical form, defaults filled)."""
         wanted = canonical_args(tool, args)
         for c in self.calls:
-            if c.tool == tool and _recorded(tool, c.args) == wanted:
+            if c.tool == tool and c.args == wanted:
                 return c
         return None
 
     def refused(self, tool: str, args: dict[str, Any]) -> Refused | None:
         """The gate refusal of `tool` with these arguments, if a gate refused it."""
         wanted = canonical_args(tool, args)
-        return next((r for r in self.gate_refusals if r.tool == tool and _recorded(tool, r.args) == wanted), None)
+        return next((r for r in self.gate_refusals if r.tool == tool and r.args == wanted), None)
 
     def checkpoint(self, artifact_id: int) -> Checkpoint | None:
         return next((c for c in self.checkpoints if c.id == artifact_id), None)
@@ -203,7 +203,8 @@ def summarize(nb: Notebook, session: str) -> Summary:
                  f"{' * noise_floor' if b['unit'] == 'noise_floor' else ''}" for b in record.spec["bars"]]
         bars = {"id": record.id, "sha256": record.sha256, "rules": rules, "p_family": record.spec.get("p_family"),
                 "replicates": record.spec.get("replicates", 1)}
-    calls = [Call(id=c.id, tool=c.tool, args=c.args, status=c.status, summary=(c.result or {}).get("summary", ""),
+    calls = [Call(id=c.id, tool=c.tool, args=_recorded(c.tool, c.args), status=c.status,
+                  summary=(c.result or {}).get("summary", ""),
                   data=(c.result or {}).get("data", {})) for c in nb.tool_calls(session) if c.tool not in HIDDEN_TOOLS]
     checkpoints = _checkpoints(nb, session)
     floors, calibrated = {}, set()
@@ -222,8 +223,8 @@ def summarize(nb: Notebook, session: str) -> Summary:
     refused = [d for d in nb.decisions(session, kind="refuse")
                if d.payload.get("tool") not in HIDDEN_TOOLS and d.payload.get("kind") != TRUTH_JOB_KIND]
     refusals = [d.rationale for d in refused][-5:]
-    gate_refusals = [Refused(tool=d.payload.tool, args=d.payload.args, reason=d.payload.reason) for d in refused
-                     if isinstance(d.payload, GateRefusal)]
+    gate_refusals = [Refused(tool=d.payload.tool, args=_recorded(d.payload.tool, d.payload.args),
+                             reason=d.payload.reason) for d in refused if isinstance(d.payload, GateRefusal)]
     failures = [f"{j.kind} {j.key[:12]} attempt {j.attempt}: {j.failure_class}" for j in nb.jobs(session=session)
                 if j.state == "failed" and j.kind != TRUTH_JOB_KIND]
     nominations = nb.decisions(session, kind="nominate")

@@ -24,10 +24,11 @@ Holm-adjusted), `ci_low` / `ci_high` (percentile bootstrap bounds at
 `replicates` (default 1: each side's first look alone) pre-registers how many served draws every bar other
 than a p bar reads: each side's per-item values are averaged over its replicates 0 .. n-1 at its decoding (the
 first eval of each replicate index; the incumbent's come from its calibration, the candidate's replicate k
-samples with the same seed k). A single draw of a sampled eval against a single draw of the incumbent's
-differs by about 1.25 noise floors (one floor is the mean |difference| of two draws) when nothing changed, so
-a one-floor guard read on single looks rejects a truly equal candidate about one time in five; on the mean of
-3 draws a side, about one in twelve, and a real loss of more than a floor is caught more often, not less. The
+samples with the same seed k). By a normal approximation (an estimate, not a measurement): when nothing
+changed, a single draw against a single draw of the incumbent's differs with a spread of about 1.25 noise
+floors (one floor is the mean |difference| of two draws), so a one-floor guard read on single looks rejects a
+truly equal candidate about one time in five; on the mean of 3 draws a side, about one in twelve, and a real
+loss of more than a floor is caught more often, not less. The
 floor itself (the bar's unit) is unchanged: the guard still bounds the metric's true difference by one floor.
 Under greedy decoding a look is exact and only replicate 0 is read. p bars always read replicate 0: their
 test is over items, and mcnemar needs the 0/1 values of one draw.

@@ -46,7 +46,7 @@ from evals import stats
 from evals.bars import Bar, Bars
 from evals.decoding import Decoding
 from evals.judgment import Refusal, close_tool_call
-from evals.records import item_values, started_at
+from evals.records import item_values, served_draws, started_at
 from memory.notebook import BarsRecord, EvalRecord, NoiseFloor, Notebook, ToolCall
 from memory.records import CompareRefusal
 
@@ -139,10 +139,7 @@ def _mean_values(nb: Notebook, session: str, first: EvalRecord, bar: Bar, draws:
     0 .. draws-1 at the same decoding (the first eval of each index); one look under greedy decoding."""
     if draws == 1 or Decoding.model_validate(first.decoding).greedy:
         return item_values(first, bar.metric)
-    found: dict[int, EvalRecord] = {}
-    for e in nb.evals(artifact_id=first.artifact_id, suite=bar.suite, session=session):
-        if e.served and e.decoding_sha256 == first.decoding_sha256:
-            found.setdefault(e.replicate, e)
+    found = served_draws(nb, session, first.artifact_id, bar.suite, first.decoding_sha256)
     missing = [k for k in range(draws) if k not in found]
     if missing:
         raise _Refused(f"suite {bar.suite}: the bars read the mean of {draws} served draws a side, and artifact "

@@ -97,6 +97,17 @@ def item_values(ev: EvalRecord, metric: str) -> dict[str, float]:
     return {o.item_id: o.values[metric] for o in outcomes(ev) if metric in o.values}
 
 
+def served_draws(nb: Notebook, session: str, artifact_id: int, suite: str,
+                 decoding_sha256: str) -> dict[int, EvalRecord]:
+    """replicate k -> the artifact's FIRST served eval of `suite` at that decoding with replicate index k (the look
+    that counts for that draw; a later re-run of the same index is never read)."""
+    out: dict[int, EvalRecord] = {}
+    for e in nb.evals(artifact_id=artifact_id, suite=suite, session=session):
+        if e.served and e.decoding_sha256 == decoding_sha256:
+            out.setdefault(e.replicate, e)
+    return out
+
+
 def started_at(nb: Notebook, ev: EvalRecord) -> str:
     """When the eval began: its job's submission time when known, else when it was recorded.
 

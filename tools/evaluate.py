@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from evals.decoding import Decoding
 from evals.job import EvalJobConfig, SuiteSpec
 from evals.job import run as run_eval
-from evals.records import record_result
+from evals.records import record_result, served_draws
 from memory.notebook import EvalRecord
 from tools.context import ToolContext, ToolOutcome, content_name, invoke, record_once, served_of
 from tools.ingest import holdout_items
@@ -128,20 +128,11 @@ def metrics_line(evals: list[EvalRecord]) -> str:
     return ", ".join(parts)
 
 
-def served_draws(ctx: ToolContext, artifact_id: int, suite: str, decoding: Decoding) -> dict[int, EvalRecord]:
-    """replicate k -> the artifact's first served eval of `suite` at `decoding` with that replicate index."""
-    out: dict[int, EvalRecord] = {}
-    for e in ctx.nb.evals(artifact_id=artifact_id, suite=suite, session=ctx.session):
-        if e.served and e.decoding_sha256 == decoding.fingerprint():
-            out.setdefault(e.replicate, e)
-    return out
-
-
 def leading_replicates(ctx: ToolContext, artifact_id: int, names: list[str], decoding: Decoding) -> int:
     """How many replicates 0 .. n-1 every suite of `names` already has (the first one missing starts the job)."""
     counts = []
     for suite in names:
-        have, n = served_draws(ctx, artifact_id, suite, decoding), 0
+        have, n = served_draws(ctx.nb, ctx.session, artifact_id, suite, decoding.fingerprint()), 0
         while n in have:
             n += 1
         counts.append(n)
@@ -162,8 +153,8 @@ def replicate_means(evals: list[EvalRecord]) -> str:
 
 def _enough(ctx: ToolContext, args: Args, names: list[str], decoding: Decoding) -> ToolOutcome:
     """The served draws asked for are all recorded already (or greedy decoding, where one look is exact)."""
-    evals = [e for suite in names for k, e in sorted(served_draws(ctx, args.artifact, suite, decoding).items())
-             if k < (1 if decoding.greedy else args.replicates)]
+    draws = [served_draws(ctx.nb, ctx.session, args.artifact, suite, decoding.fingerprint()) for suite in names]
+    evals = [e for have in draws for k, e in sorted(have.items()) if k < (1 if decoding.greedy else args.replicates)]
     why = "greedy decoding: one look is exact" if decoding.greedy else f"replicates 0-{args.replicates - 1} recorded"
     summary = f"{ctx.nb.artifact(args.artifact).name}: {why}, nothing to run"
     data = {"artifact_id": args.artifact, "eval_ids": [e.id for e in evals]}

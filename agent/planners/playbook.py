@@ -41,7 +41,7 @@ full protocol's).
 When the bars pre-register `replicates = n` (the toy world's: 3), their guards without a p-value read each
 side's mean over n served draws, so a finalist draws its replicates 1 .. n-1 on those suites before its comparison
 (the incumbent's come from its K >= n calibration): one sampled draw against one rejects a truly equal candidate
-at a one-floor guard about one time in five. With `fallbacks`, a stage whose finalist the bars rejected judges its
+at a one-floor guard about one time in five (a normal approximation). With `fallbacks`, a stage whose finalist the bars rejected judges its
 next screened candidate (one above the incumbent), while the p-value family allows; `comparisons()` counts them.
 
 A step a gate refused (the budget, most often) is never proposed again: the protocol moves on to

@@ -92,9 +92,17 @@ def test_the_family_counts_the_fallbacks():
     assert CFG.model_copy(update={"fallbacks": 5}).comparisons() == 2  # never more than the stage's candidates
 
 
-def test_a_call_recorded_before_an_argument_existed_is_still_found():
-    old = Call(id=5, tool="evaluate", args={"artifact": 3, "suites": CHEAP, "diagnostic": False}, status="done",
-               summary="", data={})
-    s = _session().model_copy(update={"calls": [old]})
-    assert s.call("evaluate", {"artifact": 3, "suites": CHEAP}) is old
+def test_a_call_recorded_before_an_argument_existed_is_still_found(tmp_path):
+    # An evaluate recorded before `replicates` existed, read back from a real notebook by the summary.
+    from agent.summary import summarize
+    from memory.notebook import Notebook
+
+    old = {"artifact": 3, "suites": CHEAP, "diagnostic": False}
+    with Notebook.open(tmp_path / "notebook.db") as nb:
+        nb.open_session("s", lab=str(tmp_path), budget_gpuh=10, reserve_gpuh=1, planner="playbook", executor="local",
+                        config={})
+        call = nb.record_tool_call("s", "evaluate", old)
+        nb.finish_tool_call(call.id, "done", {"summary": "", "data": {}})
+        s = summarize(nb, "s")
+    assert s.call("evaluate", {"artifact": 3, "suites": CHEAP}).id == call.id
     assert s.call("evaluate", REPLICATES) is None
