@@ -10,7 +10,7 @@
 # land in /tmp/r and come back as $OUT/results.tgz (the tool returns at most 8 files); the end of each part's log is
 # printed. Parts: gen-b128 gen-b64 gen-b128-sampled gen-b64-sampled gen-b128-dynamic gen-nemotron train-dense train-lora train-hybrid
 # train-dpo train-dense-all train-hybrid-compiled train-hybrid-auto gen-b256 variants variants-compile variants-hybrid
-# decode decode-triton memory merge packing. The hybrid parts need the mamba-ssm wheel carried too:
+# decode decode-triton memory merge packing gpu-tests variants-graphs train-hybrid-b2 train-hybrid-b4. The hybrid parts need the mamba-ssm wheel carried too:
 #     carry=["bench/.wheels/h6", "bench/.wheels/h8/mamba_ssm-2.3.2.post1-py3-none-any.whl"]
 set -u
 BUDGET=$1; shift
@@ -52,12 +52,17 @@ declare -A CMD=(
   [packing]="python3 bench/mamba_kernels.py --parts packing --out $R/mamba_kernels-packing.json"
   [memory]="python3 -m torch.distributed.run --standalone --nproc-per-node 1 bench/train_memory.py --out $R/train_memory-h200.json"
   [merge]="python3 bench/merge_throughput.py --size-gb 4 --shard-gb 1 --repeats 4 --profile --results $R/merge_throughput-h200.json"
+  [gpu-tests]="env PYTHONPATH=/tmp/site:. python3 -m pytest -q -p no:cacheprovider --confcutdir=tests/trainers tests/trainers/test_step_graphs.py"
+  [variants-graphs]="python3 bench/train_step_variants.py --device cuda --shape nemotron-h --batch 2 --steps 8 --variants full-compile-fused-nographs full-compile-fused lora-compile-fused-nographs lora-compile-fused --profile lora-compile-fused --out $R/train_step_variants-nemotron-h-graphs.json"
+  [train-hybrid-b2]="$T --shape nemotron-h --batch 2 --steps 8 --kinds sft-full sft-lora --out $R/train_throughput-nemotron-h-b2.json"
+  [train-hybrid-b4]="$T --shape nemotron-h --batch 4 --steps 8 --kinds sft-full sft-lora --out $R/train_throughput-nemotron-h-b4.json"
   [gen-b64-sampled]="$G --model llama-1b --batch-size 64 --static-cache --sampled --baseline-prompts 1 --out $R/gen-llama-b64-sampled.json"
 )
 declare -A LIMIT=([gen-b128]=110 [gen-b64]=70 [gen-b128-sampled]=70 [gen-b128-dynamic]=90 [gen-nemotron]=100
                   [train-dense]=240 [train-lora]=120 [train-dpo]=90 [gen-b256]=80 [decode]=120 [train-hybrid]=150 [variants]=90 [memory]=170 [merge]=170 [gen-b64-sampled]=70
                   [variants-compile]=210 [decode-triton]=90 [packing]=200
-                  [train-dense-all]=270 [train-hybrid-compiled]=170 [train-hybrid-auto]=200 [variants-hybrid]=330)
+                  [train-dense-all]=270 [train-hybrid-compiled]=170 [train-hybrid-auto]=200 [variants-hybrid]=330
+                  [gpu-tests]=120 [variants-graphs]=330 [train-hybrid-b2]=260 [train-hybrid-b4]=280)
 for part in "$@"; do
   left=$(( BUDGET - ($(date +%s) - START) ))
   limit=${LIMIT[$part]}; (( limit > left )) && limit=$left

@@ -18,7 +18,11 @@ supervised). Variants change one thing each:
   own `ParamWrapper` (a parametrization registered and removed on every call: what the trainer did before
   `trainers.lora_experts`); `lora-compile-fused-mamba` also compiles each Mamba mixer's adapted `in_proj` (base
   matmul, LoRA factors, scale and add) as a region of its own; `...-nogc`: Python's garbage collector frozen and
-  off during the steps (is a collection pause part of a host-bound step?).
+  off during the steps (is a collection pause part of a host-bound step?). The `-compile` variants also replay the
+  Mamba mixers from CUDA graphs, as the trainer does (`trainers.common.graph_mamba_mixers`), except
+  `...-nographs` (the trainer before) and `-mamba`; a graphed variant's every loss must equal its `-nographs`
+  twin's within 0.2% (`max_loss_gap_to_twin`), and `compiler.mamba_graphs` counts the mixers' eager calls,
+  captures and replays.
 
 Per variant: median step seconds over `--steps` after two warm-up steps, tokens/s, MFU (as
 bench/train_throughput.py counts it, over the bf16 matmul rate measured here), peak GPU memory, the first loss
@@ -44,6 +48,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import Counter
 from contextlib import nullcontext
 from datetime import UTC, datetime
 from pathlib import Path
@@ -56,18 +61,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from train_throughput import build_model, flops_per_token, matmul_peak  # noqa: E402
 
 from core import tiny  # noqa: E402
-from trainers import loop  # noqa: E402
+from trainers import loop, mamba_kernels  # noqa: E402
 from trainers.batch import Encoded  # noqa: E402
-from trainers.common import LoRASettings, compile_decoder_blocks, make_trainable  # noqa: E402
+from trainers.common import LoRASettings, compile_decoder_blocks, graph_mamba_mixers, make_trainable  # noqa: E402
 from trainers.sft import SFTObjective  # noqa: E402
 
 VARIANTS = ["full", "full-fused", "lora", "lora-autocast", "lora-bf16", "full-compile", "lora-compile",
             "full-compile-fused", "lora-compile-fused", "lora-bf16-peft-experts", "lora-compile-fused-peft-experts",
-            "lora-compile-fused-mamba", "lora-compile-fused-nogc", "full-compile-fused-nogc"]
+            "lora-compile-fused-mamba", "lora-compile-fused-nogc", "full-compile-fused-nogc",
+            "full-compile-fused-nographs", "lora-compile-fused-nographs"]
 EAGER_OF = {"full-compile": "full", "lora-compile": "lora-bf16", "full-compile-fused": "full",
             "lora-compile-fused": "lora-bf16", "lora-bf16-peft-experts": "lora-bf16",
             "lora-compile-fused-peft-experts": "lora-bf16", "lora-compile-fused-mamba": "lora-bf16",
-            "lora-compile-fused-nogc": "lora-bf16", "full-compile-fused-nogc": "full"}
+            "lora-compile-fused-nogc": "lora-bf16", "full-compile-fused-nogc": "full",
+            "full-compile-fused-nographs": "full", "lora-compile-fused-nographs": "lora-bf16"}
+# Variants whose every step's loss must equal their twin's (same weights, rows and updates; only the CUDA graphs
+# over the Mamba mixers differ), within bf16 noise.
+GRAPHS_TWIN = {"full-compile-fused": "full-compile-fused-nographs", "lora-compile-fused": "lora-compile-fused-nographs"}
 PROFILED = ["full", "lora", "full-compile"]
 
 
@@ -97,6 +107,8 @@ def build(variant: str, model_dir: Path, device: str, dtype: torch.dtype):
                 vars(m).pop("forward", None)
     if "-compile" in variant:
         compile_decoder_blocks(model)
+        if not variant.endswith(("-nographs", "-mamba")):  # as make_trainable does with compile_blocks
+            graph_mamba_mixers(model)
     if variant.endswith("-mamba"):
         for m in model.modules():
             if type(m).__name__ == "NemotronHMamba2Mixer":
@@ -145,7 +157,8 @@ def measure(variant: str, model_dir: Path, args, objective, fpt: float, peak: fl
         sync(args.device)
         (times if i >= 2 else first).append(time.perf_counter() - t0)
     compiler = {"graph_breaks": sum(counters["graph_break"].values()),
-                "unique_graphs": counters["stats"]["unique_graphs"]}
+                "unique_graphs": counters["stats"]["unique_graphs"],
+                "mamba_graphs": dict(sum((r.counts for r in mamba_kernels.graph_regions(model)), Counter()))}
     table = profile(model, optimizer, objective, args, autocast) if variant in args.profile else None
     gc.enable()
     gc.unfreeze()
@@ -180,6 +193,19 @@ def profile(model, optimizer, objective, args, autocast: bool) -> str:
             + "\n" + events.table(sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=60))
 
 
+def check_twin(r: dict, results: list[dict]) -> None:
+    """Stops the bench when a graphed variant's losses, step by step, leave its ungraphed twin's (either order)."""
+    pairs = {**GRAPHS_TWIN, **{v: k for k, v in GRAPHS_TWIN.items()}}
+    twin = next((e for e in results if e["variant"] == pairs.get(r["variant"])), None)
+    if twin is None:
+        return
+    worst = max(abs(a - b) / abs(b) for a, b in zip(r["losses"], twin["losses"], strict=True))
+    r["max_loss_gap_to_twin"] = worst
+    if worst > 2e-3:
+        raise SystemExit(f"{r['variant']}: losses {r['losses']} leave {twin['variant']}'s {twin['losses']} "
+                         f"(relative gap {worst:.2e}; same weights, rows and updates)")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cuda", choices=["cpu", "cuda"])
@@ -211,6 +237,7 @@ def main() -> None:
             if eager is not None and abs(r["losses"][0] - eager["losses"][0]) > 0.02 * abs(eager["losses"][0]):
                 raise SystemExit(f"{variant}: first loss {r['losses'][0]} differs from {eager['variant']}'s "
                                  f"{eager['losses'][0]} (same weights and rows)")
+            check_twin(r, results)
             results.append(r)
             print(f"{variant:14} {r['median_step_s'] * 1e3:8.1f} ms  {r['tokens_per_s']:9.0f} tok/s  "
                   f"MFU {r['mfu'] or 0:.1%}  peak {r['peak_gb'] or 0:.1f} GB  first step +{r['compile_s']:.1f} s",

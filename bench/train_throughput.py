@@ -40,6 +40,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections import Counter
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from functools import partial
@@ -168,14 +169,14 @@ def project_run(kind: str, model_dir: Path, data: Path, out: Path, args, dtype: 
         config = SFTConfig(**common, lora=LoRASettings(r=LORA_RANK, alpha=2 * LORA_RANK) if kind == "sft-lora" else None)
     _fresh_gpu()
     start = time.perf_counter()
-    with timed_reference_pass() as reference:
+    with timed_reference_pass() as reference, graphed_mixers() as graphed:
         train(config)
     wall = time.perf_counter() - start
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     step_s = [(r["tokens"] - (lines[i - 1]["tokens"] if i else 0)) / r["tokens_per_s"] for i, r in enumerate(lines)]
     result = {"losses": [r["loss"] for r in lines], "step_tokens_per_s": [r["tokens_per_s"] for r in lines],
               "peak_gb": torch.cuda.max_memory_allocated() / 1e9 if torch.cuda.is_available() else None,
-              "wall_s": wall, "steps_s": sum(step_s),
+              "wall_s": wall, "steps_s": sum(step_s), "mamba_graphs": dict(sum(graphed, Counter())),
               "wall_includes": "model load, data encoding, DPO reference pass, steps, final save"}
     if kind == "dpo":
         # TRL's DPOTrainer runs the reference forward inside every step; the project runs it once before training
@@ -209,6 +210,26 @@ def timed_reference_pass():
         yield record
     finally:
         dpo.reference_logprobs = own
+
+
+@contextmanager
+def graphed_mixers():
+    """Yields the trainer's CUDA-graphed Mamba mixers' call counts (eager / capture / replay; empty where nothing
+    is graphed) by watching `trainers.common.graph_mamba_mixers` while a run uses it; the function runs unchanged."""
+    from trainers import common, mamba_kernels
+
+    own, counts = common.graph_mamba_mixers, []
+
+    def watched(model):
+        n = own(model)
+        counts.extend(r.counts for r in mamba_kernels.graph_regions(model))
+        return n
+
+    common.graph_mamba_mixers = watched
+    try:
+        yield counts
+    finally:
+        common.graph_mamba_mixers = own
 
 
 def trl_run(kind: str, model_dir: Path, data: Path, out: Path, args, step_tokens: float,

@@ -18,7 +18,9 @@ batch x chunks x chunk^2 x heads, and no per-sequence boundaries (so no packing)
   out_proj. With a cache (generation) the mixer's own forward runs.
 - `use_triton_ssd(model)`: binds that forward on each Nemotron-H Mamba-2 mixer of a CUDA model (the instance
   attribute shadows the class's forward; modules, parameters and state-dict names stay as they were, so peft
-  LoRA on in_proj/out_proj and checkpoints are unaffected).
+  LoRA on in_proj/out_proj and checkpoints are unaffected). With `graphed=True` (the trainers' one-GPU path,
+  `trainers.common.graph_mamba_mixers`) each mixer's no-cache forward and backward are replayed from CUDA graphs
+  where its calls repeat (`trainers.step_graphs`): the Triton kernels' Python launches made the step host-bound.
 
 Packed rows reach the mixers as the model keyword `seq_idx` (int32 [batch, seq], the row index of each token):
 transformers passes extra keywords down to the Mamba mixers, and its torch fallback raises on `seq_idx` rather
@@ -36,6 +38,8 @@ from types import MethodType, ModuleType
 
 import torch
 import torch.nn.functional as F
+
+from trainers.step_graphs import GraphedRegion
 
 SSD_MODULE = "mamba_ssm.ops.triton.ssd_combined"
 NORM_MODULE = "mamba_ssm.ops.triton.layernorm_gated"
@@ -74,18 +78,45 @@ def _mixer_class() -> type:
     return NemotronHMamba2Mixer
 
 
-def _bind(model: torch.nn.Module, scan: Callable, gated_norm: Callable) -> int:
+def _bind(model: torch.nn.Module, scan: Callable, gated_norm: Callable, graphed: bool = False) -> int:
     mixers = [m for m in model.modules() if isinstance(m, _mixer_class())]
     for mixer in mixers:
-        forward = functools.partial(mixer_forward, own=type(mixer).forward, scan=scan, gated_norm=gated_norm)
+        region = None
+        if graphed:
+            core = functools.partial(_mixer_core, mixer, scan=scan, gated_norm=gated_norm)
+            region = GraphedRegion(core, mixer.parameters, functools.partial(_mixer_state, mixer))
+        forward = functools.partial(mixer_forward, own=type(mixer).forward, scan=scan, gated_norm=gated_norm,
+                                    region=region)
         mixer.forward = MethodType(forward, mixer)
     return len(mixers)
 
 
-def use_triton_ssd(model: torch.nn.Module) -> int:
-    """Binds `mixer_forward` on mamba-ssm's Triton kernels to every Nemotron-H Mamba-2 mixer; returns how many."""
+def use_triton_ssd(model: torch.nn.Module, graphed: bool = False) -> int:
+    """Binds `mixer_forward` on mamba-ssm's Triton kernels to every Nemotron-H Mamba-2 mixer; returns how many.
+    `graphed`: each mixer's training forward and backward replayed from CUDA graphs (`trainers.step_graphs`)."""
     ssd, norm = load_ssd()
-    return _bind(model, ssd.mamba_chunk_scan_combined, norm.rmsnorm_fn)
+    return _bind(model, ssd.mamba_chunk_scan_combined, norm.rmsnorm_fn, graphed)
+
+
+def graph_regions(model: torch.nn.Module) -> list[GraphedRegion]:
+    """The CUDA-graphed regions of the model's mixers (empty where `use_triton_ssd(graphed=True)` did not bind)."""
+    regions = []
+    for mixer in model.modules():
+        forward = vars(mixer).get("forward") if isinstance(mixer, _mixer_class()) else None
+        region = forward.__func__.keywords.get("region") if forward is not None else None
+        if region is not None:
+            regions.append(region)
+    return regions
+
+
+def _mixer_state(mixer) -> tuple:
+    """What a captured mixer graph freezes besides shapes and weights: training mode (dropout) and each peft
+    adapter layer's enabled/merged/active state (its forward branches on them)."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    adapters = tuple((m.disable_adapters, m.merged, tuple(m.active_adapters)) for m in mixer.modules()
+                     if isinstance(m, BaseTunerLayer))
+    return mixer.training, adapters
 
 
 def use_reference_ssd(model: torch.nn.Module) -> int:
@@ -98,6 +129,15 @@ def keeps_rows_apart(model: torch.nn.Module) -> bool:
     """True when every Mamba mixer of the model runs `mixer_forward` (so packed rows get per-row state)."""
     mixers = [m for m in model.modules() if isinstance(m, _mixer_class())]
     return all("forward" in vars(m) for m in mixers)
+
+
+def on_triton(model: torch.nn.Module) -> bool:
+    """True when the model has Mamba mixers and each runs `mixer_forward` on mamba-ssm's Triton kernels."""
+    mixers = [m for m in model.modules() if isinstance(m, _mixer_class())]
+    if not mixers or not all("forward" in vars(m) for m in mixers) or missing():
+        return False
+    scan = load_ssd()[0].mamba_chunk_scan_combined
+    return all(vars(m)["forward"].__func__.keywords["scan"] is scan for m in mixers)
 
 
 def causal_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -120,15 +160,25 @@ def causal_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 
 
 def mixer_forward(mixer, hidden_states: torch.Tensor, cache=None, attention_mask: torch.Tensor | None = None, *,
-                  own: Callable, scan: Callable, gated_norm: Callable, **kwargs) -> torch.Tensor:
+                  own: Callable, scan: Callable, gated_norm: Callable, region: GraphedRegion | None = None,
+                  **kwargs) -> torch.Tensor:
     """NemotronHMamba2Mixer.forward with `scan` (mamba_chunk_scan_combined's signature) and `gated_norm`
-    (rmsnorm_fn's); `own`, the class's forward, runs whenever there is a cache (generation)."""
+    (rmsnorm_fn's); `own`, the class's forward, runs whenever there is a cache (generation). With `region`, the
+    no-cache path runs through it (CUDA graphs where calls repeat)."""
     if cache is not None or kwargs.get("cache_params") is not None:  # transformers < 5.24 names it cache_params
         cached = {} if cache is None else {"cache": cache}
         return own(mixer, hidden_states, attention_mask=attention_mask, **cached, **kwargs)
     seq_idx = kwargs.get("seq_idx")
     if seq_idx is not None:
         seq_idx = seq_idx.to(device=hidden_states.device, dtype=torch.int32)
+    if region is not None:
+        return region(hidden_states, attention_mask, seq_idx)
+    return _mixer_core(mixer, hidden_states, attention_mask, seq_idx, scan=scan, gated_norm=gated_norm)
+
+
+def _mixer_core(mixer, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None,
+                seq_idx: torch.Tensor | None, *, scan: Callable, gated_norm: Callable) -> torch.Tensor:
+    """The mixer without a cache: in_proj, convolution, scan, gated norm, out_proj."""
     b, t, _ = hidden_states.shape
     heads, head_dim, groups, state = mixer.num_heads, mixer.head_dim, mixer.n_groups, mixer.ssm_state_size
     projected = mixer.in_proj(_masked(hidden_states, attention_mask))
