@@ -18,7 +18,7 @@ judged pairwise by the noise-free oracle.
 
 Four policies are applied to the same session's candidates (no extra training):
 
-- playbook: the session's own promotions and nominee, read from the notebook; `agent.replay` re-derives the
+- playbook: the session's own promotions and nominee (the parent when it nominated nothing), read from the notebook; `agent.replay` re-derives the
   session's decisions from the recorded evals and must reproduce them (`replay_reproduced`);
 - greedy: walk the trained and merged candidates in the order the session made them and promote whenever the
   dev-holdout win score at greedy decoding beats the incumbent's (no noise floor, no bars). The session
@@ -137,7 +137,9 @@ def session_facts(nb: Notebook, lab: Path) -> dict[str, Any]:
     nominations = nb.decisions(SESSION, kind="nominate")
     parent = parent_of(nb, SESSION)
     return {"parent": parent, "candidates": cands, "promotions": promotions,
-            "nominee": nominations[-1].payload.get("artifact_id") if nominations else (promotions or [(0, parent)])[-1][1],
+            # a session that nominated nothing (every bundle refused, or it failed) ships nothing: the parent stays
+            "nominee": nominations[-1].payload.get("artifact_id") if nominations else parent,
+            "nominated": bool(nominations),
             "spent_gpuh": nb.ledger(SESSION).spent_gpuh, "making_gpuh": _making_gpuh(nb),
             "parent_reference_gpuh": _parent_reference_gpuh(nb), "status": nb.session(SESSION).status,
             "budget_gpuh": nb.session(SESSION).budget_gpuh}

@@ -29,13 +29,24 @@ Checks, each reported with what was expected:
   revision;
 - decision_hash: with a notebook, the evidence's last decision is in its chain;
 - reload: loaded as a server loads it (AutoTokenizer; AutoModelForCausalLM, or base + PeftModel;
-  the generation config from its file), it answers `PROMPTS` at the served decoding, and every
-  answer stops on a stop id, is non-empty and has no U+FFFD.
+  the generation config from its file), it answers `PROMPTS` at the served decoding; every answer is
+  non-empty and has no U+FFFD, and the answers stop on a stop id as often as the nominee was measured
+  to stop (below).
+
+How many unstopped answers the reload may show. Without a notebook, or with no measured stop rate,
+none. With the notebook, the nominee's served evals at the bundle's decoding that scored `stopped`
+(a `length_stop` suite; every replicate pooled) give its measured miss rate q, smoothed to
+(misses + 1) / (answers + 2) so that a clean measurement still allows a little; the reload fails
+when its misses are that unlikely, P(X >= misses | len(PROMPTS), q) < `STOP_ALPHA`. So a server
+that never stops (wrong stop ids: 5 misses of 5) fails for any nominee measured to stop more than
+6 times in 10 (the bars judge the rate itself), a model measured to stop always fails on two misses, and a sampled model measured to run out of tokens one time in
+ten is not refused on one unlucky draw, which would be a verdict no bar made.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Literal
@@ -71,6 +82,8 @@ PROMPTS = [
     "Say hello in one short sentence.",
     "Give the answer as JSON: what is 3 times 4?",
 ]
+# The reload's unstopped answers fail it when the nominee's measured stop rate makes that many this unlikely.
+STOP_ALPHA = 0.01
 # Library errors a broken bundle can raise while it is loaded or run: each is a failed check, reported.
 LOAD_ERRORS = (OSError, ValueError, RuntimeError, KeyError, TypeError, jinja2.TemplateError, SafetensorError,
                NotebookError)
@@ -80,7 +93,8 @@ class CheckResult(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     name: str = Field(description="Check name.")
     status: Literal["passed", "failed", "skipped"] = Field(description="Outcome.")
-    messages: list[str] = Field(description="Each failure with what was expected (or why it was skipped).")
+    messages: list[str] = Field(
+        description="Each failure with what was expected (or why it was skipped, or what a pass tolerated).")
 
 
 class Answer(BaseModel):
@@ -344,16 +358,65 @@ def reload_answers(b: _Bundle) -> list[Answer]:
     return answers
 
 
-def answer_problems(answers: list[Answer], max_new_tokens: int) -> list[str]:
+class MeasuredStops(BaseModel):
+    """How often the nominee stopped in its served evaluations at the bundle's decoding."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    answers: int = Field(description="Answers scored for `stopped`, every replicate of every such suite pooled.")
+    stopped: int = Field(description="Of them, those that ended on a stop id.")
+    suites: list[str] = Field(description="The suites they came from.")
+
+
+def measured_stops(b: _Bundle, notebook_path: Path) -> MeasuredStops | None:
+    """The nominee's measured stops at the bundle's decoding, from the notebook; None if none were scored."""
+    evidence = TrainingEvidence.model_validate_json((b.path / "training_evidence.json").read_text(encoding="utf-8"))
+    with Notebook.open(notebook_path, readonly=True) as nb:
+        evals = [e for e in nb.evals(artifact_id=evidence.nominee, session=evidence.session)
+                 if e.served and e.decoding_sha256 == b.serving.decoding_sha256
+                 and isinstance(e.metrics.get("stopped"), (int, float)) and e.items]
+    if not evals:
+        return None
+    return MeasuredStops(answers=sum(len(e.items) for e in evals),
+                         stopped=sum(round(e.metrics["stopped"] * len(e.items)) for e in evals),
+                         suites=sorted({e.suite for e in evals}))
+
+
+def _tail(n: int, k: int, q: float) -> float:
+    """P(X >= k) for X ~ Binomial(n, q)."""
+    return sum(math.comb(n, i) * q**i * (1 - q) ** (n - i) for i in range(k, n + 1))
+
+
+def stop_verdict(answers: list[Answer], max_new_tokens: int, measured: MeasuredStops | None) -> tuple[bool, str]:
+    """Whether the reload's unstopped answers are more than the nominee's measured stop rate explains, and why."""
+    missed = [a.prompt for a in answers if not a.stopped]
+    if not missed:
+        return True, ""
+    what = (f"{len(missed)} of {len(answers)} answers did not end on a stop id within {max_new_tokens} tokens "
+            f"({', '.join(repr(p) for p in missed)})")
+    if measured is None:
+        return False, f"{what}; expected every answer to stop (no measured stop rate for this decoding)"
+    q = (measured.answers - measured.stopped + 1) / (measured.answers + 2)
+    p = _tail(len(answers), len(missed), q)
+    rate = (f"the nominee stopped in {measured.stopped} of {measured.answers} measured answers "
+            f"({', '.join(measured.suites)}), so this many misses has probability {p:.3g}")
+    if p < STOP_ALPHA:
+        return False, f"{what}; {rate} < {STOP_ALPHA}: the bundle does not stop as the nominee was measured to"
+    return True, f"{what}: tolerated, {rate} >= {STOP_ALPHA}"
+
+
+def answer_problems(answers: list[Answer], max_new_tokens: int,
+                    measured: MeasuredStops | None = None) -> tuple[list[str], list[str]]:
+    """The reload's failures, and what it tolerated (unstopped answers its measured stop rate explains)."""
     problems = []
     for a in answers:
-        if not a.stopped:
-            problems.append(f"answer to {a.prompt!r} did not end on a stop id within {max_new_tokens} tokens")
         if not a.text.strip():
             problems.append(f"answer to {a.prompt!r} is empty; expected text before the stop id")
         if "\ufffd" in a.text:
             problems.append(f"answer to {a.prompt!r} contains U+FFFD (broken byte decoding): {a.text!r}")
-    return problems
+    ok, why = stop_verdict(answers, max_new_tokens, measured)
+    if not ok:
+        problems.insert(0, why)
+    return problems, [why] if ok and why else []
 
 
 # ---- running ---------------------------------------------------------------------------------------
@@ -437,12 +500,15 @@ def check_bundle(path: str | Path, notebook_path: str | Path | None = None) -> B
     if blocked:
         results.append(_skipped("reload", f"not attempted: {', '.join(blocked)} failed"))
     else:
+        tolerated: list[str] = []
         try:
+            measured = None if notebook_path is None else measured_stops(b, Path(notebook_path))
             answers = reload_answers(b)
-            problems = answer_problems(answers, b.serving.decoding.max_new_tokens)
+            problems, tolerated = answer_problems(answers, b.serving.decoding.max_new_tokens, measured)
         except LOAD_ERRORS as err:
             problems = [f"the bundle does not load and generate as a server would: {type(err).__name__}: {err}"]
-        results.append(CheckResult(name="reload", status="failed" if problems else "passed", messages=problems))
+        results.append(CheckResult(name="reload", status="failed" if problems else "passed",
+                                   messages=problems or tolerated))
     return BundleReport(bundle=str(path), results=results, answers=answers)
 
 
