@@ -18,8 +18,9 @@ judged pairwise by the noise-free oracle.
 
 Four policies are applied to the same session's candidates (no extra training):
 
-- playbook: the session's own promotions and nominee (the parent when it nominated nothing), read from the notebook; `agent.replay` re-derives the
-  session's decisions from the recorded evals and must reproduce them (`replay_reproduced`);
+- playbook: the session's own promotions and nominee (the parent when it nominated nothing), read from the
+  notebook; `agent.replay` re-derives the session's decisions from the recorded evals and must reproduce them
+  (`replay_reproduced`);
 - greedy: walk the trained and merged candidates in the order the session made them and promote whenever the
   dev-holdout win score at greedy decoding beats the incumbent's (no noise floor, no bars). The session
   evaluated at served decoding only, so each greedy look is an extra eval job (the holdout judge suite against

@@ -39,8 +39,9 @@ none. With the notebook, the nominee's served evals at the bundle's decoding tha
 (misses + 1) / (answers + 2) so that a clean measurement still allows a little; the reload fails
 when its misses are that unlikely, P(X >= misses | len(PROMPTS), q) < `STOP_ALPHA`. So a server
 that never stops (wrong stop ids: 5 misses of 5) fails for any nominee measured to stop more than
-6 times in 10 (the bars judge the rate itself), a model measured to stop always fails on two misses, and a sampled model measured to run out of tokens one time in
-ten is not refused on one unlucky draw, which would be a verdict no bar made.
+6 times in 10 (the bars judge the rate itself), a model measured to stop always fails on two
+misses, and a sampled model measured to run out of tokens one time in ten is not refused on one
+unlucky draw, which would be a verdict no bar made.
 """
 
 from __future__ import annotations
