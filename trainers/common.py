@@ -451,9 +451,9 @@ def make_trainable(model: PreTrainedModel, model_path: Path | None, lora: LoRASe
 
 def graph_mamba_mixers(model: torch.nn.Module) -> int:
     """On the one-GPU fast path (with `compile_blocks`), the Mamba mixers' training forward and backward replayed
-    from CUDA graphs where their calls repeat (`trainers.step_graphs`); returns how many mixers. Nothing happens on
-    a model on the CPU (its mixers are not on the Triton kernels there), or with activation checkpointing, whose point (not
-    keeping the blocks' activations) the graphs' memory pools would undo.
+    from CUDA graphs where their calls repeat (`trainers.step_graphs`); returns how many mixers. Nothing happens to
+    a model on the CPU (its mixers are not on the Triton kernels there), or with activation checkpointing, whose
+    point (not keeping the blocks' activations) the graphs' memory pools would undo.
 
     Why: the mixers run mamba-ssm's Triton SSD kernels launched from Python, ~20 a layer and pass; on the
     Nemotron-H bench shape (H200, 2 x 4096) that host work (30-34 ms a step for 6 layers) made the step host-bound,
