@@ -29,6 +29,7 @@ are used.
 
 from __future__ import annotations
 
+import gc
 import weakref
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -126,7 +127,13 @@ class GraphedRegion:
         grad_output = torch.empty_like(output)
         with torch.cuda.graph(backward, pool=forward.pool(), capture_error_mode="thread_local"):
             grads = torch.autograd.grad(output, wrt, grad_output, allow_unused=True)
-        return _Graphs(key, forward, backward, static, output.detach(), grad_output, grads)
+        graphs = _Graphs(key, forward, backward, static, output.detach(), grad_output, grads)
+        # The warm-ups' and the capture's autograd graphs hold the parameters' gradient accumulators, made on the
+        # side and capture streams; freed now, the next step's are made on its own stream (else autograd warns of
+        # a stream mismatch and syncs the streams).
+        del out, output
+        gc.collect()
+        return graphs
 
 
 class _Replay(torch.autograd.Function):
