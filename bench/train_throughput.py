@@ -270,9 +270,7 @@ def trl_run(kind: str, model_dir: Path, data: Path, out: Path, args, step_tokens
         trainer = trl.DPOTrainer(model=model, args=trl.DPOConfig(**common), train_dataset=dataset,
                                  processing_class=tokenizer, callbacks=[Clock()])
     else:
-        from peft import LoraConfig
-
-        peft = LoraConfig(r=LORA_RANK, lora_alpha=2 * LORA_RANK, target_modules="all-linear") if kind == "sft-lora" else None
+        peft = trl_lora(model.config.model_type) if kind == "sft-lora" else None
         dataset = datasets.Dataset.from_list([{"messages": r["messages"]} for r in rows])
         trainer = trl.SFTTrainer(model=model, args=trl.SFTConfig(**common), train_dataset=dataset,
                                  processing_class=tokenizer, peft_config=peft, callbacks=[Clock()])
@@ -285,6 +283,20 @@ def trl_run(kind: str, model_dir: Path, data: Path, out: Path, args, step_tokens
             "peak_gb": torch.cuda.max_memory_allocated() / 1e9 if cuda else None,
             "gradient_checkpointing": trainer.args.gradient_checkpointing, "wall_s": wall, "steps_s": sum(times),
             "wall_includes": "trainer.train() only (model load and dataset tokenization happen before)"}
+
+
+def trl_lora(model_type: str):
+    """TRL's LoRA: peft's "all-linear" targets, r 64; on Nemotron-H, where peft refuses those (its Mamba mixers'
+    out_proj and conv1d are no allowed targets), the project's own default targets (`trainers.common.lora_targets`:
+    in_proj, attention, shared and routed experts), so both sides train the same adapters."""
+    from peft import LoraConfig
+
+    if model_type != "nemotron_h":
+        return LoraConfig(r=LORA_RANK, lora_alpha=2 * LORA_RANK, target_modules="all-linear")
+    from trainers.common import LoRASettings, lora_targets
+
+    modules, params = lora_targets(model_type, LoRASettings(r=LORA_RANK, alpha=2 * LORA_RANK))
+    return LoraConfig(r=LORA_RANK, lora_alpha=2 * LORA_RANK, target_modules=modules, target_parameters=params)
 
 
 def _fresh_gpu() -> None:
