@@ -22,6 +22,11 @@ requires_grad (an optimizer updating weights in place keeps it; a reassigned `.d
 are copied out of the graph's memory, so nothing autograd holds is overwritten by a later replay; a second backward
 over a replayed forward (retain_graph) after a newer replay raises instead of reading overwritten activations.
 
+Each process logs autograd's warning once that an AccumulateGrad node's stream does not match its producer's
+(seen on the H200 in every run with graphs, the tests' too; likely because the warm-ups run on a side stream and
+the capture on its own, so gradient accumulators made there meet the capture's nodes). Losses and gradients equal eager's
+(tests/trainers/test_step_graphs.py on the GPU); what the extra stream wait costs was not measured.
+
 The graphs keep their region's activations in a private memory pool between steps, so they are for steps without
 activation checkpointing (whose point is not to keep them); `trainers.common.graph_mamba_mixers` says where they
 are used.
@@ -29,7 +34,6 @@ are used.
 
 from __future__ import annotations
 
-import gc
 import weakref
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -127,13 +131,7 @@ class GraphedRegion:
         grad_output = torch.empty_like(output)
         with torch.cuda.graph(backward, pool=forward.pool(), capture_error_mode="thread_local"):
             grads = torch.autograd.grad(output, wrt, grad_output, allow_unused=True)
-        graphs = _Graphs(key, forward, backward, static, output.detach(), grad_output, grads)
-        # The warm-ups' and the capture's autograd graphs hold the parameters' gradient accumulators, made on the
-        # side and capture streams; freed now, the next step's are made on its own stream (else autograd warns of
-        # a stream mismatch and syncs the streams).
-        del out, output
-        gc.collect()
-        return graphs
+        return _Graphs(key, forward, backward, static, output.detach(), grad_output, grads)
 
 
 class _Replay(torch.autograd.Function):
