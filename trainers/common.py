@@ -402,7 +402,9 @@ def load_policy(model_path: Path, dtype: str, lora: LoRASettings | None, seed: i
     blocks are compiled where `compile_blocks` says so (None: on CUDA). Measured on an H200: the dense 1B step
     (4 x 4096) 304.6 -> 243.9 ms compiled (bench/train_step_variants.py); the Nemotron-H 0.9B LoRA step (2 x 4096; its
     attention and MoE blocks compiled, trainers/lora_experts.py) 170.0 -> 98.5 ms, against full fine-tuning's 107.8 ms
-    compiled in the same call (bench/README.md, hybrid LoRA: that step is host-bound, and varies by machine).
+    compiled in the same call (bench/README.md, hybrid LoRA: that step is host-bound, and varies by machine); its
+    Mamba mixers replayed from CUDA graphs (`graph_mamba_mixers`) 106.2-106.4 -> 99.4-99.6 ms (full fine-tuning
+    121.0-121.6 -> 101.0-104.2 ms; bench/README.md, fifth round).
     """
     env = distributed.setup()
     config = AutoConfig.from_pretrained(model_path)
@@ -457,7 +459,9 @@ def graph_mamba_mixers(model: torch.nn.Module) -> int:
 
     Why: the mixers run mamba-ssm's Triton SSD kernels launched from Python, ~20 a layer and pass; on the
     Nemotron-H bench shape (H200, 2 x 4096) that host work (30-34 ms a step for 6 layers) made the step host-bound,
-    98.5-130.8 ms for 79.5 ms of kernels (bench/README.md, hybrid LoRA)."""
+    98.5-130.8 ms for 79.5 ms of kernels (bench/README.md, hybrid LoRA). Replayed, the 6 mixers take 3.8 ms of host
+    time a step for their 39 ms of kernels; the step went 106.2-106.4 -> 99.4-99.6 ms with LoRA and 121.0-121.6 ->
+    101.0-104.2 ms with full fine-tuning in two calls (bench/README.md, fifth round)."""
     checkpointing = any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules())
     on_gpu = next(model.parameters()).is_cuda
     if checkpointing or not on_gpu or not mamba_kernels.on_triton(model):
