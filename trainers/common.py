@@ -115,7 +115,8 @@ class TrainConfig(BaseModel):
     compile_blocks: bool | None = Field(
         None, description="torch.compile each decoder block in place (fuses the norms, rotary, activation and "
         "residual passes between the matmuls); None = on for one-process CUDA training. Not applied under FSDP2 or "
-        "to Mamba blocks.")
+        "to Mamba blocks; with it, a hybrid's Mamba mixers replay their training forward and backward from CUDA "
+        "graphs (trainers/step_graphs.py; not with activation checkpointing).")
     allow_slow_mamba: bool = Field(
         False, description="On a GPU, train a Mamba/hybrid model even without mamba-ssm and causal-conv1d's kernels "
         "(the `gpu` extra): transformers then falls back to its pure-torch scan, ~15x slower. False = refuse.")
