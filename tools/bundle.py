@@ -137,6 +137,28 @@ class DecisionRef(BaseModel):
     hash: str = Field(description="Its chain hash.")
 
 
+class MeasuredStops(BaseModel):
+    """How often the nominee stopped in its served evaluations at the bundle's decoding (check-bundle's reload
+    judges its unstopped answers by this)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    answers: int = Field(description="Answers scored for `stopped`, every replicate of every such suite pooled.")
+    stopped: int = Field(description="Of them, those that ended on a stop id.")
+    suites: list[str] = Field(description="The suites they came from.")
+
+
+def measured_stops(nb: Notebook, session: str, artifact_id: int, decoding_sha256: str) -> MeasuredStops | None:
+    """The artifact's served evals at that decoding that scored `stopped`, pooled; None if there are none."""
+    evals = [e for e in nb.evals(artifact_id=artifact_id, session=session)
+             if e.served and e.decoding_sha256 == decoding_sha256
+             and isinstance(e.metrics.get("stopped"), (int, float)) and e.items]
+    if not evals:
+        return None
+    return MeasuredStops(answers=sum(len(e.items) for e in evals),
+                         stopped=sum(round(e.metrics["stopped"] * len(e.items)) for e in evals),
+                         suites=sorted({e.suite for e in evals}))
+
+
 class TrainingEvidence(BaseModel):
     """`training_evidence.json`: where the weights came from, as the notebook recorded it."""
 
@@ -150,6 +172,9 @@ class TrainingEvidence(BaseModel):
     bars: list[BarsEvidence] = Field(description="Every bars registration of the session.")
     comparisons: list[int] = Field(description="Comparison ids in which the nominee was the candidate.")
     last_decision: DecisionRef = Field(description="The session's last decision when the bundle was written.")
+    stops: MeasuredStops | None = Field(
+        None, description="The nominee's measured stops at the served decoding, for check-bundle without a notebook "
+        "(with one, the notebook's are read); None when no served eval scored `stopped` (or an older bundle).")
 
 
 class BundleResult(BaseModel):
@@ -290,6 +315,7 @@ def training_evidence(nb: Notebook, session: str, nominee_id: int) -> TrainingEv
         bars=[BarsEvidence(bars_id=b.id, sha256=b.sha256, registered_at=b.registered_at) for b in bars],
         comparisons=[c.id for c in nb.comparisons(session) if c.candidate == nominee_id],
         last_decision=DecisionRef(seq=last.seq, hash=last.hash),
+        stops=measured_stops(nb, session, nominee_id, served_decoding(nb, session, nominee_id).fingerprint()),
     )
 
 

@@ -33,15 +33,16 @@ Checks, each reported with what was expected:
   non-empty and has no U+FFFD, and the answers stop on a stop id as often as the nominee was measured
   to stop (below).
 
-How many unstopped answers the reload may show. Without a notebook, or with no measured stop rate,
-none. With the notebook, the nominee's served evals at the bundle's decoding that scored `stopped`
-(a `length_stop` suite; every replicate pooled) give its measured miss rate q, smoothed to
-(misses + 1) / (answers + 2) so that a clean measurement still allows a little; the reload fails
+How many unstopped answers the reload may show. The nominee's served evals at the bundle's decoding
+that scored `stopped` (a `length_stop` suite; every replicate pooled: read from the notebook when one
+is given, else as the bundle's `training_evidence.json` recorded them) give its measured miss rate
+q, smoothed to (misses + 1) / (answers + 2) so that a clean measurement still allows a little; the reload fails
 when its misses are that unlikely, P(X >= misses | len(PROMPTS), q) < `STOP_ALPHA`. So a server
 that never stops (wrong stop ids: 5 misses of 5) fails for any nominee measured to stop more than
 6 times in 10 (the bars judge the rate itself), a model measured to stop always fails on two
 misses, and a sampled model measured to run out of tokens one time in ten is not refused on one
-unlucky draw, which would be a verdict no bar made.
+unlucky draw, which would be a verdict no bar made. With no measured rate (an older bundle, or a
+nominee no suite scored for stops) every answer must stop.
 """
 
 from __future__ import annotations
@@ -59,7 +60,15 @@ from safetensors import SafetensorError
 from core.chat import EOT_TOKEN, render_text
 from core.util import file_sha256
 from memory.notebook import Notebook, NotebookError
-from tools.bundle import ADAPTER_CONFIG, INDEX, ServingConfig, TrainingEvidence, read_header
+from tools.bundle import (
+    ADAPTER_CONFIG,
+    INDEX,
+    MeasuredStops,
+    ServingConfig,
+    TrainingEvidence,
+    measured_stops,
+    read_header,
+)
 
 REQUIRED = ("chat_template.jinja", "system_prompt.txt", "generation_config.json", "serving_config.json",
             "training_evidence.json", "README.md", "tokenizer_config.json", "tokenizer.json")
@@ -359,27 +368,14 @@ def reload_answers(b: _Bundle) -> list[Answer]:
     return answers
 
 
-class MeasuredStops(BaseModel):
-    """How often the nominee stopped in its served evaluations at the bundle's decoding."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    answers: int = Field(description="Answers scored for `stopped`, every replicate of every such suite pooled.")
-    stopped: int = Field(description="Of them, those that ended on a stop id.")
-    suites: list[str] = Field(description="The suites they came from.")
-
-
-def measured_stops(b: _Bundle, notebook_path: Path) -> MeasuredStops | None:
-    """The nominee's measured stops at the bundle's decoding, from the notebook; None if none were scored."""
+def reload_stops(b: _Bundle, notebook_path: Path | None) -> MeasuredStops | None:
+    """The nominee's measured stops at the bundle's decoding: from the notebook when given, else as the bundle's
+    evidence recorded them when it was written (None for a bundle from before they were recorded)."""
     evidence = TrainingEvidence.model_validate_json((b.path / "training_evidence.json").read_text(encoding="utf-8"))
+    if notebook_path is None:
+        return evidence.stops
     with Notebook.open(notebook_path, readonly=True) as nb:
-        evals = [e for e in nb.evals(artifact_id=evidence.nominee, session=evidence.session)
-                 if e.served and e.decoding_sha256 == b.serving.decoding_sha256
-                 and isinstance(e.metrics.get("stopped"), (int, float)) and e.items]
-    if not evals:
-        return None
-    return MeasuredStops(answers=sum(len(e.items) for e in evals),
-                         stopped=sum(round(e.metrics["stopped"] * len(e.items)) for e in evals),
-                         suites=sorted({e.suite for e in evals}))
+        return measured_stops(nb, evidence.session, evidence.nominee, b.serving.decoding_sha256)
 
 
 def _tail(n: int, k: int, q: float) -> float:
@@ -503,7 +499,7 @@ def check_bundle(path: str | Path, notebook_path: str | Path | None = None) -> B
     else:
         tolerated: list[str] = []
         try:
-            measured = None if notebook_path is None else measured_stops(b, Path(notebook_path))
+            measured = reload_stops(b, None if notebook_path is None else Path(notebook_path))
             answers = reload_answers(b)
             problems, tolerated = answer_problems(answers, b.serving.decoding.max_new_tokens, measured)
         except LOAD_ERRORS as err:

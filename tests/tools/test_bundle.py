@@ -58,7 +58,7 @@ from tools.bundle import (
     bundle_sha256,
     write_bundle,
 )
-from tools.check_bundle import _parse, check_bundle, measured_stops
+from tools.check_bundle import _parse, check_bundle, reload_stops
 from tools.context import content_name
 from tools.datasets import ReplayMixConfig, ReplaySource, build_replay_mix, record_dataset
 from tools.publish import PublishJob, publish_job
@@ -308,15 +308,21 @@ def test_adapter_bundle_passes_and_records_its_base(toy):
     assert (toy.adapter / "adapter_model.safetensors").is_file() and not (toy.adapter / "config.json").exists()
 
 
-def test_the_reload_judges_stops_by_the_nominees_measured_rate_from_the_notebook(toy, tmp_path):
+def test_the_reload_judges_stops_by_the_nominees_measured_rate_from_the_notebook_or_the_evidence(toy, tmp_path):
     _, b = _parse(Path(toy.full))
-    measured = measured_stops(b, toy.nb.path)
+    measured = reload_stops(b, toy.nb.path)
     chat = [e for e in toy.nb.evals(artifact_id=toy.nominee, session=SESSION) if e.suite == "chat" and e.served]
     assert chat and measured is not None and measured.suites == ["chat"]
     assert measured.answers == sum(len(e.items) for e in chat)
     assert measured.stopped == sum(round(e.metrics["stopped"] * len(e.items)) for e in chat)
+    # without a notebook: what the bundle's evidence recorded when it was written, the same figures
+    assert reload_stops(b, None) == measured
     with Notebook.open(tmp_path / "other.db") as other:  # a notebook without this session: nothing measured
-        assert measured_stops(b, other.path) is None
+        assert reload_stops(b, other.path) is None
+    old = _copy(toy.full, tmp_path / "old")  # a bundle written before the evidence recorded stops
+    _rewrite_json(old / "training_evidence.json", lambda e: e.pop("stops"))
+    _, b_old = _parse(old)
+    assert reload_stops(b_old, None) is None
 
 
 def test_bundle_holds_sharded_weights_template_and_evidence(toy):
