@@ -497,16 +497,26 @@ def check_bundle(path: str | Path, notebook_path: str | Path | None = None) -> B
     if blocked:
         results.append(_skipped("reload", f"not attempted: {', '.join(blocked)} failed"))
     else:
-        tolerated: list[str] = []
-        try:
-            measured = reload_stops(b, None if notebook_path is None else Path(notebook_path))
-            answers = reload_answers(b)
-            problems, tolerated = answer_problems(answers, b.serving.decoding.max_new_tokens, measured)
-        except LOAD_ERRORS as err:
-            problems = [f"the bundle does not load and generate as a server would: {type(err).__name__}: {err}"]
-        results.append(CheckResult(name="reload", status="failed" if problems else "passed",
-                                   messages=problems or tolerated))
+        answers, result = check_reload(b, None if notebook_path is None else Path(notebook_path))
+        results.append(result)
     return BundleReport(bundle=str(path), results=results, answers=answers)
+
+
+def check_reload(b: _Bundle, notebook_path: Path | None) -> tuple[list[Answer], CheckResult]:
+    """The reload check: its answers, and its result (what a pass tolerated among the messages)."""
+    try:
+        measured = reload_stops(b, notebook_path)
+    except LOAD_ERRORS as err:  # read before loading the model: a broken evidence file is named as such
+        return [], CheckResult(name="reload", status="failed", messages=[
+            f"training_evidence.json: the nominee's measured stops cannot be read: {type(err).__name__}: {err}"])
+    try:
+        answers = reload_answers(b)
+    except LOAD_ERRORS as err:
+        return [], CheckResult(name="reload", status="failed", messages=[
+            f"the bundle does not load and generate as a server would: {type(err).__name__}: {err}"])
+    problems, tolerated = answer_problems(answers, b.serving.decoding.max_new_tokens, measured)
+    return answers, CheckResult(name="reload", status="failed" if problems else "passed",
+                                messages=problems or tolerated)
 
 
 def print_report(report: BundleReport) -> None:

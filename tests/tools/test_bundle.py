@@ -325,6 +325,16 @@ def test_the_reload_judges_stops_by_the_nominees_measured_rate_from_the_notebook
     assert reload_stops(b_old, None) is None
 
 
+def test_a_broken_evidence_file_fails_the_reload_by_name_without_a_notebook(toy, tmp_path):
+    bundle = _copy(toy.full, tmp_path / "bundle")
+    (bundle / "training_evidence.json").write_text("{not json")
+    report = check_bundle(bundle)
+    assert list(report.failures()) == ["reload"], report.failures()
+    [message] = report.failures()["reload"]
+    assert message.startswith("training_evidence.json: the nominee's measured stops cannot be read: ")
+    assert report.answers == []
+
+
 def test_bundle_holds_sharded_weights_template_and_evidence(toy):
     files = {p.name for p in toy.full.iterdir()}
     shards = sorted(f for f in files if f.endswith(".safetensors"))
