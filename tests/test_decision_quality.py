@@ -263,8 +263,8 @@ def test_both_arms_are_screened_on_the_cheap_suites_before_any_holdout_eval():
     assert (step.tool, step.args) == ("evaluate", {"artifact": 4, "suites": ["synthetic", "loops"]})
 
 
-def test_only_the_best_screened_arm_spends_a_holdout_eval_and_a_p_value():
-    # sft: +2 floors on synthetic, dpo: +4 (0.70 vs 0.50 at a floor of 0.05) -> dpo is the one finalist
+def test_only_arms_that_screen_above_the_incumbent_spend_a_holdout_eval_and_a_p_value_best_screen_first():
+    # sft: +2 floors on synthetic, dpo: +4 (0.70 vs 0.50 at a floor of 0.05) -> dpo is the first finalist
     cps, calls = _arms({"synthetic": {"correct": 0.60}, "loops": {"looping": 0.20}},
                        {"synthetic": {"correct": 0.70}, "loops": {"looping": 0.20}})
     step = next_step(_summary(cps, calls), SHORT)
@@ -272,6 +272,14 @@ def test_only_the_best_screened_arm_spends_a_holdout_eval_and_a_p_value():
     cps[2] = _cp(4, "train:dpo", cps[2].metrics | {"holdout": {"win_score": 0.6}})
     step = next_step(_summary(cps, calls), SHORT)
     assert (step.tool, step.args) == ("compare", {"candidate": 4})
+    # dpo judged (and not yet promoted): sft, which screened above the parent too, is the second finalist...
+    judged = calls + [_done(5, "evaluate", {"artifact": 4, "suites": ["holdout"]}), _done(6, "compare", {"candidate": 4})]
+    step = next_step(_summary(cps, judged), SHORT)
+    assert (step.tool, step.args) == ("evaluate", {"artifact": 3, "suites": ["holdout"]})
+    # ...unless it screened no better than the parent: then the stage is over, with no p-value spent on it.
+    cps[1] = _cp(3, "train:sft", {"synthetic": {"correct": 0.50}, "loops": {"looping": 0.20}})
+    step = next_step(_summary(cps, judged), SHORT)
+    assert step.tool == "stop"
 
 
 def test_no_arm_that_screens_no_better_than_the_incumbent_is_compared():
@@ -312,7 +320,7 @@ def test_a_step_a_gate_refused_is_never_proposed_again():
 
 def test_the_world_bars_register_the_full_protocols_comparisons():
     assert tomllib.loads(BARS)["p_family"] == PlaybookSettings().comparisons()
-    assert PlaybookSettings.short().comparisons() == 3  # one screened finalist, one fallback and one dose
+    assert PlaybookSettings.short().comparisons() == 3  # two screened finalists and one dose
     assert tomllib.loads(BARS)["replicates"] <= PlaybookSettings().k  # the incumbent's calibration has the draws
 
 

@@ -38,6 +38,12 @@ the ones that matter. The playbook never compares more often than `p_family` all
 `PlaybookSettings.comparisons()` is the family a protocol needs (the toy world's bars register the
 full protocol's).
 
+With `best_of_stage` (on), a stage promotes nothing until every one of its finalists is judged against the stage's
+incumbent; then the finalist that cleared every bar with the highest judged-holdout score is promoted (the sweep
+follows that arm's family). The cheap suites measure stopping, looping and verified answers, not the win rate: on
+ten toy worlds they ranked the DPO arm first in 7 where the SFT arm truly won more, and a finalist promoted first
+made the truly better second one beat it, not the parent, a difference the holdout could not resolve.
+
 When the bars pre-register `replicates = n` (the toy world's: 3), their guards without a p-value read each
 side's mean over n served draws, so a finalist draws its replicates 1 .. n-1 on those suites before its comparison
 (the incumbent's come from its K >= n calibration): one sampled draw against one rejects a truly equal candidate
@@ -103,6 +109,11 @@ class PlaybookSettings(BaseModel):
                                            "first; off, every candidate is evaluated on every suite and compared.")
     finalists: int = Field(2, ge=1, description="Screened candidates per stage that go on to the judged holdout and a "
                                                 "comparison (only those whose screen score beats the incumbent).")
+    best_of_stage: bool = Field(
+        True, description="Judge every finalist of a screened stage against the stage's incumbent before promoting "
+        "any, then promote the one that cleared every bar with the highest judged-holdout score (the p bars' metric, "
+        "the measure nearest the win rate). Off: each finalist is promoted as soon as it clears, and the next one "
+        "must then beat it (sessions recorded before this setting replay so).")
     fallbacks: int = Field(0, ge=0, description="Further screened candidates a stage judges, one for each of its "
                            "finalists the bars rejected (in screen order, only those that screen above the incumbent); "
                            "`comparisons()` counts them in the p-value family.")
@@ -128,10 +139,10 @@ class PlaybookSettings(BaseModel):
 
     @classmethod
     def short(cls) -> PlaybookSettings:
-        """Two first arms of different families (winner SFT, DPO on battle pairs), one finalist and one fallback
-        when the bars reject it, one dose, no serving."""
+        """Two first arms of different families (winner SFT, DPO on battle pairs), both judged on the holdout when
+        they screen above the parent (the better judged one of those that clear is promoted), one dose, no serving."""
         return cls(families=("sft", "dpo"), steps=16, sweep=(), soup=False, dose_alphas=(0.5,), serving=(),
-                   finalists=1, fallbacks=1, trajectory=())
+                   finalists=2, fallbacks=0, trajectory=())
 
     @classmethod
     def named(cls, protocol: str) -> PlaybookSettings:
@@ -141,8 +152,9 @@ class PlaybookSettings(BaseModel):
     def recorded(cls, saved: dict[str, Any], session: str) -> PlaybookSettings:
         """The settings a session recorded at its start (resume and replay), or one clear refusal: a session
         recorded by another version of the playbook (e.g. before trajectory selection) cannot be read as is."""
-        # Sessions recorded before lazy calibration calibrated every new incumbent at once: replay them so.
-        saved = {"lazy_calibration": False} | dict(saved)
+        # Sessions recorded before lazy calibration calibrated every new incumbent at once, and those recorded
+        # before best_of_stage promoted each finalist as soon as it cleared: replay them so.
+        saved = {"lazy_calibration": False, "best_of_stage": False} | dict(saved)
         try:
             return cls.model_validate(saved)
         except ValidationError as exc:
@@ -234,7 +246,7 @@ def _protocol(s: Summary, cfg: PlaybookSettings) -> Iterator[ToolCall]:
     first = yield from _first_arms(s, cfg)
     if not first:
         return
-    best_score, best = first[0]
+    best_score, best = _lead(s, cfg, first)
     family, dataset = best.args["trainer"], best.args["dataset"]
     sweep = [_call("train", _train_args(s, family, dataset, cfg, cfg.lr[family] * f),
                    f"lr sweep along the best family {family} (first arm screened {best_score:+.2f}): "
@@ -244,6 +256,19 @@ def _protocol(s: Summary, cfg: PlaybookSettings) -> Iterator[ToolCall]:
     yield from _noted(_later(s, cfg), note)
     if note:  # nothing after it: the stop carries the choice
         yield _call("stop", {"reason": "protocol complete"}, f"{note}; every step of the protocol has run or was refused")
+
+
+def _lead(s: Summary, cfg: PlaybookSettings, ranked: list[tuple[float, ToolCall]]) -> tuple[float, ToolCall]:
+    """The first arm the sweep follows: the best screened one, or with `best_of_stage` the one the stage promoted
+    (chosen on the judged holdout) when it promoted one."""
+    if cfg.best_of_stage:
+        for score, producer in ranked:
+            call = s.call(producer.tool, producer.args)
+            made = call.data.get("artifact_id") if call is not None else None
+            promoted = s.call("promote", {"candidate": made}) if made is not None else None
+            if promoted is not None and promoted.status == "done":
+                return score, producer
+    return ranked[0]
 
 
 def _later(s: Summary, cfg: PlaybookSettings) -> Iterator[ToolCall]:
@@ -343,10 +368,14 @@ def _stage(s: Summary, cfg: PlaybookSettings, producers: list[ToolCall]) -> Iter
         compared = [c for _, _, c, _ in ranked if s.call("compare", {"candidate": c.id}) is not None]
         hopeful = [c for score, _, c, _ in ranked if score > 0 and c.id != s.incumbent and c not in compared]
         rejected = sum(_rejected(s, c) for c in compared)
-        for cand in (compared + hopeful)[:max(cfg.finalists + min(cfg.fallbacks, rejected), len(compared))]:
+        finalists = (compared + hopeful)[:max(cfg.finalists + min(cfg.fallbacks, rejected), len(compared))]
+        for cand in finalists:
             yield from _judge(s, cand, judged, f"screened {_screen(s, cand):+.2f} noise floors above the incumbent"
                               + (f" (a fallback: {rejected} finalist(s) of this stage rejected)"
-                                 if cand not in compared[:cfg.finalists] and rejected else ""))
+                                 if cand not in compared[:cfg.finalists] and rejected else ""),
+                              promote=not cfg.best_of_stage)
+        if cfg.best_of_stage:
+            yield from _promote_best(s, finalists)
         return [(score, p) for score, _, _, p in ranked]
     for cand, _ in made:
         yield from _judge(s, cand, None, _primary_line(s, cand))
@@ -354,8 +383,12 @@ def _stage(s: Summary, cfg: PlaybookSettings, producers: list[ToolCall]) -> Iter
     return sorted(((x, p) for x, p in scored if x is not None), key=lambda t: -t[0])
 
 
-def _judge(s: Summary, cand, suites: list[str] | None, why: str) -> Iterator[ToolCall]:
-    """Evaluate the candidate on `suites` (None: every open suite), compare it with the incumbent, promote it."""
+def _judge(s: Summary, cand, suites: list[str] | None, why: str, promote: bool = True) -> Iterator[ToolCall]:
+    """Evaluate the candidate on `suites` (None: every open suite), compare it with the incumbent, and promote it
+    when it cleared (`promote`; else the stage chooses among its cleared finalists, `_promote_best`). A candidate
+    no p-value is left for is not evaluated either."""
+    if s.call("compare", {"candidate": cand.id}) is None and not _p_fits(s):
+        return
     ok = yield from _evaluate(s, cand, suites, f"evaluate {cand.name} at its served decoding")
     if not ok:
         return
@@ -369,10 +402,46 @@ def _judge(s: Summary, cand, suites: list[str] | None, why: str) -> Iterator[Too
         yield _call("compare", {"candidate": cand.id},
                     f"compare {cand.name} ({why}) with incumbent {s.incumbent} under the bars")
         return
+    if promote and _promotable(s, cand):
+        yield _call("promote", {"candidate": cand.id}, f"{cand.name} cleared every bar: " + "; ".join(_cleared(s, cand)))
+
+
+def _cleared(s: Summary, cand) -> list[str]:
+    """The bar lines of the candidate's latest comparison against the current incumbent, when it cleared them all."""
     mine = [v for v in cand.verdicts if v.incumbent == s.incumbent]
-    if mine and mine[-1].promoted and cand.id != s.incumbent and s.call("promote", {"candidate": cand.id}) is None \
-            and s.refused("promote", {"candidate": cand.id}) is None:
-        yield _call("promote", {"candidate": cand.id}, f"{cand.name} cleared every bar: " + "; ".join(mine[-1].bars))
+    return mine[-1].bars if mine and mine[-1].promoted else []
+
+
+def _promotable(s: Summary, cand) -> bool:
+    """Cleared every bar against the current incumbent, and not promoted or refused a promotion yet."""
+    return (bool(_cleared(s, cand)) and cand.id != s.incumbent and s.call("promote", {"candidate": cand.id}) is None
+            and s.refused("promote", {"candidate": cand.id}) is None)
+
+
+def _promote_best(s: Summary, finalists: list) -> Iterator[ToolCall]:
+    """Once every finalist of the stage is judged against the stage's incumbent (none promoted yet), promote the one
+    that cleared every bar with the highest judged-holdout score (a tie goes to the better screen, then the earlier).
+    All of them cleared against the same incumbent, so each would be a true promotion at the bars' error rates;
+    the judged holdout is the suite nearest the win rate, where the cheap screens can rank a truly weaker arm first."""
+    if any(s.call("promote", {"candidate": c.id}) is not None for c in finalists):
+        return  # the stage's choice is made
+    cleared = [c for c in finalists if _promotable(s, c)]
+    if not cleared:
+        return
+    best = max(cleared, key=lambda c: (_judged_score(s, c), _screen(s, c), -finalists.index(c)))
+    others = ", ".join(f"{c.name} {_judged_score(s, c):.3f}" for c in cleared if c is not best)
+    why = (f"{best.name} cleared every bar and has the best judged-holdout score of the stage's "
+           f"{len(cleared)} cleared finalist(s) ({_judged_score(s, best):.3f}" + (f"; {others}" if others else "")
+           + "): " + "; ".join(_cleared(s, best)))
+    yield _call("promote", {"candidate": best.id}, why)
+
+
+def _judged_score(s: Summary, cand) -> float:
+    """The candidate's mean, over the p bars, of their metric on its first served look (the judged holdout's win
+    score in the toy world): higher is better, as a p bar tests that the candidate beats the incumbent."""
+    values = [cand.metrics.get(suite, {}).get(metric) for suite, metric, stat, _ in _rules(s) if stat == "p"]
+    values = [v for v in values if v is not None]
+    return sum(values) / len(values) if values else float("-inf")
 
 
 def _rejected(s: Summary, cand) -> bool:

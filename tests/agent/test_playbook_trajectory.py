@@ -129,7 +129,7 @@ def test_the_full_protocol_saves_snapshots_and_counts_their_comparison_the_other
     assert full.trajectory == (10, 20) and test.trajectory == () and short.trajectory == ()
     assert full.comparisons() == full.model_copy(update={"trajectory": ()}).comparisons() + 1 == 10
     assert test.comparisons() == 3  # as before: the CI's sessions are unchanged
-    assert short.comparisons() == 3  # one finalist and one fallback among the two first arms, one dose
+    assert short.comparisons() == 3  # both first arms as finalists, one dose
     first = next_step(_session(2, -1, {}).model_copy(update={"calls": [
         _call(1, "build_dataset", {"builder": "winner_sft"}, {"artifact_id": 2})], "checkpoints": []}), CFG)
     assert (first.tool, first.args["snapshots"]) == ("train", [10, 20])
