@@ -38,11 +38,12 @@ the ones that matter. The playbook never compares more often than `p_family` all
 `PlaybookSettings.comparisons()` is the family a protocol needs (the toy world's bars register the
 full protocol's).
 
-With `best_of_stage` (on), a stage promotes nothing until every one of its finalists is judged against the stage's
-incumbent; then the finalist that cleared every bar with the highest judged-holdout score is promoted (the sweep
-follows that arm's family). The cheap suites measure stopping, looping and verified answers, not the win rate: on
-ten toy worlds they ranked the DPO arm first in 7 where the SFT arm truly won more, and a finalist promoted first
-made the truly better second one beat it, not the parent, a difference the holdout could not resolve.
+With `best_of_stage` (on), every finalist of a stage gets one judged-holdout look against the stage's incumbent
+before any comparison; then they go under the bars in order of that look (replicate draws, comparison,
+promotion) until one is promoted, and the stage promotes no other (the sweep follows the promoted arm's family).
+The cheap suites measure stopping, looping and verified answers, not the win rate: on ten toy worlds they ranked
+the DPO arm first in 7 where the SFT arm truly won more, and a finalist promoted first made the truly better
+second one beat it, not the parent, a difference the holdout could not resolve.
 
 When the bars pre-register `replicates = n` (the toy world's: 3), their guards without a p-value read each
 side's mean over n served draws, so a finalist draws its replicates 1 .. n-1 on those suites before its comparison
@@ -110,10 +111,11 @@ class PlaybookSettings(BaseModel):
     finalists: int = Field(2, ge=1, description="Screened candidates per stage that go on to the judged holdout and a "
                                                 "comparison (only those whose screen score beats the incumbent).")
     best_of_stage: bool = Field(
-        True, description="Judge every finalist of a screened stage against the stage's incumbent before promoting "
-        "any, then promote the one that cleared every bar with the highest judged-holdout score (the p bars' metric, "
-        "the measure nearest the win rate). Off: each finalist is promoted as soon as it clears, and the next one "
-        "must then beat it (sessions recorded before this setting replay so).")
+        True, description="A screened stage gives every finalist one judged-holdout look against the stage's incumbent "
+        "first, then takes them under the bars (replicate draws, comparison, promotion) in order of that look's score "
+        "until one is promoted, and promotes no other (the holdout is the suite nearest the win rate). Off: finalists "
+        "in screen order, each promoted as soon as it clears, the next one then judged against it (sessions recorded "
+        "before this setting replay so).")
     fallbacks: int = Field(0, ge=0, description="Further screened candidates a stage judges, one for each of its "
                            "finalists the bars rejected (in screen order, only those that screen above the incumbent); "
                            "`comparisons()` counts them in the p-value family.")
@@ -139,8 +141,9 @@ class PlaybookSettings(BaseModel):
 
     @classmethod
     def short(cls) -> PlaybookSettings:
-        """Two first arms of different families (winner SFT, DPO on battle pairs), both judged on the holdout when
-        they screen above the parent (the better judged one of those that clear is promoted), one dose, no serving."""
+        """Two first arms of different families (winner SFT, DPO on battle pairs), each with a holdout look when it
+        screens above the parent, the better look judged under the bars first (the other if the bars reject it), one
+        dose, no serving."""
         return cls(families=("sft", "dpo"), steps=16, sweep=(), soup=False, dose_alphas=(0.5,), serving=(),
                    finalists=2, fallbacks=0, trajectory=())
 
@@ -365,28 +368,51 @@ def _stage(s: Summary, cfg: PlaybookSettings, producers: list[ToolCall]) -> Iter
             yield from _evaluate(s, cand, cheap, f"screen {cand.name} on the cheap suites {', '.join(cheap)}")
         ranked = sorted(((_screen(s, c), n, c, p) for n, (c, p) in enumerate(made) if _has(c, cheap)),
                         key=lambda t: (-t[0], t[1]))
+        result = [(score, p) for score, _, _, p in ranked]
+        if cfg.best_of_stage and any(s.call("promote", {"candidate": c.id}) is not None for c, _ in made):
+            return result  # the stage made its choice
         compared = [c for _, _, c, _ in ranked if s.call("compare", {"candidate": c.id}) is not None]
         hopeful = [c for score, _, c, _ in ranked if score > 0 and c.id != s.incumbent and c not in compared]
         rejected = sum(_rejected(s, c) for c in compared)
         finalists = (compared + hopeful)[:max(cfg.finalists + min(cfg.fallbacks, rejected), len(compared))]
+        if cfg.best_of_stage:
+            yield from _best_of_stage(s, finalists, judged)
+            return result
         for cand in finalists:
             yield from _judge(s, cand, judged, f"screened {_screen(s, cand):+.2f} noise floors above the incumbent"
                               + (f" (a fallback: {rejected} finalist(s) of this stage rejected)"
-                                 if cand not in compared[:cfg.finalists] and rejected else ""),
-                              promote=not cfg.best_of_stage)
-        if cfg.best_of_stage:
-            yield from _promote_best(s, finalists)
-        return [(score, p) for score, _, _, p in ranked]
+                                 if cand not in compared[:cfg.finalists] and rejected else ""))
+        return result
     for cand, _ in made:
         yield from _judge(s, cand, None, _primary_line(s, cand))
     scored = [(_score(s, c.id), p) for c, p in made]
     return sorted(((x, p) for x, p in scored if x is not None), key=lambda t: -t[0])
 
 
-def _judge(s: Summary, cand, suites: list[str] | None, why: str, promote: bool = True) -> Iterator[ToolCall]:
-    """Evaluate the candidate on `suites` (None: every open suite), compare it with the incumbent, and promote it
-    when it cleared (`promote`; else the stage chooses among its cleared finalists, `_promote_best`). A candidate
-    no p-value is left for is not evaluated either."""
+def _best_of_stage(s: Summary, finalists: list, judged: list[str]) -> Iterator[ToolCall]:
+    """Every finalist's judged holdout first (one served look each, against the stage's incumbent), then the
+    finalists in order of their judged score go under the bars (replicate draws, comparison, promotion) until one
+    is promoted: the leader, or the next when the bars reject it. The cheap suites that chose the finalists measure
+    stopping, looping and verified answers, not the win rate; the holdout is the suite nearest it. Replicates and
+    p-values go to the leader only, and a leader picked from k looks is tested on the same looks at no more than
+    the bars' family allows (`comparisons()` counts every finalist of the stage, so Holm's first bar is at most
+    alpha / k)."""
+    if not _p_fits(s):  # no comparison can follow: no holdout look for a finalist not compared yet
+        finalists = [c for c in finalists if s.call("compare", {"candidate": c.id}) is not None]
+    for cand in finalists:
+        yield from _evaluate(s, cand, judged, f"judged holdout of finalist {cand.name} (screened {_screen(s, cand):+.2f} "
+                             "noise floors above the incumbent)" + (": every finalist's look before any comparison"
+                                                                   if len(finalists) > 1 else ""))
+    looked = sorted((c for c in finalists if _has(c, judged)), key=lambda c: (-_judged_score(s, c), -_screen(s, c), c.id))
+    for n, cand in enumerate(looked):
+        others = "".join(f"; {c.name} {_judged_score(s, c):.3f}" for c in looked if c is not cand)
+        yield from _judge(s, cand, judged, f"{'leads' if n == 0 else 'next on'} the stage's judged holdout "
+                          f"({_judged_score(s, cand):.3f}{others})" + (", the finalists above it rejected" if n else ""))
+
+
+def _judge(s: Summary, cand, suites: list[str] | None, why: str) -> Iterator[ToolCall]:
+    """Evaluate the candidate on `suites` (None: every open suite), compare it with the incumbent, promote it. A
+    candidate no p-value is left for is not evaluated either."""
     if s.call("compare", {"candidate": cand.id}) is None and not _p_fits(s):
         return
     ok = yield from _evaluate(s, cand, suites, f"evaluate {cand.name} at its served decoding")
@@ -402,38 +428,10 @@ def _judge(s: Summary, cand, suites: list[str] | None, why: str, promote: bool =
         yield _call("compare", {"candidate": cand.id},
                     f"compare {cand.name} ({why}) with incumbent {s.incumbent} under the bars")
         return
-    if promote and _promotable(s, cand):
-        yield _call("promote", {"candidate": cand.id}, f"{cand.name} cleared every bar: " + "; ".join(_cleared(s, cand)))
-
-
-def _cleared(s: Summary, cand) -> list[str]:
-    """The bar lines of the candidate's latest comparison against the current incumbent, when it cleared them all."""
     mine = [v for v in cand.verdicts if v.incumbent == s.incumbent]
-    return mine[-1].bars if mine and mine[-1].promoted else []
-
-
-def _promotable(s: Summary, cand) -> bool:
-    """Cleared every bar against the current incumbent, and not promoted or refused a promotion yet."""
-    return (bool(_cleared(s, cand)) and cand.id != s.incumbent and s.call("promote", {"candidate": cand.id}) is None
-            and s.refused("promote", {"candidate": cand.id}) is None)
-
-
-def _promote_best(s: Summary, finalists: list) -> Iterator[ToolCall]:
-    """Once every finalist of the stage is judged against the stage's incumbent (none promoted yet), promote the one
-    that cleared every bar with the highest judged-holdout score (a tie goes to the better screen, then the earlier).
-    All of them cleared against the same incumbent, so each would be a true promotion at the bars' error rates;
-    the judged holdout is the suite nearest the win rate, where the cheap screens can rank a truly weaker arm first."""
-    if any(s.call("promote", {"candidate": c.id}) is not None for c in finalists):
-        return  # the stage's choice is made
-    cleared = [c for c in finalists if _promotable(s, c)]
-    if not cleared:
-        return
-    best = max(cleared, key=lambda c: (_judged_score(s, c), _screen(s, c), -finalists.index(c)))
-    others = ", ".join(f"{c.name} {_judged_score(s, c):.3f}" for c in cleared if c is not best)
-    why = (f"{best.name} cleared every bar and has the best judged-holdout score of the stage's "
-           f"{len(cleared)} cleared finalist(s) ({_judged_score(s, best):.3f}" + (f"; {others}" if others else "")
-           + "): " + "; ".join(_cleared(s, best)))
-    yield _call("promote", {"candidate": best.id}, why)
+    if mine and mine[-1].promoted and cand.id != s.incumbent and s.call("promote", {"candidate": cand.id}) is None \
+            and s.refused("promote", {"candidate": cand.id}) is None:
+        yield _call("promote", {"candidate": cand.id}, f"{cand.name} cleared every bar: " + "; ".join(mine[-1].bars))
 
 
 def _judged_score(s: Summary, cand) -> float:

@@ -1,5 +1,5 @@
-"""Best of stage: a screened stage judges all its finalists against the stage's incumbent, then promotes the
-cleared one with the best judged-holdout score (pure: hand-made summaries, no job, no notebook).
+"""Best of stage: a screened stage gives every finalist a judged-holdout look first, then takes them under the bars
+in order of that look until one is promoted (pure: hand-made summaries, no job, no notebook).
 
 The setting: the parent (1) is the calibrated incumbent; two first arms from it, SFT (3) and DPO (4), made and
 screened on the cheap suites. DPO screens higher (as it did in 7 of 10 toy worlds where SFT truly won more), so it
@@ -61,57 +61,66 @@ def _session(extra: list[Call] = (), wins: tuple[float | None, float | None] = (
 
 
 HOLDOUT = {"suites": ["holdout"]}
-JUDGED = [_call(7, "evaluate", {"artifact": DPO} | HOLDOUT), _call(8, "compare", {"candidate": DPO}),
-          _call(9, "evaluate", {"artifact": SFT} | HOLDOUT), _call(10, "compare", {"candidate": SFT})]
+LOOKS = [_call(7, "evaluate", {"artifact": DPO} | HOLDOUT), _call(8, "evaluate", {"artifact": SFT} | HOLDOUT)]
 
 
-def test_the_first_finalist_that_clears_is_not_promoted_before_the_second_is_judged():
+def _compared(*order: int) -> list[Call]:
+    return [_call(9 + n, "compare", {"candidate": c}) for n, c in enumerate(order)]
+
+
+def test_every_finalist_gets_its_holdout_look_before_any_comparison():
     step = next_step(_session(), CFG)
     assert (step.tool, step.args) == ("evaluate", {"artifact": DPO} | HOLDOUT)  # the better screen goes first
-    s = _session(JUDGED[:2], wins=(None, 0.60), verdicts=([], _verdict(1, True)))
+    s = _session(LOOKS[:1], wins=(None, 0.60))
     step = next_step(s, CFG)
     assert (step.tool, step.args) == ("evaluate", {"artifact": SFT} | HOLDOUT)
-    # Off, the old order: the cleared finalist is promoted at once, and the next one must beat it.
+    assert "every finalist's look before any comparison" in step.rationale
+    # Off, the old order: the best-screened finalist is compared (and promoted) before the second is looked at.
     step = next_step(s, CFG.model_copy(update={"best_of_stage": False}))
-    assert (step.tool, step.args) == ("promote", {"candidate": DPO})
+    assert (step.tool, step.args) == ("compare", {"candidate": DPO})
 
 
-def test_the_cleared_finalist_with_the_best_judged_holdout_is_promoted():
-    s = _session(JUDGED, wins=(0.66, 0.60), verdicts=(_verdict(2, True), _verdict(1, True)))
+def test_the_better_holdout_look_goes_under_the_bars_first_and_is_promoted_when_it_clears():
+    step = next_step(_session(LOOKS, wins=(0.66, 0.60)), CFG)
+    assert (step.tool, step.args) == ("compare", {"candidate": SFT})
+    assert "leads the stage's judged holdout (0.660; dpo 0.600)" in step.rationale
+    s = _session(LOOKS + _compared(SFT), wins=(0.66, 0.60), verdicts=(_verdict(1, True), []))
+    assert (next_step(s, CFG).tool, next_step(s, CFG).args) == ("promote", {"candidate": SFT})
+    # The same looks the other way round take the better-screened DPO arm first.
+    assert next_step(_session(LOOKS, wins=(0.60, 0.66)), CFG).args == {"candidate": DPO}
+
+
+def test_a_rejected_leader_hands_its_place_to_the_next_look_and_that_one_is_promoted_if_it_clears():
+    s = _session(LOOKS + _compared(SFT), wins=(0.66, 0.60), verdicts=(_verdict(1, False), []))
     step = next_step(s, CFG)
-    assert (step.tool, step.args) == ("promote", {"candidate": SFT})
-    assert "best judged-holdout score of the stage's 2 cleared finalist(s) (0.660; dpo 0.600)" in step.rationale
-    # The same scores the other way round promote the better-screened DPO arm.
-    s = _session(JUDGED, wins=(0.60, 0.66), verdicts=(_verdict(2, True), _verdict(1, True)))
-    assert next_step(s, CFG).args == {"candidate": DPO}
-
-
-@pytest.mark.parametrize("cleared", [(True, False), (False, True)])
-def test_only_a_cleared_finalist_is_promoted_whatever_its_holdout_score(cleared):
-    sft_ok, dpo_ok = cleared
-    s = _session(JUDGED, wins=(0.58, 0.70) if sft_ok else (0.70, 0.58),
-                 verdicts=(_verdict(2, sft_ok), _verdict(1, dpo_ok)))
-    step = next_step(s, CFG)
-    assert (step.tool, step.args) == ("promote", {"candidate": SFT if sft_ok else DPO})
-    assert "of the stage's 1 cleared finalist(s)" in step.rationale
+    assert (step.tool, step.args) == ("compare", {"candidate": DPO})
+    assert "next on the stage's judged holdout (0.600; sft 0.660), the finalists above it rejected" in step.rationale
+    s = _session(LOOKS + _compared(SFT, DPO), wins=(0.66, 0.60), verdicts=(_verdict(1, False), _verdict(2, True)))
+    assert (next_step(s, CFG).tool, next_step(s, CFG).args) == ("promote", {"candidate": DPO})
 
 
 def test_a_stage_where_no_finalist_cleared_promotes_nothing_and_moves_on():
-    s = _session(JUDGED, wins=(0.55, 0.56), verdicts=(_verdict(2, False), _verdict(1, False)))
+    s = _session(LOOKS + _compared(SFT, DPO), wins=(0.66, 0.60), verdicts=(_verdict(1, False), _verdict(2, False)))
     step = next_step(s, CFG)
     assert step.tool == "stop" and step.args == {"reason": "protocol complete"}  # no promoted arm: no dose
 
 
-def test_after_the_stage_promotes_its_choice_the_next_stage_follows_the_promoted_arm():
-    promoted = JUDGED + [_call(11, "promote", {"candidate": SFT})]
-    s = _session(promoted, wins=(0.66, 0.60), verdicts=(_verdict(2, True), _verdict(1, True)), incumbent=SFT)
+def test_a_promoted_leader_ends_the_stage_and_the_next_stage_follows_it():
+    promoted = LOOKS + _compared(SFT) + [_call(11, "promote", {"candidate": SFT})]
+    # DPO is never compared, not even against the new incumbent, though it screens above it here.
+    s = _session(promoted, wins=(0.66, 0.60), verdicts=(_verdict(1, True), []), incumbent=SFT)
     step = next_step(s, CFG)
     assert (step.tool, step.args) == ("merge", {"method": "dose", "models": [1, SFT], "alpha": 0.5})
     # With a sweep, it follows the promoted arm's family (SFT), not the better-screened one (DPO).
     swept = CFG.model_copy(update={"sweep": (2.0,), "dose_alphas": ()})
     step = next_step(s, swept)
     assert (step.tool, step.args["trainer"], step.args["lr"]) == ("train", "sft", 2e-3)
-    assert next_step(s, swept.model_copy(update={"best_of_stage": False})).args["trainer"] == "dpo"
+
+
+def test_no_holdout_look_for_a_finalist_no_p_value_is_left_for():
+    s = _session([_call(7, "compare", {"candidate": 99}), _call(8, "compare", {"candidate": 98}),
+                  _call(12, "compare", {"candidate": 97})])
+    assert next_step(s, CFG).tool == "stop"  # p_family 3, all spent elsewhere
 
 
 def test_settings_the_short_protocol_and_sessions_recorded_before_the_setting():

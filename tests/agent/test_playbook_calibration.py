@@ -70,7 +70,7 @@ def test_a_promoted_incumbent_is_not_calibrated_before_a_step_reads_it():
 def test_the_judged_eval_of_a_screened_finalist_calibrates_the_incumbent_first():
     step = next_step(_session(dose=_metrics(5)), CFG)  # one floor above the incumbent: a finalist
     assert (step.tool, step.args) == ("calibrate", {"artifact": 3, "k": 3})
-    assert "now that the next step (evaluate: evaluate dose at its served decoding) reads it" in step.rationale
+    assert "now that the next step (evaluate: judged holdout of finalist dose (screened +1.00" in step.rationale
     # calibrated: the holdout eval itself
     step = next_step(_session(dose=_metrics(5), calibrated=[1, 3]), CFG)
     assert (step.tool, step.args) == ("evaluate", {"artifact": 5, "suites": ["holdout"]})

@@ -15,8 +15,10 @@ from agent.toolbox import canonical_args
 RULES = ["holdout/win_score p <= 0.05", "synthetic/correct delta >= -1 * noise_floor",
          "loops/looping delta <= 1 * noise_floor"]
 CHEAP = ["synthetic", "loops"]
+# The short protocol as it was before best of stage (sessions recorded so replay with it); best of stage's own
+# order (every finalist's holdout look first, then the bars in the looks' order) is in test_playbook_best_of_stage.py.
 CFG = PlaybookSettings(families=("sft", "dpo"), sweep=(), soup=False, dose_alphas=(), serving=(), finalists=1,
-                       fallbacks=1, trajectory=())
+                       fallbacks=1, trajectory=(), best_of_stage=False)
 REPLICATES = {"artifact": 3, "suites": CHEAP, "replicates": 3}
 
 
