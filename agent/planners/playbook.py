@@ -394,9 +394,9 @@ def _best_of_stage(s: Summary, finalists: list, judged: list[str]) -> Iterator[T
     finalists in order of their judged score go under the bars (replicate draws, comparison, promotion) until one
     is promoted: the leader, or the next when the bars reject it. The cheap suites that chose the finalists measure
     stopping, looping and verified answers, not the win rate; the holdout is the suite nearest it. Replicates and
-    p-values go to the leader only, and a leader picked from k looks is tested on the same looks at no more than
-    the bars' family allows (`comparisons()` counts every finalist of the stage, so Holm's first bar is at most
-    alpha / k)."""
+    p-values go to the leader first. Testing the leader of k looks on those same looks stays inside the bars' error
+    rate because `comparisons()` counts every finalist in the family: its rejection is one of the k finalists' own
+    tests rejecting, which the family already pays for."""
     if not _p_fits(s):  # no comparison can follow: no holdout look for a finalist not compared yet
         finalists = [c for c in finalists if s.call("compare", {"candidate": c.id}) is not None]
     for cand in finalists:
@@ -411,10 +411,7 @@ def _best_of_stage(s: Summary, finalists: list, judged: list[str]) -> Iterator[T
 
 
 def _judge(s: Summary, cand, suites: list[str] | None, why: str) -> Iterator[ToolCall]:
-    """Evaluate the candidate on `suites` (None: every open suite), compare it with the incumbent, promote it. A
-    candidate no p-value is left for is not evaluated either."""
-    if s.call("compare", {"candidate": cand.id}) is None and not _p_fits(s):
-        return
+    """Evaluate the candidate on `suites` (None: every open suite), compare it with the incumbent, promote it."""
     ok = yield from _evaluate(s, cand, suites, f"evaluate {cand.name} at its served decoding")
     if not ok:
         return
