@@ -2,12 +2,14 @@
 
     .venv/bin/python bench/first_cleared.py --work /tmp/dq --seed-list 1,2,3,4,5,6,7,8,9,10
 
-Before `best_of_stage`, the short protocol promoted its best-screened finalist as soon as it cleared the bars and
-judged the second arm only as a fallback when the first was rejected. Both rules compare the same arms against the
-parent in the same order, so the old rule's first-stage choice is read from the comparisons a best-of-stage
-session recorded: the first one against the parent that cleared. Its dose would have followed its own arm; the
-line says how many doses the session promoted (with none, the old rule's nominee is its first-stage arm). True
-win rates come from the run's rows (WORK/seed-SEED.json, written by bench/decision_quality.py).
+Before `best_of_stage`, the short protocol took its first-stage arms in screen order (the playbook's own screen
+score against the parent): the first one was compared with the parent and promoted if it cleared, and the second
+was compared only as a fallback when the first was rejected. This reads each session's recorded comparisons against
+the parent in that order. A session that lacks a comparison the old rule would have read (a best-of-stage session
+whose holdout leader cleared never compares the other arm) cannot be re-judged, and is said so. The old rule's dose
+would have followed its own arm; the line says how many doses the session promoted (with none, the old rule's
+nominee is its first-stage arm). True win rates come from the run's rows (WORK/seed-SEED.json, written by
+bench/decision_quality.py).
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from agent.planners.playbook import _screen  # noqa: E402
+from agent.summary import summarize  # noqa: E402
 from memory.notebook import Notebook  # noqa: E402
 
 SESSION = "dq"
@@ -27,13 +31,24 @@ SESSION = "dq"
 def first_cleared(work: Path, seed: int) -> dict:
     row = json.loads((work / f"seed-{seed}.json").read_text())
     truth = {c["id"]: c["vs_parent"]["win_rate"] for c in row["candidates"]}
+    parent = row["parent"]
     with Notebook.open(work / f"lab-{seed}" / "notebook.db", readonly=True) as nb:
-        against_parent = [c for c in nb.comparisons(SESSION) if c.incumbent == row["parent"]]
+        s = summarize(nb, SESSION).model_copy(update={"incumbent": parent})  # the first stage's view
         promoted = [nb.artifact(d.payload.get("artifact_id")) for d in nb.decisions(SESSION, kind="promote")
                     if d.payload.get("action") == "incumbent"]
-    old = next((c.candidate for c in against_parent if c.promoted), row["parent"])
+    arms = sorted((c for c in s.checkpoints if c.origin.startswith("train:") and _screen(s, c) > 0),
+                  key=lambda c: (-_screen(s, c), c.id))
+    old: int | None = parent
+    for arm in arms[:2]:  # one finalist and one fallback
+        verdicts = [v for v in arm.verdicts if v.incumbent == parent]
+        if not verdicts:
+            old = None  # a comparison the old rule would read was never made
+            break
+        if verdicts[0].promoted:
+            old = arm.id
+            break
     new = row["policies"]["playbook"]["nominee"]
-    return {"seed": seed, "first_cleared": old, "first_cleared_win_rate": truth[old], "best_of_stage": new,
+    return {"seed": seed, "first_cleared": old, "first_cleared_win_rate": truth.get(old), "best_of_stage": new,
             "best_of_stage_win_rate": truth[new], "doses_promoted": sum("merge" in a.recipe for a in promoted)}
 
 
@@ -44,11 +59,16 @@ def main() -> int:
     args = p.parse_args()
     rows = [first_cleared(args.work, int(s)) for s in args.seed_list.split(",")]
     for r in rows:
-        print(f"seed {r['seed']}: first cleared {r['first_cleared']} {r['first_cleared_win_rate']:.3f}, best of stage "
-              f"{r['best_of_stage']} {r['best_of_stage_win_rate']:.3f}, doses promoted {r['doses_promoted']}")
-    gain = {k: sum(r[f"{k}_win_rate"] - 0.5 for r in rows) / len(rows) for k in ("first_cleared", "best_of_stage")}
-    print(f"mean true gain: first cleared {gain['first_cleared']:+.4f}, best of stage {gain['best_of_stage']:+.4f}; "
-          f"sessions that differ: {sum(r['first_cleared'] != r['best_of_stage'] for r in rows)}")
+        old = ("not re-applicable (a comparison it reads was not made)" if r["first_cleared"] is None
+               else f"{r['first_cleared']} {r['first_cleared_win_rate']:.3f}")
+        print(f"seed {r['seed']}: first cleared {old}, best of stage {r['best_of_stage']} "
+              f"{r['best_of_stage_win_rate']:.3f}, doses promoted {r['doses_promoted']}")
+    both = [r for r in rows if r["first_cleared"] is not None]
+    gain = {k: sum(r[f"{k}_win_rate"] - 0.5 for r in both) / len(both) if both else 0.0
+            for k in ("first_cleared", "best_of_stage")}
+    print(f"{len(both)} of {len(rows)} sessions re-judged; mean true gain there: first cleared "
+          f"{gain['first_cleared']:+.4f}, best of stage {gain['best_of_stage']:+.4f}; sessions that differ: "
+          f"{sum(r['first_cleared'] != r['best_of_stage'] for r in both)}")
     return 0
 
 
