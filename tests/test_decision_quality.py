@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 import sqlite3
 import subprocess
@@ -172,6 +173,25 @@ def test_false_promotions_recomputed_from_the_notebooks(bench_run):
     assert totals == {name: result["summary"][name]["false_promotions"] for name in POLICIES}
 
 
+@pytest.mark.slow
+def test_first_cleared_reads_the_old_stage_rule_from_the_recorded_comparisons(bench_run):
+    # bench/first_cleared.py on the reduced run: every session is re-judged (the test protocol compares its one arm
+    # unscreened, so no comparison the old rule reads is missing), and its choice is the parent or a trained arm
+    # whose recorded comparison against the parent cleared (raw SQL), never one that failed.
+    result, work = bench_run
+    proc = subprocess.run([sys.executable, str(REPO / "bench/first_cleared.py"), "--work", str(work), "--seed-list",
+                           ",".join(map(str, SEEDS))], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = {int(m.group(1)): m.group(2) for m in re.finditer(r"^seed (\d+): first cleared (\S+)", proc.stdout, re.M)}
+    assert sorted(lines) == sorted(SEEDS) and f"{len(SEEDS)} of {len(SEEDS)} sessions re-judged" in proc.stdout
+    for s in result["sessions"]:
+        with sqlite3.connect(f"file:{Path(s['lab']) / 'notebook.db'}?mode=ro", uri=True) as conn:
+            cleared = {c for c, in conn.execute("SELECT candidate FROM comparison WHERE incumbent = ? AND promoted = 1 "
+                                                "AND candidate IN (SELECT id FROM artifact WHERE recipe LIKE "
+                                                "'%\"trainer\"%')", (s["parent"],))}
+        assert int(lines[s["seed"]]) in cleared | {s["parent"]}, (s["seed"], lines[s["seed"]], cleared)
+
+
 def _served(db: Path, parent: int) -> dict:
     with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
         (recipe,) = conn.execute("SELECT recipe FROM artifact WHERE id = ?", (parent,)).fetchone()
@@ -263,23 +283,26 @@ def test_both_arms_are_screened_on_the_cheap_suites_before_any_holdout_eval():
     assert (step.tool, step.args) == ("evaluate", {"artifact": 4, "suites": ["synthetic", "loops"]})
 
 
-def test_only_arms_that_screen_above_the_incumbent_spend_a_holdout_eval_and_a_p_value_best_screen_first():
-    # sft: +2 floors on synthetic, dpo: +4 (0.70 vs 0.50 at a floor of 0.05) -> dpo is the first finalist
+def test_only_arms_that_screen_above_the_incumbent_get_a_holdout_look_and_the_better_look_a_p_value_first():
+    # sft: +2 floors on synthetic, dpo: +4 (0.70 vs 0.50 at a floor of 0.05) -> dpo is the first finalist looked at
     cps, calls = _arms({"synthetic": {"correct": 0.60}, "loops": {"looping": 0.20}},
                        {"synthetic": {"correct": 0.70}, "loops": {"looping": 0.20}})
     step = next_step(_summary(cps, calls), SHORT)
     assert (step.tool, step.args) == ("evaluate", {"artifact": 4, "suites": ["holdout"]})
+    looked = calls + [_done(5, "evaluate", {"artifact": 4, "suites": ["holdout"]})]
     cps[2] = _cp(4, "train:dpo", cps[2].metrics | {"holdout": {"win_score": 0.6}})
-    step = next_step(_summary(cps, calls), SHORT)
-    assert (step.tool, step.args) == ("compare", {"candidate": 4})
-    # dpo judged (and not yet promoted): sft, which screened above the parent too, is the second finalist...
-    judged = calls + [_done(5, "evaluate", {"artifact": 4, "suites": ["holdout"]}), _done(6, "compare", {"candidate": 4})]
-    step = next_step(_summary(cps, judged), SHORT)
+    # sft screened above the parent too: its holdout look comes before any comparison...
+    step = next_step(_summary(cps, looked), SHORT)
     assert (step.tool, step.args) == ("evaluate", {"artifact": 3, "suites": ["holdout"]})
-    # ...unless it screened no better than the parent: then the stage is over, with no p-value spent on it.
+    # ...and the better look is compared first (sft, though it screened second)
+    both = looked + [_done(6, "evaluate", {"artifact": 3, "suites": ["holdout"]})]
+    cps[1] = _cp(3, "train:sft", cps[1].metrics | {"holdout": {"win_score": 0.65}})
+    step = next_step(_summary(cps, both), SHORT)
+    assert (step.tool, step.args) == ("compare", {"candidate": 3})
+    # An arm that screened no better than the parent gets no look and no p-value: dpo is compared at once.
     cps[1] = _cp(3, "train:sft", {"synthetic": {"correct": 0.50}, "loops": {"looping": 0.20}})
-    step = next_step(_summary(cps, judged), SHORT)
-    assert step.tool == "stop"
+    step = next_step(_summary(cps, looked), SHORT)
+    assert (step.tool, step.args) == ("compare", {"candidate": 4})
 
 
 def test_no_arm_that_screens_no_better_than_the_incumbent_is_compared():
@@ -293,10 +316,12 @@ def test_no_arm_that_screens_no_better_than_the_incumbent_is_compared():
 def test_no_comparison_beyond_the_pre_registered_p_family():
     cps, calls = _arms({"synthetic": {"correct": 0.60}, "loops": {"looping": 0.20}},
                        {"synthetic": {"correct": 0.70}, "loops": {"looping": 0.20}})
+    cps[1] = _cp(3, "train:sft", cps[1].metrics | {"holdout": {"win_score": 0.55}})
     cps[2] = _cp(4, "train:dpo", cps[2].metrics | {"holdout": {"win_score": 0.6}})
     spent = [_done(9, "compare", {"candidate": 99}, {}), _done(10, "compare", {"candidate": 98}, {})]
     assert next_step(_summary(cps, calls + spent, p_family=2), SHORT).tool == "stop"
-    assert next_step(_summary(cps, calls + spent, p_family=3), SHORT).tool == "compare"
+    step = next_step(_summary(cps, calls + spent, p_family=3), SHORT)
+    assert (step.tool, step.args) == ("compare", {"candidate": 4})
 
 
 def test_a_step_a_gate_refused_is_never_proposed_again():
