@@ -171,7 +171,7 @@ def add_check_feedback_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_check_feedback(args: argparse.Namespace) -> int:
-    from tools.feedback import check_feedback_command
+    from tools.data.feedback import check_feedback_command
 
     return check_feedback_command(args.file)
 
@@ -200,7 +200,7 @@ def add_check_bundle_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_check_bundle(args: argparse.Namespace) -> int:
-    from tools.check_bundle import check_bundle_command
+    from tools.nomination.check_bundle import check_bundle_command
 
     return check_bundle_command(args.bundle, args.lab)
 

@@ -47,7 +47,7 @@ from pydantic import (
 
 from core.jsonl import JSONLineError, describe_non_file, loads
 from evals.decoding import Decoding
-from tools.executor import ExecutorSection, SlurmSection
+from tools.jobs.executor import ExecutorSection, SlurmSection
 
 LAB_FILE = "lab.toml"
 MAX_TOML_DEPTH = 8  # the deepest legitimate key, executor.slurm.extra_sbatch[i], is 4 levels down
@@ -169,7 +169,7 @@ TokenizerDir = Annotated[Path, _PathStr, AfterValidator(_a_tokenizer_dir)]
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", re.ASCII)
 _SLURM_WORD_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.,:+@-]{0,127}", re.ASCII)
 _SBATCH_RE = re.compile(r"--(?P<key>[a-z][a-z0-9_-]*)(?:=(?P<value>[!-~]+))?", re.ASCII)
-# Options the launcher sets itself (tools/launcher.py) or that would move the logs it reads.
+# Options the launcher sets itself (tools/jobs/launcher.py) or that would move the logs it reads.
 _RESERVED_SBATCH = {"partition", "account", "qos", "time", "job-name", "nodes", "ntasks-per-node", "gpus-per-node",
                     "cpus-per-task", "mem", "signal", "output", "error", "array", "wrap", "chdir", "open-mode"}
 

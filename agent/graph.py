@@ -36,7 +36,7 @@ from agent.state import AgentState, initial_state
 from agent.summary import Summary, summarize
 from memory.notebook import tool_call_key
 from tools.context import ToolContext, ToolOutcome
-from tools.launcher import Launcher
+from tools.jobs.launcher import Launcher
 
 MAX_BAD_REPLIES = 3
 MAX_REFUSALS_IN_ROW = 3

@@ -25,8 +25,8 @@ from agent.config import LabConfig, LabConfigError
 from core.jsonl import JSONLError, read_lines
 from evals import bars, synthetic
 from evals.types import Item
-from tools.datasets import DatasetError, read_chat_rows
-from tools.feedback import MAX_LISTED, FeedbackError, load_feedback
+from tools.data.datasets import DatasetError, read_chat_rows
+from tools.data.feedback import MAX_LISTED, FeedbackError, load_feedback
 
 # Item fields each scorer reads besides the conversation (evals/<scorer>.py).
 SCORER_NEEDS: dict[str, tuple[str, ...]] = {

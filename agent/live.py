@@ -22,7 +22,7 @@ from rich.text import Text
 
 from agent.summary import Summary
 from memory.notebook import Notebook
-from tools.progress import last_metrics, metrics_path
+from tools.jobs.progress import last_metrics, metrics_path
 
 
 class Reporter(Protocol):

@@ -35,7 +35,7 @@ from agent.live import Silent
 from agent.planners.playbook import Playbook, PlaybookSettings
 from memory.notebook import Decision, JobRecord, Notebook, NotebookError
 from tools.context import ToolContext, WouldLaunch
-from tools.launcher import JobFailed, Launcher, Resources
+from tools.jobs.launcher import JobFailed, Launcher, Resources
 from tools.paths import LabPaths
 from tools.promote import start_incumbent
 

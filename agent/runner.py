@@ -25,9 +25,9 @@ from core.util import canonical_json, sha256_text
 from evals.job import CallableJudgeSpec, OpenAIJudgeSpec
 from memory.notebook import Notebook, NotebookError
 from tools.context import LabSpec, LabSuite, LabTruth, ToolContext
-from tools.datasets import ReplaySource
-from tools.executor import ExecutorSection
-from tools.launcher import Launcher, Resources
+from tools.data.datasets import ReplaySource
+from tools.jobs.executor import ExecutorSection
+from tools.jobs.launcher import Launcher, Resources
 from tools.paths import LabPaths
 from tools.promote import start_incumbent
 

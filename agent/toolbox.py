@@ -19,7 +19,6 @@ from tools import (
     merge,
     nominate,
     promote,
-    publish,
     register_bars,
     sealed_open,
     stop,
@@ -27,7 +26,8 @@ from tools import (
     tune_serving,
 )
 from tools.context import ToolContext, ToolOutcome
-from tools.launcher import Launcher
+from tools.jobs.launcher import Launcher
+from tools.nomination import publish
 
 TOOLS: dict[str, ModuleType] = {m.NAME: m for m in (
     ingest, register_bars, build_dataset, calibrate, train, merge, evaluate, compare, promote, tune_serving,

@@ -1,6 +1,6 @@
 """Job engine overhead: submit -> job start and job end -> result in the agent, median of N empty jobs;
 the cost of resuming: a fresh launcher's `attach(key)` reading back a finished job; and what the local
-zygote (tools/zygote.py) saves: the same jobs with it and without it, side by side.
+zygote (tools/jobs/zygote.py) saves: the same jobs with it and without it, side by side.
 
     .venv/bin/python bench/job_overhead.py [--jobs 20] [--executors local slurm] [--zygote-jobs 5]
         [--session-test] [--out bench/results/job_overhead.json]
@@ -43,10 +43,10 @@ from pathlib import Path
 
 from core import tiny
 from memory.notebook import Notebook
-from tools import zygote
-from tools.executor import ExecutorSection, SlurmSection
-from tools.launcher import Launcher, LocalBackend, Resources
-from tools.probe import EmptyConfig, empty
+from tools.jobs import zygote
+from tools.jobs.executor import ExecutorSection, SlurmSection
+from tools.jobs.launcher import Launcher, LocalBackend, Resources
+from tools.jobs.probe import EmptyConfig, empty
 from trainers import sft
 
 REPO = Path(__file__).resolve().parents[1]

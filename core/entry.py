@@ -3,7 +3,7 @@
     python -m trainers.sft run/config.json
     python -m trainers.merge soup merge/config.json
     python -m evals.job eval/config.json
-    python -m tools.datasets winner_sft build/config.json
+    python -m tools.data.datasets winner_sft build/config.json
 
 A missing or unreadable file, invalid JSON, or a config that fails validation is one message naming the file
 (and the field, or the line and column of the JSON error), exit status 2, never a traceback. A job that fails

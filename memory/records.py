@@ -19,7 +19,7 @@ DecisionKind = Literal[
     "register_bars", "ingest", "build", "evaluate", "confirm", "fail", "nominate", "truth", "stop",
 ]
 JobState = Literal["pending", "running", "completed", "failed"]
-# The launcher's failure classes (tools/failures.py keeps the same list; a test holds them equal:
+# The launcher's failure classes (tools/jobs/failures.py keeps the same list; a test holds them equal:
 # memory sits below tools and cannot import it).
 FailureClass = Literal["oom", "preempted", "timeout", "nccl_timeout", "nan_loss", "node_failure", "cancelled", "error"]
 SessionStatus = Literal["open", "done", "failed", "stopped"]
@@ -52,7 +52,7 @@ class _Payload(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     def get(self, key: str, default: Any = None) -> Any:
-        """Dict-style read, kept for callers written before payloads were typed (tools/launcher.py)."""
+        """Dict-style read, kept for callers written before payloads were typed (tools/jobs/launcher.py)."""
         return getattr(self, key, default)
 
 

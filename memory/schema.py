@@ -160,7 +160,7 @@ CREATE TABLE feedback_split (
 );
 """
 
-# Jobs survive the agent process (tools/launcher.py `Launcher.attach`): each row names its job
+# Jobs survive the agent process (tools/jobs/launcher.py `Launcher.attach`): each row names its job
 # function and result model; the cost keeps the measured device-seconds beside the GPU-hours charged.
 V2 = """
 ALTER TABLE job ADD COLUMN fn TEXT;              -- job function, "module:qualname"

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from memory.notebook import Notebook, NotebookError
-from tools import zygote
+from tools.jobs import zygote
 
 sys.path.insert(0, str(Path(__file__).parent / "agent"))
 from labkit import make_lab  # noqa: E402
@@ -112,7 +112,7 @@ def _one_thread_per_process():
 @pytest.fixture(scope="session", autouse=True)
 def _own_zygotes(tmp_path_factory: pytest.TempPathFactory, _one_thread_per_process):
     """Local jobs (agents' too: they inherit the variable) fork from zygotes of this test process's own
-    directory (tools/zygote.py), stopped when the tests end: none outlives the suite, and none is
+    directory (tools/jobs/zygote.py), stopped when the tests end: none outlives the suite, and none is
     shared with a developer's session.
 
     On an xdist worker (`make test`: every worker runs jobs) the zygote for this process's environment

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from bench import train_scaling
-from tools.jobrun import NO_MULTICAST_ENV
+from tools.jobs.jobrun import NO_MULTICAST_ENV
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 2

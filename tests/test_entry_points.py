@@ -21,7 +21,7 @@ ENTRY_POINTS = [
     ("trainers.rft", [], "model"),
     ("trainers.merge", ["soup"], "models"),
     ("evals.job", [], "model"),
-    ("tools.datasets", ["winner_sft"], "split"),
+    ("tools.data.datasets", ["winner_sft"], "split"),
 ]
 
 

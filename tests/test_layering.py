@@ -57,8 +57,8 @@ def test_no_import_points_upward():
 
 def test_the_walker_sees_function_level_imports(tmp_path):
     probe = tmp_path / "probe.py"
-    probe.write_text("def f():\n    from agent.graph import build\n    import tools.launcher\n")
-    assert [m for _, m in _imports(probe)] == ["agent.graph", "tools.launcher"]
+    probe.write_text("def f():\n    from agent.graph import build\n    import tools.jobs.launcher\n")
+    assert [m for _, m in _imports(probe)] == ["agent.graph", "tools.jobs.launcher"]
 
 
 def _heavy_modules_after(code: str, heavy: tuple[str, ...] = ("torch", "transformers")) -> str:
@@ -80,3 +80,74 @@ def test_check_feedback_imports_neither_torch_nor_transformers_nor_the_notebook(
     code = f"import run_agent\nrc = run_agent.main(['check-feedback', {str(feedback)!r}])\nassert rc == 0, rc"
     # pandas arrives with sqlite-utils (the notebook): a feedback check opens no notebook, so it stays out too.
     assert _heavy_modules_after(code, ("torch", "transformers", "pandas", "memory.notebook")) == "[]"
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Module -> the project modules it imports (function-level imports included; `from pkg import mod` counts as
+    importing pkg.mod where that is a module)."""
+    modules = {_module_name(p): p for _, p in _sources()}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        deps = set()
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                deps |= {a.name for a in node.names if a.name in modules}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                subs = {f"{node.module}.{a.name}" for a in node.names} & modules.keys()
+                deps |= subs or ({node.module} & modules.keys())
+        graph[name] = deps - {name}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle per strongly connected component of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_cycle_inside_a_package():
+    graph = _import_graph()
+    top = {m: m.split(".")[0] for m in graph}
+    # A package's own __init__ is left out: importing a submodule always runs it, which is no cycle of behaviour.
+    within = {m: {d for d in deps if top.get(d, d.split(".")[0]) == top[m] and d != top[m]} for m, deps in graph.items()}
+    cycles = _cycles(within)
+    assert not cycles, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in cycles)
+
+
+def test_the_cycle_finder_sees_a_function_level_cycle():
+    assert _cycles({"a.x": {"a.y"}, "a.y": {"a.x"}, "a.z": set()}) == [["a.x", "a.y"]]

@@ -21,10 +21,10 @@ from evals.job import EvalJobConfig, SuiteSpec
 from evals.job import run as run_eval
 from evals.records import record_result
 from memory.notebook import Notebook
-from tools.datasets import WinnerSFTConfig, build_winner_sft, record_dataset
-from tools.executor import ExecutorSection
-from tools.launcher import Launcher, Resources
-from tools.splits import SplitConfig, ingest_feedback
+from tools.data.datasets import WinnerSFTConfig, build_winner_sft, record_dataset
+from tools.data.splits import SplitConfig, ingest_feedback
+from tools.jobs.executor import ExecutorSection
+from tools.jobs.launcher import Launcher, Resources
 from trainers import sft
 from trainers.common import weights_sha256
 

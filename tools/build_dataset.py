@@ -1,4 +1,4 @@
-"""Tool `build_dataset`: build one audited training set (any builder of tools/datasets.py) as a job.
+"""Tool `build_dataset`: build one audited training set (any builder of tools/data/datasets.py) as a job.
 
 The planner names the builder and its intent (repeat, cleanup, task counts, parts by dataset id);
 the tool fills in the lab's files: the feedback, the session's split, every eval suite as an audit
@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from evals.synthetic import Family
 from tools import ingest
 from tools.context import ToolContext, ToolOutcome, content_name, invoke, record_once
-from tools.datasets import BUILDERS, DatasetManifest, MixPart, record_dataset
+from tools.data.datasets import BUILDERS, DatasetManifest, MixPart, record_dataset
 
 NAME = "build_dataset"
 Builder = Literal["winner_sft", "battle_pairs", "replay_mix", "synthetic_verified", "mix"]
@@ -47,7 +47,7 @@ class BuildJob(BaseModel):
     """Config of the build job: one builder and its full config."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    builder: Builder = Field(description="Builder name (tools.datasets.BUILDERS).")
+    builder: Builder = Field(description="Builder name (tools.data.datasets.BUILDERS).")
     config: dict[str, Any] = Field(description="The builder's config as JSON.")
 
 

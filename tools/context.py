@@ -22,8 +22,8 @@ from core.util import canonical_json, sha256_text
 from evals.decoding import Decoding
 from evals.job import CallableJudgeSpec, OpenAIJudgeSpec
 from memory.notebook import Notebook
-from tools.datasets import ReplaySource
-from tools.launcher import BudgetRefused, JobFailed, Resources
+from tools.data.datasets import ReplaySource
+from tools.jobs.launcher import BudgetRefused, JobFailed, Resources
 from tools.paths import LabPaths
 
 A = TypeVar("A", bound=BaseModel)
@@ -101,7 +101,7 @@ class JobHandle(Protocol[R]):
 
 
 class Submitter(Protocol):
-    """The launcher (tools/launcher.py), or replay's server of recorded results (agent/replay.py)."""
+    """The launcher (tools/jobs/launcher.py), or replay's server of recorded results (agent/replay.py)."""
 
     def submit(self, kind: str, fn: Callable[[Any], R], args: BaseModel, resources: Resources) -> JobHandle[R]: ...
 

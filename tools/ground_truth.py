@@ -6,7 +6,7 @@ lab declares in lab.toml (`[truth]`), as a job; its result is recorded as a `tru
     n = 300
 
 The nomination step (agent/graph.py) runs it after the sealed confirmation and before `publish`, on the
-nomination reserve like the sealed confirmation, so that the card (tools/card.py) and the session report
+nomination reserve like the sealed confirmation, so that the card (tools/nomination/card.py) and the session report
 (memory/report.py) show it. It measures the agent; it is not evidence the agent may use: the planner's
 summary (agent/summary.py) leaves out its call, its job and its decision, no planner tool can ask for it,
 and nothing after it decides anything but publishing the bundle. A lab without `[truth]` gets no job and

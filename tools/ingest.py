@@ -2,7 +2,7 @@
 
 The split itself runs as a job (`split_job`, it reads the battles and writes the split file), so
 the agent process never handles battle text; the agent records the split (ids only) in the
-notebook. Battles of the lab's previous split keep their assignment (tools/splits.py, rule 4).
+notebook. Battles of the lab's previous split keep their assignment (tools/data/splits.py, rule 4).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from core.util import write_atomic
 from evals.types import Item
 from tools.context import ToolContext, ToolOutcome, invoke, record_once
-from tools.splits import Split, SplitConfig, split_file
+from tools.data.splits import Split, SplitConfig, split_file
 
 NAME = "ingest"
 

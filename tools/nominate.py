@@ -4,13 +4,13 @@ each failure (memory.records.BundleRefusal), its directory is removed, and the g
 candidate (then the parent).
 
 The bundle job (`bundle_job`) reads the notebook read-only, writes the bundle to the candidate's
-`bundles/<session>-<name>.candidate` directory (tools/bundle.py: weights, the one renderer's chat
-template, served decoding, evidence, model card) and runs check-bundle on it (tools/check_bundle.py:
+`bundles/<session>-<name>.candidate` directory (tools/nomination/bundle.py: weights, the one renderer's chat
+template, served decoding, evidence, model card) and runs check-bundle on it (tools/nomination/check_bundle.py:
 template compiles and renders like the trainer's renderer, the bundle reloads as a server loads it
 and answers cleanly).
 
 The nomination is not published yet: the sealed confirmation is opened for the nominee next
-(tools/sealed_open.py; it needs this `nominate` decision), and tools/publish.py then rewrites the
+(tools/sealed_open.py; it needs this `nominate` decision), and tools/nomination/publish.py then rewrites the
 card with the sealed result, checks that nothing else changed since this check and moves the bundle
 to `bundles/<session>-<name>`.
 """
@@ -24,9 +24,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from memory.notebook import Notebook
 from memory.records import BundleRefusal
-from tools.bundle import BundleError, bundle_files, bundle_sha256, write_bundle
-from tools.check_bundle import check_bundle
 from tools.context import ToolContext, ToolOutcome, invoke, record_once, served_of
+from tools.nomination.bundle import BundleError, bundle_files, bundle_sha256, write_bundle
+from tools.nomination.check_bundle import check_bundle
 
 NAME = "nominate"
 STAGED_SUFFIX = ".candidate"

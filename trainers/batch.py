@@ -74,6 +74,31 @@ def encode(
     return Encoded(r.input_ids[:max_len], r.loss_mask[:max_len], cut)
 
 
+def cut_answer(tokenizer: PreTrainedTokenizerBase, prompt: Sequence, answer: str, *, system_prompt: str | None,
+               max_len: int, max_prompt_length: int | None, max_completion_length: int | None) -> Encoded | None:
+    """One side of a preference pair: the prompt cut from the left to max_prompt_length, the answer whole (None when
+    it is longer than max_completion_length), then the max_len cut on the right as for every row."""
+    r = chat.render(tokenizer, [*prompt, {"role": "assistant", "content": answer}], system_prompt)
+    start = _answer_start(r.loss_mask)
+    ids, mask = r.input_ids, r.loss_mask
+    if max_completion_length is not None and sum(mask[start:]) > max_completion_length:
+        return None
+    cut = max_prompt_length is not None and start > max_prompt_length
+    if cut:
+        keep = start - max_prompt_length
+        ids, mask = ids[keep:], [0] * max_prompt_length + mask[start:]
+    over = len(ids) > max_len
+    return Encoded(ids[:max_len], mask[:max_len], cut or over)
+
+
+def _answer_start(mask: list[int]) -> int:
+    """Index of the final assistant answer's first token (the last run of supervised tokens)."""
+    end = max(i for i, m in enumerate(mask) if m)
+    while end > 0 and mask[end - 1]:
+        end -= 1
+    return end
+
+
 def check_supervised(encoded: Sequence[Encoded], data_path, max_len: int) -> None:
     """Refuses rows left with no supervised token after the cut at max_len (their loss would be 0/0)."""
     empty = [i + 1 for i, e in enumerate(encoded) if e.supervised == 0]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -120,6 +120,13 @@ class TrainConfig(BaseModel):
     allow_slow_mamba: bool = Field(
         False, description="On a GPU, train a Mamba/hybrid model even without mamba-ssm and causal-conv1d's kernels "
         "(the `gpu` extra): transformers then falls back to its pure-torch scan, ~15x slower. False = refuse.")
+
+    # Read by the memory estimate: whether the objective holds a frozen parent's logits beside the policy's.
+    kl_to_parent: ClassVar[bool] = False
+
+    def separate_parent(self) -> Path | None:
+        """The frozen parent model held in memory beside the policy (None: none, or the policy's own base weights)."""
+        return None
 
     @field_validator("model_path")
     @classmethod

@@ -23,7 +23,7 @@ from pydantic import BaseModel
 
 from core.util import file_sha256
 from trainers import distributed
-from trainers.batch import Encoded, encode
+from trainers.batch import Encoded, cut_answer, encode
 
 CACHE_FORMAT = 1
 
@@ -40,12 +40,9 @@ def _encode_messages(row: dict, *, tokenizer_path: str, system_prompt: str | Non
     return {"input_ids": e.input_ids, "loss_mask": e.loss_mask, "truncated": e.truncated}
 
 
-def _encode_pair(row: dict, *, config_json: str) -> dict:
-    from trainers.dpo import DPOConfig, cut_answer
-
-    config = DPOConfig.model_validate_json(config_json)
-    tok = _tokenizer(str(config.model_path))
-    sides = {side: cut_answer(tok, row["prompt"], row[side], config) for side in ("chosen", "rejected")}
+def _encode_pair(row: dict, *, tokenizer_path: str, settings: dict) -> dict:
+    tok = _tokenizer(tokenizer_path)
+    sides = {side: cut_answer(tok, row["prompt"], row[side], **settings) for side in ("chosen", "rejected")}
     dropped = any(e is None for e in sides.values())
     out: dict = {"dropped": dropped}
     for side, e in sides.items():
@@ -102,7 +99,7 @@ def encoded_pairs(rows: list[BaseModel], config) -> tuple[list[tuple[Encoded, En
     limits; and whether the cache was reused."""
     settings = {k: getattr(config, k) for k in ("system_prompt", "max_len", "max_prompt_length",
                                                 "max_completion_length")}
-    fn = partial(_encode_pair, config_json=config.model_dump_json())
+    fn = partial(_encode_pair, tokenizer_path=str(config.model_path), settings=settings)
     table, reused = _cached("dpo", rows, config.data_path, config.model_path, settings, fn, _num_proc())
     cols = table.to_dict()
     out = []

@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 from pydantic import BaseModel, ConfigDict, Field
 
-# How long a collective may wait for the slowest rank before the job fails (tools/failures.py classifies the
+# How long a collective may wait for the slowest rank before the job fails (tools/jobs/failures.py classifies the
 # backend's timeout message as nccl_timeout); the launcher may set TRAINER_COLLECTIVE_TIMEOUT_S.
 COLLECTIVE_TIMEOUT_S = 600.0
 

@@ -39,7 +39,6 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field, model_validator
 
-from core import chat
 from core.util import file_sha256, write_json_atomic
 from trainers import data_cache, distributed, losses
 from trainers.batch import Encoded, check_supervised, pad_batch
@@ -107,30 +106,6 @@ def cache_key(config: DPOConfig) -> str:
         "max_prompt_length": config.max_prompt_length, "max_completion_length": config.max_completion_length,
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
-
-
-def cut_answer(tokenizer, prompt, answer: str, config: DPOConfig) -> Encoded | None:
-    """One side of a pair: the prompt cut from the left to max_prompt_length, the answer whole (None when it is
-    longer than max_completion_length), then the max_len cut on the right as for every row."""
-    r = chat.render(tokenizer, [*prompt, {"role": "assistant", "content": answer}], config.system_prompt)
-    start = _answer_start(r.loss_mask)
-    ids, mask = r.input_ids, r.loss_mask
-    if config.max_completion_length is not None and sum(mask[start:]) > config.max_completion_length:
-        return None
-    cut = config.max_prompt_length is not None and start > config.max_prompt_length
-    if cut:
-        keep = start - config.max_prompt_length
-        ids, mask = ids[keep:], [0] * config.max_prompt_length + mask[start:]
-    over = len(ids) > config.max_len
-    return Encoded(ids[: config.max_len], mask[: config.max_len], cut or over)
-
-
-def _answer_start(mask: list[int]) -> int:
-    """Index of the final assistant answer's first token (the last run of supervised tokens)."""
-    end = max(i for i, m in enumerate(mask) if m)
-    while end > 0 and mask[end - 1]:
-        end -= 1
-    return end
 
 
 @torch.no_grad()

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -46,6 +47,14 @@ class KLCEConfig(TrainConfig):
 
     kl_coef: float = Field(0.1, ge=0, description="Weight of the forward KL to the parent on all supervised tokens.")
     parent_path: Path | None = Field(None, description="Frozen parent model directory; None = model_path.")
+
+    kl_to_parent: ClassVar[bool] = True
+
+    def separate_parent(self) -> Path | None:
+        """A LoRA policy whose parent is its own base reads the parent through its disabled adapter: no second copy."""
+        if self.lora is not None and self.parent_path in (None, self.model_path):
+            return None
+        return self.parent_path or self.model_path
 
     @model_validator(mode="after")
     def _parent_exists(self) -> KLCEConfig:

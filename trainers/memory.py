@@ -124,15 +124,13 @@ def check_fits(est: MemoryEstimate, gpu_bytes: float, what: str) -> None:
 def estimate_job(config: TrainConfig, world_size: int) -> MemoryEstimate:
     """The estimate for a trainer config on `world_size` GPUs (activation checkpointing resolved as the trainer
     resolves it; KL-CE's separate parent counted; the DPO reference pass runs before training, so it is not)."""
-    from trainers.klce import KLCEConfig
-
     shape = model_shape(config.model_path, config.lora)
     checkpointing = config.activation_checkpointing
     if checkpointing is None:
         checkpointing = shape.total_params > ACTIVATION_CHECKPOINTING_ABOVE
-    kl = isinstance(config, KLCEConfig)
-    separate_parent = kl and not (config.lora is not None and config.parent_path in (None, config.model_path))
-    parent = model_shape(config.parent_path or config.model_path, None).total_params if separate_parent else 0
+    kl = config.kl_to_parent
+    separate = config.separate_parent()
+    parent = model_shape(separate, None).total_params if separate is not None else 0
     return estimate(shape, world_size=world_size, micro_batch_size=config.micro_batch_size, seq_len=config.max_len,
                     compute_bytes=2 if config.compute_dtype == "bfloat16" else 4,
                     activation_checkpointing=checkpointing, loss_chunk_tokens=config.loss_chunk_tokens,

@@ -8,8 +8,6 @@ is the first finalist; the bars read one look a side, so no replicate draws come
 
 from __future__ import annotations
 
-import pytest
-
 from agent.planners.playbook import PlaybookSettings, next_step
 from agent.summary import Budget, Call, Checkpoint, Summary, Verdict
 from agent.toolbox import canonical_args

@@ -9,7 +9,7 @@ import pytest
 from core.chat import Message
 from evals.synthetic import FAMILIES, check, extract, family_of, generate, score
 from evals.types import Item, completion_from_text
-from tools.leak import Reference, audit, prompt_text
+from tools.data.leak import Reference, audit, prompt_text
 
 
 def _item(family: str, gold: str, prompt: str = "q") -> Item:

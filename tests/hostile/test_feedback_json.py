@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from core.jsonl import MAX_DEPTH, JSONLError, parse_lines, read_values
-from tools.feedback import FeedbackError, load_feedback, parse_feedback
+from tools.data.feedback import FeedbackError, load_feedback, parse_feedback
 
 sys.path.insert(0, str(Path(__file__).parent))
 from hostile_kit import BATTLE, assert_refused, battles, files, make_lab, run_cli  # noqa: E402

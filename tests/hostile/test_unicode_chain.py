@@ -14,9 +14,9 @@ from evals.job import read_items, write_jsonl
 from evals.types import Battle as ItemBattle
 from evals.types import Item
 from memory.notebook import Notebook
-from tools.datasets import BattlePairsConfig, WinnerSFTConfig, build_battle_pairs, build_winner_sft
-from tools.feedback import load_feedback
-from tools.splits import Split, SplitConfig, ingest_feedback
+from tools.data.datasets import BattlePairsConfig, WinnerSFTConfig, build_battle_pairs, build_winner_sft
+from tools.data.feedback import load_feedback
+from tools.data.splits import Split, SplitConfig, ingest_feedback
 from trainers.rows import PreferenceRow, SFTRow, read_rows
 
 SEPARATORS = ("\u2028", "\u2029", "\u0085")

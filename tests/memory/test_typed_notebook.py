@@ -116,7 +116,7 @@ def test_payloads_are_parsed_into_their_kind_on_read(nb: Notebook):
     nb.record_decision("s1", "plan", "free-form until the planner fixes it", {"next": "sft", "why": ["a"]})
     plan = nb.decisions("s1", kind="plan")[0]
     assert isinstance(plan.payload, NotePayload) and plan.payload.model_dump() == {"next": "sft", "why": ["a"]}
-    assert plan.payload.get("next") == "sft"  # the dict-style read tools/launcher.py uses
+    assert plan.payload.get("next") == "sft"  # the dict-style read tools/jobs/launcher.py uses
 
 
 def test_literal_fields_refuse_bad_values_on_write_and_name_the_row_on_read(nb: Notebook):
@@ -130,7 +130,7 @@ def test_literal_fields_refuse_bad_values_on_write_and_name_the_row_on_read(nb: 
 
 
 def test_failure_classes_match_the_launchers():
-    from tools.failures import FailureClass as LauncherFailureClass
+    from tools.jobs.failures import FailureClass as LauncherFailureClass
 
     assert get_args(FailureClass) == get_args(LauncherFailureClass)
 

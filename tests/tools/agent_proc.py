@@ -15,9 +15,9 @@ import sys
 from pathlib import Path
 
 from memory.notebook import Notebook
-from tools.executor import ExecutorSection, SlurmSection
-from tools.launcher import Job, Launcher, Resources
-from tools.probe import CountConfig, count
+from tools.jobs.executor import ExecutorSection, SlurmSection
+from tools.jobs.launcher import Job, Launcher, Resources
+from tools.jobs.probe import CountConfig, count
 
 
 def main() -> None:

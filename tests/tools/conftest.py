@@ -14,8 +14,8 @@ import pytest
 
 from core import tiny
 from memory.notebook import Notebook
-from tools.executor import ExecutorSection, SlurmSection
-from tools.launcher import Launcher
+from tools.jobs.executor import ExecutorSection, SlurmSection
+from tools.jobs.launcher import Launcher
 
 SESSION = "s1"
 

@@ -18,7 +18,7 @@ from core.util import file_sha256
 from evals.synthetic import check, generate
 from evals.types import Item
 from memory.notebook import Notebook
-from tools.datasets import (
+from tools.data.datasets import (
     BattlePairsConfig,
     DatasetError,
     MixConfig,
@@ -36,8 +36,8 @@ from tools.datasets import (
     manifest_path,
     record_dataset,
 )
-from tools.leak import LeakError
-from tools.splits import Split, SplitConfig, ingest_feedback
+from tools.data.leak import LeakError
+from tools.data.splits import Split, SplitConfig, ingest_feedback
 from trainers.rows import KLCERow, PreferenceRow, SFTRow, read_rows
 
 SYS = "You are a careful assistant."
@@ -275,7 +275,7 @@ def test_command_line_builds_and_refuses_a_leak(lab, tmp_path):
     base = {k: (str(v) if isinstance(v, Path) else [str(x) for x in v]) for k, v in lab["base"].items()}
     cfg = tmp_path / "cfg.json"
     cfg.write_text(json.dumps(base | {"out": str(tmp_path / "w.jsonl"), "system_prompt": SYS}))
-    run = [sys.executable, "-m", "tools.datasets", "winner_sft", str(cfg)]
+    run = [sys.executable, "-m", "tools.data.datasets", "winner_sft", str(cfg)]
     res = subprocess.run(run, cwd=repo, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert "3 rows" in res.stdout and file_sha256(tmp_path / "w.jsonl") in res.stdout

@@ -49,8 +49,11 @@ from evals.sealed import judge_open
 from evals.types import Item
 from memory.notebook import Notebook
 from memory.records import BundleRefusal
-from tools import bundle as bundle_mod
-from tools.bundle import (
+from tools.context import content_name
+from tools.data.datasets import ReplayMixConfig, ReplaySource, build_replay_mix, record_dataset
+from tools.data.splits import SplitConfig, ingest_feedback
+from tools.nomination import bundle as bundle_mod
+from tools.nomination.bundle import (
     BundleError,
     ServingConfig,
     TrainingEvidence,
@@ -58,11 +61,8 @@ from tools.bundle import (
     bundle_sha256,
     write_bundle,
 )
-from tools.check_bundle import _parse, check_bundle, reload_stops
-from tools.context import content_name
-from tools.datasets import ReplayMixConfig, ReplaySource, build_replay_mix, record_dataset
-from tools.publish import PublishJob, publish_job
-from tools.splits import SplitConfig, ingest_feedback
+from tools.nomination.check_bundle import _parse, check_bundle, reload_stops
+from tools.nomination.publish import PublishJob, publish_job
 from trainers import merge, sft
 from trainers.common import LoRASettings, NonFiniteLoss, weights_sha256
 

@@ -11,7 +11,7 @@ import math
 import pytest
 from scipy.stats import binomtest, t
 
-from tools import card
+from tools.nomination import card
 
 
 def test_numbers_carry_their_reference_right_after_them():

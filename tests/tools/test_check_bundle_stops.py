@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tools.check_bundle import STOP_ALPHA, Answer, MeasuredStops, answer_problems, stop_verdict
+from tools.nomination.check_bundle import STOP_ALPHA, Answer, MeasuredStops, answer_problems, stop_verdict
 
 
 def _answers(stopped: int, total: int = 5) -> list[Answer]:

@@ -13,8 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from memory.notebook import Notebook
-from tools.feedback import FeedbackError, load_feedback, parse_feedback, summarize
-from tools.splits import SplitConfig, ingest_feedback
+from tools.data.feedback import FeedbackError, load_feedback, parse_feedback, summarize
+from tools.data.splits import SplitConfig, ingest_feedback
 
 REPO = Path(__file__).resolve().parents[2]
 GOOD = {"id": "g", "messages": [{"role": "user", "content": "q"}], "own": "a", "other": "b", "vote": "own"}

@@ -28,7 +28,7 @@ from evals.decoding import Decoding
 from memory.notebook import Notebook
 from memory.records import TruthPayload
 from memory.report import write_report
-from tools import card
+from tools.nomination import card
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hostile"))
 from hostile_kit import LAB_TOML, REPO, make_lab  # noqa: E402

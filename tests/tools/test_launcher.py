@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from memory.notebook import Notebook
-from tools.executor import ExecutorSection
-from tools.jobrun import HEARTBEAT_S
-from tools.launcher import JobFailed, Launcher, Resources, _controller_alive
-from tools.probe import CountConfig, count
+from tools.jobs.executor import ExecutorSection
+from tools.jobs.jobrun import HEARTBEAT_S
+from tools.jobs.launcher import JobFailed, Launcher, Resources, _controller_alive
+from tools.jobs.probe import CountConfig, count
 
 SESSION = "s1"  # the session the conftest's notebook fixture opens
 

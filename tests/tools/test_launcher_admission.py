@@ -11,8 +11,8 @@ from submitit.core.utils import DelayedSubmission
 
 from core import tiny
 from memory.notebook import Notebook
-from tools.executor import ExecutorSection, SlurmSection
-from tools.launcher import (
+from tools.jobs.executor import ExecutorSection, SlurmSection
+from tools.jobs.launcher import (
     SIGNAL_LEAD_FLOOR_S,
     Launcher,
     MemoryRefused,
@@ -20,7 +20,7 @@ from tools.launcher import (
     SlurmBackend,
     signal_lead_s,
 )
-from tools.probe import EmptyConfig, empty
+from tools.jobs.probe import EmptyConfig, empty
 from trainers import sft
 
 SESSION = "s1"

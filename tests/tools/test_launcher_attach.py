@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from memory.notebook import Notebook
-from tools.executor import ExecutorSection
-from tools.launcher import JobFailed, Launcher, Resources, _controller_alive
-from tools.probe import CountConfig, EmptyConfig, count
+from tools.jobs.executor import ExecutorSection
+from tools.jobs.launcher import JobFailed, Launcher, Resources, _controller_alive
+from tools.jobs.probe import CountConfig, EmptyConfig, count
 
 SESSION = "s1"  # the session the conftest's notebook fixture opens
 AGENT = str(Path(__file__).with_name("agent_proc.py"))
@@ -98,12 +98,12 @@ def test_attach_refuses_what_it_cannot_rebuild(tmp_path: Path) -> None:
     with pytest.raises(LookupError, match="no job 000000000000 in session 's1'"):
         launcher.attach("0" * 64)
     nb.start_job("k" * 64, session="s1", kind="probe", executor="slurm", resources={}, forecast_gpuh=0.1,
-                 fn="tools.probe:count", result_type="tools.probe:CountResult")
+                 fn="tools.jobs.probe:count", result_type="tools.jobs.probe:CountResult")
     with pytest.raises(LookupError, match="ran on the slurm executor; this launcher is local"):
         launcher.attach("k" * 64)
     nb.start_job("m" * 64, session="s1", kind="probe", executor="local", resources={}, forecast_gpuh=0.1,
-                 fn="tools.probe:renamed_since", result_type="tools.probe:CountResult")
-    with pytest.raises(LookupError, match="its function tools.probe:renamed_since .* no longer imports"):
+                 fn="tools.jobs.probe:renamed_since", result_type="tools.jobs.probe:CountResult")
+    with pytest.raises(LookupError, match="its function tools.jobs.probe:renamed_since .* no longer imports"):
         launcher.attach("m" * 64)
 
     def nested(config: CountConfig) -> CountConfig:  # no import path a resumed agent could follow

@@ -10,10 +10,10 @@ import pytest
 from pydantic import BaseModel, ValidationError, model_validator
 
 from memory.notebook import Notebook
-from tools.executor import ExecutorSection, SlurmSection
-from tools.failures import classify, decide, smaller_batch_config
-from tools.launcher import BudgetRefused, JobFailed, Launcher, Resources, _sbatch_lines
-from tools.probe import CountConfig, EmptyConfig, count, empty
+from tools.jobs.executor import ExecutorSection, SlurmSection
+from tools.jobs.failures import classify, decide, smaller_batch_config
+from tools.jobs.launcher import BudgetRefused, JobFailed, Launcher, Resources, _sbatch_lines
+from tools.jobs.probe import CountConfig, EmptyConfig, count, empty
 
 TRACE = "Traceback (most recent call last):\n  File \"x.py\", line 3, in step\n{}\n"
 
@@ -33,7 +33,7 @@ TRACE = "Traceback (most recent call last):\n  File \"x.py\", line 3, in step\n{
                                "1/2 clients joined."), "nccl_timeout", None),
     ("FAILED", 1, TRACE.format("FloatingPointError: nan_loss: loss is nan at step 40"), "nan_loss",
      "FloatingPointError: nan_loss: loss is nan at step 40"),
-    ("FAILED", 1, TRACE.format("tools.jobrun.RunInterrupted: timeout: after 170 s of a 180 s limit"),
+    ("FAILED", 1, TRACE.format("tools.jobs.jobrun.RunInterrupted: timeout: after 170 s of a 180 s limit"),
      "timeout", None),
     ("TIMEOUT", 0, "slurmstepd: error: *** JOB 12 ON n1 CANCELLED AT 2026-01-01T00:00:00 DUE TO TIME LIMIT ***",
      "timeout", "TIMEOUT"),

@@ -8,10 +8,10 @@ from pathlib import Path
 from rich.console import Console
 
 from memory.notebook import Notebook
-from tools.executor import ExecutorSection
-from tools.launcher import Launcher, Resources
-from tools.probe import CountConfig, EmptyConfig, count, empty
-from tools.progress import last_metrics, render, wait_all
+from tools.jobs.executor import ExecutorSection
+from tools.jobs.launcher import Launcher, Resources
+from tools.jobs.probe import CountConfig, EmptyConfig, count, empty
+from tools.jobs.progress import last_metrics, render, wait_all
 
 
 def _session(tmp_path: Path, executor: ExecutorSection | None = None) -> tuple[Notebook, Launcher]:

@@ -12,9 +12,9 @@ import pytest
 from pydantic import ValidationError
 
 from memory.notebook import Notebook
-from tools.executor import ExecutorSection, SlurmSection
-from tools.launcher import BudgetRefused, JobFailed, Launcher, Resources
-from tools.probe import AllReduceConfig, CountConfig, all_reduce, count
+from tools.jobs.executor import ExecutorSection, SlurmSection
+from tools.jobs.launcher import BudgetRefused, JobFailed, Launcher, Resources
+from tools.jobs.probe import AllReduceConfig, CountConfig, all_reduce, count
 
 SESSION = "s1"  # the session the conftest's notebook fixture opens
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}

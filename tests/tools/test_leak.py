@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tools.leak import LeakError, Reference, audit, normalized_hash
+from tools.data.leak import LeakError, Reference, audit, normalized_hash
 
 HOLDOUT = "Explain why the sky looks blue during the day but red and orange at sunset, in simple words"
 SHORT = "Write a haiku about autumn rain in Kyoto"  # 8 words: too short to have a 13-gram

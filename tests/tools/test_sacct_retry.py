@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tools import launcher
-from tools.launcher import Resources, SlurmBackend
+from tools.jobs import launcher
+from tools.jobs.launcher import Resources, SlurmBackend
 
 
 def _flaky_sacct(tmp_path: Path, failures: int) -> Path:

@@ -8,8 +8,8 @@ from collections import Counter
 import pytest
 from pydantic import ValidationError
 
-from tools.feedback import Battle
-from tools.splits import SplitConfig, split_battles, split_file
+from tools.data.feedback import Battle
+from tools.data.splits import SplitConfig, split_battles, split_file
 
 VOTES = ("own", "other", "tie", "both_bad")
 
@@ -76,7 +76,7 @@ def test_fractions_must_leave_training_data():
 
 def test_regrown_file_keeps_every_earlier_assignment(tmp_path, jsonl):
     from memory.notebook import Notebook
-    from tools.splits import ingest_feedback
+    from tools.data.splits import ingest_feedback
 
     battles = _battles(1100, seed=5)
     rows = [b.model_dump(exclude_none=True) for b in battles]

@@ -19,11 +19,11 @@ from agent.planners.playbook import PlaybookSettings
 from agent.runner import _runtime
 from agent.summary import summarize
 from memory.notebook import Notebook
-from tools import card
 from tools import train as train_tool
-from tools.datasets import WinnerSFTConfig, build_winner_sft, record_dataset
+from tools.data.datasets import WinnerSFTConfig, build_winner_sft, record_dataset
+from tools.data.splits import SplitConfig, ingest_feedback
+from tools.nomination import card
 from tools.promote import start_incumbent
-from tools.splits import SplitConfig, ingest_feedback
 from trainers.common import weights_sha256
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "agent"))

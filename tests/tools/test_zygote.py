@@ -1,4 +1,4 @@
-"""The local jobs' fork server (tools/zygote.py), with real processes: a zygote daemon, its clients as
+"""The local jobs' fork server (tools/jobs/zygote.py), with real processes: a zygote daemon, its clients as
 submitit starts them, and the jobs they fork. The zygotes here preload only the probe's modules (a
 second to start, not the ~13 CPU-s of the real list); the launcher's own tests run with the full one.
 
@@ -19,19 +19,19 @@ from pathlib import Path
 import pytest
 
 from memory.notebook import Notebook
-from tools import zygote as zy
-from tools.executor import ExecutorSection, SlurmSection
-from tools.jobrun import RunPaths, read_events
-from tools.launcher import Launcher, LocalBackend, Resources, SlurmBackend, local_zygote, make_backend
-from tools.probe import CountConfig, count
+from tools.jobs import zygote as zy
+from tools.jobs.executor import ExecutorSection, SlurmSection
+from tools.jobs.jobrun import RunPaths, read_events
+from tools.jobs.launcher import Launcher, LocalBackend, Resources, SlurmBackend, local_zygote, make_backend
+from tools.jobs.probe import CountConfig, count
 
-PRELOAD = ("submitit.core._submit", "tools.jobrun", "tools.probe", "zyjob_dep")
+PRELOAD = ("submitit.core._submit", "tools.jobs.jobrun", "tools.jobs.probe", "zyjob_dep")
 JOB = """
 import os, signal, sys, time
 import zyjob_dep
 print(os.getpid(), os.getppid(), flush=True)
 if sys.argv[1] == "started":
-    from tools.jobrun import process_started_at
+    from tools.jobs.jobrun import process_started_at
     print(process_started_at(), flush=True)
     sys.exit(len(sys.stdin.readline()))
 if sys.argv[1] == "exit":
@@ -238,7 +238,7 @@ def test_slurm_tasks_fork_from_a_zygote_only_when_the_lab_says_so(tmp_path: Path
     backend = SlurmBackend("debug", zygote=zy.Zygote(tmp_path / "own", preload=PRELOAD, idle_s=60))
     try:
         ex = backend.executor(tmp_path / "jobs", "eval", Resources(time_limit_min=7))
-        assert str(backend.zygote.socket(os.environ)) in ex.python and "tools/zygote.py" in ex.python
+        assert str(backend.zygote.socket(os.environ)) in ex.python and "tools/jobs/zygote.py" in ex.python
         assert ex.parameters["setup"] == [f"export {zy.TIME_LIMIT_VAR}=420"]
     finally:
         zy.stop(backend.zygote.folder)

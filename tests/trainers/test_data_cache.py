@@ -4,8 +4,8 @@ from trainer_testkit import MEMO, user, write_jsonl
 from transformers import AutoTokenizer
 
 from trainers import data_cache
-from trainers.batch import encode
-from trainers.dpo import DPOConfig, cut_answer
+from trainers.batch import cut_answer, encode
+from trainers.dpo import DPOConfig
 from trainers.rows import PreferenceRow, SFTRow, read_rows
 
 
@@ -37,6 +37,7 @@ def test_pairs_cache_keeps_dropped_pairs_as_none(model_dirs, tmp_path):
     pairs, reused = data_cache.encoded_pairs(rows, config)
     tok = AutoTokenizer.from_pretrained(model_dirs["llama"])
     assert not reused and pairs[3] is None
-    assert pairs[:3] == [(cut_answer(tok, r.prompt, r.chosen, config), cut_answer(tok, r.prompt, r.rejected, config))
+    cut = {k: getattr(config, k) for k in ("system_prompt", "max_len", "max_prompt_length", "max_completion_length")}
+    assert pairs[:3] == [(cut_answer(tok, r.prompt, r.chosen, **cut), cut_answer(tok, r.prompt, r.rejected, **cut))
                          for r in rows[:3]]
     assert data_cache.encoded_pairs(rows, config) == (pairs, True)

@@ -207,7 +207,7 @@ def test_sigterm_on_one_rank_saves_dcp_on_both_and_resume_matches(two_rank_runs,
 
 @pytest.mark.slow
 def test_a_rank_that_hangs_fails_the_job_as_nccl_timeout(model_dirs, sft_data, tmp_path):
-    from tools.failures import classify
+    from tools.jobs.failures import classify
 
     # Rank 1 stops at step 2 for 20 s; rank 0 waits in the step's collective for 5 s, then fails.
     config = sft.SFTConfig.model_validate(_common(model_dirs["llama"], sft_data, tmp_path / "run"))

@@ -104,19 +104,23 @@ def test_bad_dpo_configs_are_refused(model_dirs, pairs, tmp_path):
 
 
 def test_long_prompts_are_cut_from_the_left_and_long_answers_drop_their_pair(model_dirs, pairs, tmp_path):
-    from trainers.dpo import cut_answer
+    from trainers.batch import cut_answer
 
     tok = AutoTokenizer.from_pretrained(model_dirs["llama"])
     config = _config(model_dirs["llama"], pairs, tmp_path / "run", max_prompt_length=6, max_completion_length=12)
     prompt = [user("Please tell me, after thinking about it for a while: what is 2 + 2?")]
     whole = chat.render(tok, [*prompt, {"role": "assistant", "content": "4."}], "Be brief.")
     start = whole.loss_mask.index(1)
-    got = cut_answer(tok, prompt, "4.", config)
+    got = cut_answer(tok, prompt, "4.", **_cut_settings(config))
     # The last 6 prompt tokens (the assistant header among them), then the whole answer with its end-of-turn.
     assert got.input_ids == whole.input_ids[start - 6 :] and got.loss_mask == [0] * 6 + whole.loss_mask[start:]
     assert got.truncated and got.supervised == sum(whole.loss_mask)
-    assert cut_answer(tok, prompt, "word " * 20, config) is None  # 21 answer tokens > 12: the pair is dropped
+    assert cut_answer(tok, prompt, "word " * 20, **_cut_settings(config)) is None  # 21 answer tokens > 12: the pair is dropped
     long = write_jsonl(tmp_path / "long.jsonl", [json.loads(x) for x in pairs.read_text().splitlines()]
                        + [{"id": "long", "prompt": [user("Say a lot.")], "chosen": "word " * 20, "rejected": "No."}])
     result = train(_config(model_dirs["llama"], long, tmp_path / "run", steps=2, max_completion_length=12))
     assert result.metrics["dropped_pairs"] == 1.0 and result.steps == 2  # counted, and the run goes on
+
+
+def _cut_settings(config) -> dict:
+    return {k: getattr(config, k) for k in ("system_prompt", "max_len", "max_prompt_length", "max_completion_length")}

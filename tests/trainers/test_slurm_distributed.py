@@ -16,8 +16,8 @@ from safetensors.torch import load_file
 from trainer_testkit import MEMO, assistant, metric_series, user, write_jsonl
 
 from memory.notebook import Notebook
-from tools.executor import ExecutorSection, SlurmSection
-from tools.launcher import Launcher, Resources
+from tools.jobs.executor import ExecutorSection, SlurmSection
+from tools.jobs.launcher import Launcher, Resources
 from trainers import sft
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]

@@ -17,7 +17,8 @@ from agent.planners.playbook import PlaybookSettings
 from agent.runner import _runtime, snapshot
 from agent.summary import summarize
 from memory.notebook import Notebook
-from tools import card, ground_truth
+from tools import ground_truth
+from tools.nomination import card
 from tools.promote import start_incumbent
 from tools.world.truth import TruthResult
 

@@ -8,7 +8,7 @@ import random
 
 from evals import synthetic
 from evals.judge import judged_prompt, parse_verdict
-from tools.leak import Reference, ReferenceIndex, audit
+from tools.data.leak import Reference, ReferenceIndex, audit
 from tools.world import opponent, oracle
 from tools.world.tasks import WORLD_FAMILIES, draw_mix, is_correct, solve
 

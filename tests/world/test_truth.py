@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tools.leak import audit
+from tools.data.leak import audit
 from tools.world import build as world
 from tools.world.truth import draw_sample, truth, world_references
 

@@ -43,7 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from core.chat import EOT_TOKEN, TEXT_EOS_TOKEN, Message
 from core.util import file_sha256, sha256_text, write_atomic, write_json_atomic
-from tools.leak import DEFAULT_NGRAM, ReferenceIndex
+from tools.data.leak import DEFAULT_NGRAM, ReferenceIndex
 from tools.world import cost, opponent, oracle, tokenizer
 from tools.world.tasks import WORLD_FAMILIES, WorldTask, draw, draw_mix, hash_seed
 

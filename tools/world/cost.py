@@ -21,7 +21,7 @@ process (the wall time of a quiet core; on the shared machine the wall clock ran
     generating 64 answers to the served cap of 64 tokens (one batch)        BATCH_S    = 3.3
         (evals.generate on a demo-size model: 3.3 s CPU; 256 answers in 10.3 s)
     a data job (ingest and split, or a leak-audited dataset build)          DATA_S     = 5.0
-        (imports of tools.datasets and tools.splits: 1.4 s CPU; the rest is the audit, an estimate)
+        (imports of tools.data.datasets and tools.data.splits: 1.4 s CPU; the rest is the audit, an estimate)
 
 From those, per job (demo suites: synthetic 72, loops 32, stop 32, dev holdout 143 battles of the 0.3 dev split):
 
@@ -44,7 +44,7 @@ promotions); then the nomination: 1 bundle and the sealed confirmation.
 
 (one toy device-second stands for about 2.1 GPU-minutes; a toy SFT arm for about 0.75 GPU-hours). A slower
 or busier machine measures more seconds for the same jobs and so buys fewer of them: the budget is charged
-what was measured, and admission (tools/launcher.py) still never lets a session pass it.
+what was measured, and admission (tools/jobs/launcher.py) still never lets a session pass it.
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from core.util import file_sha256, write_atomic, write_json_atomic
 from evals.decoding import Decoding
-from tools.leak import DEFAULT_NGRAM, Reference, ReferenceIndex, audit
+from tools.data.leak import DEFAULT_NGRAM, Reference, ReferenceIndex, audit
 from tools.world import oracle
 from tools.world.build import (
     COMMIT,

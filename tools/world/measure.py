@@ -6,7 +6,7 @@
 What it measures (DESIGN.md section 6; issue 12 item 5), with the project's own builders and trainers:
 
 - the parent's true win rate against the opponent;
-- recipe arms trained from the parent by `trainers.sft` (or `trainers.klce`) on data built by `tools.datasets`
+- recipe arms trained from the parent by `trainers.sft` (or `trainers.klce`) on data built by `tools.data.datasets`
   from the world's train split (winner SFT at several learning rates and repeat counts, synthetic verified
   SFT; `playbook-*`: the playbook's own first arms at its default settings, trained as tools/train.py
   trains them), each scored by `world truth` against the parent on the same fresh sample (and against
@@ -72,7 +72,7 @@ def _split(lab: Path, out: Path) -> Path:
     """The split the agent's ingest makes (the world's lab.toml [feedback] settings), and its dev prompts
     as eval items (out/items-dev.jsonl, what the judged holdout suite scores), as tools/ingest.py writes them."""
     from evals.types import Item
-    from tools.splits import SplitConfig, split_file
+    from tools.data.splits import SplitConfig, split_file
 
     feedback = tomllib.loads((lab / "lab.toml").read_text(encoding="utf-8"))["feedback"]
     settings = {k: feedback[k] for k in ("dev_fraction", "sealed_fraction", "stratify_by")}
@@ -107,7 +107,7 @@ def holdout_spread(lab: Path, out: Path, checkpoint: Path, name: str, replicates
 
 
 def _data(lab: Path, out: Path, split: Path, arm: Arm) -> Path:
-    from tools.datasets import (
+    from tools.data.datasets import (
         SyntheticVerifiedConfig,
         WinnerSFTConfig,
         build_synthetic_verified,

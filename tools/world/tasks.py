@@ -17,7 +17,7 @@ SFT target in the world has one style.
 The world draws its own instances in those templates, smaller than evals.synthetic's (short words,
 numbers below 10,000, one or two chain steps), so a ~1M-parameter model has headroom on every family;
 the solver reads either size. Drawing (`draw`) is deterministic in (family, n, seed) and skips every prompt the caller's leak index
-already matches (`tools.leak.ReferenceIndex`), adding each accepted prompt to it: the pools of a world
+already matches (`tools.data.leak.ReferenceIndex`), adding each accepted prompt to it: the pools of a world
 (battles, suites, training data, truth samples) are disjoint under the same audit the agent's dataset
 builders run.
 """
@@ -37,7 +37,7 @@ from core.chat import Message
 from evals import synthetic
 from evals.synthetic import FINISH, Family
 from evals.types import Item
-from tools.leak import Reference, ReferenceIndex, prompt_text
+from tools.data.leak import Reference, ReferenceIndex, prompt_text
 
 WorldFamily = Literal["letter_count", "word_count", "digit_sum", "long_division", "arithmetic_chain",
                       "string_edit", "json_format", "follow_up"]
@@ -65,7 +65,7 @@ class WorldTask(BaseModel):
         return Item(id=f"{prefix}/{self.id}", messages=self.messages, gold=self.gold)
 
     def prompt(self) -> str:
-        """The audited prompt text (user turns), as tools.leak sees it."""
+        """The audited prompt text (user turns), as tools.data.leak sees it."""
         return prompt_text([m.model_dump() for m in self.messages])
 
 

@@ -4,7 +4,7 @@
 
 The sample is drawn from the world's generators with a seed derived apart from every pool of the build
 ("truth", S), excluding every prompt of the world's feedback file (all splits), its eval suite files and
-its replay data, and is then leak-audited against all of them (tools/leak.py); a sample that fails the
+its replay data, and is then leak-audited against all of them (tools/data/leak.py); a sample that fails the
 audit is refused. Both sides answer at the world's served decoding, each with its own
 sampling seed (so a checkpoint against itself is two independent draws and scores 50% within its
 CI). The noise-free oracle (tools/world/oracle.py) judges each pair; a win counts 1, a tie or both-bad
@@ -22,7 +22,7 @@ from pathlib import Path
 from pydantic import Field
 
 from memory.records import TruthFamily, TruthFigures
-from tools.leak import DEFAULT_NGRAM, Reference, ReferenceIndex, audit, prompt_text
+from tools.data.leak import DEFAULT_NGRAM, Reference, ReferenceIndex, audit, prompt_text
 from tools.world import opponent, oracle
 from tools.world.build import (
     AUDITED_FILES,

@@ -33,8 +33,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from core.util import canonical_json
 from memory.notebook import FeedbackSplit, Notebook
-from tools.feedback import Battle, load_feedback
-from tools.leak import DEFAULT_NGRAM, ngrams, normalized_hash, short_sequence
+from tools.data.feedback import Battle, load_feedback
+from tools.data.leak import DEFAULT_NGRAM, ngrams, normalized_hash, short_sequence
 
 SplitName = Literal["train", "dev", "sealed"]
 SPLITS: tuple[SplitName, ...] = ("train", "dev", "sealed")

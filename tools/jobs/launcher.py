@@ -16,7 +16,7 @@ What happens, in order (DESIGN.md invariants 5 and 6):
    kind and model, else the time-limit bound) plus spent plus reserved plus the session's reserve
    must fit the budget; otherwise a `refuse` decision is recorded and `BudgetRefused` raised.
 3. The attempt row (state pending, forecast reserved) and a `launch` decision are written, then the
-   job is submitted. Every job runs inside `Resumable` (tools/jobrun.py): on the preemption/timeout
+   job is submitted. Every job runs inside `Resumable` (tools/jobs/jobrun.py): on the preemption/timeout
    signal the run ends as `preempted`/`timeout`; it is never requeued in place behind the ledger's
    back (Slurm jobs are submitted `--no-requeue`). A job runs `tasks` processes (one per GPU by
    default) with the torch.distributed rendezvous exported.
@@ -25,7 +25,7 @@ What happens, in order (DESIGN.md invariants 5 and 6):
    The row keeps the measured device-seconds and the GPU-hours charged for them: the same number
    (/3600) unless the lab declares a simulated cost (the toy world's `simulated_gpuh_per_device_s`,
    local executor only), then `charge = 'simulated'`. A failed run is classified
-   (tools/failures.py) and the policy applied (requeue, OOM retry, or record).
+   (tools/jobs/failures.py) and the policy applied (requeue, OOM retry, or record).
    Training jobs (a trainers.common.TrainConfig) are also admitted by memory: the estimate per GPU
    (trainers/memory.py, at the configured micro-batch on `tasks` ranks) is recorded on the attempt
    row, and a job on GPUs whose estimate exceeds the lab's `gpu_memory_gib` is a `refuse` decision
@@ -67,11 +67,11 @@ from submitit.core.utils import FailedJobError, JobPaths, UncompletedJobError
 
 from memory.notebook import JobRecord, Notebook, now, tool_call_key
 from memory.records import BudgetRefusal, FailPayload, LaunchPayload, MemoryRefusal
-from tools.executor import ExecutorSection, SlurmSection
-from tools.failures import Failure, classify, decide, smaller_batch_config
-from tools.jobrun import Resumable, RunPaths, near_time_limit, read_events
-from tools.zygote import TIME_LIMIT_VAR, Zygote
-from tools.zygote import default_dir as zygote_dir
+from tools.jobs.executor import ExecutorSection, SlurmSection
+from tools.jobs.failures import Failure, classify, decide, smaller_batch_config
+from tools.jobs.jobrun import Resumable, RunPaths, near_time_limit, read_events
+from tools.jobs.zygote import TIME_LIMIT_VAR, Zygote
+from tools.jobs.zygote import default_dir as zygote_dir
 
 R = TypeVar("R", bound=BaseModel)
 C = TypeVar("C", bound=BaseModel)
@@ -223,7 +223,7 @@ class LocalBackend:
     `simulated_gpuh_per_device_s` (the toy world's cost model): each run is charged its measured
     device-seconds times this factor, and marked simulated; None charges measured GPU-hours.
     `zygote`: each task forks from a warm server that has torch, transformers and the job modules
-    imported already (tools/zygote.py), falling back to a plain python whenever it cannot; None: plain."""
+    imported already (tools/jobs/zygote.py), falling back to a plain python whenever it cannot; None: plain."""
 
     name: Literal["local"] = "local"
 
@@ -384,7 +384,7 @@ def _children(pid: int) -> list[int]:
 
 def _last_write(folder: Path, job_id: str) -> float:
     """When a killed local run last wrote anything (its heartbeat included): its end, to within
-    tools.jobrun.HEARTBEAT_S."""
+    tools.jobs.jobrun.HEARTBEAT_S."""
     return max((p.stat().st_mtime for p in folder.glob(f"{job_id}_*")), default=time.time())
 
 
@@ -439,7 +439,7 @@ class SlurmBackend:
         return self.executor(folder, kind, resources).submit(wrapped, args)
 
     def worker_env(self) -> dict[str, str]:
-        return {}  # the rendezvous is read on the node from Slurm's environment (tools/jobrun.py)
+        return {}  # the rendezvous is read on the node from Slurm's environment (tools/jobs/jobrun.py)
 
     def gpus(self, resources: Resources) -> int:
         return self.gpus_per_node if resources.gpus is None else resources.gpus
@@ -538,6 +538,15 @@ def env_allows_zygote(env: typing.Mapping[str, str]) -> bool:
 
 # ---- what the notebook keeps of a job, and rebuilding it ---------------------------------------
 
+# Modules that moved into tools/ subpackages keep their old names in job keys, and their old recorded paths still
+# resolve, so a session recorded before the move replays and resumes to the same keys.
+MOVED = {f"tools.{old}": f"tools.{package}.{old}" for package, olds in {
+    "jobs": ("launcher", "zygote", "executor", "jobrun", "failures", "progress", "probe"),
+    "nomination": ("bundle", "card", "check_bundle", "publish"),
+    "data": ("feedback", "splits", "leak", "datasets")}.items() for old in olds}
+_KEY_MODULE = {new: old for old, new in MOVED.items()}
+
+
 def import_path(obj: Callable[..., Any] | type) -> str:
     """'module:qualname' of a module-level function or class."""
     return f"{obj.__module__}:{obj.__qualname__}"
@@ -546,7 +555,7 @@ def import_path(obj: Callable[..., Any] | type) -> str:
 def resolve(path: str) -> Any:
     """The object an `import_path` names."""
     module, _, qualname = path.partition(":")
-    obj: Any = importlib.import_module(module)
+    obj: Any = importlib.import_module(MOVED.get(module, module))
     for part in qualname.split("."):
         obj = getattr(obj, part)
     return obj
@@ -659,7 +668,8 @@ class Launcher:
 
     def key(self, kind: str, fn: Callable[..., Any], args: BaseModel) -> str:
         """Idempotency key: the tool (kind and function) and the canonical args, within this session."""
-        return tool_call_key(f"{kind}:{fn.__module__}.{fn.__qualname__}",
+        module = _KEY_MODULE.get(fn.__module__, fn.__module__)
+        return tool_call_key(f"{kind}:{module}.{fn.__qualname__}",
                              {"session": self.session, "args": args.model_dump(mode="json")})
 
     def attempts(self, key: str) -> list[JobRecord]:

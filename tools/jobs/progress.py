@@ -20,7 +20,7 @@ from rich.live import Live
 from rich.table import Table
 
 from memory.notebook import JobRecord, Notebook
-from tools.launcher import Job
+from tools.jobs.launcher import Job
 
 
 def metrics_path(record: JobRecord) -> Path | None:

@@ -38,7 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from core.chat import Message
 from core.jsonl import describe_non_file, is_parquet, parse_lines
 from core.util import file_sha256
-from tools.leak import normalized_hash, prompt_text
+from tools.data.leak import normalized_hash, prompt_text
 
 MAX_LISTED = 20
 Vote = Literal["own", "other", "tie", "both_bad"]

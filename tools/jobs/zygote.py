@@ -4,9 +4,9 @@ imported torch, transformers and the project's job modules, instead of importing
 A local job's task process is `{python} -u -m submitit.core._submit FOLDER`, started by submitit's
 controller; unpickling the job function imports torch and transformers, about 12 CPU-seconds on the
 project's 2-core machine, for jobs that then work a second or two. The launcher's LocalBackend
-(tools/launcher.py) passes submitit a `python` prefix that runs this file as a tiny client instead:
+(tools/jobs/launcher.py) passes submitit a `python` prefix that runs this file as a tiny client instead:
 
-    .venv/bin/python tools/zygote.py SOCKET -u -m submitit.core._submit FOLDER
+    .venv/bin/python tools/jobs/zygote.py SOCKET -u -m submitit.core._submit FOLDER
 
 On a single-host Slurm cluster (lab.toml's `executor.slurm.zygote`, off by default) the SlurmBackend gives
 sbatch the same prefix: srun starts the client, which sits in the step (sacct times it) while the job
@@ -37,8 +37,8 @@ one per key under POSTLAB_ZYGOTE_DIR (default /tmp/postlab-zygote-UID); it holds
 it listens, logs to `KEY.log`, and exits after IDLE_S seconds without a job or a request, or on
 SIGTERM once its running jobs have ended. By hand:
 
-    .venv/bin/python -m tools.zygote serve --socket /tmp/postlab-zygote-0/KEY.sock   # normally the launcher
-    .venv/bin/python -m tools.zygote stop [--dir DIR]                               # stop a directory's zygotes
+    .venv/bin/python -m tools.jobs.zygote serve --socket /tmp/postlab-zygote-0/KEY.sock   # normally the launcher
+    .venv/bin/python -m tools.jobs.zygote stop [--dir DIR]                               # stop a directory's zygotes
 
 Only the standard library is imported at the top: this file is also the client, which must start
 in milliseconds.
@@ -69,13 +69,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # What a job needs before its function runs: the modules of every job function the tools submit and
 # the model classes they load. Importing them is what the zygote saves each job.
 PRELOAD = (
     "torch", "transformers", "transformers.models.nemotron_h.modeling_nemotron_h", "safetensors.torch", "peft",
-    "submitit.core._submit", "tools.jobrun", "tools.train", "tools.evaluate", "tools.merge", "tools.nominate",
-    "tools.publish", "tools.build_dataset", "tools.ingest", "tools.datasets", "tools.bundle", "tools.check_bundle",
+    "submitit.core._submit", "tools.jobs.jobrun", "tools.train", "tools.evaluate", "tools.merge", "tools.nominate",
+    "tools.nomination.publish", "tools.build_dataset", "tools.ingest", "tools.data.datasets", "tools.nomination.bundle", "tools.nomination.check_bundle",
     "evals.job", "evals.generate",
 )
 IDLE_S = 300.0  # seconds without a running job or a request before a zygote exits
@@ -155,7 +155,7 @@ class Zygote:
         self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         sock = self.socket(env)
         with open(sock.with_suffix(".log"), "ab") as log:
-            subprocess.run([self.python, "-m", "tools.zygote", "serve", "--socket", str(sock),
+            subprocess.run([self.python, "-m", "tools.jobs.zygote", "serve", "--socket", str(sock),
                             "--preload", ",".join(self.preload), "--idle-s", str(self.idle_s)],
                            cwd=ROOT, env=dict(env), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                            check=True, timeout=60)
@@ -317,7 +317,7 @@ class Request:
     """One job to fork, as the client sent it."""
 
     protocol: int  # the client's PROTOCOL: a zygote serves its own only
-    pid: int  # the client's: the job's run starts when it did (tools/jobrun.py reads POSTLAB_ZYGOTE_CLIENT)
+    pid: int  # the client's: the job's run starts when it did (tools/jobs/jobrun.py reads POSTLAB_ZYGOTE_CLIENT)
     argv: list[str]  # python's arguments: -u -m MODULE ARGS...
     cwd: str
     env: dict[str, str]
@@ -673,7 +673,7 @@ def serve(sock_path: Path, preload: tuple[str, ...], idle_s: float) -> None:
 def main(argv: list[str]) -> None:
     if argv[:1] not in (["serve"], ["stop"]):
         client(argv)
-    parser = argparse.ArgumentParser(prog="python -m tools.zygote", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tools.jobs.zygote", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     p_serve = sub.add_parser("serve", help="run a zygote (the launcher starts one on demand)")
     p_serve.add_argument("--socket", type=Path, required=True, help="socket path: DIR/KEY.sock")

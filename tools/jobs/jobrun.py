@@ -1,6 +1,6 @@
 """What runs on the worker around every job function: the `Resumable` wrapper and its events file.
 
-Kept apart from tools/launcher.py so that a worker unpickling a job imports only submitit and this
+Kept apart from tools/jobs/launcher.py so that a worker unpickling a job imports only submitit and this
 module (the launcher's notebook imports cost about a second per job start).
 
 Each run of a job appends to `<job folder>/<job id>_events.jsonl`: `start` (time, pid), then
@@ -8,7 +8,7 @@ Each run of a job appends to `<job folder>/<job id>_events.jsonl`: `start` (time
 
 A job is never requeued in place from the worker: on the preemption/timeout signal the wrapper
 ends the run with a 'preempted:' or 'timeout:' error, and the launcher, which holds the ledger,
-decides whether a new run is admitted against what is left of the budget (tools/launcher.py). A run's start is its worker process's
+decides whether a new run is admitted against what is left of the budget (tools/jobs/launcher.py). A run's start is its worker process's
 start, not the moment the job function is reached: the executor's time limit counts from there,
 and imports take seconds on a loaded machine (Linux: read from /proc). In a job of several tasks
 (one process per GPU) rank 0 writes the events: all ranks start and stop together.
@@ -101,7 +101,7 @@ class Resumable(submitit.helpers.Checkpointable):
 
     def checkpoint(self, config: Any) -> NoReturn:
         # Raised from submitit's signal handler into the job function: the run ends as a failure
-        # whose message starts with the reason, which tools/failures.py classifies.
+        # whose message starts with the reason, which tools/jobs/failures.py classifies.
         elapsed = time.time() - self._started
         reason = "timeout" if near_time_limit(elapsed, self.time_limit_s, self.signal_delay_s) else "preempted"
         raise RunInterrupted(f"{reason}: after {elapsed:.0f} s of a {self.time_limit_s:.0f} s limit; "
@@ -125,7 +125,7 @@ def distributed_env() -> dict[str, str]:
 def process_started_at() -> float:
     """Epoch seconds when this process started (10 ms resolution), from /proc's clock ticks since boot.
 
-    A job forked by the zygote (tools/zygote.py) counts from its client's start, the task process the
+    A job forked by the zygote (tools/jobs/zygote.py) counts from its client's start, the task process the
     executor started and times: POSTLAB_ZYGOTE_CLIENT is "<job pid>:<client pid>" (for this process only)."""
     job, _, client = os.environ.get("POSTLAB_ZYGOTE_CLIENT", "").partition(":")
     stat = Path(f"/proc/{client}/stat" if job == str(os.getpid()) else "/proc/self/stat")

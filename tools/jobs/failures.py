@@ -26,7 +26,7 @@ FailureClass = Literal[
 Action = Literal["requeue", "retry_smaller_batch", "record"]
 C = TypeVar("C", bound=BaseModel)
 
-# Message prefixes raised inside a job by the launcher's own wrapper (tools/launcher.py) when an
+# Message prefixes raised inside a job by the launcher's own wrapper (tools/jobs/launcher.py) when an
 # in-place requeue is no longer allowed; the classifier reads them back from the trace.
 TIMEOUT_PREFIX = "timeout:"
 PREEMPTED_PREFIX = "preempted:"

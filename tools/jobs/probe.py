@@ -4,7 +4,7 @@ They check a cluster and the launcher (submit, requeue, resume, OOM retry, accou
 its overhead (`bench/job_overhead.py`). Like every job, each takes one pydantic config and returns a
 pydantic result, so the same call runs in-process, as a local subprocess or on a Slurm node:
 
-    from tools.probe import CountConfig, count
+    from tools.jobs.probe import CountConfig, count
     count(CountConfig(steps=3, step_seconds=0.1, output_dir=Path("/tmp/p")))
 """
 

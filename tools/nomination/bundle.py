@@ -1,9 +1,9 @@
 """The serving bundle of a nomination: one directory a server loads as is, written atomically.
 
     result = write_bundle(nb, "s1", nominee_id=7, out_dir=Path("lab/bundles/s1"), parent_id=1, runner_up_id=5)
-    report = check_bundle(result.path, notebook_path=nb.path)      # tools/check_bundle.py
+    report = check_bundle(result.path, notebook_path=nb.path)      # tools/nomination/check_bundle.py
 
-The agent nominates in three steps (tools/nominate.py, tools/sealed_open.py, tools/publish.py):
+The agent nominates in three steps (tools/nominate.py, tools/sealed_open.py, tools/nomination/publish.py):
 `write_bundle` + `check_bundle` on a candidate bundle (`<name>.candidate`), and the `nominate`
 decision only when every check passes (a `refuse` listing each failure otherwise, and the next
 candidate is tried); then the sealed confirmation, once, for the nominee; then `write_records`
@@ -20,7 +20,7 @@ A bundle holds:
   one renderer's template, also written into `tokenizer_config.json`);
 - `system_prompt.txt` (the served system prompt, verbatim), `generation_config.json` (stop ids and
   the served decoding), `serving_config.json` (`ServingConfig`), `training_evidence.json`
-  (`TrainingEvidence`) and the model card `README.md` (tools/card.py).
+  (`TrainingEvidence`) and the model card `README.md` (tools/nomination/card.py).
 
 The weights shipped are the weights evaluated: the writer refuses a checkpoint whose weights hash
 on disk is no longer the one its artifact recorded (damaged or replaced since its evaluation).
@@ -47,7 +47,7 @@ from core.chat import chat_template
 from core.util import file_sha256, sha256_text, write_atomic, write_json_atomic
 from evals.decoding import Decoding
 from memory.notebook import Artifact, Notebook
-from tools import card
+from tools.nomination import card
 
 INDEX = "model.safetensors.index.json"
 ADAPTER_CONFIG = "adapter_config.json"

@@ -9,7 +9,7 @@ Command (exit 0 when every check passes, 1 when any fails, 2 when DIR is not a d
 
 Checks, each reported with what was expected:
 - files: every file a server reads is present;
-- serving_config: `serving_config.json` parses (tools.bundle.ServingConfig);
+- serving_config: `serving_config.json` parses (tools.nomination.bundle.ServingConfig);
 - template_compiles: `chat_template.jinja` compiles in the Jinja environment transformers itself
   builds (`transformers.utils.chat_template_utils.render_jinja_template`: sandboxed, with its
   `raise_exception` / `strftime_now` globals and its extensions), so `{% raise_exception(...) %}`
@@ -60,7 +60,7 @@ from safetensors import SafetensorError
 from core.chat import EOT_TOKEN, render_text
 from core.util import file_sha256
 from memory.notebook import Notebook, NotebookError
-from tools.bundle import (
+from tools.nomination.bundle import (
     ADAPTER_CONFIG,
     INDEX,
     MeasuredStops,
@@ -437,7 +437,7 @@ def _why(err: OSError | ValidationError) -> str:
     first = err.errors()[0]
     where = ".".join(str(p) for p in first["loc"]) or "(top level)"
     more = f" (and {err.error_count() - 1} more problems)" if err.error_count() > 1 else ""
-    return f"{where}: {first['msg']}{more}; expected a serving config as tools.bundle writes it"
+    return f"{where}: {first['msg']}{more}; expected a serving config as tools.nomination.bundle writes it"
 
 
 def _missing(path: Path, serving: ServingConfig | None) -> list[str]:

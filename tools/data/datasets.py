@@ -13,14 +13,14 @@ Chat rows are rendered under the serving system prompt: a row's own system turn 
 (or dropped when the serving prompt is empty), because the model ships with that prompt and the one
 renderer refuses a conversation whose system turn differs from it.
 
-Every build runs the leak audit (tools/leak.py) of its training prompts against the dev and sealed
+Every build runs the leak audit (tools/data/leak.py) of its training prompts against the dev and sealed
 holdouts of the feedback split and against every eval suite prompt. A hit raises `LeakError` and writes
 nothing; on success the rows and the manifest (content sha256, rows, tokens, source files and their
 sha256, config, audit result and its sha256) are written to temporary files and renamed into place.
 
 Command (CONFIG is the builder's config as JSON; exit 1 when the leak audit fails, 2 on bad input):
 
-    .venv/bin/python -m tools.datasets {winner_sft,battle_pairs,replay_mix,synthetic_verified,mix} CONFIG.json
+    .venv/bin/python -m tools.data.datasets {winner_sft,battle_pairs,replay_mix,synthetic_verified,mix} CONFIG.json
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ from core.util import canonical_json, file_sha256, write_atomic
 from evals.synthetic import FAMILIES, Family, check, generate
 from evals.types import Item
 from memory.notebook import Artifact, Notebook
-from tools.feedback import Battle, FeedbackError, load_feedback
-from tools.leak import (
+from tools.data.feedback import Battle, FeedbackError, load_feedback
+from tools.data.leak import (
     DEFAULT_NGRAM,
     AuditResult,
     LeakError,
@@ -52,7 +52,7 @@ from tools.leak import (
     audit,
     prompt_text,
 )
-from tools.splits import Split
+from tools.data.splits import Split
 from trainers.rows import KLCERow, PreferenceRow, SFTRow
 
 RowKind = Literal["sft", "pairs", "items", "klce"]
@@ -74,7 +74,7 @@ class _BuildConfig(BaseModel):
     out: Path = Field(description="Output JSONL path; the manifest is written beside it as <stem>.manifest.json.")
     tokenizer: Path = Field(description="Tokenizer directory used for the manifest's token count.")
     feedback: Path = Field(description="The lab's feedback file; its dev and sealed battles are audit references.")
-    split: Path = Field(description="The split JSON written at ingestion (tools.splits.Split) for that file.")
+    split: Path = Field(description="The split JSON written at ingestion (tools.data.splits.Split) for that file.")
     eval_suites: list[Path] = Field(default_factory=list, description="Eval suite item files (JSONL of evals Items).")
     ngram: int = Field(DEFAULT_NGRAM, ge=5, description="Word n-gram length of the leak audit's overlap check.")
 
@@ -497,10 +497,10 @@ def _summary(_: BaseModel, manifest: DatasetManifest) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m tools.datasets BUILDER CONFIG.json`: build one audited dataset (exit 1 when the audit refuses)."""
+    """`python -m tools.data.datasets BUILDER CONFIG.json`: build one audited dataset (exit 1 when the audit refuses)."""
     from core.entry import run_main
 
-    return run_main("python -m tools.datasets", BUILDERS, argv, bad_input=(DatasetError, FeedbackError, OSError),
+    return run_main("python -m tools.data.datasets", BUILDERS, argv, bad_input=(DatasetError, FeedbackError, OSError),
                     check_failed=(LeakError,), summary=_summary)
 
 

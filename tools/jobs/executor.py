@@ -1,6 +1,6 @@
 """Executor settings: where jobs run and with what Slurm parameters.
 
-They live beside the launcher (tools/launcher.py) that consumes them; the lab config (agent/config.py)
+They live beside the launcher (tools/jobs/launcher.py) that consumes them; the lab config (agent/config.py)
 composes them as its `[executor]` section.
 """
 
@@ -25,7 +25,7 @@ class SlurmSection(_Settings):
     extra_sbatch: list[str] = Field(default_factory=list, description="Extra `#SBATCH` lines, verbatim.")
     zygote: bool = Field(
         False, description="Single-host clusters only (scripts/slurm-up's loopback cluster, a workstation running "
-        "Slurm): each task forks from a warm zygote on the submitting host, as local jobs do (tools/zygote.py). A "
+        "Slurm): each task forks from a warm zygote on the submitting host, as local jobs do (tools/jobs/zygote.py). A "
         "task on another node finds no zygote there and runs a plain python; off by default so that no login node "
         "imports torch for nothing. POSTLAB_ZYGOTE=0 turns it off too.",
     )
@@ -42,7 +42,7 @@ class ExecutorSection(_Settings):
     )
     zygote: bool = Field(
         True, description="Local executor: each job forks from a warm process with torch, transformers and the "
-        "job modules imported (tools/zygote.py) instead of importing them again; false (or POSTLAB_ZYGOTE=0 in "
+        "job modules imported (tools/jobs/zygote.py) instead of importing them again; false (or POSTLAB_ZYGOTE=0 in "
         "the environment): a fresh python per job.",
     )
     simulated_gpuh_per_device_s: float | None = Field(

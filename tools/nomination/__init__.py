@@ -1,0 +1,2 @@
+"""The nomination: the serving bundle writer, the model card, check-bundle and publishing.
+"""
