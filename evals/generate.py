@@ -6,8 +6,8 @@ length so each batch wastes little padding, left-padded (new tokens then line up
 edge) and decoded with exactly the served settings: greedy or temperature/top_p (top_k off, since
 a served decoding has none), repetition penalty, max new tokens and stop ids.
 
-`static_cache=True` runs the engine's own decode loop over a preallocated KV cache (attention-only
-models; recurrent ones keep `model.generate`): the prompt is prefilled once, then every decode
+`static_cache=True` runs the engine's own decode loop over a preallocated KV cache: the prompt is prefilled once,
+then every decode
 step's forward is one replay of a CUDA graph captured for the batch's shape (on CUDA; plain calls
 on CPU), so decode stops paying Python and kernel-launch overhead per step, the bottleneck of
 eager decoding, and nothing is compiled (capturing a shape costs two forward passes, not the
@@ -26,6 +26,13 @@ no host work between steps; on the CPU the same step runs eagerly and its tokens
 seed (tests/evals/test_engine_job.py). On CUDA the graph's random numbers come from the same seeded generator,
 at other offsets than `generate`'s, so the draws differ from `generate`'s but keep its distribution.
 
+Nemotron-H hybrids take the same loop, on CUDA always (whatever `static_cache` says: the eval job's default path)
+and on the CPU with `static_cache=True`: `evals.decode_hybrid` keeps their Mamba-2 convolution and SSM states in the
+static cache beside the attention layers' KV cache, steps them with mamba-ssm's Triton decode kernels, and routes
+the MoE layers through grouped-matmul experts, so a hybrid's step is one graph replay too. Where a kernel is missing
+the Mamba layers fall back to transformers' PyTorch functions (said once); where the installed transformers has no
+static cache for hybrids, `generate` serves them (said once).
+
 Seeding: the global torch generator is seeded once per call; with the same items, decoding, seed
 and batch size a replicate is reproducible. Different seeds give the sampling replicates of a
 noise floor.
@@ -33,14 +40,17 @@ noise floor.
 
 from __future__ import annotations
 
+import functools
+import logging
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
 import torch
+import transformers
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
@@ -55,7 +65,7 @@ from transformers import (
 from transformers import PreTrainedTokenizerBase as Tokenizer
 
 from core.chat import render, render_prompt
-from evals import decode_attention
+from evals import decode_attention, decode_hybrid
 from evals.decoding import Decoding
 from evals.types import Completion, Item, completion_from_text
 
@@ -103,8 +113,27 @@ MAX_DECODERS = 4
 # Graph-replayed decoding asks the GPU whether every row has stopped once per this many steps (see the docstring).
 STOP_CHECK_EVERY = 16
 # Plain decoder-only attention models, whose whole state is one KV cache per layer: the engine's own
-# static-cache loop serves these; others (Mamba hybrids keep recurrent state) go through `generate`.
+# static-cache loop serves these with `static_cache=True`; hybrids (evals.decode_hybrid) take it on CUDA by default.
 STATIC_LOOP_MODEL_TYPES = {"llama", "qwen2", "qwen3"}
+_log = logging.getLogger(__name__)
+
+
+def uses_own_loop(model: PreTrainedModel, static_cache: bool) -> bool:
+    """Whether `generate` decodes this model with the engine's static loop (see the module docstring)."""
+    if model.config.model_type in STATIC_LOOP_MODEL_TYPES:
+        return static_cache
+    if not decode_hybrid.is_hybrid(model) or not (static_cache or model.device.type == "cuda"):
+        return False
+    if decode_hybrid.supported(model):
+        return True
+    _no_hybrid_loop(transformers.__version__)
+    return False
+
+
+@functools.cache
+def _no_hybrid_loop(version: str) -> None:
+    _log.warning("hybrid decode: transformers %s has no static cache for Mamba layers (5.24 has); hybrids decode "
+                 "through model.generate", version)
 
 
 def generation_config(decoding: Decoding, stops: list[int], pad_id: int) -> GenerationConfig:
@@ -149,12 +178,12 @@ def generate(loaded: Loaded, items: Sequence[Item], decoding: Decoding, seed: in
     config = generation_config(decoding, stops, pad_id)
     order = sorted(range(len(items)), key=lambda i: len(prompts[i]))
     out: dict[int, Completion] = {}
-    own_loop = static_cache and loaded.model.config.model_type in STATIC_LOOP_MODEL_TYPES
+    own_loop = uses_own_loop(loaded.model, static_cache)
     torch.manual_seed(seed)
     for start in range(0, len(order), batch_size):
         batch = order[start:start + batch_size]
         ids, mask = _left_pad([prompts[i] for i in batch], pad_id, loaded.device,
-                              WIDTH_BUCKET if static_cache else 1)
+                              WIDTH_BUCKET if static_cache or own_loop else 1)
         with torch.inference_mode():
             if own_loop:
                 new_ids = _decode_static(loaded.model, ids, mask, config, stops, loaded.decoders)
@@ -241,12 +270,16 @@ class _Decoder:
     every step of every batch of this shape. With a `sampler` the captured step also chooses the next token and
     does the loop's bookkeeping on the device (`_choose`: sequence buffer, stop flags, the next step's inputs);
     without one it is the forward alone, fed by `feed` (the benchmarks' checks). On CUDA the model's attention
-    becomes `evals.decode_attention` (`own_attention`; one-token steps take its kernel, prefill stays on SDPA)."""
+    becomes `evals.decode_attention` (`own_attention`; one-token steps take its kernel, prefill stays on SDPA).
+    On a hybrid, the cache also holds each Mamba layer's convolution window and SSM state, and the prefill, the
+    capture and eager steps run inside `_kernels` (the mixers' cached forward on `evals.decode_hybrid`'s kernels,
+    grouped-matmul experts on CUDA)."""
 
     def __init__(self, model: PreTrainedModel, batch: int, width: int, new_tokens: int,
                  sampler: _Sampler | None = None, own_attention: bool = True, fuse: bool = True):
         self.model, self.width, self.sampler, device = model, width, sampler, model.device
         self.fused = fusable(model) if device.type == "cuda" and fuse else []
+        self.hybrid = decode_hybrid.kernels_for(device) if decode_hybrid.is_hybrid(model) else None
         if device.type == "cuda" and own_attention:
             model.set_attn_implementation(decode_attention.register())
         length = width + new_tokens
@@ -267,8 +300,22 @@ class _Decoder:
             self._capture()
 
     def _forward(self) -> torch.Tensor:
-        return self.model(input_ids=self.token, attention_mask=self.bias, position_ids=self.position,
+        mask = self.bias if self.hybrid is None else decode_hybrid.decode_masks(self.bias)
+        return self.model(input_ids=self.token, attention_mask=mask, position_ids=self.position,
                           past_key_values=self.cache, cache_position=self.slot, use_cache=True).logits
+
+    @contextmanager
+    def _kernels(self, fused: bool = False) -> Iterator[None]:
+        """What a step runs inside: the compiled pieces (`fused`: while capturing) and, on a hybrid, the mixers'
+        cached forward and, on CUDA, grouped-matmul experts."""
+        with ExitStack() as stack:
+            if fused:
+                stack.enter_context(fused_pieces(self.fused))
+            if self.hybrid is not None:
+                stack.enter_context(decode_hybrid.bind(self.model, self.hybrid))
+                if self.model.device.type == "cuda":
+                    stack.enter_context(decode_hybrid.use_grouped_experts(self.model))
+            yield
 
     def _step(self) -> torch.Tensor:
         logits = self._forward()
@@ -299,7 +346,7 @@ class _Decoder:
         # draws what a call reusing the capture draws (a replicate does not depend on what was captured before).
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
-        with fused_pieces(self.fused), torch.random.fork_rng(devices=[self.model.device]):
+        with self._kernels(fused=True), torch.random.fork_rng(devices=[self.model.device]):
             with torch.cuda.stream(side):
                 for _ in range(2):
                     self.slot.fill_(self.width)
@@ -316,9 +363,10 @@ class _Decoder:
         """Fills the cache with the prompts and resets the step's buffers; returns the last logits (float32)."""
         self.cache.reset()
         positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)  # as `generate` derives them
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=self.cache,
-                         cache_position=torch.arange(self.width, device=ids.device), use_cache=True,
-                         logits_to_keep=1)
+        with self._kernels():
+            out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=self.cache,
+                             cache_position=torch.arange(self.width, device=ids.device), use_cache=True,
+                             logits_to_keep=1)
         self.bias.fill_(torch.finfo(self.bias.dtype).min)
         self.bias[:, 0, 0, : self.width].masked_fill_(mask.bool(), 0)
         self.position.copy_(positions[:, -1:])
@@ -337,7 +385,8 @@ class _Decoder:
     def advance(self) -> None:
         """One decode step: the forward of the last chosen token and, with a sampler, the choice of the next."""
         if self.graph is None:
-            self.logits = self._step()
+            with self._kernels():
+                self.logits = self._step()
         else:
             self.graph.replay()
 

@@ -1,0 +1,177 @@
+"""The engine's static decode loop on a tiny Nemotron-H hybrid (Mamba-2, MoE, attention and MLP blocks): the same
+tokens as `model.generate`, greedy and sampled with the same seed; the mixers' bound forward is removed after;
+a transformers without a static hybrid cache falls back to `generate` and says so once. The GPU checks (Triton
+kernels against PyTorch's, the bench hybrid against `generate`) run where CUDA and mamba-ssm are."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from core.chat import render_prompt
+from evals import decode_hybrid
+from evals import generate as engine
+from evals.decoding import Decoding
+from evals.generate import generate, load
+
+CUDA = torch.cuda.is_available()
+
+
+def _items(item, n=7):
+    return [item(f"h{i}", "tell me " + "more and more " * i + "about 12 + 7") for i in range(n)]
+
+
+@pytest.fixture
+def hybrid(tiny_models):
+    return load(tiny_models["nemotron_h"])
+
+
+def _decoded_by_engine(monkeypatch) -> list[int]:
+    """Counts the engine's static-loop calls (so a test knows the hybrid really took it)."""
+    calls = []
+    real = engine._decode_static
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "_decode_static", counted)
+    return calls
+
+
+def test_greedy_tokens_equal_generate(hybrid, item, monkeypatch):
+    items = _items(item)
+    dec = Decoding(max_new_tokens=12, system_prompt="Be brief.")
+    reference = generate(hybrid, items, dec, seed=0, batch_size=3)
+    calls = _decoded_by_engine(monkeypatch)
+    fast = generate(hybrid, items, dec, seed=0, batch_size=3, static_cache=True)
+    assert calls == [1, 1, 1]
+    assert fast == reference
+    assert not any("forward" in vars(m) for m in decode_hybrid._mixers(hybrid.model))  # unbound after
+
+
+def test_sampled_tokens_equal_generate_with_the_same_seed(hybrid, item, monkeypatch):
+    items = _items(item)
+    sampled = Decoding(max_new_tokens=10, temperature=0.8, top_p=0.9, repetition_penalty=1.2)
+    reference = generate(hybrid, items, sampled, seed=5, batch_size=4)
+    calls = _decoded_by_engine(monkeypatch)
+    fast = generate(hybrid, items, sampled, seed=5, batch_size=4, static_cache=True)
+    assert calls and fast == reference
+    assert fast != generate(hybrid, items, sampled, seed=6, batch_size=4, static_cache=True)  # really sampled
+
+
+def test_stops_and_reused_shapes_equal_generate(hybrid, item):
+    items = _items(item)
+    prompt = torch.tensor([render_prompt(hybrid.tokenizer, items[0].messages)])
+    free = hybrid.model.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=6,
+                                 do_sample=False)[0, prompt.shape[1]:].tolist()
+    dec = Decoding(max_new_tokens=10, stop_token_ids=(free[3],))
+    first = generate(hybrid, items, dec, seed=0, batch_size=2, static_cache=True)
+    assert first == generate(hybrid, items, dec, seed=0, batch_size=2)
+    assert any(c.stopped for c in first) and not all(c.stopped for c in first)
+    assert generate(hybrid, items, dec, seed=0, batch_size=2, static_cache=True) == first  # captured shapes reused
+
+
+def test_cpu_default_stays_on_generate(hybrid, item, monkeypatch):
+    calls = _decoded_by_engine(monkeypatch)
+    generate(hybrid, _items(item, 2), Decoding(max_new_tokens=3), seed=0)
+    assert calls == []  # on CUDA a hybrid takes the static loop by default; on the CPU only when asked
+
+
+def test_without_a_static_hybrid_cache_generate_serves_and_says_so_once(hybrid, item, monkeypatch, caplog):
+    from transformers import cache_utils
+
+    monkeypatch.setattr(cache_utils, "STATIC_LAYER_TYPE_MAPPING",
+                        {k: v for k, v in cache_utils.STATIC_LAYER_TYPE_MAPPING.items() if k != "linear_attention"})
+    engine._no_hybrid_loop.cache_clear()
+    calls = _decoded_by_engine(monkeypatch)
+    items, dec = _items(item, 3), Decoding(max_new_tokens=4)
+    with caplog.at_level(logging.WARNING, logger="evals.generate"):
+        fast = generate(hybrid, items, dec, seed=0, static_cache=True)
+        generate(hybrid, items, dec, seed=0, static_cache=True)
+    assert calls == [] and fast == generate(hybrid, items, dec, seed=0)
+    assert sum("no static cache for Mamba layers" in r.message for r in caplog.records) == 1
+    engine._no_hybrid_loop.cache_clear()
+
+
+def test_missing_kernels_fall_back_to_pytorch_and_say_so_once(monkeypatch, caplog):
+    monkeypatch.setattr(decode_hybrid, "import_without_init", _raise_import_error)
+    decode_hybrid._triton_kernels.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING, logger="evals.decode_hybrid"):
+            first = decode_hybrid.kernels_for(torch.device("cuda"))
+            second = decode_hybrid.kernels_for(torch.device("cuda"))
+    finally:
+        decode_hybrid._triton_kernels.cache_clear()
+    assert first.name == second.name == "torch"
+    assert len([r for r in caplog.records if "hybrid decode" in r.message]) == 1
+    assert decode_hybrid.kernels_for(torch.device("cpu")).name == "torch"
+
+
+def _raise_import_error(*names):
+    raise ImportError("mamba_ssm is not installed")
+
+
+def test_grouped_experts_decode_the_same_tokens(hybrid, item):
+    # The MoE layers' grouped-matmul experts (what the CUDA step captures) against the model's own loop.
+    model = hybrid.model
+    items, dec = _items(item, 4), Decoding(max_new_tokens=8)
+    model.set_experts_implementation("eager")
+    try:
+        reference = generate(hybrid, items, dec, seed=0, batch_size=4)
+        with decode_hybrid.use_grouped_experts(model):
+            assert model.config._experts_implementation == "grouped_mm"
+            grouped = generate(hybrid, items, dec, seed=0, batch_size=4)
+        assert model.config._experts_implementation == "eager"
+    finally:
+        model.set_experts_implementation("grouped_mm")
+    assert grouped == reference
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a GPU with triton")
+def test_triton_conv_update_equals_pytorch():
+    torch.manual_seed(0)
+    b, c, k = 5, 300, 4
+    x = torch.randn(b, c, 1, device="cuda")
+    state = torch.randn(b, c, k, device="cuda")
+    w, bias = torch.randn(c, k, device="cuda"), torch.randn(c, device="cuda")
+    ref_state = state.clone()
+    ref = decode_hybrid.torch_kernels().conv_update(x, ref_state, w, bias, activation="silu")
+    got = decode_hybrid.conv_update_triton(x, state, w, bias, activation="silu")
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(state, ref_state)
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a GPU with mamba-ssm's Triton kernels")
+def test_gpu_engine_equals_generate_in_float32(tiny_models, item, monkeypatch):
+    # On CUDA a hybrid takes the engine by default (Triton kernels, graph replays); `generate` is the reference.
+    if decode_hybrid.kernels_for(torch.device("cuda")).name != "triton":
+        pytest.skip("mamba-ssm's Triton kernels are missing")
+    loaded = load(tiny_models["nemotron_h"], device="cuda")
+    items = _items(item)
+    decodings = (Decoding(max_new_tokens=12), Decoding(max_new_tokens=12, repetition_penalty=1.2))
+    calls = _decoded_by_engine(monkeypatch)
+    fast = [generate(loaded, items, dec, seed=0, batch_size=4) for dec in decodings]
+    assert len(calls) == 4
+    monkeypatch.setattr(engine, "uses_own_loop", lambda model, static_cache: False)
+    assert fast == [generate(loaded, items, dec, seed=0, batch_size=4) for dec in decodings]
+
+
+def test_own_prefill_and_step_equal_generate(hybrid, item, monkeypatch):
+    # The CUDA wiring (the mixers' own prefill into the cache, then their one-token step) on PyTorch functions of
+    # the same signatures as mamba-ssm's: transformers' chunked scan stands in for the Triton SSD scan.
+    from transformers.models.nemotron_h import modeling_nemotron_h as m
+
+    kernels = decode_hybrid.MambaKernels("torch-scan", m.causal_conv1d_update, m.mamba2_selective_state_update,
+                                         scan=m.mamba2_chunk_scan)
+    items, dec = _items(item), Decoding(max_new_tokens=10)
+    reference = generate(hybrid, items, dec, seed=0, batch_size=4)
+    seen = []
+    monkeypatch.setattr(decode_hybrid, "kernels_for", lambda device: kernels)
+    real_prefill, real_step = decode_hybrid._prefill, decode_hybrid._step
+    monkeypatch.setattr(decode_hybrid, "_prefill", lambda *a: seen.append("prefill") or real_prefill(*a))
+    monkeypatch.setattr(decode_hybrid, "_step", lambda *a: seen.append("step") or real_step(*a))
+    assert generate(hybrid, items, dec, seed=0, batch_size=4, static_cache=True) == reference
+    assert {"prefill", "step"} <= set(seen)
