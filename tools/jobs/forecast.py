@@ -1,0 +1,157 @@
+"""What a job will cost before it runs, from the model and what this lab's earlier jobs measured.
+
+Pure functions over typed values: the session view (tools/session.py) gathers the measurements from the
+notebook and asks here; nothing in this module reads the notebook, the clock or a GPU.
+
+    model = model_compute(Path("lab/base"))                        # counts parameters on the meta device
+    train_forecast(tokens=2e8, model=model, gpus=8, measured=[...], hardware=Hardware())
+    # JobForecast(gpu_hours=..., wall_hours=..., source='measured' | 'declared_mfu', ...)
+    eval_forecast(tokens=4e5, model=model, gpus=1, measured=[...], hardware=Hardware())
+
+Training: model FLOPs per trained token are 6 x active parameters (forward 2, backward 4: Kaplan et al. 2020,
+"Scaling Laws for Neural Language Models", section 2.1; the attention-score term is left out, as in the PaLM
+paper's MFU). An MoE counts only the experts a token is routed to. The lab's speed is its achieved model FLOP/s
+per GPU over earlier training jobs (which carries over between models of one lab: the same GPUs, kernels and
+parallelism), else the declared MFU times the GPU's peak until a job has measured it.
+
+Evals: decoding is bound by reading the weights once per step, so a token's cost scales with the active
+parameters too; the lab's decode throughput per GPU, measured by earlier eval jobs and rescaled to this model's
+active parameters, else a declared decode MFU (2 FLOPs per active parameter per token).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+TRAIN_FLOPS_PER_PARAM = 6  # forward + backward, per token per active parameter
+DECODE_FLOPS_PER_PARAM = 2  # forward only
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelCompute(_Frozen):
+    """What a forecast needs of a model: its parameters, and those one token actually uses."""
+
+    total_params: int = Field(gt=0, description="All parameters, every expert of an MoE included.")
+    active_params: int = Field(gt=0, description="Parameters one token passes through: the dense part plus "
+                               "num_experts_per_tok of the n_routed_experts routed experts.")
+
+    @property
+    def train_flops_per_token(self) -> float:
+        return TRAIN_FLOPS_PER_PARAM * self.active_params
+
+    @property
+    def decode_flops_per_token(self) -> float:
+        return DECODE_FLOPS_PER_PARAM * self.active_params
+
+
+class Hardware(_Frozen):
+    """The lab's GPUs as forecasts assume them before any job has measured them."""
+
+    peak_flops_per_gpu: float = Field(989e12, gt=0, description="Dense bf16 FLOP/s of one GPU (H100/H200 SXM: 989e12).")
+    declared_mfu: float = Field(0.25, gt=0, le=1, description="Model FLOPs utilisation assumed for training until a "
+                                "training job of this lab has measured its own.")
+    declared_decode_mfu: float = Field(0.02, gt=0, le=1, description="Share of peak FLOP/s assumed for decoding until "
+                                       "an eval job has measured its throughput (decoding is bound by memory, not compute).")
+
+
+class MeasuredJob(_Frozen):
+    """One completed job of this lab, as the session view reads it from the notebook."""
+
+    kind: Literal["train", "eval"] = Field(description="train: tokens trained; eval: tokens generated.")
+    tokens: float = Field(gt=0, description="Tokens the job trained on (every epoch) or generated.")
+    gpu_seconds: float = Field(gt=0, description="Seconds it ran times the GPUs it held (its measured device-seconds).")
+    active_params: int = Field(gt=0, description="Active parameters of the model it ran (ModelCompute.active_params).")
+
+
+class JobForecast(_Frozen):
+    """A job's forecast cost."""
+
+    gpu_hours: float = Field(ge=0, description="Forecast GPU-hours (the ledger's unit).")
+    wall_hours: float = Field(ge=0, description="Forecast wall-clock hours on its GPUs.")
+    tokens_per_s_per_gpu: float = Field(gt=0, description="The throughput assumed, tokens per second per GPU.")
+    source: Literal["measured", "declared_mfu"] = Field(
+        description="measured: from earlier jobs of this lab; declared_mfu: the lab's declared MFU (no measurement yet).")
+    measured_jobs: int = Field(ge=0, description="Earlier jobs the throughput was taken from.")
+
+
+def active_parameters(total: int, routed_expert_params: int, n_routed_experts: int | None,
+                      experts_per_token: int | None) -> int:
+    """Parameters one token passes through: the routed experts count only for the share a token is sent to."""
+    if not n_routed_experts or not routed_expert_params:
+        return total
+    return total - routed_expert_params + routed_expert_params * (experts_per_token or 0) // n_routed_experts
+
+
+def model_compute(model_path: Path) -> ModelCompute:
+    """ModelCompute of a checkpoint or config directory, counted on the meta device (no weights read).
+
+    Routed experts are the parameters under an `.experts.` module (Nemotron-H, Qwen-MoE, Mixtral's
+    `block_sparse_moe.experts`); a shared expert is dense and counts whole."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(model_path)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    total = sum(p.numel() for p in model.parameters())
+    routed = sum(p.numel() for n, p in model.named_parameters() if ".experts." in n)
+    experts = getattr(config, "n_routed_experts", None) or getattr(config, "num_local_experts", None)
+    per_token = getattr(config, "num_experts_per_tok", None)
+    return ModelCompute(total_params=total, active_params=active_parameters(total, routed, experts, per_token))
+
+
+def train_forecast(tokens: float, model: ModelCompute, gpus: int, measured: Sequence[MeasuredJob] = (),
+                   hardware: Hardware = Hardware()) -> JobForecast:
+    """A training job's cost: `tokens` trained (rows x length x epochs) of `model` on `gpus` GPUs.
+
+    The speed is the model FLOP/s per GPU that this lab's earlier training jobs achieved (their FLOPs over their
+    GPU-seconds, pooled), else the declared MFU of the GPU's peak."""
+    _positive(tokens=tokens, gpus=gpus)
+    runs = [m for m in measured if m.kind == "train"]
+    if runs:
+        flops_per_gpu_s = sum(TRAIN_FLOPS_PER_PARAM * m.active_params * m.tokens for m in runs) / sum(
+            m.gpu_seconds for m in runs)
+        source: Literal["measured", "declared_mfu"] = "measured"
+    else:
+        flops_per_gpu_s = hardware.declared_mfu * hardware.peak_flops_per_gpu
+        source = "declared_mfu"
+    return _forecast(tokens, flops_per_gpu_s / model.train_flops_per_token, gpus, source, len(runs))
+
+
+def eval_forecast(tokens: float, model: ModelCompute, gpus: int, measured: Sequence[MeasuredJob] = (),
+                  hardware: Hardware = Hardware()) -> JobForecast:
+    """An eval job's cost: `tokens` to generate (items x replicates x expected answer length) on `gpus` GPUs.
+
+    The speed is the decode throughput this lab's earlier eval jobs measured, each rescaled from its model's
+    active parameters to this one's (a step reads every active weight once), else the declared decode MFU."""
+    _positive(tokens=tokens, gpus=gpus)
+    runs = [m for m in measured if m.kind == "eval"]
+    if runs:
+        # Pooled as parameter-tokens per GPU-second, so a long job weighs more than a short one.
+        param_tokens_per_gpu_s = sum(m.active_params * m.tokens for m in runs) / sum(m.gpu_seconds for m in runs)
+        rate = param_tokens_per_gpu_s / model.active_params
+        source: Literal["measured", "declared_mfu"] = "measured"
+    else:
+        rate = hardware.declared_decode_mfu * hardware.peak_flops_per_gpu / model.decode_flops_per_token
+        source = "declared_mfu"
+    return _forecast(tokens, rate, gpus, source, len(runs))
+
+
+def _forecast(tokens: float, tokens_per_s_per_gpu: float, gpus: int, source: Literal["measured", "declared_mfu"],
+              n: int) -> JobForecast:
+    gpu_seconds = tokens / tokens_per_s_per_gpu
+    return JobForecast(gpu_hours=gpu_seconds / 3600, wall_hours=gpu_seconds / gpus / 3600,
+                       tokens_per_s_per_gpu=tokens_per_s_per_gpu, source=source, measured_jobs=n)
+
+
+def _positive(**values: float) -> None:
+    bad = [f"{k} = {v}" for k, v in values.items() if not v > 0]
+    if bad:
+        raise ValueError(f"a forecast needs positive {', '.join(bad)}")
