@@ -10,7 +10,8 @@
 # land in /tmp/r and come back as $OUT/results.tgz (the tool returns at most 8 files); the end of each part's log is
 # printed. Parts: gen-b128 gen-b64 gen-b128-sampled gen-b64-sampled gen-b128-dynamic gen-nemotron train-dense train-lora train-hybrid
 # train-dpo train-dense-all train-hybrid-compiled train-hybrid-auto gen-b256 variants variants-compile variants-hybrid
-# decode decode-triton memory merge packing gpu-tests variants-graphs train-hybrid-b2 train-hybrid-b4. The hybrid parts need the mamba-ssm wheel carried too:
+# decode decode-triton memory merge packing gpu-tests variants-graphs train-hybrid-b2 train-hybrid-b4 gpu-tests-decode
+# decode-30b decode-bench-hybrid train-30b-1 train-30b-2 (issue 32: carry=[".whl"], the wheels of ../shared/gpu/wheels.sh). The hybrid parts need the mamba-ssm wheel carried too:
 #     carry=["bench/.wheels/h6", "bench/.wheels/h8/mamba_ssm-2.3.2.post1-py3-none-any.whl"]
 set -u
 BUDGET=$1; shift
@@ -19,8 +20,10 @@ R=/tmp/r; mkdir -p "$R"
 export PYTHONUNBUFFERED=1 TQDM_DISABLE=1 HF_DATASETS_DISABLE_PROGRESS_BARS=1 TRANSFORMERS_NO_ADVISORY_WARNINGS=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 # The mamba-ssm pure-python wheel (bench/.wheels/h8) joins when carried too: the hybrid parts need it.
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-    bench/.wheels/h6/*.whl $(ls bench/.wheels/h8/mamba_ssm-*.whl 2>/dev/null) || exit 3
+# The session's wheels (../shared/gpu/wheels.sh .whl, mamba-ssm's pure-python build among them) when carried as .whl.
+WHEELS=$(ls .whl/*.whl 2>/dev/null)
+[ -n "$WHEELS" ] || WHEELS="$(ls bench/.wheels/h6/*.whl) $(ls bench/.wheels/h8/mamba_ssm-*.whl 2>/dev/null)"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site $WHEELS || exit 3
 export PYTHONPATH=/tmp/site
 { nvidia-smi; df -h /tmp .; python3 -c "import torch, transformers, trl, peft, datasets, pydantic, pyarrow;
 print('torch', torch.__version__, 'transformers', transformers.__version__, 'trl', trl.__version__, 'peft',
@@ -56,13 +59,18 @@ declare -A CMD=(
   [variants-graphs]="python3 bench/train_step_variants.py --device cuda --shape nemotron-h --batch 2 --steps 8 --variants full-compile-fused-nographs full-compile-fused lora-compile-fused-nographs lora-compile-fused --profile lora-compile-fused --out $R/train_step_variants-nemotron-h-graphs.json"
   [train-hybrid-b2]="$T --shape nemotron-h --batch 2 --steps 8 --kinds sft-full sft-lora --out $R/train_throughput-nemotron-h-b2.json"
   [train-hybrid-b4]="$T --shape nemotron-h --batch 4 --steps 8 --kinds sft-full sft-lora --out $R/train_throughput-nemotron-h-b4.json"
+  [gpu-tests-decode]="env PYTHONPATH=/tmp/site:. python3 -m pytest -q -p no:cacheprovider --confcutdir=tests/evals tests/evals/test_decode_hybrid.py"
+  [decode-30b]="python3 bench/decode_hybrid.py --shape 30b-a3b --batches 64 256 --profile --out $R/decode-30b-a3b.json"
+  [decode-bench-hybrid]="python3 bench/decode_hybrid.py --shape nemotron-h --batches 64 256 --new-tokens 128 --out $R/decode-nemotron-h.json"
+  [train-30b-1]="python3 -m torch.distributed.run --standalone --nproc-per-node 1 bench/train_memory.py --shape 30b-a3b --runs lora:1 --steps 4 --out $R/train_memory-30b-a3b-b1.json"
+  [train-30b-2]="python3 -m torch.distributed.run --standalone --nproc-per-node 1 bench/train_memory.py --shape 30b-a3b --runs lora:2 --steps 4 --out $R/train_memory-30b-a3b-b2.json"
   [gen-b64-sampled]="$G --model llama-1b --batch-size 64 --static-cache --sampled --baseline-prompts 1 --out $R/gen-llama-b64-sampled.json"
 )
 declare -A LIMIT=([gen-b128]=110 [gen-b64]=70 [gen-b128-sampled]=70 [gen-b128-dynamic]=90 [gen-nemotron]=100
                   [train-dense]=240 [train-lora]=120 [train-dpo]=90 [gen-b256]=80 [decode]=120 [train-hybrid]=150 [variants]=90 [memory]=170 [merge]=170 [gen-b64-sampled]=70
                   [variants-compile]=210 [decode-triton]=90 [packing]=200
                   [train-dense-all]=270 [train-hybrid-compiled]=170 [train-hybrid-auto]=200 [variants-hybrid]=330
-                  [gpu-tests]=120 [variants-graphs]=330 [train-hybrid-b2]=260 [train-hybrid-b4]=280)
+                  [gpu-tests]=120 [gpu-tests-decode]=90 [decode-30b]=240 [decode-bench-hybrid]=100 [train-30b-1]=130 [train-30b-2]=130 [variants-graphs]=330 [train-hybrid-b2]=260 [train-hybrid-b4]=280)
 for part in "$@"; do
   left=$(( BUDGET - ($(date +%s) - START) ))
   limit=${LIMIT[$part]}; (( limit > left )) && limit=$left

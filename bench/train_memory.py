@@ -75,6 +75,27 @@ def nemotron_h(shape: str) -> NemotronHConfig:
         max_position_embeddings=8192, tie_word_embeddings=False, use_cache=False, **dims)
 
 
+@torch.no_grad()
+def random_init_(model: torch.nn.Module, std: float = 0.02, seed: int = 0) -> None:
+    """Random weights in place (materialised meta models, FSDP shards included): matrices ~ N(0, std), norms 1,
+    biases 0, LoRA B 0 (peft's start), Mamba A_log = log(1..heads), D and dt_bias 1 (transformers' init)."""
+    torch.manual_seed(seed)
+    for name, param in model.named_parameters():
+        t = param.to_local() if hasattr(param, "to_local") else param
+        leaf = name.rsplit(".", 1)[-1]
+        if leaf == "A_log":
+            t.copy_(torch.log(torch.arange(1, t.numel() + 1, device=t.device, dtype=torch.float32)))
+        elif leaf in ("D", "dt_bias") or (t.ndim == 1 and "norm" in name):
+            t.fill_(1.0)
+        elif t.ndim == 1 or "lora_B" in name:
+            t.zero_()
+        else:
+            t.normal_(0.0, std)
+    for buf in model.buffers():
+        if buf.is_floating_point():
+            buf.zero_()  # the router's score-correction bias
+
+
 def rows(n: int, seq_len: int, vocab: int, seed: int) -> list[Encoded]:
     """Random token rows: the first quarter unsupervised (a prompt), the rest supervised (an answer)."""
     g = torch.Generator().manual_seed(seed)
@@ -84,18 +105,17 @@ def rows(n: int, seq_len: int, vocab: int, seed: int) -> list[Encoded]:
 
 
 def build(config: NemotronHConfig, lora: LoRASettings | None, dtype: torch.dtype, env) -> torch.nn.Module:
-    """The sharded trainable model, as load_policy builds it, with random weights instead of a checkpoint."""
+    """The sharded trainable model as load_policy builds it (the same skeleton, sharding and dtypes), its shards
+    filled in place with random weights instead of a checkpoint: no full copy beside the shards (on one GPU that
+    copy doubled the 30B-A3B's 63 GB of weights during the load)."""
     storage = torch.float32 if lora is None else dtype
     compute = dtype if dtype != torch.float32 else None
-
-    def random_init():
-        with torch.device(distributed.device(env)):  # initialise on the GPU: seconds, not minutes of CPU
-            return make_trainable(AutoModelForCausalLM.from_config(config, dtype=storage), None, lora, 0, True)
-
-    def skeleton():
-        return make_trainable(AutoModelForCausalLM.from_config(config, dtype=storage), None, lora, 0, True)
-
-    return distributed.load_sharded(skeleton, random_init, compute, env).train()
+    with torch.device("meta"):
+        model = make_trainable(AutoModelForCausalLM.from_config(config, dtype=storage), None, lora, 0, True)
+    distributed.shard(model, compute)
+    model.to_empty(device=distributed.device(env))
+    random_init_(model, seed=env.rank)
+    return model.train()
 
 
 def measure(config, name: str, lora, micro: int, seq_len: int, steps: int, dtype, env, chunk: int) -> dict:
@@ -108,38 +128,58 @@ def measure(config, name: str, lora, micro: int, seq_len: int, steps: int, dtype
            "total_params": shape.total_params, "trainable_params": shape.trainable_params,
            "estimate_gib": {k: v / GIB for k, v in est.model_dump().items() if k != "world_size"} | {
                "total": est.total / GIB}}
+    phases: dict = {}
     try:
-        out |= _steps(config, lora, micro, seq_len, steps, dtype, env, chunk)
+        out |= _steps(config, lora, micro, seq_len, steps, dtype, env, chunk, phases)
     except torch.OutOfMemoryError as e:
-        out |= {"status": "oom", "error": str(e).splitlines()[0]}
+        out |= {"status": "oom", "error": str(e).splitlines()[0], "oom_message": str(e)[:600]}
+    out["phases_gib"] = phases
     gc.collect()  # the model and optimizer of this configuration, before the next one is built
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     return out
 
 
-def _steps(config, lora, micro: int, seq_len: int, steps: int, dtype, env, chunk: int) -> dict:
+def _mark(phases: dict, name: str | None) -> float:
+    """Records allocated GiB now and the peak since the last mark under `name` (None: records nothing), restarts
+    the peak and returns it."""
+    if not torch.cuda.is_available():
+        return 0.0
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() / GIB
+    if name is not None:
+        phases[name], phases[name + "_peak"] = torch.cuda.memory_allocated() / GIB, peak
+    torch.cuda.reset_peak_memory_stats()
+    return peak
+
+
+def _steps(config, lora, micro: int, seq_len: int, steps: int, dtype, env, chunk: int, phases: dict) -> dict:
+    """`steps` optimizer steps of the loop's own step; the last one's phases (forward + backward, the optimizer)
+    are marked apart, and the peak over all steps is the run's peak."""
+    t0 = time.perf_counter()
     model = build(config, lora, dtype, env)
+    build_s = time.perf_counter() - t0
     objective = SFTObjective(rows(micro, seq_len, config.vocab_size, 0), 0, None, chunk)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5)
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-    times, losses = [], []
-    for _ in range(steps):
+    _mark(phases, "built")
+    peak, times, losses = 0.0, [], []
+    for step in range(steps):
+        last = step == steps - 1
         t0 = time.perf_counter()
         loss, _counts = loop._one_step(model, objective, list(range(micro)), micro)
+        if last:
+            peak = max(peak, _mark(phases, "forward_backward"))
         torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
+        peak = max(peak, _mark(phases, "optimizer" if last else None))
         times.append(time.perf_counter() - t0)
         losses.append(loss)
-    out = {"status": "ok", "losses": losses, "step_s": times, "tokens_per_s": micro * seq_len / min(times[1:] or times)}
+    steady = sorted(times[1:] or times)
+    out = {"status": "ok", "losses": losses, "step_s": times, "build_s": build_s,
+           "tokens_per_s": micro * seq_len / steady[len(steady) // 2]}
     if torch.cuda.is_available():
-        out |= {"peak_allocated_gib": torch.cuda.max_memory_allocated() / GIB,
-                "peak_reserved_gib": torch.cuda.max_memory_reserved() / GIB}
+        out |= {"peak_allocated_gib": peak, "peak_reserved_gib": torch.cuda.max_memory_reserved() / GIB}
     return out
 
 
@@ -174,10 +214,12 @@ def write_extrapolation(args) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--shape", default="bench-3b", choices=["bench-3b", "tiny"])
+    p.add_argument("--shape", default="bench-3b", choices=["bench-3b", "30b-a3b", "tiny"])
     p.add_argument("--seq-len", type=int, default=4096)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--chunk", type=int, default=1024, help="loss_chunk_tokens")
+    p.add_argument("--runs", nargs="+", default=["full:1", "full:2", "lora:1", "lora:2"],
+                   help="KIND:MICRO_BATCH, KIND full or lora (r64, alpha 128, FP32 head)")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--extrapolate-only", action="store_true",
                    help="write only the 30B-A3B estimate on 1, 4 and 8 GPUs (CPU, no process group, no training)")
@@ -188,8 +230,9 @@ def main() -> None:
     env = distributed.setup()
     dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32
     config = nemotron_h(args.shape)
-    runs = [("full", None, 1), ("full", None, 2), ("lora-r64-head", LoRASettings(r=64, alpha=128, train_lm_head=True), 1),
-            ("lora-r64-head", LoRASettings(r=64, alpha=128, train_lm_head=True), 2)]
+    lora = LoRASettings(r=64, alpha=128, train_lm_head=True)
+    runs = [("full", None, int(m)) if k == "full" else ("lora-r64-head", lora, int(m))
+            for k, m in (r.split(":") for r in args.runs)]
     results = []
     for name, lora, micro in runs:
         results.append(measure(config, name, lora, micro, args.seq_len, args.steps, dtype, env, args.chunk))
