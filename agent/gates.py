@@ -51,11 +51,8 @@ def paths_inside_lab(tool: str, args: dict[str, Any], s: Summary, forecast: floa
 def budget_admission(tool: str, args: dict[str, Any], s: Summary, forecast: float, lab: Path) -> str | None:
     if tool not in JOB_TOOLS or tool == "sealed_open":  # the sealed check is what the reserve is kept for
         return None
-    b = s.budget
-    if forecast > b.left_above_reserve_gpuh + 1e-12:
-        return (f"budget: forecast {forecast:.3f} GPU-h + spent {b.spent_gpuh:.3f} + reserved {b.reserved_gpuh:.3f} "
-                f"+ reserve {b.reserve_gpuh:.3f} > budget {b.budget_gpuh:.3f}")
-    return None
+    admission = s.view.ledger.admission(forecast)
+    return None if admission.admitted else f"budget: {admission.reason}"
 
 
 def bars_before_scores(tool: str, args: dict[str, Any], s: Summary, forecast: float, lab: Path) -> str | None:
@@ -79,12 +76,8 @@ def audited_training_data(tool: str, args: dict[str, Any], s: Summary, forecast:
 def served_promotion(tool: str, args: dict[str, Any], s: Summary, forecast: float, lab: Path) -> str | None:
     if tool != "promote":
         return None
-    cp = s.checkpoint(args.get("candidate", -1))
-    mine = [v for v in (cp.verdicts if cp else []) if v.incumbent == s.incumbent]
-    if not mine or not mine[-1].promoted:
-        return (f"artifact {args.get('candidate')} has no comparison at its served decoding against incumbent "
-                f"{s.incumbent} that cleared every bar")
-    return None
+    eligibility = s.view.promotion(args.get("candidate", -1))
+    return None if eligibility.promotable else "; ".join(eligibility.reasons)
 
 
 def sealed_once_for_nominee(tool: str, args: dict[str, Any], s: Summary, forecast: float, lab: Path) -> str | None:

@@ -156,13 +156,7 @@ def act(rt: Runtime, state: AgentState) -> dict[str, Any]:
 def record(rt: Runtime, state: AgentState) -> dict[str, Any]:
     """The step is in the notebook already; decide whether the loop goes on."""
     p, s = state["proposal"], summarize(rt.ctx.nb, rt.ctx.session)
-    reason = None
-    if p["tool"] == "stop":
-        reason = p["args"]["reason"]
-    elif s.budget.left_above_reserve_gpuh <= 0:
-        reason = f"budget spent: {s.budget.spent_gpuh:.3f} of {s.budget.budget_gpuh:.3f} GPU-h, reserve kept"
-    elif s.consecutive_failed_arms >= rt.max_failed_arms:
-        reason = f"{s.consecutive_failed_arms} arms in a row failed or missed the bars"
+    reason = p["args"]["reason"] if p["tool"] == "stop" else s.view.must_stop(rt.max_failed_arms)
     return {"stop_reason": reason, "feedback": [], "refusals_in_row": 0,
             "bad_replies": 0 if p["planner"] == "playbook" else state.get("bad_replies", 0)}
 
@@ -202,7 +196,7 @@ def _runner_up(s: Summary, nominee: int) -> int | None:
     compared = [c for c in reversed(s.checkpoints) if c.verdicts and c.id not in (nominee, s.parent)]
     if not compared:
         return None
-    return max(compared, key=lambda c: sum(b.endswith("holds") for b in c.verdicts[-1].bars)).id
+    return max(compared, key=lambda c: c.verdicts[-1].held).id
 
 
 def _end(rt: Runtime, status: Literal["done", "failed"], why: str) -> dict[str, Any]:

@@ -70,7 +70,7 @@ def lab_spec(config: LabConfig) -> LabSpec:
         served=config.serving.served_decoding((_eot_id(tokenizer),)), judge=judge,
         time_limit_min=config.executor.time_limit_min, model_name=parent.name,
         truth=LabTruth(**config.truth.model_dump()) if config.truth else None,
-        base_license=license_text, base_license_source=license_source,
+        base_license=license_text, base_license_source=license_source, train=config.train_recipe(),
     )
 
 
@@ -137,7 +137,7 @@ def start(lab_dir: Path, session: str, budget_gpuh: float, planner: str, executo
     with Notebook.open(LabPaths(root=lab_dir).notebook) as nb:
         nb.open_session(session, lab=str(lab_dir), budget_gpuh=budget_gpuh,
                         reserve_gpuh=budget_gpuh * config.budget.reserve_fraction, planner=planner,
-                        executor=executor, config=snapshot(config, protocol, settings))
+                        executor=executor, config=snapshot(config, protocol, settings), policy=settings.ref())
         rt = _runtime(nb, session, lab_dir, config, section, settings, planner, quiet)
         start_incumbent(rt.ctx)
         _drive_checkpointed(rt)

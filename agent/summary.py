@@ -1,7 +1,7 @@
 """The planner's view of a session, read from the notebook alone: aggregates and ids, never battle text.
 
-`summarize(nb, session)` is what both planners observe at every step (the LLM planner gets it as
-JSON). It holds the budget, the split's counts, the registered bars, the incumbent, every candidate
+`summarize(nb, session)` is what both planners observe at every step (the LLM planner gets its rendering,
+`Summary.render()`, as JSON). Its rules come from the session view (tools/session.py). It holds the budget, the split's counts, the registered bars, the incumbent, every candidate
 with its served metrics and verdict, noise floors, datasets, every tool call with its outcome line,
 recent refusals and failures. Nothing in it comes from anywhere but the notebook, so a resumed or
 replayed session sees exactly what the original saw.
@@ -22,28 +22,11 @@ from evals.decoding import Decoding
 from memory.notebook import Notebook
 from memory.records import GateRefusal
 from tools.ground_truth import JOB_KIND as TRUTH_JOB_KIND
-from tools.promote import incumbent_of, parent_of
-
-_ARM_TOOLS = ("train", "merge", "tune_serving")
+from tools.session import Ledger, RegisteredBars, SessionView, Verdict, render, view
 
 
 class _View(BaseModel):
     model_config = ConfigDict(frozen=True)
-
-
-class Budget(_View):
-    budget_gpuh: float = Field(description="Session budget.")
-    spent_gpuh: float = Field(description="Settled GPU-hours.")
-    reserved_gpuh: float = Field(description="Forecasts of jobs not yet settled.")
-    reserve_gpuh: float = Field(description="Kept back for the nomination checks.")
-    left_above_reserve_gpuh: float = Field(description="What new jobs may still use.")
-
-
-class Verdict(_View):
-    comparison_id: int = Field(description="Notebook comparison row.")
-    incumbent: int = Field(description="Artifact compared against.")
-    promoted: bool = Field(description="Whether every bar held.")
-    bars: list[str] = Field(description="Per bar: statistic, value, threshold, holds/fails.")
 
 
 class Checkpoint(_View):
@@ -82,11 +65,9 @@ class Refused(_View):
 
 class Summary(_View):
     session: str = Field(description="Session name.")
-    budget: Budget = Field(description="The GPU-hour ledger.")
+    view: SessionView = Field(description="The session view: ledger, incumbent chain, typed bars and verdicts, "
+                                          "p-value family, failed arms in a row (tools/session.py).")
     split: dict[str, Any] | None = Field(description="The feedback split: id, sha256 and per-split counts.")
-    bars: dict[str, Any] | None = Field(description="Registered bars: id, sha256, rules, p_family, replicates.")
-    parent: int | None = Field(description="The session's parent checkpoint.")
-    incumbent: int | None = Field(description="The current incumbent.")
     calibrated: list[int] = Field(description="Checkpoints with noise floors.")
     noise_floors: dict[str, float] = Field(description="'suite/metric' -> first floor (mean abs delta).")
     checkpoints: list[Checkpoint] = Field(description="Every checkpoint of the session.")
@@ -95,9 +76,39 @@ class Summary(_View):
     refusals: list[str] = Field(description="The latest refusals (gates, planner replies, admission).")
     gate_refusals: list[Refused] = Field(default_factory=list, description="Every step a gate refused, oldest first.")
     failures: list[str] = Field(description="Failed job attempts: kind and failure class.")
-    consecutive_failed_arms: int = Field(description="Arms in a row (latest last) that failed or missed the bars.")
     nominee: int | None = Field(description="The nominated checkpoint, once nominated.")
     sealed_opened: bool = Field(description="Whether the sealed confirmation was opened.")
+
+    @property
+    def budget(self) -> Ledger:
+        return self.view.ledger
+
+    @property
+    def bars(self) -> RegisteredBars | None:
+        return self.view.bars
+
+    @property
+    def parent(self) -> int | None:
+        return self.view.parent
+
+    @property
+    def incumbent(self) -> int | None:
+        return self.view.incumbent
+
+    @property
+    def consecutive_failed_arms(self) -> int:
+        return self.view.failed_arms_in_row
+
+    def render(self) -> dict[str, Any]:
+        """The summary as plain JSON for the LLM planner: the view's bars and verdicts rendered as lines (text
+        exists only at this boundary and is never parsed back)."""
+        out = self.model_dump(mode="json", exclude={"view", "checkpoints"})
+        out["session_view"] = render(self.view)
+        out["checkpoints"] = [c.model_dump(mode="json", exclude={"verdicts"})
+                              | {"verdicts": [{"comparison_id": v.comparison_id, "incumbent": v.incumbent,
+                                               "promoted": v.promoted, "bars": v.lines()} for v in c.verdicts]}
+                              for c in self.checkpoints]
+        return out
 
     def call(self, tool: str, args: dict[str, Any]) -> Call | None:
         """The recorded call of `tool` with these arguments (compared in canonical form, defaults filled)."""
@@ -135,14 +146,7 @@ def _origin(recipe: dict[str, Any]) -> str:
     return "serving" if "serving_of" in recipe else "other"
 
 
-def _bar_line(v: dict[str, Any]) -> str:
-    b = v["bar"]
-    value = f"{v['value']:.4g}" if isinstance(v["value"], float) else str(v["value"])
-    return f"{b['suite']}/{b['metric']} {b['statistic']}={value} {b['op']} {v['threshold']:.4g}: {'holds' if v['holds'] else 'fails'}"
-
-
-def _checkpoints(nb: Notebook, session: str) -> list[Checkpoint]:
-    comparisons = nb.comparisons(session)
+def _checkpoints(nb: Notebook, session: str, verdicts: list[Verdict]) -> list[Checkpoint]:
     out = []
     for a in nb.artifacts(kind="checkpoint", session=session):
         fp = a.recipe.get("served_decoding")
@@ -150,10 +154,9 @@ def _checkpoints(nb: Notebook, session: str) -> list[Checkpoint]:
         metrics: dict[str, dict[str, float]] = {}
         for e in served:
             metrics.setdefault(e.suite, {k: round(v, 6) for k, v in e.metrics.items()})
-        verdicts = [Verdict(comparison_id=c.id, incumbent=c.incumbent, promoted=c.promoted,
-                            bars=[_bar_line(v) for v in c.verdicts]) for c in comparisons if c.candidate == a.id]
         out.append(Checkpoint(id=a.id, name=a.name, origin=_origin(a.recipe), parent=a.recipe.get("parent"),
-                              served_decoding=_fingerprint(fp), metrics=metrics, verdicts=verdicts))
+                              served_decoding=_fingerprint(fp), metrics=metrics,
+                              verdicts=[v for v in verdicts if v.candidate == a.id]))
     return out
 
 
@@ -161,52 +164,16 @@ def _fingerprint(decoding: dict[str, Any] | None) -> str:
     return Decoding.model_validate(decoding).fingerprint()[:12] if decoding else ""
 
 
-def _arm_outcomes(calls: list[Call], checkpoints: dict[int, Checkpoint]) -> list[bool]:
-    """Per finished arm, in call order: True when its candidate was promoted, False when it failed or missed."""
-    outcomes = []
-    for c in calls:
-        if c.tool not in _ARM_TOOLS or c.status == "open":
-            continue
-        cp = checkpoints.get(c.data.get("artifact_id", -1))
-        compared = [x for x in calls if x.tool == "compare" and x.args.get("candidate") == (cp.id if cp else None)
-                    and x.status != "open"]
-        if cp is None or c.status != "done":
-            outcomes.append(False)
-        elif compared:
-            outcomes.append(any(v.promoted for v in cp.verdicts))
-    return outcomes
-
-
-def _trailing_false(outcomes: list[bool]) -> int:
-    n = 0
-    for ok in reversed(outcomes):
-        if ok:
-            break
-        n += 1
-    return n
-
-
 def summarize(nb: Notebook, session: str) -> Summary:
     """Everything the planner may know, read from the notebook."""
-    s, ledger = nb.session(session), nb.ledger(session)
-    budget = Budget(budget_gpuh=s.budget_gpuh, spent_gpuh=ledger.spent_gpuh, reserved_gpuh=ledger.reserved_gpuh,
-                    reserve_gpuh=ledger.reserve_gpuh,
-                    left_above_reserve_gpuh=ledger.budget_gpuh - ledger.spent_gpuh - ledger.reserved_gpuh - ledger.reserve_gpuh)
+    v = view(nb, session)
     ingests = nb.decisions(session, kind="ingest")
     split = ({"id": ingests[-1].payload.get("split_id"), "sha256": ingests[-1].payload.get("sha256"),
               "counts": ingests[-1].payload.get("counts")} if ingests else None)
-    registered = nb.decisions(session, kind="register_bars")
-    bars = None
-    if registered:
-        record = nb.bars(registered[-1].payload.get("bars_id"))
-        rules = [f"{b['suite']}/{b['metric']} {b['statistic']} {b['op']} {b['value']:g}"
-                 f"{' * noise_floor' if b['unit'] == 'noise_floor' else ''}" for b in record.spec["bars"]]
-        bars = {"id": record.id, "sha256": record.sha256, "rules": rules, "p_family": record.spec.get("p_family"),
-                "replicates": record.spec.get("replicates", 1)}
     calls = [Call(id=c.id, tool=c.tool, args=_recorded(c.tool, c.args), status=c.status,
                   summary=(c.result or {}).get("summary", ""),
                   data=(c.result or {}).get("data", {})) for c in nb.tool_calls(session) if c.tool not in HIDDEN_TOOLS]
-    checkpoints = _checkpoints(nb, session)
+    checkpoints = _checkpoints(nb, session, v.verdicts)
     floors, calibrated = {}, set()
     for cp in checkpoints:
         for suite, metrics in cp.metrics.items():
@@ -229,11 +196,9 @@ def summarize(nb: Notebook, session: str) -> Summary:
                 if j.state == "failed" and j.kind != TRUTH_JOB_KIND]
     nominations = nb.decisions(session, kind="nominate")
     return Summary(
-        session=session, budget=budget, split=split, bars=bars, parent=parent_of(nb, session),
-        incumbent=incumbent_of(nb, session), calibrated=sorted(calibrated), noise_floors=floors,
+        session=session, view=v, split=split, calibrated=sorted(calibrated), noise_floors=floors,
         checkpoints=checkpoints, datasets=datasets, calls=calls, refusals=refusals, gate_refusals=gate_refusals,
         failures=failures,
-        consecutive_failed_arms=_trailing_false(_arm_outcomes(calls, {c.id: c for c in checkpoints})),
         nominee=nominations[-1].payload.get("artifact_id") if nominations else None,
         sealed_opened=bool(nb.decisions(session, kind="confirm")),
     )

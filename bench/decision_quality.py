@@ -68,7 +68,7 @@ from agent.summary import summarize  # noqa: E402
 from core.util import sha256_text  # noqa: E402
 from evals.decoding import Decoding  # noqa: E402
 from memory.notebook import Notebook  # noqa: E402
-from tools.promote import parent_of  # noqa: E402
+from tools.session import parent_of  # noqa: E402
 from tools.world.build import build  # noqa: E402
 from tools.world.decision_quality import PairTruth, TruthBank, answer_key, redraw_feedback  # noqa: E402
 

@@ -93,6 +93,31 @@ _RULE = re.compile(r"^\s*(delta|t|p|ci_low|ci_high)\s*(>=|<=|>|<)\s*([-+]?\d+(?:
                    r"\s*(\*\s*noise_floor)?\s*$")
 
 
+class Rule(BaseModel):
+    """A bar in its parsed, canonical form: what is registered (hashed), recorded in each verdict, and read back
+    typed (the session view, the playbook, the report) instead of parsing a rule string again."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    suite: str = Field(description="Suite the bar reads.")
+    metric: str = Field(description="Per-item metric of that suite.")
+    statistic: Statistic = Field(description="delta, t, p, ci_low or ci_high (candidate minus incumbent).")
+    op: Op = Field(description="Comparison of the statistic with the threshold.")
+    value: float = Field(description="The threshold as written (in noise floors when unit is noise_floor).")
+    unit: Literal["absolute", "noise_floor"] = Field(description="Unit of value.")
+    test: Literal["mcnemar_exact", "paired_t", "wilcoxon"] | None = Field(description="Paired test of a p bar.")
+    confidence: float | None = Field(description="Bootstrap CI level of a ci bar.")
+
+    @property
+    def higher_is_better(self) -> bool:
+        """Whether the bar asks the statistic to be large (a lower bound); a p bar bounds p from above, yet
+        still asks the candidate to beat the incumbent."""
+        return self.statistic == "p" or self.op in (">", ">=")
+
+    @property
+    def target(self) -> str:
+        return f"{self.suite}/{self.metric}"
+
+
 class Bar(BaseModel):
     """One pre-registered promotion rule."""
 
@@ -141,11 +166,14 @@ class Bar(BaseModel):
     def in_noise_units(self) -> bool:
         return _RULE.match(self.rule).group(4) is not None
 
-    def canonical(self) -> dict[str, Any]:
+    def parsed(self) -> Rule:
         """Parsed form: the same rule written differently hashes the same."""
-        return {"suite": self.suite, "metric": self.metric, "statistic": self.statistic, "op": self.op,
-                "value": self.value, "unit": "noise_floor" if self.in_noise_units else "absolute",
-                "test": self.test, "confidence": self.confidence if self.statistic.startswith("ci") else None}
+        return Rule(suite=self.suite, metric=self.metric, statistic=self.statistic, op=self.op, value=self.value,
+                    unit="noise_floor" if self.in_noise_units else "absolute", test=self.test,
+                    confidence=self.confidence if self.statistic.startswith("ci") else None)
+
+    def canonical(self) -> dict[str, Any]:
+        return self.parsed().model_dump(mode="json")
 
 
 class Bars(BaseModel):
@@ -174,6 +202,11 @@ class Bars(BaseModel):
         # replicates = 1 is left out so that bars registered before the key existed keep their sha256.
         return {"bars": [b.canonical() for b in self.bar], "p_family": self.p_family} | (
             {"replicates": self.replicates} if self.replicates != 1 else {})
+
+    @staticmethod
+    def rules(spec: dict[str, Any]) -> tuple[Rule, ...]:
+        """The parsed bars of a stored canonical spec, in the bars file's order."""
+        return tuple(Rule.model_validate(c) for c in spec["bars"])
 
     @classmethod
     def from_canonical(cls, spec: dict[str, Any]) -> Bars:

@@ -43,7 +43,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from evals import stats
-from evals.bars import Bar, Bars
+from evals.bars import Bar, Bars, Rule
 from evals.decoding import Decoding
 from evals.judgment import Refusal, close_tool_call
 from evals.records import item_values, served_draws, started_at
@@ -60,7 +60,7 @@ class BarVerdict(BaseModel):
     """One bar's statistic, threshold and verdict."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    bar: dict[str, Any] = Field(description="The bar, canonical form.")
+    bar: Rule = Field(description="The bar, canonical form.")
     n: int = Field(description="Items paired.")
     value: float | str = Field(description="The statistic (Holm-adjusted for p bars); 'inf'/'-inf' when infinite.")
     raw_p: float | None = Field(None, description="Unadjusted p-value for p bars.")
@@ -232,6 +232,25 @@ def _threshold(nb: Notebook, session: str, bar: Bar, inc_eval: EvalRecord) -> fl
     return bar.value * floor.mean_abs_delta
 
 
+class PFamily(BaseModel):
+    """The session's pre-registered family of p-values (Holm): its size, how many were tested, how many are left.
+    The one count of p-values spent: compare refuses past it, and the planner reads it (through the session view)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    size: int | None = Field(description="p_family of the session's first bars declaring one; None: no p bars.")
+    spent: int = Field(description="Raw p-values tested by the session's comparisons so far.")
+    per_comparison: int = Field(description="p bars of the latest registered bars: what one comparison tests.")
+
+    @property
+    def left(self) -> int | None:
+        return None if self.size is None else self.size - self.spent
+
+    @property
+    def fits_one_more(self) -> bool:
+        """Whether one more comparison under the latest bars fits the family."""
+        return self.size is None or self.size - self.spent >= self.per_comparison
+
+
 def _session_family(nb: Notebook, session: str) -> int | None:
     """The session's p-value family size: the p_family of its first bars that declare one.
 
@@ -245,12 +264,25 @@ def _session_family(nb: Notebook, session: str) -> int | None:
     return None
 
 
+def _tested(nb: Notebook, session: str) -> list[tuple[int, float]]:
+    """(comparison id, raw p) of every p-value the session's comparisons tested, oldest first."""
+    return [(c.id, p) for c in nb.comparisons(session) for p in c.adjustment.get("raw_p", [])]
+
+
+def p_family(nb: Notebook, session: str) -> PFamily:
+    registered = nb.decisions(session, kind="register_bars")
+    per = 0
+    if registered:
+        per = sum(r.statistic == "p" for r in Bars.rules(nb.bars(registered[-1].payload.bars_id).spec))
+    return PFamily(size=_session_family(nb, session), spent=len(_tested(nb, session)), per_comparison=per)
+
+
 def _holm(nb: Notebook, session: str, raw: list[float], family_size: int | None) -> tuple[list[float], dict[str, Any]]:
     """Adjust this comparison's p-values within the session's pre-registered family of p-values."""
     if raw and _session_family(nb, session) != family_size:
         raise _Refused(f"p_family {family_size} differs from the session's pre-registered family "
                        f"of {_session_family(nb, session)} p-values")
-    prior = [(c.id, p) for c in nb.comparisons(session) for p in c.adjustment.get("raw_p", [])]
+    prior = _tested(nb, session)
     seen = [p for _, p in prior] + raw
     if raw and len(seen) > family_size:
         raise _Refused(f"the session's pre-registered family of {family_size} p-values is used up "
@@ -297,10 +329,10 @@ def judge(nb: Notebook, session: str, candidate: int, incumbent: int, bars: Bars
         raw_p = None
         if bar.statistic == "p":
             raw_p, value, p_index = value, adjusted[p_index], p_index + 1
-        verdicts.append(BarVerdict(bar=bar.canonical(), n=n, value=_json_float(value), raw_p=raw_p,
+        verdicts.append(BarVerdict(bar=bar.parsed(), n=n, value=_json_float(value), raw_p=raw_p,
                                    threshold=threshold, holds=_OPS[bar.op](value, threshold)))
     promoted = all(v.holds for v in verdicts)
-    failed = [f"{v.bar['suite']}/{v.bar['metric']} {v.bar['statistic']}" for v in verdicts if not v.holds]
+    failed = [f"{v.bar.target} {v.bar.statistic}" for v in verdicts if not v.holds]
     return ComparisonVerdict(candidate=candidate, incumbent=incumbent, bars_id=bars.id, verdicts=verdicts,
                              promoted=promoted, adjustment=adjustment,
                              rationale="all bars hold" if promoted else "bars failed: " + ", ".join(failed))

@@ -327,7 +327,7 @@ class Notebook:
 
     def open_session(
         self, name: str, *, lab: str, budget_gpuh: float, reserve_gpuh: float, planner: str, executor: str,
-        config: dict[str, Any],
+        config: dict[str, Any], policy: dict[str, Any] | None = None,
     ) -> Session:
         """Create a session row and its opening decision, which carries the row's hash, in one transaction."""
         session = Session(name=name, lab=lab, budget_gpuh=budget_gpuh, reserve_gpuh=reserve_gpuh, planner=planner,
@@ -339,7 +339,7 @@ class Notebook:
             self._append_decision(name, "open", "session opened", OpenPayload(
                 budget_gpuh=session.budget_gpuh, reserve_gpuh=session.reserve_gpuh, planner=planner,
                 executor=executor, config_sha256=sha256_text(canonical_json(session.model_dump(mode="json")["config"])),
-                session_sha256=session_sha256(session),
+                session_sha256=session_sha256(session), policy=policy,
             ))
         return self.session(name)
 

@@ -21,7 +21,8 @@ DecisionKind = Literal[
 JobState = Literal["pending", "running", "completed", "failed"]
 # The launcher's failure classes (tools/jobs/failures.py keeps the same list; a test holds them equal:
 # memory sits below tools and cannot import it).
-FailureClass = Literal["oom", "preempted", "timeout", "nccl_timeout", "nan_loss", "node_failure", "cancelled", "error"]
+FailureClass = Literal["oom", "preempted", "timeout", "nccl_timeout", "nan_loss", "node_failure", "cancelled", "no_gpu",
+                       "error"]
 SessionStatus = Literal["open", "done", "failed", "stopped"]
 ToolCallStatus = Literal["open", "done", "failed", "refused"]
 
@@ -56,6 +57,14 @@ class _Payload(BaseModel):
         return getattr(self, key, default)
 
 
+class PolicyRef(_Payload):
+    """The named, versioned planner policy a session runs with (agent/planners/playbook.py)."""
+
+    name: str = Field(description="Policy name (the recipe it follows).")
+    protocol: str = Field(description="The sizes it runs at (full, short, test).")
+    version: int = Field(description="Rules version.")
+
+
 class OpenPayload(_Payload):
     """What the `open` decision vouches for about its session row."""
 
@@ -66,6 +75,8 @@ class OpenPayload(_Payload):
     config_sha256: str = Field(description="sha256 of the canonical config snapshot.")
     session_sha256: str | None = Field(None, description="sha256 of the canonical session row (see session_sha256); "
                                                          "None in notebooks written before schema version 2.")
+    policy: PolicyRef | None = Field(None, description="The playbook policy the session runs with (its whole settings are "
+                                                       "in the config snapshot); None before policies were named.")
 
 
 class StopPayload(_Payload):
@@ -395,7 +406,8 @@ class JobRecord(_Record):
 
 
 class Ledger(_Record):
-    """GPU-hours of one session: spent (settled), reserved (forecasts of unsettled jobs), left."""
+    """GPU-hours of one session as the notebook sums them: spent (settled), reserved (forecasts of unsettled jobs).
+    Admission and time limits are the session view's (tools/session.py)."""
 
     budget_gpuh: float = Field(description="The session's budget.")
     reserve_gpuh: float = Field(description="Kept back for the nomination.")
@@ -405,10 +417,6 @@ class Ledger(_Record):
     @property
     def left_gpuh(self) -> float:
         return self.budget_gpuh - self.spent_gpuh - self.reserved_gpuh
-
-    def admits(self, forecast_gpuh: float) -> bool:
-        """Whether a job of this forecast fits while keeping the nomination reserve."""
-        return forecast_gpuh + self.spent_gpuh + self.reserved_gpuh + self.reserve_gpuh <= self.budget_gpuh
 
 
 class Artifact(_Record):

@@ -29,10 +29,12 @@ from pathlib import Path
 import pytest
 
 from agent.planners.playbook import PlaybookSettings, next_step
-from agent.summary import Budget, Call, Checkpoint, Refused, Summary, Verdict
+from agent.summary import Call, Checkpoint, Refused, Summary
 from agent.toolbox import canonical_args
 from evals.decoding import Decoding
 from memory.notebook import Notebook
+from tests.agent.views import TOY_RULES, bars, ledger, verdict
+from tests.agent.views import summary as make_summary
 from tools.world import oracle
 from tools.world.build import BARS
 from tools.world.decision_quality import answer_key
@@ -235,8 +237,7 @@ def test_a_test_world_session_nominates_a_bundle_that_passes_check_bundle(bench_
 
 # ---- the playbook's decision rules, on hand-made summaries (pure: no job, no notebook) ----------------
 
-RULES = ["holdout/win_score p <= 0.05", "synthetic/correct delta >= -1 * noise_floor",
-         "loops/looping delta <= 1 * noise_floor"]
+RULES = TOY_RULES
 FLOORS = {"synthetic/correct": 0.05, "loops/looping": 0.05}
 
 
@@ -251,9 +252,9 @@ def _done(id_: int, tool: str, args: dict, data: dict | None = None, status: str
 
 def _summary(checkpoints: list[Checkpoint], calls: list[Call], *, incumbent: int = 1, p_family: int | None = 2,
              refused: list[Refused] | None = None) -> Summary:
-    budget = Budget(budget_gpuh=100, spent_gpuh=10, reserved_gpuh=0, reserve_gpuh=5, left_above_reserve_gpuh=85)
-    return Summary(session="s", budget=budget, split={"id": 1, "sha256": "x", "counts": {}},
-                   bars={"id": 1, "sha256": "y", "rules": RULES, "p_family": p_family}, parent=1, incumbent=incumbent,
+    budget = ledger(100, 10, 0, 5)
+    return make_summary(budget=budget, split={"id": 1, "sha256": "x", "counts": {}},
+                   bars=bars(*RULES, p_family=p_family), parent=1, incumbent=incumbent,
                    calibrated=[incumbent], noise_floors=FLOORS, checkpoints=checkpoints, datasets=[], calls=calls,
                    refusals=[], gate_refusals=refused or [], failures=[], consecutive_failed_arms=0, nominee=None,
                    sealed_opened=False)
@@ -329,7 +330,7 @@ def test_a_step_a_gate_refused_is_never_proposed_again():
     test = PlaybookSettings.test()
     args = {"trainer": "sft", "parent": 1, "dataset": 2, "lr": test.lr["sft"], "steps": test.steps,
             "batch_size": test.batch_size}
-    rejected = [Verdict(comparison_id=1, incumbent=1, promoted=False, bars=[])]
+    rejected = [verdict(1, 1, False)]
     full = PARENT_METRICS | {"stop": {"stopped": 1.0}}
     cps = [_cp(1, "parent", full, parent=None), _cp(3, "train:sft", full, rejected)]
     calls = [_done(1, "build_dataset", {"builder": "winner_sft"}, {"artifact_id": 2}),

@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from evals.compare import compare
 from tools.context import ToolContext, ToolOutcome, invoke, served_of
-from tools.promote import incumbent_of
+from tools.session import incumbent_of
 
 NAME = "compare"
 

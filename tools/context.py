@@ -10,7 +10,6 @@ makes a resumed session act exactly once per step.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,8 +22,11 @@ from evals.decoding import Decoding
 from evals.job import CallableJudgeSpec, OpenAIJudgeSpec
 from memory.notebook import Notebook
 from tools.data.datasets import ReplaySource
+from tools.jobs.executor import SINGLE_PROCESS_KINDS, KindResources, job_family
 from tools.jobs.launcher import BudgetRefused, JobFailed, Resources
 from tools.paths import LabPaths
+from trainers.recipe import TrainRecipe
+from tools.session import ledger
 
 A = TypeVar("A", bound=BaseModel)
 R = TypeVar("R", bound=BaseModel)
@@ -73,11 +75,19 @@ class LabSpec(BaseModel):
     served: Decoding = Field(description="The decoding and system prompt the parent is served with.")
     judge: OpenAIJudgeSpec | CallableJudgeSpec | None = Field(None, description="Judge for judge suites.")
     time_limit_min: float = Field(gt=0, description="Wall-clock limit of each job run, minutes.")
-    eval_batch_size: int = Field(64, ge=1, description="Prompts generated together by eval jobs.")
+    eval_batch_size: int | None = Field(
+        64, ge=1, description="Prompts generated together by eval jobs; None: chosen by the job from its GPU's free memory.")
+    job_resources: dict[str, KindResources] = Field(
+        default_factory=dict, description="Per resource kind (train, eval, reference, merge, data, bundle, truth) with "
+        "defaults filled in (ExecutorSection.kind_resources); a kind absent: the executor's defaults.")
+    gpu_dtype: Literal["bfloat16", "float16", "float32"] = Field(
+        "bfloat16", description="Dtype of model jobs on GPUs; on the CPU they run in float32.")
     model_name: str = Field("model", description="Model label for throughput forecasts of the launcher.")
     truth: LabTruth | None = Field(None, description="Ground-truth scorer of the nominee; None: the lab declares none.")
     base_license: str | None = Field(None, description="The base model's license; None: not declared.")
     base_license_source: str = Field("not declared", description="Where the license was read (lab.toml, a README).")
+    train: TrainRecipe | None = Field(None, description="The lab's [train], settled per trainer family "
+                                      "(trainers/recipe.py); None: the rules over the parent model.")
 
     def suite(self, name: str) -> LabSuite:
         for s in self.suites:
@@ -127,26 +137,41 @@ class ToolContext:
     minute_gpuh: Callable[[Resources], float] | None = None
     """What one minute of a job with these resources can cost at most (the launcher's time-limit bound)."""
 
-    def resources(self, nomination: bool = False, **extra: Any) -> Resources:
+    def placement(self, kind: str) -> tuple[Literal["cuda", "cpu"], Literal["bfloat16", "float16", "float32"]]:
+        """Device and dtype of a job of launcher kind `kind`'s model, from its resources: on its GPUs in the lab's
+        dtype, else on the CPU in float32."""
+        given = self.lab.job_resources.get(job_family(kind) or "")
+        if given is not None and given.gpus:
+            return "cuda", self.lab.gpu_dtype
+        return "cpu", "float32"
+
+    def kind_resources(self, kind: str) -> dict[str, Any]:
+        """The Resources fields lab.toml's `[executor.resources.<kind>]` sets for a launcher kind."""
+        family = job_family(kind)
+        given = self.lab.job_resources.get(family or "")
+        if given is None:
+            return {}
+        return {"gpus": given.gpus, "nodes": given.nodes, "cpus": given.cpus, "mem_gb": given.mem_gb,
+                "time_limit_min": given.time_limit_min or self.lab.time_limit_min,
+                "single_process": family in SINGLE_PROCESS_KINDS, "device": self.placement(kind)[0]}
+
+    def resources(self, nomination: bool = False, kind: str | None = None, **extra: Any) -> Resources:
         """A job's resources. Its time limit is the lab's, or shorter when only that much of the budget
         is left above the reserve: a run never costs more than its limit, so a job admitted under that
         bound cannot overrun the budget (with less than a minute left the launcher refuses it). The
         nomination's jobs (bundle, sealed confirmation) are what the reserve is kept for: they are
         admitted on a declared 0 and their limit is what is left including the reserve."""
-        r = Resources(time_limit_min=self.lab.time_limit_min, model=self.lab.model_name, **extra)
+        per_kind = self.kind_resources(kind) if kind is not None else {}
+        r = Resources(**({"time_limit_min": self.lab.time_limit_min} | per_kind | {"model": self.lab.model_name} | extra))
         if self.minute_gpuh is None or (r.estimate_gpuh is not None and not nomination):
             return r
-        ledger = self.nb.ledger(self.session)
-        left = ledger.budget_gpuh - ledger.spent_gpuh - ledger.reserved_gpuh - (0.0 if nomination else ledger.reserve_gpuh)
-        fit = math.floor(left / self.minute_gpuh(r) * 10) / 10
+        limit = ledger(self.nb, self.session).time_limit_min(r.time_limit_min, self.minute_gpuh(r), nomination)
         update: dict[str, Any] = {"estimate_gpuh": 0.0, "nomination": True} if nomination else {}
-        if 1.0 <= fit < r.time_limit_min:
-            update["time_limit_min"] = fit
-        return r.model_copy(update=update)
+        return r.model_copy(update=update | {"time_limit_min": limit})
 
     def wait(self, kind: str, fn: Callable[[Any], R], args: BaseModel, **extra: Any) -> tuple[R, str]:
         """Submit (or re-attach to) one keyed job and wait for its result."""
-        job = self.jobs.submit(kind, fn, args, self.resources(**extra))
+        job = self.jobs.submit(kind, fn, args, self.resources(kind=kind, **extra))
         return job.result(timeout_s=self.job_timeout_s), job.key
 
 

@@ -16,7 +16,7 @@ from evals.records import record_result, served_draws
 from memory.notebook import EvalRecord
 from tools.context import ToolContext, ToolOutcome, content_name, invoke, record_once, served_of
 from tools.ingest import holdout_items
-from tools.promote import incumbent_of
+from tools.session import incumbent_of
 
 NAME = "evaluate"
 

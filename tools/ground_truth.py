@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from evals.sealed import nominee as nominee_of
 from memory.records import TruthPayload
 from tools.context import ToolContext, ToolOutcome, invoke, record_once
-from tools.promote import parent_of
+from tools.session import parent_of
 from tools.world.truth import TruthResult, truth
 
 NAME = "ground_truth"

@@ -106,7 +106,7 @@ def _body(ctx: ToolContext, args: Args) -> ToolOutcome:
     # Imported here, not at the top: the bundle jobs unpickle this module in a fresh interpreter, and
     # these pull in torch and transformers (the publish job needs neither).
     from tools.evaluate import metrics_line
-    from tools.promote import parent_of
+    from tools.session import parent_of
 
     artifact = ctx.nb.artifact(args.artifact)
     served = served_of(ctx, args.artifact)

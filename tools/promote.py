@@ -12,8 +12,8 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from core.util import file_sha256
-from memory.notebook import Comparison, Notebook
 from tools.context import ToolContext, ToolOutcome, invoke, record_once
+from tools.session import parent_of, view
 from trainers.common import weights_sha256
 
 NAME = "promote"
@@ -24,17 +24,6 @@ class Args(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     candidate: int = Field(description="Artifact id of the candidate.")
-
-
-def parent_of(nb: Notebook, session: str) -> int | None:
-    found = [a.id for a in nb.artifacts(kind="checkpoint", session=session) if a.recipe.get("role") == "parent"]
-    return found[0] if found else None
-
-
-def incumbent_of(nb: Notebook, session: str) -> int | None:
-    """The session's incumbent: the latest promoted artifact, else its parent."""
-    promoted = [d for d in nb.decisions(session, kind="promote") if d.payload.get("action") == "incumbent"]
-    return promoted[-1].payload.get("artifact_id") if promoted else parent_of(nb, session)
 
 
 def start_incumbent(ctx: ToolContext) -> int:
@@ -49,23 +38,16 @@ def start_incumbent(ctx: ToolContext) -> int:
                                        "license": ctx.lab.base_license, "license_source": ctx.lab.base_license_source}).id
 
 
-def promoting_comparison(nb: Notebook, session: str, candidate: int) -> Comparison | None:
-    """The candidate's latest comparison against the current incumbent, when it promoted."""
-    incumbent = incumbent_of(nb, session)
-    mine = [c for c in nb.comparisons(session) if c.candidate == candidate and c.incumbent == incumbent]
-    return mine[-1] if mine and mine[-1].promoted else None
-
-
 def _body(ctx: ToolContext, args: Args) -> ToolOutcome:
-    previous = incumbent_of(ctx.nb, ctx.session)
-    comparison = promoting_comparison(ctx.nb, ctx.session, args.candidate)
-    if comparison is None:
-        return ToolOutcome(tool=NAME, status="failed", summary=f"artifact {args.candidate} has no comparison against "
-                           f"incumbent {previous} that cleared the bars")
+    v = view(ctx.nb, ctx.session)
+    previous, eligibility = v.incumbent, v.promotion(args.candidate)
+    if not eligibility.promotable:
+        return ToolOutcome(tool=NAME, status="failed", summary="; ".join(eligibility.reasons))
     name = ctx.nb.artifact(args.candidate).name
-    summary = f"{name} becomes the incumbent (was {ctx.nb.artifact(previous).name}): comparison {comparison.id} cleared every bar"
+    summary = (f"{name} becomes the incumbent (was {ctx.nb.artifact(previous).name}): comparison "
+               f"{eligibility.comparison_id} cleared every bar")
     record_once(ctx, "promote", summary, {"action": "incumbent", "artifact_id": args.candidate,
-                                          "comparison_id": comparison.id, "previous": previous})
+                                          "comparison_id": eligibility.comparison_id, "previous": previous})
     return ToolOutcome(tool=NAME, status="done", summary=summary, data={"artifact_id": args.candidate})
 
 

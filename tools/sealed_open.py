@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from evals.sealed import SealedRefused, open_sealed
 from tools.context import ToolContext, ToolOutcome, invoke, record_once, served_of
 from tools.evaluate import eval_job, metrics_line, reference_completions, run_and_record
-from tools.promote import parent_of
+from tools.session import parent_of
 
 NAME = "sealed_open"
 

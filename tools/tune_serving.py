@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tools.context import ToolContext, ToolOutcome, content_name, invoke, record_once, served_of
 from tools.evaluate import MissingReference, eval_job, metrics_line, references_of, run_and_record
-from tools.promote import incumbent_of
+from tools.session import incumbent_of
 
 NAME = "tune_serving"
 

@@ -46,7 +46,7 @@ class LLMPlanner:
         return cls(openai.OpenAI(base_url=section.base_url, api_key=key, max_retries=0, timeout=120), section.model)
 
     def messages(self, summary: Summary, feedback: list[str]) -> list[dict]:
-        view = summary.model_dump(mode="json")
+        view = summary.render()
         user = "Notebook summary (JSON):\n" + json.dumps(view, sort_keys=True)
         if feedback:
             user += "\n\nYour previous replies could not be used:\n" + "\n".join(f"- {f}" for f in feedback)

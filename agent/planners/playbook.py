@@ -6,7 +6,7 @@ step (what resume and replay rely on). The protocol, in order:
 1. ingest and split the feedback; register the bars (bars before scores);
 2. calibrate the incumbent: K >= 3 replicates on every open suite (noise before deltas; replicate 0
    is the baseline); again after a promotion, since compare reads the incumbent's own floor, but only
-   when a step first reads that calibration (`lazy_calibration`): screens on the cheap suites read the
+   when a step first reads that calibration (`calibration = when_read`): screens on the cheap suites read the
    parent's floors and the incumbent's first eval, so a promotion whose later candidates all screen out
    spends nothing on a calibration no comparison reads;
 3. stop early when N arms in a row failed or missed the bars, or the budget above the reserve is
@@ -38,7 +38,7 @@ the ones that matter. The playbook never compares more often than `p_family` all
 `PlaybookSettings.comparisons()` is the family a protocol needs (the toy world's bars register the
 full protocol's).
 
-With `best_of_stage` (on), every finalist of a stage gets one judged-holdout look against the stage's incumbent
+Under the stage rule `best_of_stage` (version 3, current), every finalist of a stage gets one judged-holdout look against the stage's incumbent
 before any comparison; then they go under the bars in order of that look (replicate draws, comparison,
 promotion) until one is promoted, and the stage promotes no other (the sweep follows the promoted arm's family).
 The cheap suites measure stopping, looping and verified answers, not the win rate: on ten toy worlds they ranked
@@ -62,7 +62,7 @@ checkpoint no step of its own is taken, so the next step's rationale leads with 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -81,11 +81,46 @@ class ServingAlternative(BaseModel):
     system_prompt: str = Field("served", pattern="^(served|none)$", description="Keep the served system prompt or serve none.")
 
 
+Calibration = Literal["at_promotion", "when_read"]
+StageRule = Literal["judge_every", "first_cleared", "best_of_stage"]
+
+# The playbook's rules by policy version. A new rule is a new version: sessions recorded under an older version
+# replay with that version's rules (`PlaybookSettings.recorded`), so no rule is a flag kept forever.
+#   1: every new incumbent calibrated at once; a screened stage promotes its first finalist that clears the bars.
+#   2: a promoted incumbent is calibrated when a step first reads its calibration (lazy calibration).
+#   3: a screened stage looks at every finalist's judged holdout first, then promotes the best look that clears.
+VERSION = 3
+_RULES: dict[int, dict[str, str]] = {
+    1: {"calibration": "at_promotion", "stage": "first_cleared"},
+    2: {"calibration": "when_read", "stage": "first_cleared"},
+    3: {"calibration": "when_read", "stage": "best_of_stage"},
+}
+RECIPES = ("combined",)
+
+
 class PlaybookSettings(BaseModel):
-    """Sizes of the protocol: `full()` (the default), `test()` (the few-arm setting of the test suite and
-    `--protocol test`) and `short()` (the decision-quality benchmark's short budget, `--protocol short`)."""
+    """A named, versioned playbook policy: its rules (how a stage judges its candidates, when an incumbent is
+    calibrated) and its sizes. `named(protocol)` gives the current version of a protocol's sizes: `full` (the
+    default), `test` (the few-arm setting of the test suite and `--protocol test`) and `short` (the
+    decision-quality benchmark's short budget, `--protocol short`). A session records its policy whole in its
+    `open` decision, and resume and replay read it back (`recorded`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+    name: str = Field("combined", description="The policy's name: the recipe it follows (the combined playbook).")
+    protocol: Literal["full", "test", "short"] = Field("full", description="The sizes it runs at.")
+    version: int = Field(VERSION, ge=1, le=VERSION, description="Rules version (see _RULES).")
+    calibration: Calibration = Field(
+        "when_read", description="When a promoted incumbent is calibrated: at once (`at_promotion`), or only when a "
+        "step first reads its calibration (`when_read`: a judged eval against its reference answers, a serving "
+        "alternative, a comparison against its floors), so a promotion whose later candidates all screen out costs "
+        "no calibration. The parent is calibrated first always.")
+    stage: StageRule = Field(
+        "best_of_stage", description="How a stage judges its candidates. `judge_every`: no screen; every candidate "
+        "is evaluated on every suite and compared. `first_cleared`: successive halving; the best-screened finalists "
+        "in screen order, each promoted as soon as it clears, the next then judged against it. `best_of_stage`: "
+        "successive halving; every finalist gets one judged-holdout look against the stage's incumbent first, then "
+        "they go under the bars (replicate draws, comparison, promotion) in order of that look until one is "
+        "promoted, and the stage promotes no other.")
     families: tuple[Trainer, ...] = Field(("sft", "dpo", "klce", "rft"), description="First arms, in order.")
     steps: int = Field(30, ge=1, description="Optimizer steps per arm.")
     batch_size: int = Field(8, ge=1, description="Rows per optimizer step.")
@@ -98,45 +133,46 @@ class PlaybookSettings(BaseModel):
         (ServingAlternative(temperature=0.0), ServingAlternative(repetition_penalty=1.1)),
         description="Serving alternatives tried with the weights fixed.")
     k: int = Field(3, ge=3, description="Replicates of each incumbent calibration.")
-    lazy_calibration: bool = Field(
-        True, description="Calibrate a promoted incumbent only when a step first reads its calibration (a judged eval "
-        "against its reference answers, a serving alternative, a comparison against its floors), not at once: a "
-        "promotion whose later candidates all screen out costs no calibration. The parent is calibrated first always.")
     max_failed_arms: int = Field(3, ge=1, description="Stop after this many arms in a row failed or missed the bars.")
     rft_counts: dict[Family, int] = Field({"digit_sum": 24, "arithmetic_chain": 24, "letter_count": 24},
                                           description="Verified tasks per family for RFT prompts.")
     min_step_gpuh: float = Field(0.0, ge=0, description="Stop when less than this is left above the reserve.")
-    screen: bool = Field(True, description="Successive halving: screen each stage's candidates on the cheap suites "
-                                           "first; off, every candidate is evaluated on every suite and compared.")
     finalists: int = Field(2, ge=1, description="Screened candidates per stage that go on to the judged holdout and a "
                                                 "comparison (only those whose screen score beats the incumbent).")
-    best_of_stage: bool = Field(
-        True, description="A screened stage gives every finalist one judged-holdout look against the stage's incumbent "
-        "first, then takes them under the bars (replicate draws, comparison, promotion) in order of that look's score "
-        "until one is promoted, and promotes no other (the holdout is the suite nearest the win rate). Off: finalists "
-        "in screen order, each promoted as soon as it clears, the next one then judged against it (sessions recorded "
-        "before this setting replay so).")
     fallbacks: int = Field(0, ge=0, description="Further screened candidates a stage judges, one for each of its "
                            "finalists the bars rejected (in screen order, only those that screen above the incumbent); "
                            "`comparisons()` counts them in the p-value family.")
     trajectory: tuple[int, ...] = Field(
         (10, 20), description="Steps (increasing, below `steps`) at which every arm also saves its model; after the "
         "sweep the best run's snapshots are screened, and the best goes on to the holdout and a comparison only if it "
-        "screens above that run's final checkpoint (trajectory selection; needs `screen`). Empty: no step.")
+        "screens above that run's final checkpoint (trajectory selection; needs a screened stage). Empty: no step.")
 
     @model_validator(mode="after")
     def _trajectory_inside_the_arms(self) -> PlaybookSettings:
         if any(not 0 < t < self.steps for t in self.trajectory) or list(self.trajectory) != sorted(set(self.trajectory)):
             raise ValueError(f"trajectory {list(self.trajectory)} must increase and lie between 0 and steps "
                              f"({self.steps}), exclusive")
-        if self.trajectory and not self.screen:
-            raise ValueError("trajectory selection ranks snapshots by their screen score: it needs screen = true")
+        if self.trajectory and not self.screened:
+            raise ValueError("trajectory selection ranks snapshots by their screen score: it needs a screened stage")
+        rules = _RULES[self.version]
+        if self.calibration != rules["calibration"] or (self.screened and self.stage != rules["stage"]):
+            raise ValueError(f"version {self.version} of the playbook's rules is {_RULES[self.version]}; other rules "
+                             "are another version")
         return self
+
+    def ref(self) -> dict[str, Any]:
+        """Name, protocol and version: what the session's `open` decision records of its policy."""
+        return {"name": self.name, "protocol": self.protocol, "version": self.version}
+
+    @property
+    def screened(self) -> bool:
+        """Whether a stage screens its candidates on the cheap suites first (successive halving)."""
+        return self.stage != "judge_every"
 
     @classmethod
     def test(cls) -> PlaybookSettings:
-        return cls(families=("sft",), steps=4, sweep=(), dose_alphas=(0.5,),
-                   serving=(ServingAlternative(temperature=0.0),), rft_counts={"digit_sum": 8}, screen=False,
+        return cls(protocol="test", families=("sft",), steps=4, sweep=(), dose_alphas=(0.5,),
+                   serving=(ServingAlternative(temperature=0.0),), rft_counts={"digit_sum": 8}, stage="judge_every",
                    trajectory=())
 
     @classmethod
@@ -144,8 +180,8 @@ class PlaybookSettings(BaseModel):
         """Two first arms of different families (winner SFT, DPO on battle pairs), each with a holdout look when it
         screens above the parent, the better look judged under the bars first (the other if the bars reject it), one
         dose, no serving."""
-        return cls(families=("sft", "dpo"), steps=16, sweep=(), soup=False, dose_alphas=(0.5,), serving=(),
-                   finalists=2, fallbacks=0, trajectory=())
+        return cls(protocol="short", families=("sft", "dpo"), steps=16, sweep=(), soup=False, dose_alphas=(0.5,),
+                   serving=(), finalists=2, fallbacks=0, trajectory=())
 
     @classmethod
     def named(cls, protocol: str) -> PlaybookSettings:
@@ -153,11 +189,12 @@ class PlaybookSettings(BaseModel):
 
     @classmethod
     def recorded(cls, saved: dict[str, Any], session: str) -> PlaybookSettings:
-        """The settings a session recorded at its start (resume and replay), or one clear refusal: a session
-        recorded by another version of the playbook (e.g. before trajectory selection) cannot be read as is."""
-        # Sessions recorded before lazy calibration calibrated every new incumbent at once, and those recorded
-        # before best_of_stage promoted each finalist as soon as it cleared: replay them so.
-        saved = {"lazy_calibration": False, "best_of_stage": False} | dict(saved)
+        """The policy a session recorded at its start (resume and replay), or one clear refusal: a session
+        recorded by another version of the playbook (e.g. before trajectory selection) cannot be read as is.
+        A record made before policies were named (flags, no version) is read as the version its flags were."""
+        saved = dict(saved)
+        if "version" not in saved:
+            saved = _unnamed(saved)
         try:
             return cls.model_validate(saved)
         except ValidationError as exc:
@@ -169,13 +206,22 @@ class PlaybookSettings(BaseModel):
     def comparisons(self) -> int:
         """The most comparisons (p-values) this protocol makes: the p_family its bars should register."""
         judged = self.finalists + self.fallbacks
-        first = min(judged, len(self.families)) if self.screen else len(self.families)
-        swept = min(judged, len(self.sweep)) if self.screen else len(self.sweep)
+        first = min(judged, len(self.families)) if self.screened else len(self.families)
+        swept = min(judged, len(self.sweep)) if self.screened else len(self.sweep)
         soup = int(self.soup and first + swept >= 2)
         return first + swept + soup + int(bool(self.trajectory)) + len(self.dose_alphas) + len(self.serving)
 
 
 PROTOCOLS = ("full", "test", "short")
+
+
+def _unnamed(saved: dict[str, Any]) -> dict[str, Any]:
+    """A record of the flags era as a versioned policy: no `lazy_calibration` is version 1; lazy calibration
+    without `best_of_stage` is version 2; both are version 3. `screen = false` was the unscreened stage."""
+    lazy, best, screen = saved.pop("lazy_calibration", False), saved.pop("best_of_stage", False), saved.pop("screen", True)
+    version = 3 if lazy and best else 2 if lazy else 1
+    stage = "judge_every" if not screen else ("best_of_stage" if version == 3 else "first_cleared")
+    return saved | {"version": version, "calibration": _RULES[version]["calibration"], "stage": stage}
 _BUILDERS = {"sft": "winner_sft", "dpo": "battle_pairs", "klce": "winner_sft", "rft": "synthetic_verified"}
 
 
@@ -209,7 +255,7 @@ def next_step(s: Summary, cfg: PlaybookSettings) -> ToolCall:
             name = s.checkpoint(inc).name if s.checkpoint(inc) else inc
             return _call("stop", {"reason": f"calibration of incumbent {name} failed: {calibration.summary}"},
                          "no noise floor, no comparison")
-        if not cfg.lazy_calibration or inc == s.parent or calibration is not None:
+        if cfg.calibration == "at_promotion" or inc == s.parent or calibration is not None:
             return calibrate
     stop = _stop_reason(s, cfg)
     if stop:
@@ -229,17 +275,12 @@ def _reads_calibration(s: Summary, step: ToolCall) -> bool:
     if step.tool != "evaluate":
         return False
     suites = step.args.get("suites")
-    _, judged = _suites(s)
+    _, judged = s.bars.suites()
     return suites is None or any(x in judged for x in suites)
 
 
 def _stop_reason(s: Summary, cfg: PlaybookSettings) -> str | None:
-    if s.consecutive_failed_arms >= cfg.max_failed_arms:
-        return f"{s.consecutive_failed_arms} arms in a row failed or missed the bars (limit {cfg.max_failed_arms})"
-    left = s.budget.left_above_reserve_gpuh
-    if left <= cfg.min_step_gpuh:
-        return f"budget low: {left:.3f} GPU-h left above the reserve of {s.budget.reserve_gpuh:.3f}"
-    return None
+    return s.view.must_stop(cfg.max_failed_arms, cfg.min_step_gpuh)
 
 
 # ---- the protocol: each generator yields the steps still to take, in order; the first one is taken -------
@@ -264,7 +305,7 @@ def _protocol(s: Summary, cfg: PlaybookSettings) -> Iterator[ToolCall]:
 def _lead(s: Summary, cfg: PlaybookSettings, ranked: list[tuple[float, ToolCall]]) -> tuple[float, ToolCall]:
     """The first arm the sweep follows: the best screened one, or with `best_of_stage` the one the stage promoted
     (chosen on the judged holdout) when it promoted one."""
-    if cfg.best_of_stage:
+    if cfg.stage == "best_of_stage":
         for score, producer in ranked:
             call = s.call(producer.tool, producer.args)
             made = call.data.get("artifact_id") if call is not None else None
@@ -295,7 +336,7 @@ def _noted(steps: Iterator[ToolCall], note: str | None) -> Iterator[ToolCall]:
 def _trajectory(s: Summary, cfg: PlaybookSettings, runs: list[tuple[float, ToolCall]]) -> Iterator[ToolCall]:
     """Trajectory selection over the best run's snapshots (see the module docstring). Returns the one-line note of a
     selection that kept the run's final checkpoint, while no step was taken after it; else None."""
-    cheap, judged = _suites(s)
+    cheap, judged = s.bars.suites()
     found = _best_run(s, runs) if cfg.trajectory and cheap else None
     if found is None:
         return None
@@ -349,8 +390,8 @@ def _first_arms(s: Summary, cfg: PlaybookSettings) -> Iterator[ToolCall]:
 
 
 def _stage(s: Summary, cfg: PlaybookSettings, producers: list[ToolCall]) -> Iterator[ToolCall]:
-    """One stage of successive halving: make every candidate, screen them, judge the finalists. Returns the
-    (score, producer) of every candidate made, best first."""
+    """One stage: make every candidate, then judge them by the policy's stage rule. Returns the (score, producer)
+    of every candidate made, best first."""
     made = []
     for producer in producers:
         if s.refused(producer.tool, producer.args) is not None:
@@ -362,34 +403,49 @@ def _stage(s: Summary, cfg: PlaybookSettings, producers: list[ToolCall]) -> Iter
         cand = s.checkpoint(call.data.get("artifact_id", -1)) if call.status == "done" else None
         if cand is not None:
             made.append((cand, producer))
-    cheap, judged = _suites(s) if cfg.screen else (None, None)
-    if cheap:
-        for cand, _ in made:
-            yield from _evaluate(s, cand, cheap, f"screen {cand.name} on the cheap suites {', '.join(cheap)}")
-        ranked = sorted(((_screen(s, c), n, c, p) for n, (c, p) in enumerate(made) if _has(c, cheap)),
-                        key=lambda t: (-t[0], t[1]))
-        result = [(score, p) for score, _, _, p in ranked]
-        if cfg.best_of_stage and any(s.call("promote", {"candidate": c.id}) is not None for c, _ in made):
-            return result  # the stage made its choice
-        compared = [c for _, _, c, _ in ranked if s.call("compare", {"candidate": c.id}) is not None]
-        hopeful = [c for score, _, c, _ in ranked if score > 0 and c.id != s.incumbent and c not in compared]
-        rejected = sum(_rejected(s, c) for c in compared)
-        finalists = (compared + hopeful)[:max(cfg.finalists + min(cfg.fallbacks, rejected), len(compared))]
-        if cfg.best_of_stage:
-            yield from _best_of_stage(s, finalists, judged)
-            return result
-        for cand in finalists:
-            yield from _judge(s, cand, judged, f"screened {_screen(s, cand):+.2f} noise floors above the incumbent"
-                              + (f" (a fallback: {rejected} finalist(s) of this stage rejected)"
-                                 if cand not in compared[:cfg.finalists] and rejected else ""))
-        return result
+    cheap, judged = s.bars.suites()
+    if cfg.stage == "judge_every" or not cheap:
+        return (yield from _judge_every(s, made))
+    for cand, _ in made:
+        yield from _evaluate(s, cand, cheap, f"screen {cand.name} on the cheap suites {', '.join(cheap)}")
+    ranked = sorted(((_screen(s, c), n, c, p) for n, (c, p) in enumerate(made) if _has(c, cheap)),
+                    key=lambda t: (-t[0], t[1]))
+    result = [(score, p) for score, _, _, p in ranked]
+    if cfg.stage == "best_of_stage":
+        yield from _best_of_stage(s, cfg, [(c, p) for _, _, c, p in ranked], judged)
+    else:
+        yield from _first_cleared(s, cfg, [c for _, _, c, _ in ranked], judged)
+    return result
+
+
+def _judge_every(s: Summary, made: list) -> Iterator[ToolCall]:
+    """No screen: every candidate on every suite, compared and promoted in order; ranked by the primary bar."""
     for cand, _ in made:
         yield from _judge(s, cand, None, _primary_line(s, cand))
     scored = [(_score(s, c.id), p) for c, p in made]
     return sorted(((x, p) for x, p in scored if x is not None), key=lambda t: -t[0])
 
 
-def _best_of_stage(s: Summary, finalists: list, judged: list[str]) -> Iterator[ToolCall]:
+def _finalists(s: Summary, cfg: PlaybookSettings, ranked: list) -> tuple[list, int]:
+    """The stage's finalists (those compared already, then the best-screened above the incumbent, `finalists` of
+    them plus one fallback per rejected finalist), and how many were rejected."""
+    compared = [c for c in ranked if s.call("compare", {"candidate": c.id}) is not None]
+    hopeful = [c for c in ranked if _screen(s, c) > 0 and c.id != s.incumbent and c not in compared]
+    rejected = sum(_rejected(s, c) for c in compared)
+    return (compared + hopeful)[:max(cfg.finalists + min(cfg.fallbacks, rejected), len(compared))], rejected
+
+
+def _first_cleared(s: Summary, cfg: PlaybookSettings, ranked: list, judged: list[str]) -> Iterator[ToolCall]:
+    """Finalists in screen order, each promoted as soon as it clears, the next one then judged against it."""
+    finalists, rejected = _finalists(s, cfg, ranked)
+    compared = [c for c in ranked if s.call("compare", {"candidate": c.id}) is not None]
+    for cand in finalists:
+        yield from _judge(s, cand, judged, f"screened {_screen(s, cand):+.2f} noise floors above the incumbent"
+                          + (f" (a fallback: {rejected} finalist(s) of this stage rejected)"
+                             if cand not in compared[:cfg.finalists] and rejected else ""))
+
+
+def _best_of_stage(s: Summary, cfg: PlaybookSettings, ranked: list, judged: list[str]) -> Iterator[ToolCall]:
     """Every finalist's judged holdout first (one served look each, against the stage's incumbent), then the
     finalists in order of their judged score go under the bars (replicate draws, comparison, promotion) until one
     is promoted: the leader, or the next when the bars reject it. The cheap suites that chose the finalists measure
@@ -397,7 +453,10 @@ def _best_of_stage(s: Summary, finalists: list, judged: list[str]) -> Iterator[T
     p-values go to the leader first. Testing the leader of k looks on those same looks stays inside the bars' error
     rate because `comparisons()` counts every finalist in the family: its rejection is one of the k finalists' own
     tests rejecting, which the family already pays for."""
-    if not _p_fits(s):  # no comparison can follow: no holdout look for a finalist not compared yet
+    if any(s.call("promote", {"candidate": c.id}) is not None for c, _ in ranked):
+        return  # the stage made its choice
+    finalists, _ = _finalists(s, cfg, [c for c, _ in ranked])
+    if not s.view.p_family.fits_one_more:  # no comparison can follow: no holdout look for a finalist not compared yet
         finalists = [c for c in finalists if s.call("compare", {"candidate": c.id}) is not None]
     for cand in finalists:
         yield from _evaluate(s, cand, judged, f"judged holdout of finalist {cand.name} (screened {_screen(s, cand):+.2f} "
@@ -420,7 +479,7 @@ def _judge(s: Summary, cand, suites: list[str] | None, why: str) -> Iterator[Too
         return
     compared = s.call("compare", {"candidate": cand.id})
     if compared is None or compared.status == "open":
-        if s.refused("compare", {"candidate": cand.id}) is not None or not _p_fits(s):
+        if s.refused("compare", {"candidate": cand.id}) is not None or not s.view.p_family.fits_one_more:
             return  # no p-value left in the pre-registered family: the candidate is not judged
         yield _call("compare", {"candidate": cand.id},
                     f"compare {cand.name} ({why}) with incumbent {s.incumbent} under the bars")
@@ -428,13 +487,13 @@ def _judge(s: Summary, cand, suites: list[str] | None, why: str) -> Iterator[Too
     mine = [v for v in cand.verdicts if v.incumbent == s.incumbent]
     if mine and mine[-1].promoted and cand.id != s.incumbent and s.call("promote", {"candidate": cand.id}) is None \
             and s.refused("promote", {"candidate": cand.id}) is None:
-        yield _call("promote", {"candidate": cand.id}, f"{cand.name} cleared every bar: " + "; ".join(mine[-1].bars))
+        yield _call("promote", {"candidate": cand.id}, f"{cand.name} cleared every bar: " + "; ".join(mine[-1].lines()))
 
 
 def _judged_score(s: Summary, cand) -> float:
     """The candidate's mean, over the p bars, of their metric on its first served look (the judged holdout's win
     score in the toy world): higher is better, as a p bar tests that the candidate beats the incumbent."""
-    values = [cand.metrics.get(suite, {}).get(metric) for suite, metric, stat, _ in _rules(s) if stat == "p"]
+    values = [cand.metrics.get(r.suite, {}).get(r.metric) for r in s.bars.p_rules]
     values = [v for v in values if v is not None]
     return sum(values) / len(values) if values else float("-inf")
 
@@ -448,8 +507,8 @@ def _rejected(s: Summary, cand) -> bool:
 def _replicated(s: Summary, cand) -> Iterator[ToolCall]:
     """The served draws the bars average (`replicates` a side on the suites of the bars without a p-value), drawn
     before the comparison; returns whether they are there (or not needed)."""
-    draws = s.bars.get("replicates", 1)
-    suites = list(dict.fromkeys(suite for suite, _, stat, _ in _rules(s) if stat != "p"))
+    draws = s.bars.replicates
+    suites = list(dict.fromkeys(r.suite for r in s.bars.guards))
     if draws == 1 or not suites:
         return True
     args = {"artifact": cand.id, "suites": suites, "replicates": draws}
@@ -477,61 +536,28 @@ def _has(cand, suites: list[str] | None) -> bool:
     return all(x in cand.metrics for x in suites) if suites else bool(cand.metrics)
 
 
-def _rules(s: Summary) -> list[tuple[str, str, str, str]]:
-    """(suite, metric, statistic, op) of every registered bar."""
-    out = []
-    for rule in s.bars["rules"]:
-        target, statistic, op = rule.split()[:3]
-        suite, metric = target.split("/", 1)
-        out.append((suite, metric, statistic, op))
-    return out
-
-
-def _suites(s: Summary) -> tuple[list[str], list[str]]:
-    """(cheap, judged): the suites of the noise-floor bars, and those of the p bars (the judged holdout)."""
-    rules = _rules(s)
-    judged = list(dict.fromkeys(suite for suite, _, stat, _ in rules if stat == "p"))
-    cheap = list(dict.fromkeys(suite for suite, _, stat, _ in rules if stat != "p" and suite not in judged))
-    return cheap, judged
-
-
 def _screen(s: Summary, cand) -> float:
     """Sum over the noise-floor bars of the candidate's delta from the incumbent, in noise floors, better > 0."""
     inc = s.checkpoint(s.incumbent)
     total = 0.0
-    for suite, metric, stat, op in _rules(s):
-        mine, theirs = cand.metrics.get(suite, {}).get(metric), inc.metrics.get(suite, {}).get(metric)
-        if stat == "p" or mine is None or theirs is None:
+    for r in s.bars.guards:
+        mine, theirs = cand.metrics.get(r.suite, {}).get(r.metric), inc.metrics.get(r.suite, {}).get(r.metric)
+        if mine is None or theirs is None:
             continue
-        floor = s.noise_floors.get(f"{suite}/{metric}") or 1.0
-        total += (mine - theirs) / floor * (1 if ">" in op else -1)
+        floor = s.noise_floors.get(r.target) or 1.0
+        total += (mine - theirs) / floor * (1 if r.higher_is_better else -1)
     return round(total, 6)
 
 
-def _p_fits(s: Summary) -> bool:
-    """Whether one more comparison fits the pre-registered p-value family (each comparison that ran spent one
-    p-value per p bar)."""
-    family = s.bars.get("p_family")
-    per = sum(stat == "p" for _, _, stat, _ in _rules(s))
-    spent = sum(c.tool == "compare" and c.status == "done" for c in s.calls) * per
-    return family is None or family - spent >= per
-
-
-def _primary(s: Summary) -> tuple[str, str]:
-    suite, metric = s.bars["rules"][0].split()[0].split("/", 1)
-    return suite, metric
-
-
 def _score(s: Summary, artifact_id: int) -> float | None:
-    cp = s.checkpoint(artifact_id)
-    suite, metric = _primary(s)
-    return cp.metrics.get(suite, {}).get(metric) if cp else None
+    cp, primary = s.checkpoint(artifact_id), s.bars.primary
+    return cp.metrics.get(primary.suite, {}).get(primary.metric) if cp else None
 
 
 def _primary_line(s: Summary, cand) -> str:
-    suite, metric = _primary(s)
-    value = cand.metrics.get(suite, {}).get(metric)
-    return f"{suite}/{metric}={value:.3f}" if value is not None else "no primary metric"
+    primary = s.bars.primary
+    value = cand.metrics.get(primary.suite, {}).get(primary.metric)
+    return f"{primary.target}={value:.3f}" if value is not None else "no primary metric"
 
 
 def _dataset_step(s: Summary, family: str, cfg: PlaybookSettings) -> tuple[int | None, ToolCall | None]:

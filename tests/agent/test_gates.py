@@ -5,24 +5,28 @@ from __future__ import annotations
 from pathlib import Path
 
 from agent import gates
-from agent.summary import Budget, Checkpoint, Dataset, Summary, Verdict
+from agent.summary import Checkpoint, Dataset, Summary
+from tests.agent.views import bar_verdict, bars, ledger, rule, verdict
+from tests.agent.views import summary as make
 
 
 def summary(**changes) -> Summary:
-    base = Summary(
-        session="s", budget=Budget(budget_gpuh=1.0, spent_gpuh=0.2, reserved_gpuh=0.1, reserve_gpuh=0.05,
-                                   left_above_reserve_gpuh=0.65),
-        split={"id": 1, "sha256": "x", "counts": {}}, bars={"id": 1, "sha256": "y", "rules": ["d/correct delta >= 0"]},
-        parent=1, incumbent=1, calibrated=[1], noise_floors={},
+    """A session whose SFT arm (3) cleared the bars against the parent (1) and whose DPO arm (4) did not; `changes`
+    overrides the view's budget, bars, incumbent and failed arms or the summary's other fields."""
+    view = {k: changes.pop(k) for k in ("budget", "bars", "incumbent") if k in changes}
+    return make(
+        budget=view.get("budget", ledger(1.0, 0.2, 0.1, 0.05)),
+        bars=view.get("bars", bars(rule("d", "correct", "delta", ">=", 0))), parent=1,
+        incumbent=view.get("incumbent", 1), calibrated=[1],
         checkpoints=[Checkpoint(id=1, name="parent", origin="parent", parent=None, served_decoding="a", metrics={}, verdicts=[]),
                      Checkpoint(id=3, name="sft", origin="train:sft", parent=1, served_decoding="a", metrics={},
-                                verdicts=[Verdict(comparison_id=1, incumbent=1, promoted=True, bars=[])]),
+                                verdicts=[verdict(1, 1, True)]),
                      Checkpoint(id=4, name="dpo", origin="train:dpo", parent=1, served_decoding="a", metrics={},
-                                verdicts=[Verdict(comparison_id=2, incumbent=1, promoted=False, bars=[])])],
+                                verdicts=[verdict(2, 1, False, [bar_verdict(rule("d", "correct", "delta", ">=", 0),
+                                                                            -0.1, 0.0, False)])])],
         datasets=[Dataset(id=2, name="w", builder="winner_sft", row_kind="sft", rows=5, audit_passed=True),
                   Dataset(id=5, name="leaky", builder="winner_sft", row_kind="sft", rows=5, audit_passed=False)],
-        calls=[], refusals=[], failures=[], consecutive_failed_arms=0, nominee=None, sealed_opened=False)
-    return base.model_copy(update=changes)
+        calls=[], **changes)
 
 
 LAB = Path("/tmp/some-lab")
@@ -50,8 +54,11 @@ def test_training_data_only_from_audited_session_datasets():
 
 def test_promotion_needs_a_promoting_comparison_against_the_current_incumbent():
     assert gates.check("promote", {"candidate": 3}, summary(), 0.0, LAB) is None
-    assert "cleared every bar" in gates.check("promote", {"candidate": 4}, summary(), 0.0, LAB)
-    assert "cleared every bar" in gates.check("promote", {"candidate": 3}, summary(incumbent=4), 0.0, LAB)
+    # Every reason is given: the failed bar, with its statistic and threshold.
+    assert "failed 1 bar(s): d/correct delta=-0.1 >= 0: fails" in gates.check("promote", {"candidate": 4}, summary(), 0.0, LAB)
+    assert "no comparison at its served decoding against incumbent 4" in gates.check(
+        "promote", {"candidate": 3}, summary(incumbent=4), 0.0, LAB)
+    assert "already the incumbent" in gates.check("promote", {"candidate": 3}, summary(incumbent=3), 0.0, LAB)
 
 
 def test_sealed_once_and_for_the_nominee_only():

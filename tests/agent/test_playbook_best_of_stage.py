@@ -9,11 +9,10 @@ is the first finalist; the bars read one look a side, so no replicate draws come
 from __future__ import annotations
 
 from agent.planners.playbook import PlaybookSettings, next_step
-from agent.summary import Budget, Call, Checkpoint, Summary, Verdict
+from agent.summary import Call, Checkpoint, Summary
 from agent.toolbox import canonical_args
+from tests.agent.views import HOLDOUT_P, TOY_RULES, bar_verdict, bars, ledger, summary, verdict
 
-RULES = ["holdout/win_score p <= 0.05", "synthetic/correct delta >= -1 * noise_floor",
-         "loops/looping delta <= 1 * noise_floor"]
 CHEAP = ["synthetic", "loops"]
 CFG = PlaybookSettings(families=("sft", "dpo"), sweep=(), soup=False, dose_alphas=(0.5,), serving=(), finalists=2,
                        fallbacks=0, trajectory=())
@@ -29,9 +28,8 @@ def _metrics(floors: float, win: float | None) -> dict:
     return out | ({"holdout": {"win_score": win}} if win is not None else {})
 
 
-def _verdict(cid: int, promoted: bool, incumbent: int = 1) -> list[Verdict]:
-    return [Verdict(comparison_id=cid, incumbent=incumbent, promoted=promoted,
-                    bars=[f"holdout/win_score p=0.001 <= 0.05: {'holds' if promoted else 'fails'}"])]
+def _verdict(cid: int, promoted: bool, incumbent: int = 1) -> list:
+    return [verdict(cid, incumbent, promoted, [bar_verdict(HOLDOUT_P, 0.001 if promoted else 0.4, 0.05, promoted)])]
 
 
 def _session(extra: list[Call] = (), wins: tuple[float | None, float | None] = (None, None),
@@ -50,12 +48,9 @@ def _session(extra: list[Call] = (), wins: tuple[float | None, float | None] = (
                       metrics=_metrics(2, wins[0]), verdicts=verdicts[0]),
            Checkpoint(id=DPO, name="dpo", origin="train:dpo", parent=1, served_decoding="",
                       metrics=_metrics(4, wins[1]), verdicts=verdicts[1])]
-    budget = Budget(budget_gpuh=100, spent_gpuh=10, reserved_gpuh=0, reserve_gpuh=5, left_above_reserve_gpuh=85)
-    return Summary(session="s", budget=budget, split={"id": 1, "sha256": "x", "counts": {}},
-                   bars={"id": 1, "sha256": "y", "rules": RULES, "p_family": 3, "replicates": 1}, parent=1,
-                   incumbent=incumbent, calibrated=[1], noise_floors={"synthetic/correct": 0.05, "loops/looping": 0.05},
-                   checkpoints=cps, datasets=[], calls=calls, refusals=[], gate_refusals=[], failures=[],
-                   consecutive_failed_arms=0, nominee=None, sealed_opened=False)
+    return summary(budget=ledger(100, 10, 0, 5), bars=bars(*TOY_RULES, p_family=3), parent=1, incumbent=incumbent,
+                   calibrated=[1], noise_floors={"synthetic/correct": 0.05, "loops/looping": 0.05}, checkpoints=cps,
+                   calls=calls)
 
 
 HOLDOUT = {"suites": ["holdout"]}
@@ -74,7 +69,7 @@ def test_every_finalist_gets_its_holdout_look_before_any_comparison():
     assert (step.tool, step.args) == ("evaluate", {"artifact": SFT} | HOLDOUT)
     assert "every finalist's look before any comparison" in step.rationale
     # Off, the old order: the best-screened finalist is compared (and promoted) before the second is looked at.
-    step = next_step(s, CFG.model_copy(update={"best_of_stage": False}))
+    step = next_step(s, CFG.model_copy(update={"stage": "first_cleared", "version": 2}))
     assert (step.tool, step.args) == ("compare", {"candidate": DPO})
 
 
@@ -123,8 +118,13 @@ def test_no_holdout_look_for_a_finalist_no_p_value_is_left_for():
 
 def test_settings_the_short_protocol_and_sessions_recorded_before_the_setting():
     short = PlaybookSettings.short()
-    assert short.best_of_stage and (short.finalists, short.fallbacks) == (2, 0)
+    assert short.stage == "best_of_stage" and (short.finalists, short.fallbacks) == (2, 0)
     assert short.comparisons() == 3  # both arms and the dose: the family the fallback protocol registered too
-    assert PlaybookSettings.recorded(PlaybookSettings.short().model_dump(exclude={"best_of_stage"}), "s").best_of_stage \
-        is False
-    assert PlaybookSettings.recorded(short.model_dump(mode="json"), "s").best_of_stage is True
+    # A record of the flags era: lazy calibration without best_of_stage was version 2, promoting the first cleared.
+    flags = PlaybookSettings.short().model_dump(mode="json", exclude={"name", "protocol", "version", "calibration",
+                                                                      "stage"})
+    old = PlaybookSettings.recorded(flags | {"lazy_calibration": True}, "s")
+    assert (old.version, old.stage, old.calibration) == (2, "first_cleared", "when_read")
+    both = PlaybookSettings.recorded(flags | {"lazy_calibration": True, "best_of_stage": True}, "s")
+    assert both == short.model_copy(update={"protocol": "full"})  # the flags era recorded no protocol name
+    assert PlaybookSettings.recorded(short.model_dump(mode="json"), "s") == short

@@ -8,12 +8,15 @@ incumbent's reference answers) and the comparison (its floors) read its calibrat
 
 from __future__ import annotations
 
-from agent.planners.playbook import PlaybookSettings, next_step
-from agent.summary import Budget, Call, Checkpoint, Summary, Verdict
-from agent.toolbox import canonical_args
+import pytest
+from pydantic import ValidationError
 
-RULES = ["holdout/win_score p <= 0.05", "synthetic/correct delta >= -1 * noise_floor",
-         "loops/looping delta <= 1 * noise_floor"]
+from agent.planners.playbook import PlaybookSettings, next_step
+from agent.summary import Call, Checkpoint, Summary
+from agent.toolbox import canonical_args
+from tests.agent.views import TOY_RULES, bars, ledger, summary, verdict
+
+RULES = TOY_RULES
 CHEAP = ["synthetic", "loops"]
 CFG = PlaybookSettings(families=("sft",), sweep=(), soup=False, dose_alphas=(0.5,), serving=(), finalists=1,
                        trajectory=())
@@ -32,7 +35,7 @@ def _call(id_: int, tool: str, args: dict, data: dict | None = None) -> Call:
 def _session(dose: dict | None = None, extra: list[Call] | None = None, calibrated: list[int] | None = None,
              parent_only: bool = False) -> Summary:
     """After the arm's promotion; `dose` the dose's metrics once it is made (None: not made yet)."""
-    won = [Verdict(comparison_id=1, incumbent=1, promoted=True, bars=["holdout/win_score p=0.01: holds"])]
+    won = [verdict(1, 1, True)]
     calls = [_call(1, "build_dataset", {"builder": "winner_sft"}, {"artifact_id": 2}),
              _call(2, "train", {"trainer": "sft", "parent": 1, "dataset": 2, "lr": 1e-3, "steps": 30, "batch_size": 8,
                                 "snapshots": []}, {"artifact_id": 3}),
@@ -46,9 +49,9 @@ def _session(dose: dict | None = None, extra: list[Call] | None = None, calibrat
         calls.append(_call(7, "merge", DOSE, {"artifact_id": 5}))
         cps.append(Checkpoint(id=5, name="dose", origin="merge:dose", parent=1, served_decoding="", metrics=dose,
                               verdicts=[]))
-    budget = Budget(budget_gpuh=100, spent_gpuh=10, reserved_gpuh=0, reserve_gpuh=5, left_above_reserve_gpuh=85)
-    return Summary(session="s", budget=budget, split={"id": 1, "sha256": "x", "counts": {}},
-                   bars={"id": 1, "sha256": "y", "rules": RULES, "p_family": 3}, parent=1,
+    budget = ledger(100, 10, 0, 5)
+    return summary(budget=budget, split={"id": 1, "sha256": "x", "counts": {}},
+                   bars=bars(*RULES, p_family=3), parent=1,
                    incumbent=1 if parent_only else 3, calibrated=[1] if calibrated is None else calibrated,
                    noise_floors={"synthetic/correct": 0.05, "loops/looping": 0.05}, checkpoints=cps, datasets=[],
                    calls=calls + (extra or []), refusals=[], gate_refusals=[], failures=[], consecutive_failed_arms=0,
@@ -91,8 +94,12 @@ def test_an_interrupted_calibration_is_run_again_and_a_failed_one_stops():
 
 
 def test_eager_calibration_and_sessions_recorded_before_lazy_calibration():
-    eager = CFG.model_copy(update={"lazy_calibration": False})
+    eager = PlaybookSettings(**(CFG.model_dump() | {"version": 1, "calibration": "at_promotion", "stage": "first_cleared"}))
     assert next_step(_session(), eager).tool == "calibrate"
-    old = PlaybookSettings.short().model_dump(exclude={"lazy_calibration"})
-    assert PlaybookSettings.recorded(old, "s").lazy_calibration is False
-    assert PlaybookSettings.recorded(PlaybookSettings.short().model_dump(), "s").lazy_calibration is True
+    # A record of the flags era without `lazy_calibration` is version 1: every new incumbent calibrated at once.
+    old = PlaybookSettings.short().model_dump(exclude={"name", "protocol", "version", "calibration", "stage"})
+    assert PlaybookSettings.recorded(old, "s").calibration == "at_promotion"
+    assert PlaybookSettings.recorded(PlaybookSettings.short().model_dump(), "s").calibration == "when_read"
+    # Rules that are not those of the version are another version, refused as such.
+    with pytest.raises(ValidationError, match="version 3 of the playbook's rules"):
+        PlaybookSettings(**(CFG.model_dump() | {"calibration": "at_promotion"}))

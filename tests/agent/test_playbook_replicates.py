@@ -9,16 +9,16 @@ judges its next screened candidate while the protocol's fallbacks allow.
 from __future__ import annotations
 
 from agent.planners.playbook import PlaybookSettings, next_step
-from agent.summary import Budget, Call, Checkpoint, Summary, Verdict
+from agent.summary import Call, Checkpoint, Summary
 from agent.toolbox import canonical_args
+from tests.agent.views import TOY_RULES, bars, ledger, summary, verdict
 
-RULES = ["holdout/win_score p <= 0.05", "synthetic/correct delta >= -1 * noise_floor",
-         "loops/looping delta <= 1 * noise_floor"]
+RULES = TOY_RULES
 CHEAP = ["synthetic", "loops"]
 # The short protocol as it was before best of stage (sessions recorded so replay with it); best of stage's own
 # order (every finalist's holdout look first, then the bars in the looks' order) is in test_playbook_best_of_stage.py.
 CFG = PlaybookSettings(families=("sft", "dpo"), sweep=(), soup=False, dose_alphas=(), serving=(), finalists=1,
-                       fallbacks=1, trajectory=(), best_of_stage=False)
+                       fallbacks=1, trajectory=(), stage="first_cleared", version=2)
 REPLICATES = {"artifact": 3, "suites": CHEAP, "replicates": 3}
 
 
@@ -31,7 +31,7 @@ def _call(id_: int, tool: str, args: dict, data: dict | None = None, status: str
     return Call(id=id_, tool=tool, args=canonical_args(tool, args), status=status, summary="", data=data or {})
 
 
-def _session(extra: list[Call] = (), sft_verdicts: list[Verdict] = (), dpo_floors: float = 1.0,
+def _session(extra: list[Call] = (), sft_verdicts: list = (), dpo_floors: float = 1.0,
              replicates: int = 3) -> Summary:
     calls = [_call(1, "build_dataset", {"builder": "winner_sft"}, {"artifact_id": 2}),
              _call(2, "build_dataset", {"builder": "battle_pairs"}, {"artifact_id": 5}),
@@ -47,15 +47,15 @@ def _session(extra: list[Call] = (), sft_verdicts: list[Verdict] = (), dpo_floor
                       metrics=_metrics(2, holdout=True), verdicts=list(sft_verdicts)),
            Checkpoint(id=4, name="dpo", origin="train:dpo", parent=1, served_decoding="",
                       metrics=_metrics(dpo_floors), verdicts=[])]
-    budget = Budget(budget_gpuh=100, spent_gpuh=10, reserved_gpuh=0, reserve_gpuh=5, left_above_reserve_gpuh=85)
-    return Summary(session="s", budget=budget, split={"id": 1, "sha256": "x", "counts": {}},
-                   bars={"id": 1, "sha256": "y", "rules": RULES, "p_family": 3, "replicates": replicates}, parent=1,
+    budget = ledger(100, 10, 0, 5)
+    return summary(budget=budget, split={"id": 1, "sha256": "x", "counts": {}},
+                   bars=bars(*RULES, p_family=3, replicates=replicates), parent=1,
                    incumbent=1, calibrated=[1], noise_floors={"synthetic/correct": 0.05, "loops/looping": 0.05},
                    checkpoints=cps, datasets=[], calls=calls, refusals=[], gate_refusals=[], failures=[],
                    consecutive_failed_arms=0, nominee=None, sealed_opened=False)
 
 
-REJECTED = [Verdict(comparison_id=1, incumbent=1, promoted=False, bars=["synthetic/correct delta=-0.06: fails"])]
+REJECTED = [verdict(1, 1, False)]
 
 
 def test_a_finalist_draws_the_replicates_the_bars_read_before_its_comparison():

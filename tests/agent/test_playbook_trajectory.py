@@ -12,11 +12,11 @@ import pytest
 from pydantic import ValidationError
 
 from agent.planners.playbook import PlaybookSettings, next_step
-from agent.summary import Budget, Call, Checkpoint, Summary, Verdict
+from agent.summary import Call, Checkpoint, Summary
 from agent.toolbox import canonical_args
+from tests.agent.views import TOY_RULES, bars, ledger, summary, verdict
 
-RULES = ["holdout/win_score p <= 0.05", "synthetic/correct delta >= -1 * noise_floor",
-         "loops/looping delta <= 1 * noise_floor"]
+RULES = TOY_RULES
 FLOORS = {"synthetic/correct": 0.05, "loops/looping": 0.05}
 CHEAP = ["synthetic", "loops"]
 CFG = PlaybookSettings(families=("sft",), sweep=(2.0,), soup=False, dose_alphas=(), serving=(), finalists=1)
@@ -46,7 +46,7 @@ def _session(arm: float, swept: float, snaps: dict[int, dict], extra_calls: list
              verdicts: dict[int, list] | None = None, p_family: int = 3) -> Summary:
     """After the sweep: arm 3 screened `arm` floors (judged, not promoted), arm 4 `swept` (below the parent: not
     judged); `snaps` the snapshots' metrics so far (artifact id -> metrics)."""
-    rejected = [Verdict(comparison_id=1, incumbent=1, promoted=False, bars=[])]
+    rejected = [verdict(1, 1, False)]
     calls = [_call(1, "build_dataset", {"builder": "winner_sft"}, {"artifact_id": 2}),
              _call(2, "train", _arm_args(1e-3), {"artifact_id": 3, "snapshots": [{"step": 10, "artifact_id": 31},
                                                                                  {"step": 20, "artifact_id": 32}]}),
@@ -57,9 +57,9 @@ def _session(arm: float, swept: float, snaps: dict[int, dict], extra_calls: list
                       verdicts=[]),
            _cp(3, _screened(arm, holdout=True), rejected), _cp(4, _screened(swept)),
            *(_cp(i, m, (verdicts or {}).get(i)) for i, m in snaps.items()), _cp(41, {}), _cp(42, {})]
-    budget = Budget(budget_gpuh=100, spent_gpuh=10, reserved_gpuh=0, reserve_gpuh=5, left_above_reserve_gpuh=85)
-    return Summary(session="s", budget=budget, split={"id": 1, "sha256": "x", "counts": {}},
-                   bars={"id": 1, "sha256": "y", "rules": RULES, "p_family": p_family}, parent=1, incumbent=1,
+    budget = ledger(100, 10, 0, 5)
+    return summary(budget=budget, split={"id": 1, "sha256": "x", "counts": {}},
+                   bars=bars(*RULES, p_family=p_family), parent=1, incumbent=1,
                    calibrated=[1], noise_floors=FLOORS, checkpoints=cps, datasets=[], calls=calls + (extra_calls or []),
                    refusals=[], gate_refusals=[], failures=[], consecutive_failed_arms=0, nominee=None,
                    sealed_opened=False)
@@ -90,7 +90,7 @@ def test_a_snapshot_that_screens_above_the_final_goes_to_the_holdout_and_the_bar
     snaps[32] = _screened(4, holdout=True)
     step = next_step(_session(2, -1, snaps), CFG)
     assert (step.tool, step.args) == ("compare", {"candidate": 32}) and "+4.00" in step.rationale
-    promoted = {32: [Verdict(comparison_id=2, incumbent=1, promoted=True, bars=["holdout/win_score p=0.01: holds"])]}
+    promoted = {32: [verdict(2, 1, True)]}
     step = next_step(_session(2, -1, snaps, [_call(5, "compare", {"candidate": 32})], promoted), CFG)
     assert (step.tool, step.args) == ("promote", {"candidate": 32})
 
@@ -135,7 +135,7 @@ def test_the_full_protocol_saves_snapshots_and_counts_their_comparison_the_other
     assert (first.tool, first.args["snapshots"]) == ("train", [10, 20])
 
 
-@pytest.mark.parametrize("update", [{"trajectory": (30,)}, {"trajectory": (20, 10)}, {"screen": False}])
+@pytest.mark.parametrize("update", [{"trajectory": (30,)}, {"trajectory": (20, 10)}, {"stage": "judge_every"}])
 def test_trajectory_steps_must_lie_inside_the_arms_and_need_the_screen(update):
     with pytest.raises(ValidationError, match="trajectory"):
         PlaybookSettings(**(PlaybookSettings().model_dump() | update))

@@ -21,7 +21,8 @@ What happens, in order (DESIGN.md invariants 5 and 6):
    back (Slurm jobs are submitted `--no-requeue`). A job runs `tasks` processes (one per GPU by
    default) with the torch.distributed rendezvous exported.
 4. Each run of the job is one attempt row with its own settled cost: Slurm `sacct` elapsed times
-   allocated GPUs, or local wall time times devices (a CPU-only job counts one device per process).
+   allocated GPUs (a CPU job holds none and is charged none), or local wall time times devices (a local CPU-only
+   job counts one device per process: the toy world's machine stands in for its GPUs).
    The row keeps the measured device-seconds and the GPU-hours charged for them: the same number
    (/3600) unless the lab declares a simulated cost (the toy world's `simulated_gpuh_per_device_s`,
    local executor only), then `charge = 'simulated'`. A failed run is classified
@@ -72,6 +73,7 @@ from tools.jobs.failures import Failure, classify, decide, smaller_batch_config
 from tools.jobs.jobrun import Resumable, RunPaths, near_time_limit, read_events
 from tools.jobs.zygote import TIME_LIMIT_VAR, Zygote
 from tools.jobs.zygote import default_dir as zygote_dir
+from tools.session import ledger as session_ledger
 
 R = TypeVar("R", bound=BaseModel)
 C = TypeVar("C", bound=BaseModel)
@@ -120,9 +122,16 @@ class Resources(BaseModel):
     time_limit_min: float = Field(gt=0, description="Wall-clock limit of one run in minutes (Slurm rounds up to whole minutes).")
     gpus: int | None = Field(None, ge=0, description="GPUs; None takes the executor's default (local: 0, Slurm: gpus_per_node).")
     tasks: int | None = Field(
-        None, ge=1, description="Processes of the job on its one node, each with its torch.distributed rank; "
+        None, ge=1, description="Processes of the job on each node, each with its torch.distributed rank; "
         "None: one per GPU (one for a CPU-only job).",
     )
+    nodes: int = Field(1, ge=1, description="Nodes of the job (Slurm): `tasks` processes on each, one rendezvous.")
+    single_process: bool = Field(
+        False, description="The function runs once, on rank 0 (merges, data, bundle jobs); the other ranks of a "
+        "multi-task job return at once. False: every rank runs it (trainers, evals: they share the work by rank).")
+    device: Literal["cuda", "cpu"] | None = Field(
+        None, description="Where the job's model runs (the tools set it from the GPUs): cuda fails the job at once, "
+        "class no_gpu, on a host with no usable GPU; cpu hides the GPUs. None: no model, no check.")
     cpus: int | None = Field(None, ge=1, description="CPUs per task on Slurm; None takes the executor's default.")
     mem_gb: int | None = Field(None, ge=1, description="Memory in GB on Slurm; None takes the executor's default.")
     estimate_gpuh: float | None = Field(None, ge=0, description="Declared forecast in GPU-hours; wins over measured throughput.")
@@ -156,7 +165,8 @@ class Run(BaseModel):
     started: float | None = Field(description="Epoch seconds the run started; None while pending.")
     ended: float | None = Field(description="Epoch seconds the run ended; None while pending or running.")
     elapsed_s: float = Field(description="Seconds the run held its allocation.")
-    devices: int = Field(description="Devices charged: allocated GPUs, else one per process.")
+    devices: int = Field(description="Devices charged: allocated GPUs; a local CPU job one per process, a Slurm "
+                         "CPU job none.")
     exit_code: int | None = Field(description="Exit code when the executor reports one.")
 
 
@@ -209,6 +219,8 @@ class Backend(Protocol):
     def gpus(self, resources: Resources) -> int: ...
 
     def tasks(self, resources: Resources) -> int: ...
+
+    def ranks(self, resources: Resources) -> int: ...
 
     def charge(self, device_seconds: float) -> Charge: ...
 
@@ -270,7 +282,11 @@ class LocalBackend:
     def tasks(self, resources: Resources) -> int:
         return resources.tasks or max(1, resources.gpus or 0)
 
+    def ranks(self, resources: Resources) -> int:
+        return self.tasks(resources)  # one node: a lab config with nodes > 1 is Slurm's only
+
     def devices(self, resources: Resources) -> int:
+        # The local machine's CPU processes are its devices when it has no GPU (the toy world's cost model).
         return resources.gpus or self.tasks(resources)
 
     def charge(self, device_seconds: float) -> Charge:
@@ -418,7 +434,7 @@ class SlurmBackend:
         ex = submitit.SlurmExecutor(folder=folder, max_num_timeout=_NO_SUBMITIT_LIMIT, python=python)
         params: dict[str, Any] = {
             "job_name": kind, "partition": self.partition, "time": math.ceil(resources.time_limit_min),
-            "nodes": 1, "gpus_per_node": self.gpus(resources), "ntasks_per_node": self.tasks(resources),
+            "nodes": resources.nodes, "gpus_per_node": self.gpus(resources), "ntasks_per_node": self.tasks(resources),
             "cpus_per_task": resources.cpus or self.cpus_per_task, "mem": f"{resources.mem_gb or self.mem_gb}GB",
             "signal_delay_s": resources.signal_delay_s,
             # Slurm would requeue a preempted or failed-node job in place, a new run no admission saw: the
@@ -447,8 +463,12 @@ class SlurmBackend:
     def tasks(self, resources: Resources) -> int:
         return resources.tasks or max(1, self.gpus(resources))
 
+    def ranks(self, resources: Resources) -> int:
+        return self.tasks(resources) * resources.nodes
+
     def devices(self, resources: Resources) -> int:
-        return self.gpus(resources) or self.tasks(resources)
+        # GPUs of every node; a CPU job holds none and is charged none (the ledger counts GPU-hours).
+        return self.gpus(resources) * resources.nodes
 
     def charge(self, device_seconds: float) -> Charge:
         return measured(device_seconds)
@@ -459,9 +479,10 @@ class SlurmBackend:
     def runs(self, job_id: str, folder: Path, resources: Resources) -> list[Run]:
         out = _sacct(["sacct", "-j", job_id, "--duplicates", "-X", "-P", "-n",
                       "-o", "State,ElapsedRaw,AllocTRES,Start,End,ExitCode"])
-        runs = [_sacct_run(line, self.tasks(resources)) for line in out.splitlines() if line.strip()]
+        runs = [_sacct_run(line) for line in out.splitlines() if line.strip()]
         # Just after sbatch the accounting record may not exist yet: the job is pending.
-        return runs or [Run(state="PENDING", started=None, ended=None, elapsed_s=0.0, devices=1, exit_code=None)]
+        return runs or [Run(state="PENDING", started=None, ended=None, elapsed_s=0.0, devices=self.devices(resources),
+                            exit_code=None)]
 
     def cancel(self, job_id: str, folder: Path) -> None:
         subprocess.run(["scancel", job_id], check=True, timeout=60)
@@ -491,11 +512,12 @@ def _run_sacct(command: list[str]) -> str:
     return subprocess.run(command, check=True, capture_output=True, text=True, timeout=60).stdout
 
 
-def _sacct_run(line: str, tasks: int) -> Run:
+def _sacct_run(line: str) -> Run:
+    """One sacct record; its devices are the GPUs it was allocated (all nodes), none for a CPU job."""
     state, elapsed, tres, start, end, exit_code = line.split("|")
     gpus = re.search(r"gres/gpu=(\d+)", tres)
     return Run(state=state.split()[0], started=_sacct_time(start), ended=_sacct_time(end),
-               elapsed_s=float(elapsed or 0), devices=int(gpus.group(1)) if gpus else tasks,
+               elapsed_s=float(elapsed or 0), devices=int(gpus.group(1)) if gpus else 0,
                exit_code=int(exit_code.split(":")[0]) if exit_code else None)
 
 
@@ -729,7 +751,7 @@ class Launcher:
 
         if not isinstance(args, TrainConfig):
             return None
-        gpus, world = self.backend.gpus(resources), self.backend.tasks(resources)
+        gpus, world = self.backend.gpus(resources), self.backend.ranks(resources)
         est = estimate_job(args, world)
         parts = {k: round(v / GIB, 3) for k, v in est.model_dump().items() if k != "world_size"}
         memory = {"world_size": world, "per_gpu_gib": round(est.total / GIB, 3), "parts_gib": parts}
@@ -758,17 +780,14 @@ class Launcher:
         forecast = self.admission_forecast(kind, resources, attempt)
         payload = LaunchPayload(key=key, kind=kind, attempt=attempt, forecast_gpuh=forecast.gpuh,
                                 forecast_source=forecast.source, executor=self.backend.name)
-        ledger = self.nb.ledger(self.session)
-        reserve = 0.0 if resources.nomination else ledger.reserve_gpuh
-        if forecast.gpuh + ledger.spent_gpuh + ledger.reserved_gpuh + reserve <= ledger.budget_gpuh:
+        admission = session_ledger(self.nb, self.session).admission(forecast.gpuh, resources.nomination)
+        if admission.admitted:
             return payload
         what = kind if attempt == 1 else f"{kind} attempt {attempt}"
-        self.nb.record_decision(self.session, "refuse", f"{what} would overrun the budget: forecast "
-                                f"{forecast.gpuh:.3f} + spent {ledger.spent_gpuh:.3f} + reserved "
-                                f"{ledger.reserved_gpuh:.3f} + reserve {reserve:.3f} > budget "
-                                f"{ledger.budget_gpuh:.3f} GPU-h", BudgetRefusal(**payload.model_dump()))
+        self.nb.record_decision(self.session, "refuse", f"{what} would overrun the budget: {admission.reason} GPU-h",
+                                BudgetRefusal(**payload.model_dump()))
         raise BudgetRefused(f"{what}: forecast {forecast.gpuh:.3f} GPU-h does not fit; "
-                            f"{ledger.left_gpuh - reserve:.3f} GPU-h left above the reserve")
+                            f"{admission.left_gpuh:.3f} GPU-h left above the reserve")
 
     def _launch(self, key: str, spec: _Spec, attempt: int, reason: str) -> None:
         """Admission, then the attempt row and the launch decision, then the submission."""
@@ -790,7 +809,8 @@ class Launcher:
 
     def _submit(self, key: str, spec: _Spec, folder: Path, attempt: int, args: BaseModel) -> None:
         wrapped = Resumable(spec.fn, spec.resources.time_limit_min * 60, spec.resources.signal_delay_s,
-                            env=self.backend.worker_env())
+                            env=self.backend.worker_env(), device=spec.resources.device,
+                            every_rank=not spec.resources.single_process)
         sub = self.backend.submit(folder, spec.kind, spec.resources, wrapped, args)
         self.nb.update_job(key, attempt, external_id=sub.job_id, log_path=str(sub.paths.stderr))
 
@@ -921,7 +941,7 @@ class Launcher:
         """Rank 0's result, or the error text of the first task without one (its pickled trace, else
         its stderr tail): a job of several processes succeeds only when every rank returned."""
         results = []
-        for task in range(self.backend.tasks(spec.resources)):
+        for task in range(self.backend.ranks(spec.resources)):
             sub = self.backend.job(folder, job_id, task)
             # A completed run may still be writing its pickle on a slow file system: submitit waits for it.
             if not (completed or sub.paths.result_pickle.exists()):

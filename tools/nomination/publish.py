@@ -111,7 +111,7 @@ def _checked_files(ctx: ToolContext, artifact_id: int) -> dict[str, str] | None:
 
 
 def _body(ctx: ToolContext, args: Args) -> ToolOutcome:
-    from tools.promote import parent_of  # here: the job's interpreter loads this module without torch
+    from tools.session import parent_of  # here: the job's interpreter loads this module without torch
 
     checked = _checked_files(ctx, args.artifact)
     if nominee_of(ctx.nb, ctx.session) != args.artifact or checked is None:
