@@ -59,6 +59,7 @@ import runpy
 import selectors
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -130,6 +131,7 @@ class Zygote:
     python: str = sys.executable
     idle_s: float = IDLE_S
     started: dict[str, float] = field(default_factory=dict)  # socket -> when this handle last started its zygote
+    refused: set[str] = field(default_factory=set)  # problems with the folder already said (said once each)
 
     def socket(self, env: Mapping[str, str]) -> Path:
         return self.folder / f"{key(self.python, self.preload, env)}.sock"
@@ -144,6 +146,14 @@ class Zygote:
         sock = self.socket(env)
         if len(os.fsencode(sock)) > MAX_SOCKET_PATH:
             return None
+        problem = private_dir(self.folder)
+        if problem is not None:
+            # Jobs send their whole environment (API keys) and stdio through this directory: never through
+            # one another user could have made or can write. The plain python still runs every job.
+            if problem not in self.refused:
+                self.refused.add(problem)
+                print(f"zygote: not used: {problem}", file=sys.stderr, flush=True)
+            return None
         if not _locked(sock.with_suffix(".lock")) and time.monotonic() - self.started.get(str(sock), -RESTART_S) >= RESTART_S:
             self.started[str(sock)] = time.monotonic()
             self.start(env)
@@ -152,7 +162,9 @@ class Zygote:
 
     def start(self, env: Mapping[str, str]) -> None:
         """Start a zygote daemon for `env`; returns once it has detached (it imports in the background)."""
-        self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        problem = private_dir(self.folder)
+        if problem is not None:
+            raise PermissionError(f"zygote: {problem}")
         sock = self.socket(env)
         with open(sock.with_suffix(".log"), "ab") as log:
             subprocess.run([self.python, "-m", "tools.jobs.zygote", "serve", "--socket", str(sock),
@@ -169,6 +181,31 @@ class Zygote:
                 raise TimeoutError(f"no zygote listening on {sock} after {timeout_s:.0f} s; see {sock.with_suffix('.log')}")
             time.sleep(0.05)
         return int(sock.with_suffix(".lock").read_text())
+
+
+def private_dir(folder: Path) -> str | None:
+    """Create `folder` private (0700) if it is missing; None when it is a real directory of this user that
+    no one else can enter, else what is wrong with it (naming it). Another local user who made it first
+    (or made it writable) would receive every job's environment and file descriptors through a socket of
+    their own here, so such a folder is never used."""
+    try:
+        folder.mkdir(mode=0o700, parents=True)
+    except FileExistsError:
+        pass
+    except OSError as err:
+        return f"cannot create {folder}: {err.strerror}"
+    try:
+        st = os.lstat(folder)
+    except OSError as err:
+        return f"cannot read {folder}: {err.strerror}"
+    if not stat.S_ISDIR(st.st_mode):
+        return f"{folder} is not a directory (a symlink or a file); expected a directory of uid {os.getuid()}, mode 0700"
+    if st.st_uid != os.getuid():
+        return f"{folder} is owned by uid {st.st_uid}, not by this user (uid {os.getuid()}); remove it or set POSTLAB_ZYGOTE_DIR"
+    if st.st_mode & 0o077:
+        return (f"{folder} has mode {stat.S_IMODE(st.st_mode):04o}; expected 0700 (only its owner may enter it): "
+                f"chmod 700 it or remove it")
+    return None
 
 
 def _quote(text: str) -> str:
@@ -230,7 +267,9 @@ def alive(pid: int) -> bool:
 def client(argv: list[str]) -> NoReturn:
     """Run `python ARGV[1:]` through the zygote at ARGV[0]; exec it directly when the zygote cannot."""
     sock_path, args = argv[0], argv[1:]
-    conn = _connect(sock_path, args)
+    # Checked again here: the folder may have been removed (a /tmp cleaner) and made again by someone else
+    # since the launcher checked it; the environment sent below holds the job's secrets.
+    conn = _connect(sock_path, args) if private_dir(Path(sock_path).parent) is None else None
     if conn is None:
         _fallback(args)
     ignored = [int(s) for s in FORWARDED if signal.getsignal(s) == signal.SIG_IGN]
@@ -683,6 +722,10 @@ def main(argv: list[str]) -> None:
     p_stop.add_argument("--dir", type=Path, default=default_dir(os.environ), help="the zygotes' directory")
     args = parser.parse_args(argv)
     if args.command == "serve":
+        problem = private_dir(args.socket.absolute().parent)  # not resolved: a symlink there is refused
+        if problem is not None:
+            print(f"zygote: refused: {problem}", file=sys.stderr)
+            sys.exit(2)
         serve(args.socket.resolve(), tuple(filter(None, args.preload.split(","))), args.idle_s)
     else:
         print(f"stopped {len(stop(args.dir))} zygote(s) in {args.dir}")
