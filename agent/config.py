@@ -18,6 +18,10 @@ and refuses, with one message naming the file, the key and what was expected (`L
   Slurm names, and each `extra_sbatch` entry is one `--option[=value]` without whitespace that
   does not override what the launcher sets itself (partition, time, resources, log paths).
 
+`[train]` holds the user's training recipe (trainers/recipe.py: per trainer family the method, LoRA, learning rate
+and its range, schedule, steps, batches, lengths and the family's own knobs); keys left out are derived from the base
+model's config.json by the rules table there, never the toy world's numbers.
+
 Two optional entries feed the model card only: `[model] license` (the base model's license; default: the
 `license:` of the base directory's README.md front matter) and `[truth]` (a ground-truth scorer of the
 nominee, run after the sealed confirmation and never shown to the planner; tools/ground_truth.py).
@@ -48,6 +52,7 @@ from pydantic import (
 from core.jsonl import JSONLineError, describe_non_file, loads
 from evals.decoding import Decoding
 from tools.jobs.executor import ExecutorSection, SlurmSection
+from trainers.recipe import VERIFYING_SCORERS, TrainRecipe, TrainSection, model_shape, resolve
 
 LAB_FILE = "lab.toml"
 MAX_TOML_DEPTH = 8  # the deepest legitimate key, executor.slurm.extra_sbatch[i], is 4 levels down
@@ -404,6 +409,9 @@ class LabConfig(_Section):
     serving: ServingSection = Field(default_factory=ServingSection, description="How the nominee will be served.")
     budget: BudgetSection = Field(default_factory=BudgetSection, description="Budget policy.")
     truth: TruthSection | None = Field(None, description="Ground-truth scorer of the nominee (card and report only).")
+    train: TrainSection = Field(default_factory=TrainSection, description="The training recipe: method, LoRA, "
+                                "learning rates and their ranges, schedule, batches, lengths, per trainer family; "
+                                "keys left out are derived from the base model (trainers/recipe.py).")
 
     @model_validator(mode="after")
     def _unique_names(self) -> LabConfig:
@@ -412,6 +420,22 @@ class LabConfig(_Section):
             if dupes:
                 raise ValueError(f"[[{what}]] names must be unique; repeated: {', '.join(dupes)}")
         return self
+
+    @model_validator(mode="after")
+    def _train_resolves(self) -> LabConfig:
+        known = {e.name: e.scorer for e in self.evals}
+        for name in self.train.rft.verifiers or []:
+            if known.get(name) not in VERIFYING_SCORERS:
+                what = f"its scorer {known[name]} verifies nothing" if name in known else "no [[evals]] suite has it"
+                raise ValueError(f"train.rft.verifiers: {name!r} cannot verify RFT samples ({what}; expected a suite "
+                                 f"scored by {', '.join(sorted(VERIFYING_SCORERS))})")
+        self.train_recipe()  # a derived value that cannot hold (a max_len past the context) is refused at load
+        return self
+
+    def train_recipe(self) -> TrainRecipe:
+        """[train] settled for every trainer family: what the file says, else the rules over the base model."""
+        verifiers = [e.name for e in self.evals if e.scorer in VERIFYING_SCORERS and not e.sealed and e.file is not None]
+        return resolve(self.train, model_shape(self.model.base), verifiers)
 
 
 LICENSE_NOT_DECLARED = "not declared"

@@ -70,8 +70,11 @@ def _job(args: Args, paths: list[Path], out: Path):
 
 def _body(ctx: ToolContext, args: Args) -> ToolOutcome:
     inputs = [ctx.nb.artifact(i) for i in args.models]
-    if any(a.kind != "checkpoint" for a in inputs):
-        return ToolOutcome(tool=NAME, status="failed", summary="merge inputs must be checkpoints")
+    # lora merges an adapter (a LoRA arm's own artifact, tools/train.py) into a checkpoint; the rest take checkpoints.
+    kinds = ["checkpoint", "adapter"] if args.method == "lora" else ["checkpoint"] * len(inputs)
+    if [a.kind for a in inputs] != kinds:
+        return ToolOutcome(tool=NAME, status="failed", summary=f"{args.method} takes {', '.join(kinds)} artifacts "
+                           f"(got {', '.join(a.kind for a in inputs)})")
     name = content_name(args.method, {"args": args.model_dump(mode="json"), "inputs": [a.sha256 for a in inputs]})
     out = ctx.paths.merged(name)
     fn, cfg = _job(args, [Path(a.path) for a in inputs], out)

@@ -1,9 +1,18 @@
 """Tool `train`: one training arm (SFT, DPO + NLL, KL-leashed CE, RFT) from a parent checkpoint on a
 built dataset, as a job; the trained checkpoint becomes a candidate artifact.
 
-Full fine-tuning of the parent (the tiny models of the toy world train fully on a CPU; LoRA runs go
-through `merge` with method lora before they are evaluated). The run directory is named by content
-(trainer, settings, parent and dataset sha256), so the same arm always has the same job key.
+Every setting comes from the lab's `[train]` (trainers/recipe.py: the user's recipe, or the rules over the base
+model for what it leaves out); the planner may propose lr, steps, batch and the family's own knobs, within the
+ranges `out_of_range` checks (the gates call it). Lengths, epochs and token batches are settled against the dataset
+here (`trainers.recipe.arm_settings`), and every setting goes to the trainer. The run directory is named by
+content (trainer, settled settings, parent and dataset sha256), so the same arm always has the same job key.
+
+A LoRA arm (`method = "lora"`, with its r, alpha, targets and FP32 head) trains a peft adapter, registered as an
+artifact of kind `adapter`; the tool then merges it into the parent (`trainers.merge.merge_lora`, streamed, in the
+parent's dtypes) and registers the merged weights as the arm's checkpoint, which names the adapter among its
+parents: the eval engine evaluates it like any checkpoint, soups and doses take it like any other, a next round
+trains from it, and a bundle can ship it as base + adapter (tools/nomination/bundle.py). The outcome's data gives
+both: `artifact_id` (the merged checkpoint) and `adapter_id`.
 
 With `snapshots`, the run also saves its model at those steps (trainers: TrainConfig.snapshot_steps); each is
 registered as its own checkpoint artifact `<run>-step<n>` (same producing job, parents and served decoding as the
@@ -27,8 +36,9 @@ from tools.context import (
     record_once,
     served_of,
 )
-from trainers import dpo, klce, rft, sft
-from trainers.common import weights_sha256
+from trainers import dpo, klce, merge, rft, sft
+from trainers import recipe as recipes
+from trainers.common import LoRASettings, weights_sha256
 
 NAME = "train"
 Trainer = Literal["sft", "dpo", "klce", "rft"]
@@ -36,19 +46,22 @@ _ROW_KINDS = {"sft": {"sft"}, "dpo": {"pairs"}, "klce": {"sft", "klce"}, "rft": 
 
 
 class Args(BaseModel):
-    """Train one arm; every setting has a conservative default."""
+    """Train one arm; what is left out is the lab's [train] value for the family."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     trainer: Trainer = Field(description="sft (winner answers), dpo (pairs, with NLL), klce (CE with a KL leash), rft (verified samples).")
     parent: int = Field(description="Artifact id of the checkpoint to start from (usually the incumbent).")
     dataset: int = Field(description="Artifact id of a built dataset of the row kind the trainer reads.")
-    lr: float = Field(1e-4, gt=0, le=1e-1, description="Peak learning rate.")
-    steps: int = Field(20, ge=1, le=100000, description="Optimizer steps.")
-    batch_size: int = Field(8, ge=1, le=4096, description="Rows per optimizer step.")
-    beta: float = Field(0.1, gt=0, description="dpo: inverse temperature.")
-    nll_weight: float = Field(1.0, ge=0, description="dpo: weight of the chosen answer's NLL term.")
-    kl_coef: float = Field(0.1, ge=0, description="klce: weight of the KL to the parent.")
-    k: int = Field(4, ge=1, le=64, description="rft: samples per prompt.")
+    method: Literal["full", "lora"] | None = Field(None, description="Full fine-tuning or a LoRA adapter (merged "
+                                                   "back into the parent); None: [train]'s method.")
+    lr: float | None = Field(None, gt=0, le=1e-1, description="Peak learning rate; None: [train]'s.")
+    steps: int | None = Field(None, ge=1, le=10_000_000, description="Optimizer steps; None: [train]'s (or its epochs).")
+    batch_size: int | None = Field(None, ge=1, le=1 << 30, description="Global batch in [train]'s batch_unit "
+                                   "(sequences unless it says tokens); None: [train]'s.")
+    beta: float | None = Field(None, gt=0, description="dpo: inverse temperature; None: [train.dpo]'s.")
+    nll_weight: float | None = Field(None, ge=0, description="dpo: weight of the chosen answer's NLL term.")
+    kl_coef: float | None = Field(None, ge=0, description="klce: weight of the KL to the parent.")
+    k: int | None = Field(None, ge=1, le=256, description="rft: samples per prompt.")
     seed: int = Field(0, ge=0, description="Data order and sampling seed.")
     snapshots: tuple[int, ...] = Field(
         (), description="Steps (increasing, each below steps) after which the run also saves its model; each becomes "
@@ -56,31 +69,95 @@ class Args(BaseModel):
 
     @model_validator(mode="after")
     def _snapshots_inside_the_run(self) -> Args:
-        if any(not 0 < s < self.steps for s in self.snapshots) or list(self.snapshots) != sorted(set(self.snapshots)):
-            raise ValueError(f"snapshots {list(self.snapshots)} must increase and lie between 0 and steps "
-                             f"({self.steps}), exclusive: the final model is a checkpoint anyway")
+        # Against [train]'s steps the tool checks them when it settles the arm (_snapshot_problem).
+        if self.steps is not None and _snapshot_problem(self.snapshots, self.steps):
+            raise ValueError(_snapshot_problem(self.snapshots, self.steps))
         return self
 
 
-def _config(ctx: ToolContext, args: Args, out) -> tuple[Any, Any]:
+def _snapshot_problem(snapshots: tuple[int, ...], steps: int) -> str | None:
+    if any(not 0 < s < steps for s in snapshots) or list(snapshots) != sorted(set(snapshots)):
+        return (f"snapshots {list(snapshots)} must increase and lie between 0 and steps ({steps}), exclusive: the "
+                "final model is a checkpoint anyway")
+    return None
+
+
+def out_of_range(train_settings: recipes.TrainRecipe, proposal_args: dict[str, Any]) -> list[str]:
+    """Why a planner's `train` proposal (its args as JSON) leaves the lab's [train] ranges ([] when it does not):
+    what the gates refuse and record before the tool runs."""
+    return recipes.out_of_range(train_settings, proposal_args)
+
+
+def lab_recipe(ctx: ToolContext) -> recipes.TrainRecipe:
+    """The lab's [train], settled (a LabSpec built without one: the rules over the parent model)."""
+    if ctx.lab.train is not None:
+        return ctx.lab.train
+    verifiers = [s.name for s in ctx.lab.open_suites if s.scorer in recipes.VERIFYING_SCORERS and s.file is not None]
+    return recipes.resolve(recipes.TrainSection(), recipes.model_shape(ctx.lab.parent), verifiers)
+
+
+def settle(ctx: ToolContext, args: Args) -> recipes.ArmSettings:
+    """The arm's settings: the proposal, else [train], with lengths and epochs settled against the dataset."""
+    family = lab_recipe(ctx).families[args.trainer]
+    manifest = ctx.nb.artifact(args.dataset).recipe
+    p99 = manifest.get("row_tokens_p99")
+    if args.trainer == "rft" and p99 is not None:  # items are prompts: a training row adds the sampled answer
+        p99 += _answer_cap(ctx, args, family)
+    size = recipes.DatasetSize(rows=max(1, int(manifest.get("rows", 1))), tokens=int(manifest.get("tokens", 0)),
+                               p99_row_tokens=p99)
+    return recipes.arm_settings(family, args.model_dump(mode="json"), size)
+
+
+def _answer_cap(ctx: ToolContext, args: Args, family: recipes.FamilyRecipe) -> int:
+    """rft: the sampled answers' token cap: [train.rft] max_answer_len within the served cap (an answer the
+    nominee would be cut off in is no clean target)."""
+    served = served_of(ctx, args.parent).max_new_tokens
+    return min(served, family.max_answer_len or served)
+
+
+def _verifier(ctx: ToolContext, family: recipes.FamilyRecipe, dataset_recipe: dict[str, Any]) -> str:
+    """rft: the scorer of the verifier suite (the eval scorer is the reward): the one the dataset names, else the
+    first of [train.rft] verifiers."""
+    names = family.verifiers or []
+    wanted = dataset_recipe.get("config", {}).get("verifier")
+    name = wanted if wanted in names else (names[0] if names else None)
+    scorer = ctx.lab.suite(name).scorer if name is not None else "synthetic"
+    return recipes.VERIFYING_SCORERS[scorer]
+
+
+def _lora(arm: recipes.ArmSettings) -> LoRASettings | None:
+    if arm.lora is None:
+        return None
+    return LoRASettings(r=arm.lora.r, alpha=arm.lora.alpha, dropout=arm.lora.dropout,
+                        target_modules=arm.lora.target_modules, target_parameters=arm.lora.target_parameters,
+                        train_lm_head=arm.lora.fp32_head)
+
+
+def _config(ctx: ToolContext, args: Args, arm: recipes.ArmSettings, out) -> tuple[Any, Any]:
     parent = ctx.nb.artifact(args.parent)
     data = ctx.nb.artifact(args.dataset)
     served = served_of(ctx, args.parent)
     common = {"model_path": parent.path, "data_path": data.path, "output_dir": str(out),
-              "system_prompt": served.system_prompt or None, "lr": args.lr, "steps": args.steps,
-              "batch_size": args.batch_size, "micro_batch_size": args.batch_size, "seed": args.seed,
-              "max_len": 512, "snapshot_steps": list(args.snapshots)}
+              "system_prompt": served.system_prompt or None, "lora": _lora(arm), "lr": arm.lr, "steps": arm.steps,
+              "batch_size": arm.batch_size, "micro_batch_size": arm.micro_batch_size, "seed": args.seed,
+              "max_len": arm.max_len, "warmup_steps": arm.warmup_steps, "schedule": arm.schedule,
+              "min_lr_ratio": arm.min_lr_ratio, "weight_decay": arm.weight_decay, "grad_clip": arm.grad_clip,
+              "snapshot_steps": list(args.snapshots)}
     match args.trainer:
         case "sft":
-            return sft.train, sft.SFTConfig(**common)
+            return sft.train, sft.SFTConfig(**common, packing=arm.packing)
         case "dpo":
-            return dpo.train, dpo.DPOConfig(**common, beta=args.beta, nll_weight=args.nll_weight)
+            return dpo.train, dpo.DPOConfig(**common, beta=arm.beta, nll_weight=arm.nll_weight,
+                                            max_prompt_length=arm.max_prompt_len,
+                                            max_completion_length=arm.max_answer_len)
         case "klce":
-            return klce.train, klce.KLCEConfig(**common, kl_coef=args.kl_coef)
+            return klce.train, klce.KLCEConfig(**common, kl_coef=arm.kl_coef)
         case "rft":
+            family = lab_recipe(ctx).families["rft"]
             temperature = served.temperature if served.temperature > 0 else 1.0
-            return rft.train, rft.RFTConfig(**common, k=args.k, temperature=temperature,
-                                            max_new_tokens=min(served.max_new_tokens, 256))
+            return rft.train, rft.RFTConfig(**common, k=arm.k, temperature=temperature,
+                                            max_new_tokens=_answer_cap(ctx, args, family),
+                                            scorer=_verifier(ctx, family, data.recipe))
 
 
 def _body(ctx: ToolContext, args: Args) -> ToolOutcome:
@@ -92,46 +169,63 @@ def _body(ctx: ToolContext, args: Args) -> ToolOutcome:
     if kind not in _ROW_KINDS[args.trainer]:
         return ToolOutcome(tool=NAME, status="failed", summary=f"{args.trainer} reads {sorted(_ROW_KINDS[args.trainer])} "
                            f"rows; dataset {data.name} holds {kind} rows")
-    name = content_name(args.trainer, {"args": args.model_dump(mode="json"), "parent": parent.sha256, "data": data.sha256})
-    fn, cfg = _config(ctx, args, ctx.paths.run(name))
-    result, key = ctx.wait(args.trainer, fn, cfg, work_units=float(args.steps * args.batch_size))
+    arm = settle(ctx, args)
+    problem = _snapshot_problem(args.snapshots, arm.steps)
+    if problem:
+        return ToolOutcome(tool=NAME, status="failed", summary=problem)
+    name = content_name(args.trainer, {"args": args.model_dump(mode="json"), "settings": arm.model_dump(mode="json"),
+                                       "parent": parent.sha256, "data": data.sha256})
+    fn, cfg = _config(ctx, args, arm, ctx.paths.run(name))
+    result, key = ctx.wait(args.trainer, fn, cfg, work_units=float(arm.steps * arm.batch_size))
     train = result.train if args.trainer == "rft" else result
+    # A LoRA run's adapters are merged into the parent first (jobs of their own): nothing is registered until
+    # every merge is done, so a failed merge leaves no half-registered arm behind.
+    merged = {step: _merge_job(ctx, args.parent, path) for step, path in _adapters(train)} if train.adapter else {}
     with ctx.nb.transaction():  # the run's checkpoints and their decision land together, or none of them
-        artifact_id = _register_final(ctx, args, name, train, key)
-        snaps = _register_snapshots(ctx, args, name, artifact_id, train, key)
-        summary = (f"{name}: {args.trainer} from {parent.name} on {data.name}, {train.steps} steps at lr {args.lr:g}, "
-                   f"final loss {train.final_loss:.4f}")
+        final = _register_final(ctx, args, arm, name, train, key)
+        snaps = _register_snapshots(ctx, args, arm, name, final, train, key)
+        artifact_id, adapter_id, snaps = _register_merged(ctx, args, arm, name, final, snaps, merged)
+        summary = (f"{name}: {args.trainer} ({arm.method}) from {parent.name} on {data.name}, {train.steps} steps "
+                   f"at lr {arm.lr:g}, final loss {train.final_loss:.4f}")
+        if adapter_id is not None:
+            summary += f"; adapter {adapter_id} merged into the parent"
         if train.snapshots:
             summary += "; snapshots " + ", ".join(f"step {s.step} (loss {s.loss:.4f}, lr so far {s.lr_sum:.3g})"
                                                   for s in train.snapshots)
+        extra = ({"snapshots": snaps} if snaps else {}) | ({"adapter_id": adapter_id} if adapter_id else {})
         record_once(ctx, "build", summary, {"artifact_id": artifact_id, "trainer": args.trainer,
-                                            "final_loss": train.final_loss, "job_key": key}
-                    | ({"snapshots": snaps} if snaps else {}))
-    data_out = {"artifact_id": artifact_id, "job_key": key} | ({"snapshots": snaps} if snaps else {})
+                                            "final_loss": train.final_loss, "job_key": key} | extra)
+    data_out = {"artifact_id": artifact_id, "job_key": key} | extra
     return ToolOutcome(tool=NAME, status="done", summary=summary, data=data_out)
 
 
-def _recipe(ctx: ToolContext, args: Args, train) -> dict[str, Any]:
+def _recipe(ctx: ToolContext, args: Args, arm: recipes.ArmSettings, train) -> dict[str, Any]:
     return {"trainer": args.trainer, "parent": args.parent, "dataset": args.dataset,
-            "hparams": args.model_dump(mode="json"), "run_dir": str(train.run_dir),
-            "served_decoding": served_of(ctx, args.parent).model_dump(mode="json")}
+            "hparams": args.model_dump(mode="json"), "settings": arm.model_dump(mode="json"),
+            "run_dir": str(train.run_dir), "served_decoding": served_of(ctx, args.parent).model_dump(mode="json")}
 
 
-def _register_final(ctx: ToolContext, args: Args, name: str, train, key: str) -> int:
-    """The run's final checkpoint as an artifact (once: a resumed tool finds it by its job)."""
+def _kind(train) -> str:
+    return "adapter" if train.adapter else "checkpoint"
+
+
+def _register_final(ctx: ToolContext, args: Args, arm: recipes.ArmSettings, name: str, train, key: str) -> int:
+    """The run's final checkpoint (or adapter) as an artifact (once: a resumed tool finds it by its job)."""
     found = artifact_of_job(ctx, key)
     if found is not None:
         return found
-    return ctx.nb.add_artifact(kind="checkpoint", name=name, path=str(train.model_dir),
+    return ctx.nb.add_artifact(kind=_kind(train), name=name, path=str(train.model_dir),
                                sha256=weights_sha256(train.model_dir), parents=[args.parent, args.dataset],
-                               recipe=_recipe(ctx, args, train) | {"final_loss": train.final_loss},
+                               recipe=_recipe(ctx, args, arm, train) | {"final_loss": train.final_loss},
                                job_key=key, session=ctx.session).id
 
 
-def _register_snapshots(ctx: ToolContext, args: Args, name: str, run: int, train, key: str) -> list[dict[str, int]]:
-    """Each snapshot of the run as its own checkpoint artifact, with its lineage: the parent and dataset (like the
-    final), the run's final checkpoint, its step and the learning rate so far. Returns [{step, artifact_id}]."""
-    known = {a.name: a.id for a in ctx.nb.artifacts(kind="checkpoint", session=ctx.session, job_key=key)}
+def _register_snapshots(ctx: ToolContext, args: Args, arm: recipes.ArmSettings, name: str, run: int, train,
+                        key: str) -> list[dict[str, int]]:
+    """Each snapshot of the run as its own checkpoint (or adapter) artifact, with its lineage: the parent and
+    dataset (like the final), the run's final artifact, its step and the learning rate so far.
+    Returns [{step, artifact_id}]."""
+    known = {a.name: a.id for a in ctx.nb.artifacts(kind=_kind(train), session=ctx.session, job_key=key)}
     out = []
     for snap in train.snapshots:
         snap_name = f"{name}-step{snap.step}"
@@ -139,11 +233,51 @@ def _register_snapshots(ctx: ToolContext, args: Args, name: str, run: int, train
             lineage = {"run": run, "step": snap.step, "of_steps": train.steps, "lr": snap.lr, "lr_sum": snap.lr_sum,
                        "loss": snap.loss, "tokens_seen": snap.tokens_seen}
             known[snap_name] = ctx.nb.add_artifact(
-                kind="checkpoint", name=snap_name, path=str(snap.model_dir), sha256=weights_sha256(snap.model_dir),
-                parents=[args.parent, args.dataset], recipe=_recipe(ctx, args, train) | {"snapshot": lineage},
+                kind=_kind(train), name=snap_name, path=str(snap.model_dir), sha256=weights_sha256(snap.model_dir),
+                parents=[args.parent, args.dataset], recipe=_recipe(ctx, args, arm, train) | {"snapshot": lineage},
                 job_key=key, session=ctx.session).id
         out.append({"step": snap.step, "artifact_id": known[snap_name]})
     return out
+
+
+def _adapters(train) -> list[tuple[int, Any]]:
+    """(step, adapter directory) of a LoRA run: each snapshot, then the final adapter (step = the run's steps)."""
+    return [(s.step, s.model_dir) for s in train.snapshots] + [(train.steps, train.model_dir)]
+
+
+def _merge_job(ctx: ToolContext, parent: int, adapter_dir) -> tuple[merge.MergeResult, str]:
+    """Merge one adapter into the parent's weights (a `merge` job, named by the adapter's and parent's weights)."""
+    base = ctx.nb.artifact(parent)
+    name = content_name("lora", {"base": base.sha256, "adapter": weights_sha256(adapter_dir)})
+    out = ctx.paths.merged(name)
+    fields = {"base": base.path, "adapter": str(adapter_dir)}
+    # Re-attaching to a finished merge: its output exists, which the must-not-exist check would refuse.
+    cfg = merge.LoRAMergeConfig.model_construct(**fields, output_dir=out) if out.exists() else \
+        merge.LoRAMergeConfig(**fields, output_dir=out)
+    return ctx.wait("merge", merge.merge_lora, cfg)
+
+
+def _register_merged(ctx: ToolContext, args: Args, arm: recipes.ArmSettings, name: str, final: int,
+                     snaps: list[dict[str, int]], merged: dict[int, tuple[merge.MergeResult, str]]
+                     ) -> tuple[int, int | None, list[dict[str, int]]]:
+    """A LoRA run's merged checkpoints: (the arm's checkpoint, its adapter, the snapshots as merged checkpoints).
+    Each merged checkpoint names its parent, dataset and adapter as parents, and its recipe carries the adapter's
+    (lineage, settings, served decoding) plus `adapter`. A full run passes through unchanged."""
+    if not merged:
+        return final, None, snaps
+    adapters = {s["step"]: s["artifact_id"] for s in snaps} | {max(merged): final}
+    out: dict[int, int] = {}
+    for step in sorted(merged, reverse=True):  # the final first: the snapshots' lineage names it as their run
+        (result, key), adapter = merged[step], ctx.nb.artifact(adapters[step])
+        recipe = adapter.recipe | {"adapter": adapter.id, "merge": "lora"}
+        if "snapshot" in recipe:
+            recipe["snapshot"] = recipe["snapshot"] | {"run": out[max(merged)]}
+        found = artifact_of_job(ctx, key)
+        out[step] = found if found is not None else ctx.nb.add_artifact(
+            kind="checkpoint", name=f"{adapter.name}-merged", path=str(result.output_dir),
+            sha256=result.weights_sha256, parents=[args.parent, args.dataset, adapter.id], recipe=recipe,
+            job_key=key, session=ctx.session).id
+    return out[max(merged)], final, [{"step": s["step"], "artifact_id": out[s["step"]]} for s in snaps]
 
 
 def run(ctx: ToolContext, args: Args, decision_seq: int | None = None) -> ToolOutcome:

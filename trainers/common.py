@@ -93,7 +93,11 @@ class TrainConfig(BaseModel):
     batch_size: int = Field(8, gt=0, description="Rows per optimizer step.")
     micro_batch_size: int = Field(8, gt=0, description="Rows per forward pass (gradient accumulation up to batch_size).")
     max_len: int = Field(1024, gt=8, description="Token limit per row; longer rows are cut on the right and counted.")
-    warmup_steps: int = Field(0, ge=0, description="Linear warm-up steps, then linear decay to zero.")
+    warmup_steps: int = Field(0, ge=0, description="Linear warm-up steps, then the `schedule`'s decay.")
+    schedule: Literal["linear", "cosine"] = Field(
+        "linear", description="Decay after the warm-up: 'linear' to the floor, or 'cosine' (half a cosine) to the floor.")
+    min_lr_ratio: float = Field(0.0, ge=0, le=1, description="The floor the decay ends at, as a share of the peak lr "
+                                "(0: linear decay to zero, the default).")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     grad_clip: float = Field(1.0, gt=0, description="Max global gradient norm.")
     seed: int = Field(0, description="Seed for LoRA init, data order and sampling.")

@@ -6,8 +6,8 @@ weights when the launcher calls `train(config)` again; transformers' Trainer onl
 save schedule and resumes through a separate `resume_from_checkpoint` argument. The loop is small:
 deterministic data order (a seeded permutation per epoch, so the data position is just the step),
 gradient accumulation with one normaliser per optimizer step (so the loss does not depend on the
-micro-batch size the launcher picks after an OOM), AdamW with linear warm-up and decay, a NaN/inf
-stop that names the step, and metrics.jsonl lines.
+micro-batch size the launcher picks after an OOM), AdamW with linear warm-up and a linear or cosine
+decay to a floor, a NaN/inf stop that names the step, and metrics.jsonl lines.
 
 Distributed (one process per GPU, `trainers/distributed.py`): every rank walks the same step sequence and takes
 its contiguous share of each step's rows; the normaliser still covers the whole step, so the loss and gradient
@@ -110,11 +110,16 @@ def rows_for_step(step: int, batch_size: int, n_rows: int, seed: int) -> list[in
     return [_epoch_order(n_rows, seed, p // n_rows)[p % n_rows] for p in positions]
 
 
-def _schedule(warmup: int, steps: int):
+def _schedule(warmup: int, steps: int, kind: str = "linear", floor: float = 0.0):
+    """The lr multiplier of step s: linear warm-up over `warmup` steps, then a decay from 1 to `floor` at the end,
+    linear or half a cosine (Loshchilov & Hutter 2017, "SGDR", without restarts; the floor keeps late steps learning,
+    as the seeds' cosine schedules did)."""
     def factor(s: int) -> float:
         if s < warmup:
             return (s + 1) / warmup
-        return max(0.0, (steps - s) / (steps - warmup))
+        left = max(0.0, (steps - s) / (steps - warmup))  # 1 at the end of the warm-up, 0 after the last step
+        shape = left if kind == "linear" else 0.5 * (1.0 - math.cos(math.pi * left))
+        return floor + (1.0 - floor) * shape
 
     return factor
 
@@ -170,7 +175,8 @@ def _optimizer(model, config: TrainConfig):
     # One fused kernel per dtype on a single GPU (FSDP2's DTensor parameters keep the default foreach step).
     fused = all(p.is_cuda and not isinstance(p, DTensor) for p in trainable)
     optimizer = torch.optim.AdamW(trainable, lr=config.lr, weight_decay=config.weight_decay, fused=fused or None)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _schedule(config.warmup_steps, config.steps))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _schedule(config.warmup_steps, config.steps, config.schedule,
+                                                                           config.min_lr_ratio))
     return optimizer, scheduler
 
 

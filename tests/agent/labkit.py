@@ -106,6 +106,24 @@ sealed = true
 [executor]
 time_limit_min = {time_limit_min}
 {SLURM if slurm else ""}
+[train]
+# The settings the train tool had before [train] (a tiny model's own, like the toy world's).
+schedule = "linear"
+warmup_ratio = 0.0
+min_lr_ratio = 0.0
+steps = 30
+batch = 8
+micro_batch = 8
+max_len = 512
+lr = 1e-3
+lr_range = [1e-5, 1e-2]
+
+[train.dpo]
+lr = 2e-4
+
+[train.rft]
+max_answer_len = 256
+
 [serving]
 system_prompt_file = "system_prompt.txt"
 

@@ -150,6 +150,8 @@ class DatasetManifest(BaseModel):
     sha256: str = Field(description="sha256 of the dataset file's bytes.")
     rows: int = Field(description="Number of rows.")
     tokens: int = Field(description="Tokens of all rendered rows (pairs: chosen and rejected conversations).")
+    row_tokens_p99: int | None = Field(None, description="99th-percentile rendered row length (pairs: the longer "
+                                       "conversation); the default max_len of an arm on it. None: not recorded.")
     tokenizer: str = Field(description="Tokenizer directory used to count tokens.")
     sources: list[SourceFile] = Field(description="Every input file and its sha256.")
     config: dict[str, Any] = Field(description="The builder config, as JSON.")
@@ -272,14 +274,26 @@ def _input_files(cfg: _BuildConfig) -> list[SourceFile]:
 
 def count_tokens(tokenizer_dir: Path, rows: list[dict], kind: RowKind) -> int:
     """Tokens of every rendered row under the one chat renderer (pairs count both conversations)."""
+    return sum(sum(n) for n in row_lengths(tokenizer_dir, rows, kind))
+
+
+def row_lengths(tokenizer_dir: Path, rows: list[dict], kind: RowKind) -> list[tuple[int, ...]]:
+    """Each row's rendered length under the one chat renderer: (conversation,), pairs (chosen, rejected)."""
     # Imported here, not at the top: the session's input check reads data rows without loading torch.
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
     if kind != "pairs":
-        return sum(len(render(tok, r["messages"]).input_ids) for r in rows)
-    return sum(len(render(tok, [*r["prompt"], {"role": "assistant", "content": r[side]}]).input_ids)
-               for r in rows for side in ("chosen", "rejected"))
+        return [(len(render(tok, r["messages"]).input_ids),) for r in rows]
+    return [tuple(len(render(tok, [*r["prompt"], {"role": "assistant", "content": r[side]}]).input_ids)
+                  for side in ("chosen", "rejected")) for r in rows]
+
+
+def p99(lengths: list[tuple[int, ...]]) -> int | None:
+    """The 99th-percentile row length (a pair: its longer conversation), nearest rank; None for no rows. What a
+    [train] without max_len trains at (trainers/recipe.py): 1% of rows cut, not the longest outlier's length."""
+    longest = sorted(max(n) for n in lengths)
+    return longest[max(0, math.ceil(0.99 * len(longest)) - 1)] if longest else None
 
 
 def _finish(builder: str, kind: RowKind, cfg: _BuildConfig, rows: list[dict], refs: list[Reference],
@@ -294,9 +308,10 @@ def _finish(builder: str, kind: RowKind, cfg: _BuildConfig, rows: list[dict], re
     out = Path(cfg.out)
     if out.exists() and file_sha256(out) != sha:
         raise DatasetError(f"{out} exists with different content; datasets are immutable, choose a new path")
+    lengths = row_lengths(cfg.tokenizer, rows, kind)
     manifest = DatasetManifest(
         builder=builder, path=str(out), format="jsonl", row_kind=kind, sha256=sha, rows=len(rows),
-        tokens=count_tokens(cfg.tokenizer, rows, kind), tokenizer=str(cfg.tokenizer),
+        tokens=sum(sum(n) for n in lengths), row_tokens_p99=p99(lengths), tokenizer=str(cfg.tokenizer),
         sources=_input_files(cfg) + extra_sources, config=cfg.model_dump(mode="json"), stats=stats,
         audit=result, audit_sha256=result.sha256(),
     )

@@ -49,7 +49,7 @@ from tools.world.tasks import WORLD_FAMILIES, WorldTask, draw, draw_mix, hash_se
 
 Size = Literal["demo", "test"]
 # Bump whenever anything a build writes changes (lab.toml values too): an older cache is then rebuilt.
-WORLD_VERSION = 6
+WORLD_VERSION = 7
 WORLD_DIR = "world"
 MANIFEST = "manifest.json"
 COMMIT = "manifest.sha256"
@@ -415,6 +415,42 @@ kind = "playbook"
 [judge]
 # The oracle (tools/world/oracle.py): prefers correct, clean, stopped answers, with stated noise.
 kind = "oracle"
+
+[train]
+# The toy world's own small settings, stated here because the rules a real model's defaults come from
+# (trainers/recipe.py) are for real models: full fine-tuning of the tiny model, a linear decay to zero without
+# warm-up, 30 steps of 8 sequences at 512 tokens. The playbook's arms choose lr, steps and batch within the ranges.
+method = "full"
+schedule = "linear"
+warmup_ratio = 0.0
+min_lr_ratio = 0.0
+steps = 30
+steps_range = [1, 1000]
+batch_unit = "sequences"
+batch = 8
+batch_range = [1, 64]
+micro_batch = 8
+max_len = 512
+weight_decay = 0.0
+grad_clip = 1.0
+lr = 1e-3
+lr_range = [1e-5, 1e-2]
+
+[train.sft]
+packing = false
+
+[train.dpo]
+lr = 2e-4
+beta = 0.1
+nll_weight = 1.0
+
+[train.klce]
+kl_coef = 0.1
+
+[train.rft]
+k = 4
+max_answer_len = 256
+verifiers = ["synthetic"]
 
 [serving]
 system_prompt_file = "world/serving/system_prompt.txt"
