@@ -37,6 +37,7 @@ from agent.summary import Summary, summarize
 from memory.notebook import tool_call_key
 from tools.context import ToolContext, ToolOutcome
 from tools.jobs.launcher import Launcher
+from tools.session import own_reservation
 
 MAX_BAD_REPLIES = 3
 MAX_REFUSALS_IN_ROW = 3
@@ -128,7 +129,7 @@ def plan(rt: Runtime, state: AgentState) -> dict[str, Any]:
 
 def gate(rt: Runtime, state: AgentState) -> dict[str, Any]:
     p = state["proposal"]
-    s = Summary.model_validate(state["summary"])
+    s = _without_own_reservation(rt, Summary.model_validate(state["summary"]), p["tool"], p["args"])
     args = toolbox.args_model(p["tool"]).model_validate(p["args"])
     forecast = toolbox.forecast_gpuh(rt.ctx, rt.forecaster, p["tool"], args)
     reason = gates.check(p["tool"], p["args"], s, forecast, rt.ctx.paths.root)
@@ -141,6 +142,15 @@ def gate(rt: Runtime, state: AgentState) -> dict[str, Any]:
     bad = state.get("bad_replies", 0) + (1 if p["planner"] != "playbook" else 0)
     return {"refusal": reason, "bad_replies": bad, "refusals_in_row": state.get("refusals_in_row", 0) + 1,
             "feedback": [*state.get("feedback", []), f"refused by the gates: {reason}"]}
+
+
+def _without_own_reservation(rt: Runtime, s: Summary, tool: str, args: dict[str, Any]) -> Summary:
+    """A step interrupted mid-job (a resumed session) is gated again, on the ledger without its own jobs'
+    reservation, which would otherwise count against it twice."""
+    own = own_reservation(rt.ctx.nb, rt.ctx.session, tool, args)
+    if not own:
+        return s
+    return s.model_copy(update={"view": s.view.model_copy(update={"ledger": s.view.ledger.without(own)})})
 
 
 def act(rt: Runtime, state: AgentState) -> dict[str, Any]:

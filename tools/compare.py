@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from evals.compare import compare
+from evals.compare import BarVerdict, compare
 from tools.context import ToolContext, ToolOutcome, invoke, served_of
 from tools.session import incumbent_of
 
@@ -25,10 +25,9 @@ def latest_bars(ctx: ToolContext) -> int | None:
     return registered[-1].payload.get("bars_id") if registered else None
 
 
-def _verdict_line(verdicts: list[dict]) -> str:
-    return "; ".join(f"{v['bar']['suite']}/{v['bar']['metric']} {v['bar']['statistic']}={v['value']:.4g} "
-                     f"{v['bar']['op']} {v['threshold']:.4g} {'holds' if v['holds'] else 'fails'}"
-                     if isinstance(v["value"], float) else f"{v['bar']['suite']}/{v['bar']['metric']} {v['value']}"
+def _verdict_line(verdicts: list[BarVerdict]) -> str:
+    return "; ".join(f"{v.bar.target} {v.bar.statistic}={v.value:.4g} {v.bar.op} {v.threshold:.4g} "
+                     f"{'holds' if v.holds else 'fails'}" if isinstance(v.value, float) else f"{v.bar.target} {v.value}"
                      for v in verdicts)
 
 
@@ -41,13 +40,13 @@ def _body(ctx: ToolContext, args: Args) -> ToolOutcome:
             if (c.candidate, c.incumbent, c.bars_id) == (args.candidate, incumbent, bars_id)]
     if done:  # a resumed call whose comparison committed before the crash
         c = done[0]
-        verdicts, promoted, cid = c.verdicts, c.promoted, c.id
+        verdicts, promoted, cid = [BarVerdict.model_validate(v) for v in c.verdicts], c.promoted, c.id
     else:
         outcome = compare(ctx.nb, ctx.session, args.candidate, incumbent, bars_id, served_of(ctx, args.candidate))
         if outcome.refused:
             return ToolOutcome(tool=NAME, status="failed", summary=f"comparison of {name} refused: " + "; ".join(outcome.reasons),
                                data={"refused": True, "candidate": args.candidate})
-        verdicts, promoted, cid = [v.model_dump(mode="json") for v in outcome.verdicts], outcome.promoted, outcome.comparison_id
+        verdicts, promoted, cid = outcome.verdicts, outcome.promoted, outcome.comparison_id
     verdict = "clears every bar" if promoted else "fails the bars"
     draws = ctx.nb.bars(bars_id).spec.get("replicates", 1)
     means = f" (bars without a p-value on the mean of {draws} served draws a side)" if draws > 1 else ""

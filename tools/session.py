@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from evals.bars import Bars, Rule
 from evals.compare import BarVerdict, PFamily, p_family
-from memory.notebook import Notebook
+from memory.notebook import Notebook, NotebookError, tool_call_key
 
 # The tools whose results make a candidate (an "arm"): the failed-arms stop rule counts their outcomes.
 ARM_TOOLS = ("train", "merge", "tune_serving")
@@ -203,6 +203,20 @@ def ledger(nb: Notebook, session: str) -> Ledger:
     raw = nb.ledger(session)
     return Ledger(budget_gpuh=raw.budget_gpuh, spent_gpuh=raw.spent_gpuh, reserved_gpuh=raw.reserved_gpuh,
                   reserve_gpuh=raw.reserve_gpuh)
+
+
+def own_reservation(nb: Notebook, session: str, tool: str, args: dict[str, Any]) -> float:
+    """GPU-hours still reserved by the jobs of an interrupted call of `tool` with these (canonical) arguments: the
+    unsettled jobs launched since the call opened (a session runs one tool at a time). A resumed step is gated
+    again, on the ledger without them: its own reservation is not counted against it a second time."""
+    try:
+        call = nb.tool_call(session, tool_call_key(tool, args))
+    except NotebookError:
+        return 0.0
+    if call.status != "open":
+        return 0.0
+    return sum(j.forecast_gpuh for j in nb.jobs(session=session)
+               if j.gpu_hours is None and j.submitted_at >= call.started_at)
 
 
 def parent_of(nb: Notebook, session: str) -> int | None:

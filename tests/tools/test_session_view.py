@@ -97,3 +97,26 @@ def test_a_view_read_from_the_notebook_is_typed(tmp_path: Path):
     assert v.verdicts[0].bars[0].bar == HOLDOUT_P and v.verdicts[0].held == 2
     assert (v.p_family.size, v.p_family.spent, v.p_family.left) == (4, 1, 3)
     assert v.ledger.left_above_reserve_gpuh == 9.0
+
+
+def test_an_interrupted_calls_own_reservation_is_not_counted_against_it_twice(tmp_path: Path):
+    from memory.notebook import tool_call_key
+    from tools.session import ledger as session_ledger
+    from tools.session import own_reservation
+
+    with Notebook.open(tmp_path / "nb.db") as nb:
+        nb.open_session("s", lab=str(tmp_path), budget_gpuh=10, reserve_gpuh=1, planner="playbook", executor="local",
+                        config={})
+        nb.start_job("old", session="s", kind="eval", executor="local", resources={}, forecast_gpuh=2.0)
+        nb.update_job("old", 1, state="completed", gpu_hours=1.5)
+        args = {"trainer": "sft", "parent": 1}
+        nb.record_tool_call("s", "train", args)
+        nb.start_job("arm", session="s", kind="sft", executor="local", resources={}, forecast_gpuh=6.0)
+        # The crash left the arm's job reserved: 10 - 1.5 spent - 6 reserved - 1 reserve = 1.5 left for anything new.
+        led = session_ledger(nb, "s")
+        assert not led.admission(6.0).admitted
+        own = own_reservation(nb, "s", "train", args)
+        assert own == 6.0 and led.without(own).admission(6.0).admitted
+        assert own_reservation(nb, "s", "train", {"trainer": "dpo", "parent": 1}) == 0.0  # another step: no credit
+        nb.finish_tool_call(nb.tool_call("s", tool_call_key("train", args)).id, "done", {})
+        assert own_reservation(nb, "s", "train", args) == 0.0  # a finished call re-runs nothing
