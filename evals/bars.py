@@ -184,6 +184,11 @@ class Bars(BaseModel):
     p_family: int | None = Field(None, ge=1, le=1_000_000, validate_default=True,
                                  description="Most p-values the session will test (Holm family size); "
                                              "required when any bar is a p bar, and at least their number.")
+    floor_unit: Literal["replicates", "resolvable"] = Field(
+        "resolvable", description="What one noise floor is in bars written in its units. `resolvable` (the default): "
+        "the replicates' mean absolute delta, but never finer than the suite can resolve: one item (1/n), or the "
+        "standard error of the incumbent's mean at its observed rate, whichever is larger. `replicates`: the mean "
+        "absolute delta alone, however fine (bars registered before this key read so, and replay so).")
     replicates: int = Field(1, ge=1, le=16, description="Served draws a side that every bar other than a p bar "
                             "averages per item (1: the first look alone); the incumbent needs a calibration of K >= "
                             "this many replicates.")
@@ -199,9 +204,11 @@ class Bars(BaseModel):
         return family
 
     def canonical(self) -> dict[str, Any]:
-        # replicates = 1 is left out so that bars registered before the key existed keep their sha256.
+        # replicates = 1 and floor_unit = replicates are left out, so that bars registered before those keys existed
+        # keep their sha256 and read back as what they were.
         return {"bars": [b.canonical() for b in self.bar], "p_family": self.p_family} | (
-            {"replicates": self.replicates} if self.replicates != 1 else {})
+            {"replicates": self.replicates} if self.replicates != 1 else {}) | (
+            {"floor_unit": self.floor_unit} if self.floor_unit != "replicates" else {})
 
     @staticmethod
     def rules(spec: dict[str, Any]) -> tuple[Rule, ...]:
@@ -216,7 +223,8 @@ class Bars(BaseModel):
             unit = " * noise_floor" if c["unit"] == "noise_floor" else ""
             bars.append(Bar(suite=c["suite"], metric=c["metric"], rule=f"{c['statistic']} {c['op']} {c['value']!r}{unit}",
                             test=c["test"], confidence=c["confidence"] or 0.95))
-        return cls(bar=tuple(bars), p_family=spec.get("p_family"), replicates=spec.get("replicates", 1))
+        return cls(bar=tuple(bars), p_family=spec.get("p_family"), replicates=spec.get("replicates", 1),
+                   floor_unit=spec.get("floor_unit", "replicates"))
 
 
 class BarsError(ValueError):
@@ -239,7 +247,7 @@ def _errors(err: ValidationError, prefix: tuple = ()) -> list[str]:
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             shown, msg = "", ("unknown key (a bar has suite, metric, rule, test, confidence)" if prefix else
-                              "unknown key (a bars file holds p_family, replicates and [[bar]] tables)")
+                              "unknown key (a bars file holds p_family, replicates, floor_unit and [[bar]] tables)")
         out.append(f"{_where(prefix + tuple(e['loc'])) or '(top level)'}: {msg}{shown}")
     return out
 

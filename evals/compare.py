@@ -46,6 +46,7 @@ from evals import stats
 from evals.bars import Bar, Bars, Rule
 from evals.decoding import Decoding
 from evals.judgment import Refusal, close_tool_call
+from evals.noise import resolution
 from evals.records import item_values, served_draws, started_at
 from memory.notebook import BarsRecord, EvalRecord, NoiseFloor, Notebook, ToolCall
 from memory.records import CompareRefusal
@@ -218,18 +219,28 @@ def _incumbent_floor(nb: Notebook, session: str, bar: Bar, inc_eval: EvalRecord)
                    f"(artifact {inc_eval.artifact_id}) at decoding {inc_eval.decoding_sha256[:12]}; calibrate it")
 
 
-def _threshold(nb: Notebook, session: str, bar: Bar, inc_eval: EvalRecord) -> float:
+def floor_unit(nb: Notebook, floor: NoiseFloor, rule: str) -> float:
+    """One noise floor in a bar's threshold: the replicates' mean absolute delta, and under the `resolvable` rule
+    never finer than the suite resolves on the incumbent's first calibration replicate (evals.noise.resolution)."""
+    if rule == "replicates":
+        return floor.mean_abs_delta
+    first = nb.eval(floor.source_evals[0])
+    return max(floor.mean_abs_delta, resolution(list(item_values(first, floor.metric).values())))
+
+
+def _threshold(nb: Notebook, session: str, bar: Bar, inc_eval: EvalRecord, rule: str = "replicates") -> float:
     """The bar's threshold; noise-floor units only from the incumbent's own calibration (invariant 3)."""
     if not bar.in_noise_units:
         return bar.value
     floor = _incumbent_floor(nb, session, bar, inc_eval)
+    unit = floor_unit(nb, floor, rule)
     demands_margin = bar.value > 0 if bar.op in (">=", ">") else bar.value < 0
-    if floor.mean_abs_delta == 0 and demands_margin:
+    if unit == 0 and demands_margin:
         # A zero floor turns "beat the incumbent by k noise floors" into "do not lose", so no
         # margin is demanded; bars that allow a loss of k floors only get stricter, and stand.
         raise _Refused(f"noise floor {floor.id} of {bar.suite}/{bar.metric} is 0 (identical replicates): "
                        f"the margin of {bar.value} noise floors would vanish")
-    return bar.value * floor.mean_abs_delta
+    return bar.value * unit
 
 
 class PFamily(BaseModel):
@@ -314,7 +325,7 @@ def judge(nb: Notebook, session: str, candidate: int, incumbent: int, bars: Bars
     for bar in spec.bar:
         try:
             cand, inc, inc_eval = _pairs(nb, session, candidate, incumbent, bar, served, spec.replicates)
-            rows.append((bar, len(cand), _statistic(bar, cand, inc), _threshold(nb, session, bar, inc_eval)))
+            rows.append((bar, len(cand), _statistic(bar, cand, inc), _threshold(nb, session, bar, inc_eval, spec.floor_unit)))
         except _Refused as refusal:
             reasons.extend(refusal.args)
     try:

@@ -88,7 +88,9 @@ def _judged_first(monkeypatch):
 SERVED = Decoding(temperature=0.7, top_p=0.95, max_new_tokens=64, stop_token_ids=(3,))
 GREEDY = Decoding(max_new_tokens=64, stop_token_ids=(3,))
 
-BARS = """
+# The replicates' floor as it is, however fine: these tests pin that rule's arithmetic (the `resolvable` default,
+# never finer than the suite resolves, is tested at the end of the file).
+BARS = """floor_unit = "replicates"
 [[bar]]
 suite = "math"
 metric = "correct"
@@ -351,7 +353,7 @@ def test_recalibrating_cannot_widen_the_floor(lab):
     # A second, much wider calibration of the same incumbent (replicates 3..5 of a later job).
     wide = [[1] * 40, [0] * 40, BASE]
     noise.calibrate(nb, "s1", [record_result(nb, "s1", inc, _result(r, replicate=3 + k))[0] for k, r in enumerate(wide)])
-    reg = _register(nb, '[[bar]]\nsuite = "math"\nmetric = "correct"\nrule = "delta >= -1.0 * noise_floor"\n')
+    reg = _register(nb, 'floor_unit = "replicates"\n[[bar]]\nsuite = "math"\nmetric = "correct"\nrule = "delta >= -1.0 * noise_floor"\n')
     record_result(nb, "s1", cand, _result([0] * 6 + BASE[6:]))  # 4 items worse: delta -0.1
     out = compare(nb, "s1", cand, inc, reg.id, SERVED)
     assert out.verdicts[0].threshold == pytest.approx(-first.mean_abs_delta) and not out.promoted
@@ -360,12 +362,12 @@ def test_recalibrating_cannot_widen_the_floor(lab):
 def test_zero_floor_refused(lab):
     nb, inc, cand = lab
     noise.calibrate(nb, "s1", [record_result(nb, "s1", inc, _result(BASE, replicate=k))[0] for k in range(3)])
-    reg = _register(nb, '[[bar]]\nsuite = "math"\nmetric = "correct"\nrule = "delta >= 1.0 * noise_floor"\n')
+    reg = _register(nb, 'floor_unit = "replicates"\n[[bar]]\nsuite = "math"\nmetric = "correct"\nrule = "delta >= 1.0 * noise_floor"\n')
     record_result(nb, "s1", cand, _result(BASE))  # no better at all: would clear 'delta >= 1 * 0'
     out = compare(nb, "s1", cand, inc, reg.id, SERVED)
     assert out.refused and "is 0" in out.reasons[0]
     # Allowing a loss of one floor only gets stricter at zero (delta >= 0): that bar stands.
-    lenient = _register(nb, '[[bar]]\nsuite = "math"\nmetric = "correct"\nrule = "delta >= -1.0 * noise_floor"\n')
+    lenient = _register(nb, 'floor_unit = "replicates"\n[[bar]]\nsuite = "math"\nmetric = "correct"\nrule = "delta >= -1.0 * noise_floor"\n')
     out = compare(nb, "s1", cand, inc, lenient.id, SERVED)
     assert out.refused and "after eval" in out.reasons[0]  # registered after the candidate's eval
     other = nb.add_artifact(kind="checkpoint", name="c2", path="/c2", sha256="d" * 64, session="s1").id
@@ -425,7 +427,7 @@ def test_a_peek_under_another_artifact_id_of_the_same_weights_refused(lab):
     assert out.refused and "after eval" in out.reasons[0]
 
 
-REPLICATED = "replicates = 3\n" + P_BAR.replace("mcnemar_exact", "paired_t") + """
+REPLICATED = 'floor_unit = "replicates"\nreplicates = 3\n' + P_BAR.replace("mcnemar_exact", "paired_t") + """
 [[bar]]
 suite = "math"
 metric = "correct"
@@ -481,3 +483,41 @@ def test_greedy_sides_read_their_one_exact_look(lab):
     record_result(nb, "s1", cand, _result(BETTER, decoding=GREEDY))
     out = compare(nb, "s1", cand, inc, reg.id, GREEDY)
     assert not out.refused and out.verdicts[0].value == pytest.approx((sum(BETTER) - sum(BASE)) / 40)
+
+
+GUARD = '[[bar]]\nsuite = "math"\nmetric = "correct"\nrule = "delta >= -1.0 * noise_floor"\n'
+
+
+def test_resolution_is_one_item_or_the_standard_error():
+    assert noise.resolution([1.0] * 40) == pytest.approx(1 / 40)  # no spread at all: one item of 40
+    rate = [1.0] * 24 + [0.0] * 16  # 0.6 of 40: sqrt(0.6 * 0.4 / 40) with the sample's n - 1
+    assert noise.resolution(rate) == pytest.approx((0.6 * 0.4 * 40 / 39 / 40) ** 0.5)
+    assert noise.resolution([1.0] * 400 + [0.0] * 400) == pytest.approx(0.5 * (800 / 799) ** 0.5 / 800 ** 0.5)
+
+
+def test_the_floor_is_never_finer_than_its_suite_resolves(lab):
+    nb, inc, cand = lab
+    # Three replicates that differ by one item at most: a floor of 1.33 items, finer than one standard error.
+    floor = _calibrate(nb, inc)[0]
+    resolved = noise.resolution([float(v) for v in BASE])
+    assert floor.mean_abs_delta < resolved
+    reg = _register(nb, GUARD)  # no floor_unit: the default, `resolvable`
+    assert nb.bars(reg.id).spec["floor_unit"] == "resolvable"
+    record_result(nb, "s1", cand, _result([0] * 3 + BASE[3:]))  # 2 items worse: delta -0.05
+    out = compare(nb, "s1", cand, inc, reg.id, SERVED)
+    assert out.verdicts[0].threshold == pytest.approx(-resolved) and out.promoted  # within one standard error
+    # The same candidate under the replicates' floor alone is rejected: -0.05 < -0.033.
+    old = _register(nb, 'floor_unit = "replicates"\n' + GUARD)
+    other = nb.add_artifact(kind="checkpoint", name="c2", path="/c2", sha256="e" * 64, session="s1").id
+    record_result(nb, "s1", other, _result([0] * 3 + BASE[3:]))
+    out = compare(nb, "s1", other, inc, old.id, SERVED)
+    assert out.verdicts[0].threshold == pytest.approx(-floor.mean_abs_delta) and not out.promoted
+
+
+def test_bars_recorded_before_the_rule_replay_with_the_replicates_floor():
+    spec = bars_mod.Bars.model_validate(__import__("tomllib").loads(GUARD)).canonical()
+    assert spec["floor_unit"] == "resolvable"
+    recorded = {k: v for k, v in spec.items() if k != "floor_unit"}  # what a session registered before the key
+    assert bars_mod.Bars.from_canonical(recorded).floor_unit == "replicates"
+    assert bars_mod.Bars.from_canonical(recorded).canonical() == recorded  # and its hash stays what it was
+    assert bars_mod.Bars.from_canonical(spec).floor_unit == "resolvable"
