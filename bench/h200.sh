@@ -61,7 +61,8 @@ declare -A CMD=(
   [train-hybrid-b4]="$T --shape nemotron-h --batch 4 --steps 8 --kinds sft-full sft-lora --out $R/train_throughput-nemotron-h-b4.json"
   [gpu-tests-decode]="env PYTHONPATH=/tmp/site:. python3 -m pytest -q -p no:cacheprovider --confcutdir=tests/evals tests/evals/test_decode_hybrid.py"
   [decode-30b]="python3 bench/decode_hybrid.py --shape 30b-a3b --batches 64 256 --profile --out $R/decode-30b-a3b.json"
-  [decode-bench-hybrid]="python3 bench/decode_hybrid.py --shape nemotron-h --batches 64 256 --new-tokens 128 --out $R/decode-nemotron-h.json"
+  [decode-bench-hybrid]="python3 bench/decode_hybrid.py --shape nemotron-h --batches 64 --new-tokens 128 --out $R/decode-nemotron-h.json"
+  [memory-lora]="python3 -m torch.distributed.run --standalone --nproc-per-node 1 bench/train_memory.py --runs lora:1 lora:2 --out $R/train_memory-bench-3b-lora.json"
   [train-30b-1]="python3 -m torch.distributed.run --standalone --nproc-per-node 1 bench/train_memory.py --shape 30b-a3b --runs lora:1 --steps 4 --out $R/train_memory-30b-a3b-b1.json"
   [train-30b-2]="python3 -m torch.distributed.run --standalone --nproc-per-node 1 bench/train_memory.py --shape 30b-a3b --runs lora:2 --steps 4 --out $R/train_memory-30b-a3b-b2.json"
   [gen-b64-sampled]="$G --model llama-1b --batch-size 64 --static-cache --sampled --baseline-prompts 1 --out $R/gen-llama-b64-sampled.json"
@@ -70,7 +71,7 @@ declare -A LIMIT=([gen-b128]=110 [gen-b64]=70 [gen-b128-sampled]=70 [gen-b128-dy
                   [train-dense]=240 [train-lora]=120 [train-dpo]=90 [gen-b256]=80 [decode]=120 [train-hybrid]=150 [variants]=90 [memory]=170 [merge]=170 [gen-b64-sampled]=70
                   [variants-compile]=210 [decode-triton]=90 [packing]=200
                   [train-dense-all]=270 [train-hybrid-compiled]=170 [train-hybrid-auto]=200 [variants-hybrid]=330
-                  [gpu-tests]=120 [gpu-tests-decode]=90 [decode-30b]=240 [decode-bench-hybrid]=100 [train-30b-1]=130 [train-30b-2]=130 [variants-graphs]=330 [train-hybrid-b2]=260 [train-hybrid-b4]=280)
+                  [gpu-tests]=120 [gpu-tests-decode]=90 [decode-30b]=240 [decode-bench-hybrid]=80 [memory-lora]=120 [train-30b-1]=130 [train-30b-2]=130 [variants-graphs]=330 [train-hybrid-b2]=260 [train-hybrid-b4]=280)
 for part in "$@"; do
   left=$(( BUDGET - ($(date +%s) - START) ))
   limit=${LIMIT[$part]}; (( limit > left )) && limit=$left

@@ -173,9 +173,11 @@ def decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
 
 def kernel_applies(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None) -> bool:
     """One query token on CUDA with Triton, a 4-D additive mask shared by the heads and covering the cache,
-    contiguous head dimensions of a power-of-two size, whole groups of query heads per KV head."""
+    contiguous head dimensions of a power-of-two size, whole groups of query heads per KV head, 16-bit inputs
+    (Triton's dot would round float32 ones to tf32: a float32 model keeps SDPA's float32 arithmetic)."""
     d = query.shape[-1]
-    return (triton is not None and query.is_cuda and query.shape[2] == 1 and query.stride(-1) == 1 and mask is not None
+    return (triton is not None and query.is_cuda and query.dtype in (torch.float16, torch.bfloat16)
+            and query.shape[2] == 1 and query.stride(-1) == 1 and mask is not None
             and mask.dim() == 4 and mask.dtype.is_floating_point and mask.shape[1] == mask.shape[2] == 1
             and mask.shape[-1] >= key.shape[2] and mask.stride(-1) == 1 and key.stride(-1) == 1
             and 16 <= d <= 256 and d & (d - 1) == 0 and query.shape[1] % key.shape[1] == 0

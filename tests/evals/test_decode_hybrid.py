@@ -144,11 +144,38 @@ def test_triton_conv_update_equals_pytorch():
     torch.testing.assert_close(state, ref_state)
 
 
-@pytest.mark.skipif(not CUDA, reason="needs a GPU with mamba-ssm's Triton kernels")
-def test_gpu_engine_equals_generate_in_float32(tiny_models, item, monkeypatch):
-    # On CUDA a hybrid takes the engine by default (Triton kernels, graph replays); `generate` is the reference.
-    if decode_hybrid.kernels_for(torch.device("cuda")).name != "triton":
+def _triton_or_skip() -> decode_hybrid.MambaKernels:
+    kernels = decode_hybrid.kernels_for(torch.device("cuda"))
+    if kernels.name != "triton":
         pytest.skip("mamba-ssm's Triton kernels are missing")
+    return kernels
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a GPU")
+def test_triton_state_update_equals_pytorch():
+    ssu = _triton_or_skip().state_update
+    torch.manual_seed(0)
+    b, h, p, n, g = 3, 8, 16, 32, 2
+    state = torch.randn(b, h, p, n, device="cuda")
+    x, z = torch.randn(b, h, p, device="cuda"), None
+    dt = torch.randn(b, h, device="cuda")[..., None].expand(-1, -1, p)
+    A = -torch.rand(h, device="cuda")[:, None, None].expand(-1, p, n)
+    B, C = torch.randn(b, g, n, device="cuda"), torch.randn(b, g, n, device="cuda")
+    D, dt_bias = (torch.randn(h, device="cuda")[:, None].expand(-1, p) for _ in range(2))
+    ref_state = state.clone()
+    ref = decode_hybrid.torch_kernels().state_update(ref_state, x, dt, A, B, C, D, z=z, dt_bias=dt_bias,
+                                                     dt_softplus=True)
+    got = ssu(state, x, dt, A, B, C, D, z=z, dt_bias=dt_bias, dt_softplus=True)
+    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(state, ref_state, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a GPU")
+def test_gpu_engine_equals_generate_in_float32(tiny_models, item, monkeypatch):
+    # On CUDA a hybrid takes the engine by default (static cache, graph replays, grouped experts); here on
+    # PyTorch's Mamba functions, so float32 tokens must be `generate`'s exactly (the Triton kernels' own check is
+    # the next test: their tf32 products move logits by ~1e-4, enough to flip a random model's near-ties).
+    monkeypatch.setattr(decode_hybrid, "kernels_for", lambda device: decode_hybrid.torch_kernels())
     loaded = load(tiny_models["nemotron_h"], device="cuda")
     items = _items(item)
     decodings = (Decoding(max_new_tokens=12), Decoding(max_new_tokens=12, repetition_penalty=1.2))
@@ -157,6 +184,23 @@ def test_gpu_engine_equals_generate_in_float32(tiny_models, item, monkeypatch):
     assert len(calls) == 4
     monkeypatch.setattr(engine, "uses_own_loop", lambda model, static_cache: False)
     assert fast == [generate(loaded, items, dec, seed=0, batch_size=4) for dec in decodings]
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a GPU")
+def test_gpu_triton_decoder_equals_a_full_forward(tiny_models, item):
+    # The captured step on the Triton kernels (prefill scan, conv window, state update) against one full forward
+    # over the same tokens (bench/gen_throughput.py's check: right context vs a wrong one).
+    import sys
+    from pathlib import Path
+
+    _triton_or_skip()
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    from gen_throughput import check_static_decoder
+
+    loaded = load(tiny_models["nemotron_h"], device="cuda")
+    check = check_static_decoder(loaded, _items(item, 8))
+    assert check["graph_replayed"] and check["relative_error"] < 5e-3
+    assert check["relative_error"] < 0.05 * check["wrong_context_relative_error"]
 
 
 def test_own_prefill_and_step_equal_generate(hybrid, item, monkeypatch):
