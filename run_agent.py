@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from agent.config import LAB_FILE, BudgetError, LabConfig, LabConfigError, load_lab_config, parse_budget
 from agent.errors import SessionError
+from core.redact import install_log_redaction, redact
 
 if TYPE_CHECKING:
     from memory.notebook import Notebook
@@ -284,9 +285,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.handler(args)
     except _bad_input_errors() as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {redact(str(exc))}", file=sys.stderr)
         return 2
 
 
 if __name__ == "__main__":
     sys.exit(main())
+    install_log_redaction()

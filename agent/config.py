@@ -50,6 +50,7 @@ from pydantic import (
 )
 
 from core.jsonl import JSONLineError, describe_non_file, loads
+from core.redact import secret_kind
 from evals.decoding import Decoding
 from tools.jobs.executor import ExecutorSection, SlurmSection
 from trainers.recipe import VERIFYING_SCORERS, TrainRecipe, TrainSection, model_shape, resolve
@@ -503,24 +504,8 @@ def _read_toml(path: Path) -> dict[str, Any]:
         raise LabConfigError(f"{path}: nested too deeply (a {LAB_FILE} is at most {MAX_TOML_DEPTH} levels deep)") from None
 
 
-# Shapes of credentials, so that one pasted into any field is refused (and never echoed).
-_SECRETS = [
-    # Real keys are long random strings: a digit is required so that names like "sk-learn-tests" pass.
-    (re.compile(r"\bsk-(?=[A-Za-z_-]*[0-9])[A-Za-z0-9_-]{16,}"), "an API key (sk-...)"),
-    (re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{16,}|github_pat_[A-Za-z0-9_]{16,})"), "a GitHub token"),
-    (re.compile(r"\bxox[abposr]-[A-Za-z0-9-]{8,}"), "a Slack token"),
-    (re.compile(r"\b(?:AKIA|ASIA)[A-Z0-9]{16}\b"), "an AWS access key"),
-    (re.compile(r"\bhf_[A-Za-z0-9]{20,}"), "a Hugging Face token"),
-    (re.compile(r"\bAIza[0-9A-Za-z_-]{30,}"), "a Google API key"),
-    (re.compile(r"\bbearer\s+\S{8,}", re.IGNORECASE), "a bearer token"),
-    (re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----"), "a private key"),
-    (re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/\s@:]*:[^/\s@]*@"), "credentials inside a URL (user:password@)"),
-]
-
-
-def secret_kind(text: str) -> str | None:
-    """What kind of secret `text` looks like, or None."""
-    return next((kind for pattern, kind in _SECRETS if pattern.search(text)), None)
+# Shapes of credentials (core/redact.py, the same shapes redacted from every message), so that one
+# pasted into any field is refused (and never echoed).
 
 
 def scan_raw(raw: dict[str, Any]) -> list[str]:

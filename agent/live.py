@@ -21,6 +21,7 @@ from rich.table import Table
 from rich.text import Text
 
 from agent.summary import Summary
+from core.redact import redact
 from memory.notebook import Notebook
 from tools.jobs.progress import last_metrics, metrics_path
 
@@ -44,7 +45,7 @@ class PlainLog:
 
     def event(self, text: str) -> None:
         stamp = datetime.now(UTC).strftime("%H:%M:%S")
-        print(f"{stamp} [{self.session}] {text}", file=self.stream, flush=True)
+        print(f"{stamp} [{self.session}] {redact(text)}", file=self.stream, flush=True)
 
     def close(self) -> None:
         return None
@@ -89,7 +90,7 @@ class LivePanel:
         self.summary = summary
 
     def event(self, text: str) -> None:
-        self.step = text
+        self.step = redact(text)
 
     def _refresh(self) -> None:
         nb = Notebook.open(self.notebook, readonly=True)

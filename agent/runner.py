@@ -20,7 +20,7 @@ from agent.graph import Runtime, drive
 from agent.live import reporter
 from agent.planners import Planner
 from agent.planners.playbook import Playbook, PlaybookSettings
-from core.chat import EOT_TOKEN
+from core import redact as redaction
 from core.util import canonical_json, sha256_text
 from evals.job import CallableJudgeSpec, OpenAIJudgeSpec
 from memory.notebook import Notebook, NotebookError
@@ -112,6 +112,8 @@ def _drive_checkpointed(rt: Runtime) -> None:
 def _finish(rt: Runtime) -> int:
     rt.reporter.close()
     nb, session = rt.ctx.nb, rt.ctx.session
+    # The keys the lab names are redacted from every message from here on, used or not (core/redact.py).
+    redaction.hold_env(os.environ, {config.planner.api_key_env, config.judge.api_key_env})
     s = nb.session(session)
     nominations = nb.decisions(session, kind="nominate")
     nominee = nb.artifact(nominations[-1].payload.get("artifact_id")) if nominations else None

@@ -25,9 +25,10 @@ import secrets
 from pathlib import Path
 from typing import Literal, Protocol
 
-from openai import OpenAI
+from openai import APIStatusError, OpenAI, OpenAIError
 from pydantic import BaseModel, ConfigDict, Field
 
+from core import redact as redaction
 from evals.types import Completion, Item, Outcome, check_aligned
 
 Verdict = Literal["A", "B", "tie", "both_bad"]
@@ -58,19 +59,31 @@ def judge_messages(prompt: str, answer_a: str, answer_b: str) -> list[dict[str, 
     return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": body}]
 
 
+class JudgeEndpointError(RuntimeError):
+    """The judge endpoint did not answer a judgment (its class and HTTP status, never its body)."""
+
+
 class OpenAIJudge:
     """A judge model behind any OpenAI-compatible chat-completions endpoint."""
 
     def __init__(self, base_url: str, model: str, api_key: str, max_tokens: int = 512, timeout_s: float = 120.0):
+        redaction.hold(api_key)
         self.client = OpenAI(base_url=base_url, api_key=api_key, timeout=timeout_s, max_retries=2)
         self.model = model
         self.max_tokens = max_tokens
 
     def __call__(self, prompt: str, answer_a: str, answer_b: str) -> str:
-        reply = self.client.chat.completions.create(
-            model=self.model, messages=judge_messages(prompt, answer_a, answer_b),
-            temperature=0.0, max_tokens=self.max_tokens,
-        )
+        try:
+            reply = self.client.chat.completions.create(
+                model=self.model, messages=judge_messages(prompt, answer_a, answer_b),
+                temperature=0.0, max_tokens=self.max_tokens,
+            )
+        except OpenAIError as exc:
+            # The class and status only, without the endpoint's chained error: its body is the endpoint's
+            # own text (one that echoes the Authorization header carries the key into the job's log and
+            # from there into the job's recorded failure).
+            status = f" (HTTP {exc.status_code})" if isinstance(exc, APIStatusError) else ""
+            raise JudgeEndpointError(f"the judge endpoint ({self.model}) failed: {type(exc).__name__}{status}") from None
         return reply.choices[0].message.content or ""
 
 

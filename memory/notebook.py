@@ -26,6 +26,7 @@ from typing import Any, Literal, TypeVar, get_args
 import sqlite_utils
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
+from core.redact import redact, redact_data
 from core.util import canonical_json, sha256_text
 from memory.chain import GENESIS, decision_hash
 from memory.records import (
@@ -283,6 +284,8 @@ class Notebook:
 
     def _insert(self, table: str, row: dict[str, Any]) -> int:
         row = {k: canonical_json(v) if k in _JSON_COLUMNS and v is not None else v for k, v in row.items()}
+        # Every row passes here (and _update): secrets the process holds never reach the file (core/redact.py).
+        row = redact_data(row)
         cols = ", ".join(row)
         marks = ", ".join("?" for _ in row)
         cur = self.db.execute(f"INSERT INTO {table} ({cols}) VALUES ({marks})", list(row.values()))
@@ -290,6 +293,7 @@ class Notebook:
 
     def _update(self, table: str, where: str, params: list[Any], fields: dict[str, Any]) -> None:
         fields = {k: canonical_json(v) if k in _JSON_COLUMNS and v is not None else v for k, v in fields.items()}
+        fields = redact_data(fields)
         sets = ", ".join(f"{k} = ?" for k in fields)
         self.db.execute(f"UPDATE {table} SET {sets} WHERE {where}", [*fields.values(), *params])
 
@@ -369,7 +373,8 @@ class Notebook:
 
     def _append_decision(self, session: str, kind: str, rationale: str, payload: dict[str, Any] | BaseModel) -> Decision:
         # Runs inside transaction(): the head is read under the write lock, so two writers cannot fork the chain.
-        body = _payload_json(kind, payload)
+        # Redacted before hashing: the chain covers what is stored, and a stored secret could never be removed.
+        body, rationale = redact_data(_payload_json(kind, payload)), redact(rationale)
         head = self.db.execute("SELECT seq, hash FROM decision ORDER BY seq DESC LIMIT 1").fetchone()
         seq, prev = (head[0] + 1, head[1]) if head else (1, GENESIS)
         at = now()

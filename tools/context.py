@@ -202,8 +202,10 @@ def invoke(ctx: ToolContext, tool: str, args: A, body: Callable[[ToolContext, A]
     except BudgetRefused as exc:
         outcome = ToolOutcome(tool=tool, status="refused", summary=str(exc))
     except JobFailed as exc:
-        outcome = ToolOutcome(tool=tool, status="failed", summary=f"job failed: {exc.record.failure_class}: "
-                              f"{(exc.record.failure_detail or '')[:200]}", data={"job_key": exc.record.key})
+        # The class and the ids the project minted: never the job's error text, which may carry input text.
+        outcome = ToolOutcome(tool=tool, status="failed", summary=f"job failed: {exc.record.failure_class} "
+                              f"({exc.record.kind} {exc.record.key[:12]}, attempt {exc.record.attempt})",
+                              data={"job_key": exc.record.key})
     except WouldLaunch as exc:
         outcome = ToolOutcome(tool=tool, status="unavailable", summary=str(exc),
                               data={"job_kind": exc.kind, "job_key": exc.key})

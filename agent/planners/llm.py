@@ -20,6 +20,7 @@ from agent import toolbox
 from agent.errors import SessionError
 from agent.planners import BadReply, ToolCall
 from agent.summary import Summary
+from core import redact as redaction
 
 SYSTEM = """You plan the next step of a post-training research session. Call exactly one tool per reply.
 Protocol: ingest the feedback; register the bars before any eval; calibrate the incumbent (K >= 3) before
@@ -43,6 +44,7 @@ class LLMPlanner:
         key = os.environ.get(section.api_key_env)
         if not key:
             raise SessionError(f"[planner] api_key_env: environment variable {section.api_key_env} is not set")
+        redaction.hold(key)
         return cls(openai.OpenAI(base_url=section.base_url, api_key=key, max_retries=0, timeout=120), section.model)
 
     def messages(self, summary: Summary, feedback: list[str]) -> list[dict]:
@@ -50,14 +52,17 @@ class LLMPlanner:
         user = "Notebook summary (JSON):\n" + json.dumps(view, sort_keys=True)
         if feedback:
             user += "\n\nYour previous replies could not be used:\n" + "\n".join(f"- {f}" for f in feedback)
-        return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
+        return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": redaction.redact(user)}]
 
     def propose(self, summary: Summary, feedback: list[str]) -> ToolCall | BadReply:
         try:
             reply = self.client.chat.completions.create(model=self.model, messages=self.messages(summary, feedback),
                                                         tools=toolbox.schemas(), tool_choice="auto")
         except openai.OpenAIError as exc:
-            return BadReply(reason=f"the endpoint failed: {type(exc).__name__}: {str(exc)[:200]}", raw="")
+            # The class and status only: an endpoint's error body is its own text (one that echoes the
+            # Authorization header carries the key), and it would be recorded, logged and sent back here.
+            status = f" (HTTP {exc.status_code})" if isinstance(exc, openai.APIStatusError) else ""
+            return BadReply(reason=f"the endpoint failed: {type(exc).__name__}{status}", raw="")
         if not reply.choices:
             return BadReply(reason="the reply has no choices", raw="")
         message = reply.choices[0].message

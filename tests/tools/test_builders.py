@@ -34,9 +34,9 @@ from tools.data.datasets import (
     build_winner_sft,
     clean_answer,
     manifest_path,
+    read_manifest,
     record_dataset,
 )
-from tools.data.leak import LeakError
 from tools.data.splits import Split, SplitConfig, ingest_feedback
 from trainers.rows import KLCERow, PreferenceRow, SFTRow, read_rows
 
@@ -170,17 +170,19 @@ def test_replay_bad_rows_are_listed_and_nothing_written(lab):
     "My kid asks: " + " ".join(SEALED.split()[1:14]) + "? Any ideas?",
     "Two tasks. First " + EVAL.lower() + ". Second, be brief.",
 ])
-def test_planted_holdout_or_eval_prompt_fails_the_build(lab, planted):
+def test_a_planted_holdout_or_eval_prompt_is_dropped_and_recorded(lab, planted):
+    # Rejection-only (issue 34): the overlapping row is dropped, named in the manifest, and the rest is built.
     extra = [{"messages": [_user(planted), {"role": "assistant", "content": "x"}]}]
-    pa_, _, _, _ = _replay_sources(lab["dir"], extra_a=extra)
+    pa_, _, a, _ = _replay_sources(lab["dir"], extra_a=extra)
     out = lab["dir"] / "out" / "replay.jsonl"
-    with pytest.raises(LeakError) as err:
-        build_replay_mix(ReplayMixConfig(out=out, system_prompt=SYS, sources=[ReplaySource(name="a", path=pa_)], **lab["base"]))
-    assert "row 5 (a:6) vs" in str(err.value) and "1 training prompt(s)" in str(err.value)
-    assert not out.parent.exists() or list(out.parent.iterdir()) == []
+    m = build_replay_mix(ReplayMixConfig(out=out, system_prompt=SYS, sources=[ReplaySource(name="a", path=pa_)], **lab["base"]))
+    assert m.rows == len(a) - 1 and m.leak_dropped == 1 and m.leak_dropped_ids == ["a:6"]
+    assert [(h.row, h.row_id) for h in m.audit.hits] == [(5, "a:6")]
+    assert all(planted not in json.dumps(r) for r in _rows(out)) and len(_rows(out)) == len(a) - 1
+    assert read_manifest(out).leak_dropped_ids == ["a:6"]
 
 
-def test_winner_sft_refuses_a_train_battle_that_quotes_a_holdout(lab, battle, jsonl):
+def test_winner_sft_drops_a_train_battle_that_quotes_a_holdout(lab, battle, jsonl):
     fb = lab["base"]["feedback"]
     rows = [json.loads(x) for x in fb.read_text().splitlines()]
     rows[0]["messages"][0]["content"] = "Quick one: " + " ".join(DEV.split()[3:17])
@@ -188,9 +190,9 @@ def test_winner_sft_refuses_a_train_battle_that_quotes_a_holdout(lab, battle, js
     split = Split.model_validate_json(lab["base"]["split"].read_text())
     lab["base"]["split"].write_text(split.model_copy(update={"source_sha256": file_sha256(fb)}).model_dump_json())
     out = lab["dir"] / "w.jsonl"
-    with pytest.raises(LeakError, match=r"ngram match: row 0 \(t1#0\) vs dev d1"):
-        build_winner_sft(WinnerSFTConfig(out=out, system_prompt=SYS, **lab["base"]))
-    assert not out.exists() and not manifest_path(out).exists()
+    m = build_winner_sft(WinnerSFTConfig(out=out, system_prompt=SYS, **lab["base"]))
+    assert m.leak_dropped_ids == ["t1#0"] and m.audit.hits[0].source == "dev" and m.audit.hits[0].key == "d1"
+    assert all(not r["id"].startswith("t1#") for r in _rows(out))
 
 
 def test_split_of_another_file_is_refused(lab, jsonl, battle):
@@ -270,7 +272,7 @@ def test_outputs_parse_as_the_trainers_rows(lab):
     assert all(i.gold and "remainder" in i.gold for i in rft)
 
 
-def test_command_line_builds_and_refuses_a_leak(lab, tmp_path):
+def test_command_line_builds_and_refuses_a_dataset_that_is_all_leak(lab, tmp_path):
     repo = Path(__file__).resolve().parents[2]
     base = {k: (str(v) if isinstance(v, Path) else [str(x) for x in v]) for k, v in lab["base"].items()}
     cfg = tmp_path / "cfg.json"
@@ -284,8 +286,8 @@ def test_command_line_builds_and_refuses_a_leak(lab, tmp_path):
     cfg.write_text(json.dumps(base | {"out": str(tmp_path / "r.jsonl"), "system_prompt": SYS,
                                       "sources": [{"name": "a", "path": str(tmp_path / "a.jsonl")}]}))
     res = subprocess.run([*run[:3], "replay_mix", str(cfg)], cwd=repo, capture_output=True, text=True, timeout=120)
-    assert res.returncode == 1 and "exact match: row 0 (a:1) vs dev d1" in res.stderr
-    assert not (tmp_path / "r.jsonl").exists()
+    assert res.returncode == 2 and "all 1 training prompt(s) overlap" in res.stderr and "Traceback" not in res.stderr
+    assert not (tmp_path / "r.jsonl").exists() and not manifest_path(tmp_path / "r.jsonl").exists()
 
     cfg.write_text(json.dumps(base | {"out": str(tmp_path / "x.jsonl"), "system_prompt": SYS, "repeat": 0}))
     res = subprocess.run(run, cwd=repo, capture_output=True, text=True, timeout=120)

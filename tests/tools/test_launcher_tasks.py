@@ -56,7 +56,7 @@ def test_a_rank_that_hangs_the_group_is_classified_nccl_timeout(notebook: Notebo
         job.result(timeout_s=180)
     record = failed.value.record
     assert record.failure_class == "nccl_timeout", record.failure_detail
-    assert "Timed out waiting 3000ms for recv operation" in record.failure_detail
+    assert record.failure_detail.startswith("a collective operation timed out")  # minted: no log text
     assert len(job.attempts()) == 1 and record.device_seconds >= 2 * 3
     (fail,) = notebook.decisions(SESSION, kind="fail")
     assert fail.payload.failure_class == "nccl_timeout"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tools.data.leak import LeakError, Reference, audit, normalized_hash
+from tools.data.leak import Reference, audit, normalized_hash
 
 HOLDOUT = "Explain why the sky looks blue during the day but red and orange at sunset, in simple words"
 SHORT = "Write a haiku about autumn rain in Kyoto"  # 8 words: too short to have a 13-gram
@@ -37,12 +37,11 @@ def test_twelve_shared_words_are_not_a_hit():
     assert audit([prompt], REFS).passed
 
 
-def test_result_records_what_was_checked_and_error_lists_rows():
+def test_result_records_what_was_checked_and_the_rows_that_hit():
     result = audit(["a", HOLDOUT, "b", HOLDOUT.lower()], REFS)
     assert result.rows_checked == 4 and result.references == {"dev": 1, "eval:math.jsonl": 1, "sealed": 1}
     assert result.sha256() == audit(["a", HOLDOUT, "b", HOLDOUT.lower()], REFS).sha256()
-    msg = str(LeakError("winner_sft -> out.jsonl", result))
-    assert "2 training prompt(s)" in msg and "row 1 vs dev b7" in msg and "row 3 vs dev b7" in msg
+    assert [(h.row, h.source, h.key) for h in result.hits] == [(1, "dev", "b7"), (3, "dev", "b7")]
 
 
 def test_normalization_ignores_case_spacing_and_punctuation_only():

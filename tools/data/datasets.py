@@ -14,11 +14,14 @@ Chat rows are rendered under the serving system prompt: a row's own system turn 
 renderer refuses a conversation whose system turn differs from it.
 
 Every build runs the leak audit (tools/data/leak.py) of its training prompts against the dev and sealed
-holdouts of the feedback split and against every eval suite prompt. A hit raises `LeakError` and writes
-nothing; on success the rows and the manifest (content sha256, rows, tokens, source files and their
-sha256, config, audit result and its sha256) are written to temporary files and renamed into place.
+holdouts of the feedback split and against every eval suite prompt. The audit rejects rows, never the
+build: a row that overlaps is dropped, its count and ids recorded in the manifest (`leak_dropped`,
+`leak_dropped_ids`; the audit result holds each hit), and the rest is built (four public battles that
+copy eval prompts must not cost the session an arm). A build with no row left writes nothing. The rows
+and the manifest (content sha256, rows, tokens, source files and their sha256, config, audit result and
+its sha256) are written to temporary files and renamed into place.
 
-Command (CONFIG is the builder's config as JSON; exit 1 when the leak audit fails, 2 on bad input):
+Command (CONFIG is the builder's config as JSON; exit 2 on bad input, or when no row is left):
 
     .venv/bin/python -m tools.data.datasets {winner_sft,battle_pairs,replay_mix,synthetic_verified,mix} CONFIG.json
 """
@@ -46,7 +49,6 @@ from tools.data.feedback import Battle, FeedbackError, load_feedback
 from tools.data.leak import (
     DEFAULT_NGRAM,
     AuditResult,
-    LeakError,
     Reference,
     ReferenceIndex,
     audit,
@@ -156,7 +158,8 @@ class DatasetManifest(BaseModel):
     sources: list[SourceFile] = Field(description="Every input file and its sha256.")
     config: dict[str, Any] = Field(description="The builder config, as JSON.")
     stats: dict[str, int] = Field(description="Builder-specific counts (excluded battles, replaced system turns...).")
-    audit: AuditResult = Field(description="The leak audit of the training prompts.")
+    audit: AuditResult = Field(description="The leak audit of the training prompts (before the overlapping rows were "
+                               "dropped: its hits are the dropped rows).")
     audit_sha256: str = Field(description="sha256 of the audit result's canonical JSON.")
 
 
@@ -172,6 +175,9 @@ def read_manifest(dataset: Path) -> DatasetManifest:
     manifest = DatasetManifest.model_validate_json(mpath.read_text(encoding="utf-8"))
     if file_sha256(dataset) != manifest.sha256:
         raise DatasetError(f"{dataset}: sha256 differs from its manifest {mpath}; the file was changed after the build")
+    leak_dropped: int = Field(0, ge=0, description="Rows dropped because their prompt overlaps a holdout or eval prompt.")
+    leak_dropped_ids: list[str] = Field(default_factory=list, description="The dropped rows' ids ('row N' for a row "
+                                        "without one), in row order.")
     return manifest
 
 
@@ -298,11 +304,14 @@ def p99(lengths: list[tuple[int, ...]]) -> int | None:
 
 def _finish(builder: str, kind: RowKind, cfg: _BuildConfig, rows: list[dict], refs: list[Reference],
             extra_sources: list[SourceFile], stats: dict[str, int]) -> DatasetManifest:
-    """Audit, count, write rows and manifest (only if the audit passes), return the manifest."""
+    """Audit, drop the rows that overlap, count, write rows and manifest, return the manifest."""
     _check_rows(builder, rows, kind)
     result = audit([_row_prompt(r, kind) for r in rows], refs, cfg.ngram, ids=[r.get("id") for r in rows])
-    if not result.passed:
-        raise LeakError(f"{builder} -> {cfg.out}", result)
+    dropped = {h.row for h in result.hits}
+    if dropped and len(dropped) == len(rows):
+        raise DatasetError(f"{builder} -> {cfg.out}: all {len(rows)} training prompt(s) overlap holdout or eval "
+                           "prompts (the leak audit dropped every row); nothing to build")
+    rows = [r for i, r in enumerate(rows) if i not in dropped]
     data = "".join(canonical_json(r) + "\n" for r in rows).encode()
     sha = hashlib.sha256(data).hexdigest()
     out = Path(cfg.out)
@@ -313,7 +322,8 @@ def _finish(builder: str, kind: RowKind, cfg: _BuildConfig, rows: list[dict], re
         builder=builder, path=str(out), format="jsonl", row_kind=kind, sha256=sha, rows=len(rows),
         tokens=sum(sum(n) for n in lengths), row_tokens_p99=p99(lengths), tokenizer=str(cfg.tokenizer),
         sources=_input_files(cfg) + extra_sources, config=cfg.model_dump(mode="json"), stats=stats,
-        audit=result, audit_sha256=result.sha256(),
+        audit=result, audit_sha256=result.sha256(), leak_dropped=len(dropped),
+        leak_dropped_ids=[h.row_id or f"row {h.row}" for h in result.hits],
     )
     # Rows first, manifest last: a manifest on disk always describes a complete dataset file.
     write_atomic(out, data)
@@ -507,16 +517,17 @@ BUILDERS = {
 
 
 def _summary(_: BaseModel, manifest: DatasetManifest) -> str:
-    return (f"{manifest.path}: {manifest.rows} rows, {manifest.tokens} tokens, sha256 {manifest.sha256}, audit passed "
-            f"({manifest.audit.rows_checked} prompts vs {sum(manifest.audit.references.values())} references)")
+    return (f"{manifest.path}: {manifest.rows} rows, {manifest.tokens} tokens, sha256 {manifest.sha256}, audited "
+            f"({manifest.audit.rows_checked} prompts vs {sum(manifest.audit.references.values())} references, "
+            f"{manifest.leak_dropped} dropped)")
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m tools.data.datasets BUILDER CONFIG.json`: build one audited dataset (exit 1 when the audit refuses)."""
+    """`python -m tools.data.datasets BUILDER CONFIG.json`: build one audited dataset (exit 2 on bad input)."""
     from core.entry import run_main
 
     return run_main("python -m tools.data.datasets", BUILDERS, argv, bad_input=(DatasetError, FeedbackError, OSError),
-                    check_failed=(LeakError,), summary=_summary)
+                    summary=_summary)
 
 
 if __name__ == "__main__":

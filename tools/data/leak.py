@@ -29,7 +29,6 @@ from core.util import canonical_json
 DEFAULT_NGRAM = 13
 SHORT_MIN = 8  # shortest reference matched inside longer prompts (GPT-3 appendix C's minimum N)
 _WORD = re.compile(r"\w+")
-_MAX_LISTED = 20
 
 
 def words(text: str) -> list[str]:
@@ -102,22 +101,6 @@ class AuditResult(BaseModel):
     def sha256(self) -> str:
         """sha256 of the canonical JSON of this result: the value a manifest and a model card cite."""
         return hashlib.sha256(canonical_json(self.model_dump(mode="json")).encode()).hexdigest()
-
-
-class LeakError(ValueError):
-    """A build whose training prompts overlap a holdout or eval prompt; nothing was written."""
-
-    def __init__(self, what: str, result: AuditResult):
-        self.result = result
-        lines = [f"{h.kind} match: row {h.row}" + (f" ({h.row_id})" if h.row_id else "") + f" vs {h.source} {h.key}"
-                 + (f" ('{h.ngram}')" if h.ngram else "")
-                 for h in result.hits[:_MAX_LISTED]]
-        more = len(result.hits) - len(lines)
-        tail = [f"... and {more} more"] if more > 0 else []
-        super().__init__(
-            f"{what}: leak audit failed, {len(result.hits)} training prompt(s) overlap holdout or eval prompts "
-            f"(normalized hash or shared {result.ngram}-gram); no dataset written:\n  " + "\n  ".join(lines + tail)
-        )
 
 
 class ReferenceIndex:

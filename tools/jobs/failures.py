@@ -48,11 +48,18 @@ class Failure(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     failure_class: FailureClass = Field(description="One of the classes the planner and the policy act on.")
-    detail: str = Field(description="The line of evidence: executor state or the last exception line.")
+    detail: str = Field(description="The evidence, in words the project minted: the executor's state, the exception's "
+                        "type, the exit code, or the message of a project-raised prefix (nan_loss:, timeout:, ...); "
+                        "never the text of an arbitrary exception message (the job's log holds that).")
 
 
 def classify(state: str, exit_code: int | None, text: str) -> Failure:
-    """Classify a run that did not complete; `state` is the executor's final state, upper case."""
+    """Classify a run that did not complete; `state` is the executor's final state, upper case.
+
+    An exception's message may carry input text (a battle id with a newline and an instruction to the
+    planner, a file's content): it neither decides the class nor reaches the detail. With a Python
+    trace in `text`, the class comes from the final exception's type and the first line of its message
+    only, and the detail is its type (or a project-raised prefix message, which the project minted)."""
     state = state.upper()
     if state.startswith("CANCELLED"):
         return Failure(failure_class="cancelled", detail=state)
@@ -60,38 +67,53 @@ def classify(state: str, exit_code: int | None, text: str) -> Failure:
         return Failure(failure_class="node_failure", detail=state)
     if state == "OUT_OF_MEMORY":
         return Failure(failure_class="oom", detail=state)
+    code = "" if exit_code is None else f" (exit code {exit_code})"
+    kind, message = _final_exception(text)
     # The job's own words come before the generic TIMEOUT/PREEMPTED states: a NaN or an OOM is what
     # needs fixing even when the job then ran out of time.
-    line = _last_exception_line(text)
-    for pattern, klass in ((_OOM, "oom"), (_NCCL, "nccl_timeout")):
-        match = pattern.search(text)
-        if match:
-            return Failure(failure_class=klass, detail=_line_with(text, match.start()))
-    for prefix, klass in ((NAN_PREFIX, "nan_loss"), (TIMEOUT_PREFIX, "timeout"), (PREEMPTED_PREFIX, "preempted")):
-        match = re.search(rf"(^|: ){re.escape(prefix)}", text, re.MULTILINE)
-        if match:
-            return Failure(failure_class=klass, detail=_line_with(text, match.end()))
+    if _OOM.search(f"{kind}: {message}" if kind else text):
+        return Failure(failure_class="oom", detail=(kind or "out of memory") + code)
+    # Hangs are reported in the ranks' logs, not always as the final exception: the whole text is read.
+    if _NCCL.search(text):
+        return Failure(failure_class="nccl_timeout", detail="a collective operation timed out" + (f" ({kind})" if kind else "") + code)
+    for prefix, klass in ((NAN_PREFIX, "nan_loss"), (TIMEOUT_PREFIX, "timeout"),
+                          (PREEMPTED_PREFIX, "preempted")):
+        if message.startswith(prefix):  # raised by the project (trainers, the job wrapper)
+            return Failure(failure_class=klass, detail=f"{kind}: {_printable(message)}"[:300])
+        if not kind and re.search(rf"^(\[rank\d+\]: ?)?([\w.]+: )?{re.escape(prefix)}", text, re.MULTILINE):
+            return Failure(failure_class=klass, detail=f"{prefix} (from the job's error text){code}")
     if state == "TIMEOUT":
         return Failure(failure_class="timeout", detail=state)
     if state == "PREEMPTED":
         return Failure(failure_class="preempted", detail=state)
-    code = "" if exit_code is None else f" (exit code {exit_code})"
-    return Failure(failure_class="error", detail=(line or f"{state}: no error text") + code)
+    return Failure(failure_class="error", detail=(kind or f"{state}: no exception") + code)
 
 
-def _line_with(text: str, pos: int) -> str:
-    start = text.rfind("\n", 0, pos) + 1
-    end = text.find("\n", pos)
-    return text[start : end if end >= 0 else len(text)].strip()[:500]
+_RANK = re.compile(r"^\[rank\d+\]: ?")
+_EXCEPTION_TYPE = re.compile(r"[A-Za-z_][\w.]*")
 
 
-def _last_exception_line(text: str) -> str:
-    """The last 'SomeError: message' line of a trace, else the last non-empty line."""
-    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip() and not ln.startswith("-----")]
-    for ln in reversed(lines):
-        if re.match(r"^[\w.]+(Error|Exception|Interrupt)\b", ln):
-            return ln[:500]
-    return lines[-1][:500] if lines else ""
+def _final_exception(text: str) -> tuple[str, str]:
+    """(type, first line of its message) of the last exception of the last Python trace in `text`;
+    ("", "") without a trace. The header is the first unindented line after the trace's frames; the
+    message's later lines (where a newline in an input would put a forged line) are never read."""
+    lines = [_RANK.sub("", ln) for ln in text.splitlines()]
+    starts = [i for i, ln in enumerate(lines) if ln.startswith("Traceback (most recent call last):")]
+    if not starts:
+        return "", ""
+    for ln in lines[starts[-1] + 1:]:
+        if not ln.strip() or ln.startswith((" ", "\t")):
+            continue  # frames, their source lines and carets
+        kind, _, message = ln.partition(":")
+        if not _EXCEPTION_TYPE.fullmatch(kind):
+            return "", ""
+        return kind[:120], message.strip()
+    return "", ""
+
+
+def _printable(text: str) -> str:
+    """A project-minted message as stored: printable ASCII only (a terminal or a prompt reads it)."""
+    return "".join(ch if " " <= ch <= "~" else "?" for ch in text)
 
 
 def smaller_batch_config(config: C) -> C | None:

@@ -92,7 +92,9 @@ class Resumable(submitit.helpers.Checkpointable):
         try:
             result = self.fn(config)
         except BaseException as err:
-            _append_event({"event": "end", "t": time.time(), "ok": False, "error": repr(err)[:300]})
+            # The type only: the message may carry input text (the job's stderr holds the whole trace).
+            _append_event({"event": "end", "t": time.time(), "ok": False,
+                           "error": f"{type(err).__module__}.{type(err).__qualname__}"})
             raise
         finally:
             stop.set()

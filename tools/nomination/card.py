@@ -279,11 +279,12 @@ def _data_section(datasets: list[Artifact]) -> list[str]:
         rows = num(r["rows"], ref("artifact", ds.id, "recipe.rows")) if "rows" in r else "-"
         tokens = num(r["tokens"], ref("artifact", ds.id, "recipe.tokens")) if "tokens" in r else "-"
         if audit:
-            verdict = "passed" if not audit.get("hits") else "FAILED"
+            # The audit rejects rows, not builds (tools/data/datasets.py): its hits are the rows left out.
+            verdict = "passed" if not audit.get("hits") else "passed, overlapping rows dropped"
             result = (f"{verdict}: {num(audit['rows_checked'], ref('artifact', ds.id, 'recipe.audit.rows_checked'))} "
                       f"prompts against {num(sum(audit['references'].values()), ref('artifact', ds.id, 'sum(recipe.audit.references.*)'))}"
                       f" holdout and eval prompts, {num(len(audit['hits']), ref('artifact', ds.id, 'count(recipe.audit.hits)'))}"
-                      f" hits (audit hash {code(r.get('audit_sha256', '-'))})")
+                      f" dropped (audit hash {code(r.get('audit_sha256', '-'))})")
         else:
             result = "no audit recorded"
         lines.append(f"| {code(ds.name)} | {code(r.get('builder', ds.kind))} | {rows} | {tokens} | {code(ds.sha256)} | {result} |")
