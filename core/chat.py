@@ -1,41 +1,66 @@
-"""The one chat renderer: conversations -> text, token ids and the assistant-only loss mask.
+"""The one chat renderer: conversations -> text, token ids and the assistant-only loss mask, in the
+model's own chat template.
 
-Format (ChatML), for every message in order:
+The template is the tokenizer's `chat_template`, rendered by transformers itself
+(`tokenizer.apply_chat_template`), so training rows, eval prompts and the shipped bundle see the bytes
+a server produces. A tokenizer with no template gets ChatML (`CHATML_TEMPLATE`); `chat_format` says
+which one it was (the session's `open` decision and the model card record it).
 
-    <|im_start|>{role}\\n{content}<|im_end|>\\n
+Everything else is derived from the template and the tokenizer, never named here (`chat_format`):
 
-and, for a generation prompt, a trailing `<|im_start|>assistant\\n`. The serving system prompt is
-inserted as the first message when the conversation has none (a conversation's own system turn
-wins, in the renderer and the template alike; a system turn anywhere but first is refused).
+- the end-of-turn token: the first token of what the template writes after an assistant turn's
+  content; it must be one special token of the tokenizer. The stop ids are it and the tokenizer's
+  EOS (when that is another token);
+- system turns: a template that renders a system turn (natively, or by folding it in itself) gets
+  it as is; one that raises on it or drops it gets it folded into the first user turn
+  (`system + "\\n\\n" + user`), as such models are served. The serving system prompt is a default
+  first system turn (a conversation's own system turn wins; a system turn anywhere but first is
+  refused), then handled the same way;
+- supervision (`loss_mask`): assistant content plus its end-of-turn token carry loss; headers, other
+  turns, whatever the template writes after the end-of-turn token and padding do not. Where the
+  template has transformers' `{% generation %}` markers, the mask is theirs
+  (`return_assistant_tokens_mask`); otherwise it comes from prefix differences: the conversation up
+  to an assistant turn, rendered with the generation prompt, must be a prefix of the whole, and the
+  turn runs from there to its end-of-turn token. A template that has neither (its rendering of the
+  first turns is not a prefix of the whole conversation) cannot be masked and is refused
+  (ChatTemplateError), before any session opens.
 
-Supervision: the content of every assistant turn plus its `<|im_end|>` end-of-turn token carry loss
-(mask 1); the role headers, system and user turns, the newline after `<|im_end|>` and padding do not.
-
-`chat_template(system_prompt)` returns the Jinja template shipped with a model. It renders
-byte-identically to `render_text` under the transformers Jinja environment (tests/trainers check
-this on many conversations), so the renderer here is the single source of truth for training and
-serving. Token ids come from tokenizing the whole rendered text once (exactly what a server does
-with the template's output) and the mask from each token's character offsets.
+`serving_template(tokenizer, system_prompt)` is the template shipped in a bundle: the training
+template behind a short preamble that applies the served system prompt and the system-turn fold,
+so a server rendering it produces byte for byte what `render_text` produced in training
+(check-bundle verifies this). Token ids come from tokenizing the whole rendered text once, without
+added special tokens (exactly what `apply_chat_template(tokenize=True)` does).
 """
 
 from __future__ import annotations
 
+import re
+import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from core.templates import CHATML, FAMILY
+
 if TYPE_CHECKING:  # the renderer takes any HF tokenizer; importing transformers here would pull in torch
     from transformers import PreTrainedTokenizerBase
 
-PAD_TOKEN = "<|pad|>"
-TEXT_EOS_TOKEN = "<|endoftext|>"
-BOT_TOKEN = "<|im_start|>"
-EOT_TOKEN = "<|im_end|>"
-# Order fixes their ids (0..3) in the tiny tokenizer.
-SPECIAL_TOKENS = (PAD_TOKEN, TEXT_EOS_TOKEN, BOT_TOKEN, EOT_TOKEN)
+# The ChatML family's tokens: what the offline ChatML tokenizers are built with (core/tiny.py, the toy world).
+# The renderer itself never uses them: it derives a model's tokens from its template (`chat_format`).
+PAD_TOKEN, TEXT_EOS_TOKEN, BOT_TOKEN, EOT_TOKEN = FAMILY["chatml"].specials
+SPECIAL_TOKENS = FAMILY["chatml"].specials
+CHATML_TEMPLATE = CHATML
+# How a system turn joins the first user turn for a template with no system role (Gemma 3's own template
+# writes it this way).
+FOLD_SEPARATOR = "\n\n"
 
 Role = Literal["system", "user", "assistant"]
+_GENERATION_TAG = re.compile(r"{%-?\s*generation\s*-?%}")
+
+
+class ChatTemplateError(ValueError):
+    """A chat template the renderer cannot train with (it cannot be masked, or it renders no end-of-turn token)."""
 
 
 class Message(BaseModel):
@@ -50,57 +75,198 @@ class Rendered(BaseModel):
     """A rendered conversation: the text, its token ids and the per-token loss mask."""
 
     model_config = ConfigDict(extra="forbid")
-    text: str = Field(description="The rendered ChatML text (what the chat template produces).")
+    text: str = Field(description="The rendered text (what the chat template produces).")
     input_ids: list[int] = Field(description="Token ids of `text`, tokenized in one piece.")
-    loss_mask: list[int] = Field(description="1 where the token is assistant content or its <|im_end|>, else 0.")
+    loss_mask: list[int] = Field(description="1 where the token is assistant content or its end-of-turn token, else 0.")
 
 
-def _messages(messages: Sequence[Message | dict], system_prompt: str | None) -> list[Message]:
-    """Parses turns and applies the serving system prompt as the default first turn.
+class ChatFormat(BaseModel):
+    """What the renderer derived from a tokenizer's chat template."""
 
-    A conversation's own system turn wins, as it does in the shipped template (a server must accept
-    requests that carry their own system prompt)."""
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    template: str = Field(description="The template rows are rendered with: the tokenizer's own, or ChatML.")
+    source: Literal["model", "chatml-default"] = Field(
+        description="'model': the tokenizer's own template; 'chatml-default': it had none, so ChatML.")
+    system_turns: Literal["native", "folded"] = Field(
+        description="'native': the template renders a system turn; 'folded': it has no system role, so a system "
+        "turn is folded into the first user turn.")
+    masking: Literal["generation-markers", "prefix"] = Field(
+        description="How the assistant-only loss mask is found: the template's {% generation %} markers, or "
+        "prefix differences of renderings.")
+    eot_token: str = Field(description="The end-of-turn token the template closes an assistant turn with.")
+    after_eot: str = Field(description="Text the template writes after the end-of-turn token (never supervised).")
+    stop_token_ids: list[int] = Field(description="Serving stop ids: the end-of-turn token's, then the tokenizer's EOS "
+                                                  "when that is another token.")
+
+    @property
+    def eot_id(self) -> int:
+        return self.stop_token_ids[0]
+
+
+# ---- deriving the format -----------------------------------------------------------------------------
+
+_FORMATS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def template_of(tokenizer: PreTrainedTokenizerBase) -> str:
+    """The template training renders with: the tokenizer's own, or ChatML when it has none."""
+    own = tokenizer.chat_template
+    if isinstance(own, dict):  # several named templates: the one a plain apply_chat_template call uses
+        own = own.get("default")
+    return own or CHATML_TEMPLATE
+
+
+def _apply(tokenizer, template: str, messages: list[dict], add_generation_prompt: bool) -> str:
+    return tokenizer.apply_chat_template(messages, chat_template=template, tokenize=False,
+                                         add_generation_prompt=add_generation_prompt)
+
+
+def _renders_system(tokenizer, template: str) -> bool:
+    """Whether the template renders a system turn (natively or folding it in itself)."""
+    import jinja2
+
+    probe = "Sysprobe7"
+    try:
+        text = _apply(tokenizer, template, [{"role": "system", "content": probe},
+                                            {"role": "user", "content": "Userprobe"}], False)
+    except jinja2.TemplateError:
+        return False
+    return probe in text
+
+
+def _end_of_turn(tokenizer, template: str) -> tuple[str, str]:
+    """The end-of-turn token and the text after it, read from how the template closes an assistant turn."""
+    user = [{"role": "user", "content": "Userprobe"}]
+    answer = "Answerprobe"
+    whole = _apply(tokenizer, template, [*user, {"role": "assistant", "content": answer}], False)
+    if answer not in whole:
+        raise ChatTemplateError("the template does not write an assistant turn's content: nothing to train on")
+    closing = whole[whole.rindex(answer) + len(answer):]
+    ids = tokenizer(closing, add_special_tokens=False)["input_ids"] if closing else []
+    first = tokenizer.convert_ids_to_tokens(ids[0]) if ids else None
+    special = {t for t in tokenizer.all_special_tokens} | set(tokenizer.get_added_vocab())
+    if first is None or first not in special or not closing.startswith(first):
+        raise ChatTemplateError(f"the template closes an assistant turn with {closing[:40]!r}, which does not start "
+                                "with a special token of the tokenizer: no end-of-turn token to stop on")
+    return first, closing[len(first):]
+
+
+def _probe_conversations(system_turns: str) -> list[list[dict]]:
+    convs = [[{"role": "user", "content": "First question"}, {"role": "assistant", "content": "First answer"},
+              {"role": "user", "content": "Second question"}, {"role": "assistant", "content": "Second answer"}]]
+    system = [{"role": "system", "content": "System text"}]
+    return [_fold(system + c) if system_turns == "folded" else system + c for c in convs] + convs
+
+
+def chat_format(tokenizer: PreTrainedTokenizerBase) -> ChatFormat:
+    """The tokenizer's chat format (cached per tokenizer and template); ChatTemplateError with the reason
+    when the template cannot be trained with."""
+    import jinja2
+
+    template = template_of(tokenizer)
+    cached = _FORMATS.get(tokenizer)
+    if cached is not None and cached.template == template:
+        return cached
+    try:
+        system_turns = "native" if _renders_system(tokenizer, template) else "folded"
+        eot, after = _end_of_turn(tokenizer, template)
+        masking = "generation-markers" if _GENERATION_TAG.search(template) else "prefix"
+        if masking == "prefix":
+            for conv in _probe_conversations(system_turns):
+                _prefix_spans(tokenizer, template, conv, eot, after)
+    except jinja2.TemplateError as err:
+        raise ChatTemplateError(f"the chat template does not render a plain conversation ({err})") from None
+    eot_id = tokenizer.convert_tokens_to_ids(eot)
+    eos = tokenizer.eos_token_id
+    stops = [eot_id] + ([eos] if eos is not None and eos != eot_id else [])
+    own = tokenizer.chat_template.get("default") if isinstance(tokenizer.chat_template, dict) else tokenizer.chat_template
+    fmt = ChatFormat(template=template, source="model" if own else "chatml-default", system_turns=system_turns,
+                     masking=masking, eot_token=eot, after_eot=after, stop_token_ids=stops)
+    _FORMATS[tokenizer] = fmt
+    return fmt
+
+
+def check_tokenizer(tokenizer: PreTrainedTokenizerBase) -> ChatFormat:
+    """Refuses (ChatTemplateError, with the reason) a tokenizer whose template cannot be trained with."""
+    return chat_format(tokenizer)
+
+
+def eot_id(tokenizer: PreTrainedTokenizerBase) -> int:
+    """The id of the template's end-of-turn token (the first serving stop id)."""
+    return chat_format(tokenizer).eot_id
+
+
+def stop_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """The serving stop ids: the end-of-turn token, then the tokenizer's EOS when that is another token."""
+    return list(chat_format(tokenizer).stop_token_ids)
+
+
+# ---- rendering ---------------------------------------------------------------------------------------
+
+
+def _fold(messages: list[dict]) -> list[dict]:
+    """A leading system turn folded into the first user turn (for templates with no system role)."""
+    if not messages or messages[0]["role"] != "system":
+        return messages
+    system, rest = messages[0]["content"], messages[1:]
+    if rest and rest[0]["role"] == "user":
+        return [{"role": "user", "content": system + FOLD_SEPARATOR + rest[0]["content"]}, *rest[1:]]
+    return [{"role": "user", "content": system}, *rest]
+
+
+def _messages(messages: Sequence[Message | dict], system_prompt: str | None, fmt: ChatFormat) -> list[dict]:
+    """Parses turns, applies the serving system prompt as the default first turn and folds a system turn
+    for a template without a system role. A conversation's own system turn wins, as it does in the
+    shipped template (a server must accept requests that carry their own system prompt)."""
     parsed = [m if isinstance(m, Message) else Message.model_validate(m) for m in messages]
     for i, m in enumerate(parsed):
         if m.role == "system" and i != 0:
             raise ValueError(f"chat: message {i} has role 'system'; a system turn may only come first")
-    if system_prompt is None or (parsed and parsed[0].role == "system"):
-        return parsed
-    return [Message(role="system", content=system_prompt), *parsed]
+    out = [m.model_dump() for m in parsed]
+    if system_prompt is not None and not (out and out[0]["role"] == "system"):
+        out = [{"role": "system", "content": system_prompt}, *out]
+    return _fold(out) if fmt.system_turns == "folded" else out
 
 
-def _segments(messages: list[Message], add_generation_prompt: bool) -> list[tuple[str, bool]]:
-    """The rendered text as (piece, supervised) pieces; their concatenation is the full text."""
-    pieces: list[tuple[str, bool]] = []
-    for m in messages:
-        pieces.append((f"{BOT_TOKEN}{m.role}\n", False))
-        supervised = m.role == "assistant"
-        pieces.append((m.content + EOT_TOKEN, supervised))
-        pieces.append(("\n", False))
-    if add_generation_prompt:
-        pieces.append((f"{BOT_TOKEN}assistant\n", False))
-    return pieces
+def render_text(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Message | dict], system_prompt: str | None = None,
+                add_generation_prompt: bool = False) -> str:
+    """The rendered text of a conversation in the tokenizer's template (what a server's
+    `apply_chat_template(tokenize=False)` returns with the shipped template)."""
+    fmt = chat_format(tokenizer)
+    return _apply(tokenizer, fmt.template, _messages(messages, system_prompt, fmt), add_generation_prompt)
 
 
-def render_text(
-    messages: Sequence[Message | dict], system_prompt: str | None = None, add_generation_prompt: bool = False
-) -> str:
-    """The rendered ChatML text of a conversation (what `apply_chat_template(tokenize=False)` returns)."""
-    return "".join(p for p, _ in _segments(_messages(messages, system_prompt), add_generation_prompt))
+def _prefix_spans(tokenizer, template: str, messages: list[dict], eot: str, after: str) -> list[tuple[int, int]]:
+    """Character spans of every assistant turn's content + end-of-turn token, by prefix differences."""
+    whole = _apply(tokenizer, template, messages, False)
+    spans = []
+    for i, m in enumerate(messages):
+        if m["role"] != "assistant":
+            continue
+        before = _apply(tokenizer, template, messages[:i], True) if i else ""
+        through = _apply(tokenizer, template, messages[: i + 1], False)
+        end = len(through) - len(after)
+        if not (whole.startswith(before) and whole.startswith(through) and through[:end].endswith(eot)
+                and through.endswith(after) and end - len(eot) >= len(before)):
+            raise ChatTemplateError(
+                f"the template's rendering of the first {i} turns (with the generation prompt) and of the first {i + 1} "
+                "are not prefixes of the whole conversation ending in the end-of-turn token, and it has no "
+                "{% generation %} markers: assistant tokens cannot be masked")
+        spans.append((len(before), end))
+    return spans
 
 
-def render(
-    tokenizer: PreTrainedTokenizerBase, messages: Sequence[Message | dict], system_prompt: str | None = None
-) -> Rendered:
+def render(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Message | dict], system_prompt: str | None = None
+           ) -> Rendered:
     """Token ids and assistant-only loss mask of a whole conversation (for training rows)."""
-    check_tokenizer(tokenizer)
-    segments = _segments(_messages(messages, system_prompt), add_generation_prompt=False)
-    text = "".join(p for p, _ in segments)
-    spans, pos = [], 0
-    for piece, supervised in segments:
-        if supervised:
-            spans.append((pos, pos + len(piece)))
-        pos += len(piece)
+    fmt = chat_format(tokenizer)
+    msgs = _messages(messages, system_prompt, fmt)
+    text = _apply(tokenizer, fmt.template, msgs, False)
+    if fmt.masking == "generation-markers":
+        enc = tokenizer.apply_chat_template(msgs, chat_template=fmt.template, tokenize=True, return_dict=True,
+                                            return_assistant_tokens_mask=True)
+        return Rendered(text=text, input_ids=list(enc["input_ids"]), loss_mask=list(enc["assistant_masks"]))
+    spans = _prefix_spans(tokenizer, fmt.template, msgs, fmt.eot_token, fmt.after_eot)
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     # A token is supervised when it starts inside an assistant span. A token straddling the header/content
     # boundary (possible for some tokenizers) starts in the header, so it stays unsupervised.
@@ -108,27 +274,14 @@ def render(
     return Rendered(text=text, input_ids=list(enc["input_ids"]), loss_mask=mask)
 
 
-def render_prompt(
-    tokenizer: PreTrainedTokenizerBase, messages: Sequence[Message | dict], system_prompt: str | None = None
-) -> list[int]:
-    """Token ids of a generation prompt: the conversation followed by `<|im_start|>assistant\\n`."""
-    check_tokenizer(tokenizer)
-    text = render_text(messages, system_prompt, add_generation_prompt=True)
+def render_prompt(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Message | dict],
+                  system_prompt: str | None = None) -> list[int]:
+    """Token ids of a generation prompt: the conversation followed by the template's generation prompt."""
+    text = render_text(tokenizer, messages, system_prompt, add_generation_prompt=True)
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
-def check_tokenizer(tokenizer: PreTrainedTokenizerBase) -> None:
-    """Refuses a tokenizer that does not hold the ChatML markers as single special tokens."""
-    for token in (BOT_TOKEN, EOT_TOKEN):
-        ids = tokenizer(token, add_special_tokens=False)["input_ids"]
-        if len(ids) != 1:
-            raise ValueError(f"chat: tokenizer does not encode {token!r} as one token (got {ids})")
-
-
-def eot_id(tokenizer: PreTrainedTokenizerBase) -> int:
-    """The id of the end-of-turn token `<|im_end|>` (the serving stop id)."""
-    check_tokenizer(tokenizer)
-    return tokenizer.convert_tokens_to_ids(EOT_TOKEN)
+# ---- the shipped template ----------------------------------------------------------------------------
 
 
 def _jinja_literal(text: str) -> str:
@@ -138,23 +291,36 @@ def _jinja_literal(text: str) -> str:
     return "'" + body + "'"
 
 
-def chat_template(system_prompt: str | None = None) -> str:
-    """The Jinja chat template equivalent to `render_text(..., system_prompt)`.
+def wrap_template(template: str, system_prompt: str | None, system_turns: str) -> str:
+    """`template` behind a preamble that does what `_messages` does: the default system turn, then the fold.
 
-    Every tag uses whitespace control (`{%-`/`-%}`) so the result does not depend on the environment's
-    trim_blocks/lstrip_blocks settings; all text is emitted from string literals.
-    """
-    default_system = ""
+    Top-level `{% set messages = ... %}` rebinds the conversation for the rest of the template. Every tag
+    uses whitespace control so the preamble writes nothing, whatever trim_blocks/lstrip_blocks say."""
+    preamble = ""
     if system_prompt is not None:
-        default_system = (
-            "{%- if messages | length == 0 or messages[0]['role'] != 'system' -%}"
-            "{{- '" + BOT_TOKEN + "system\\n' + " + _jinja_literal(system_prompt) + " + '" + EOT_TOKEN + "\\n' -}}"
-            "{%- endif -%}"
-        )
-    return (
-        default_system
-        + "{%- for message in messages -%}"
-        "{{- '" + BOT_TOKEN + "' + message['role'] + '\\n' + message['content'] + '" + EOT_TOKEN + "\\n' -}}"
-        "{%- endfor -%}"
-        "{%- if add_generation_prompt -%}{{- '" + BOT_TOKEN + "assistant\\n' -}}{%- endif -%}"
-    )
+        preamble += ("{%- if messages | length == 0 or messages[0]['role'] != 'system' -%}"
+                     "{%- set messages = [{'role': 'system', 'content': " + _jinja_literal(system_prompt) + "}] + messages -%}"
+                     "{%- endif -%}")
+    if system_turns == "folded":
+        sep = _jinja_literal(FOLD_SEPARATOR)
+        preamble += ("{%- if messages | length > 0 and messages[0]['role'] == 'system' -%}"
+                     "{%- if messages | length > 1 and messages[1]['role'] == 'user' -%}"
+                     "{%- set messages = [{'role': 'user', 'content': messages[0]['content'] + " + sep
+                     + " + messages[1]['content']}] + messages[2:] -%}"
+                     "{%- else -%}"
+                     "{%- set messages = [{'role': 'user', 'content': messages[0]['content']}] + messages[1:] -%}"
+                     "{%- endif -%}"
+                     "{%- endif -%}")
+    return preamble + template
+
+
+def serving_template(tokenizer: PreTrainedTokenizerBase, system_prompt: str | None) -> str:
+    """The template a bundle ships: renders exactly what `render_text(tokenizer, ..., system_prompt)` does."""
+    fmt = chat_format(tokenizer)
+    return wrap_template(fmt.template, system_prompt, fmt.system_turns)
+
+
+def chat_template(system_prompt: str | None = None) -> str:
+    """ChatML as a shipped template, with `system_prompt` as the default system turn (a model with no
+    template of its own)."""
+    return wrap_template(CHATML_TEMPLATE, system_prompt, "native")

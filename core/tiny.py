@@ -2,10 +2,10 @@
 
 Everything here is built offline and deterministically in seconds on a CPU:
 
-- `build_tokenizer(out_dir)`: a byte-level BPE tokenizer trained with the `tokenizers` library on
-  synthetic text (arithmetic, counting, digit sums, string edits, short chat sentences), with the
-  ChatML special tokens, saved as a `PreTrainedTokenizerFast` directory whose chat template is the
-  one renderer's template (`core.chat.chat_template`).
+- `build_tokenizer(out_dir, template="chatml")`: a byte-level BPE tokenizer trained with the `tokenizers`
+  library on synthetic text (arithmetic, counting, digit sums, string edits, short chat sentences), with
+  the special tokens and the chat template of a template family (core/templates.py: chatml, llama3,
+  gemma, mistral, nemotron), saved as a `PreTrainedTokenizerFast` directory.
 - `build_model(kind, tokenizer_dir, out_dir, seed)`: a randomly initialised causal LM saved with
   `save_pretrained` (safetensors) next to a copy of the tokenizer: `nemotron_h` (Mamba2, attention,
   MoE and MLP layers), `llama` or `qwen2`.
@@ -39,7 +39,8 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
-from core.chat import EOT_TOKEN, PAD_TOKEN, SPECIAL_TOKENS, TEXT_EOS_TOKEN, chat_template
+from core.chat import stop_ids
+from core.templates import FAMILIES, Family, TemplateFamily, family
 
 ModelKind = Literal["nemotron_h", "llama", "qwen2"]
 MODEL_KINDS: tuple[ModelKind, ...] = ("nemotron_h", "llama", "qwen2")
@@ -79,15 +80,15 @@ def _synthetic_corpus(seed: int, n_lines: int = 4000) -> list[str]:
 
 
 def train_tokenizer(seed: int = 0, vocab_size: int = TOKENIZER_VOCAB_SIZE,
-                    corpus: Sequence[str] | None = None) -> Tokenizer:
+                    corpus: Sequence[str] | None = None, specials: Sequence[str] = family("chatml").specials) -> Tokenizer:
     """Trains a byte-level BPE `tokenizers.Tokenizer` on `corpus` (default: the built-in synthetic text);
-    the special tokens take ids 0..3."""
+    the special tokens take ids 0..len(specials)-1."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=list(SPECIAL_TOKENS),
+        special_tokens=list(specials),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
@@ -95,27 +96,37 @@ def train_tokenizer(seed: int = 0, vocab_size: int = TOKENIZER_VOCAB_SIZE,
     return tok
 
 
+def family_tokenizer(tok: Tokenizer, fam: Family, **kw) -> PreTrainedTokenizerFast:
+    """A trained `tokenizers.Tokenizer` as a `PreTrainedTokenizerFast` declaring the family's special tokens and
+    carrying its chat template."""
+    named = {fam.pad, fam.eos} | ({fam.bos} if fam.bos else set())
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token=fam.eos, pad_token=fam.pad, bos_token=fam.bos,
+        extra_special_tokens=[t for t in fam.specials if t not in named], model_max_length=2048, **kw,
+    )
+    fast.chat_template = fam.template
+    return fast
+
+
 def build_tokenizer(out_dir: str | Path, seed: int = 0, corpus: Sequence[str] | None = None,
-                    vocab_size: int = TOKENIZER_VOCAB_SIZE) -> Path:
-    """Writes a `PreTrainedTokenizerFast` directory (with the ChatML chat template) and returns it.
+                    vocab_size: int = TOKENIZER_VOCAB_SIZE, template: TemplateFamily = "chatml") -> Path:
+    """Writes a `PreTrainedTokenizerFast` directory with the special tokens and chat template of the
+    `template` family, and returns it.
 
     `corpus` is the text to train on (the toy world passes its own); default: the built-in synthetic text."""
+    fam = family(template)
     out = Path(out_dir)
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=train_tokenizer(seed, vocab_size, corpus),
-        eos_token=EOT_TOKEN,
-        pad_token=PAD_TOKEN,
-        extra_special_tokens=[t for t in SPECIAL_TOKENS if t not in (EOT_TOKEN, PAD_TOKEN)],
-        model_max_length=2048,
-    )
-    fast.chat_template = chat_template()
-    fast.save_pretrained(out)
+    family_tokenizer(train_tokenizer(seed, vocab_size, corpus, fam.specials), fam).save_pretrained(out)
     return out
 
 
-def _special_ids(tokenizer: PreTrainedTokenizerFast) -> dict[str, int]:
-    ids = tokenizer.convert_tokens_to_ids([PAD_TOKEN, EOT_TOKEN, TEXT_EOS_TOKEN])
-    return {"pad_token_id": ids[0], "eos_token_id": ids[1], "bos_token_id": ids[2]}
+def special_ids(tokenizer: PreTrainedTokenizerFast) -> dict[str, int]:
+    """A model config's special ids: pad, the template's end of turn as EOS, and the tokenizer's BOS (for a family
+    without one, its first extra special token: ChatML's text EOS), so every id the config names is a real token."""
+    bos = tokenizer.bos_token_id
+    if bos is None:
+        bos = tokenizer.convert_tokens_to_ids(tokenizer.extra_special_tokens[0])
+    return {"pad_token_id": tokenizer.pad_token_id, "eos_token_id": stop_ids(tokenizer)[0], "bos_token_id": bos}
 
 
 def _nemotron_h_config(vocab: int, special: dict[str, int]) -> NemotronHConfig:
@@ -145,17 +156,16 @@ def build_model(kind: ModelKind, tokenizer_dir: str | Path, out_dir: str | Path,
     if kind not in MODEL_KINDS:
         raise ValueError(f"build_model: kind {kind!r} is not one of {MODEL_KINDS}")
     tokenizer = PreTrainedTokenizerFast.from_pretrained(tokenizer_dir)
-    special = _special_ids(tokenizer)
+    special = special_ids(tokenizer)
     torch.manual_seed(seed)
     if kind == "nemotron_h":
         model = NemotronHForCausalLM(_nemotron_h_config(len(tokenizer), special))
     else:
         config = _dense_config(kind, len(tokenizer), special)
         model = (LlamaForCausalLM if kind == "llama" else Qwen2ForCausalLM)(config)
-    # Serving stops on the end-of-turn token; the text EOS is a second stop id.
+    # Serving stops on the stop ids the chat template and the tokenizer give (core.chat.stop_ids).
     model.generation_config = GenerationConfig(
-        eos_token_id=[special["eos_token_id"], special["bos_token_id"]],
-        pad_token_id=special["pad_token_id"], do_sample=False,
+        eos_token_id=stop_ids(tokenizer), pad_token_id=special["pad_token_id"], do_sample=False,
     )
     out = Path(out_dir)
     model.save_pretrained(out)
@@ -167,7 +177,7 @@ def build_reward_model(tokenizer_dir: str | Path, out_dir: str | Path, seed: int
     """Writes a tiny Llama with a one-output classification head: a scalar reward per sequence."""
     tokenizer = PreTrainedTokenizerFast.from_pretrained(tokenizer_dir)
     torch.manual_seed(seed)
-    config = _dense_config("llama", len(tokenizer), _special_ids(tokenizer))
+    config = _dense_config("llama", len(tokenizer), special_ids(tokenizer))
     config.num_labels = 1
     model = LlamaForSequenceClassification(config)
     out = Path(out_dir)
@@ -181,8 +191,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("out_dir", type=Path)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--template", choices=FAMILIES, default="chatml", help="Chat-template family of the tokenizer.")
     args = parser.parse_args()
-    tok_dir = build_tokenizer(args.out_dir / "tokenizer", seed=args.seed)
+    tok_dir = build_tokenizer(args.out_dir / "tokenizer", seed=args.seed, template=args.template)
     for kind in MODEL_KINDS:
         print(build_model(kind, tok_dir, args.out_dir / kind, seed=args.seed))
     print(build_reward_model(tok_dir, args.out_dir / "reward", seed=args.seed))

@@ -34,6 +34,7 @@ from memory.records import (
     PAYLOADS,
     Artifact,
     BarsRecord,
+    ChatTemplateRef,
     Comparison,
     Decision,
     DecisionKind,
@@ -52,7 +53,7 @@ from memory.records import (
 from memory.schema import MIGRATIONS, SCHEMA_VERSION, expected_columns, file_problem, split_sql
 
 __all__ = [  # the records are defined in memory/records.py and re-exported here for callers
-    "Artifact", "BarsRecord", "Comparison", "Decision", "DecisionKind", "EvalRecord", "FailureClass", "FeedbackSplit",
+    "Artifact", "BarsRecord", "ChatTemplateRef", "Comparison", "Decision", "DecisionKind", "EvalRecord", "FailureClass", "FeedbackSplit",
     "JobRecord", "JobState", "Ledger", "NoiseFloor", "Notebook", "NotebookError", "Session", "ToolCall",
     "VerifyReport", "now", "session_sha256", "tool_call_key",
 ]
@@ -283,17 +284,17 @@ class Notebook:
             self._depth -= 1
 
     def _insert(self, table: str, row: dict[str, Any]) -> int:
-        row = {k: canonical_json(v) if k in _JSON_COLUMNS and v is not None else v for k, v in row.items()}
         # Every row passes here (and _update): secrets the process holds never reach the file (core/redact.py).
         row = redact_data(row)
+        row = {k: canonical_json(v) if k in _JSON_COLUMNS and v is not None else v for k, v in row.items()}
         cols = ", ".join(row)
         marks = ", ".join("?" for _ in row)
         cur = self.db.execute(f"INSERT INTO {table} ({cols}) VALUES ({marks})", list(row.values()))
         return cur.lastrowid
 
     def _update(self, table: str, where: str, params: list[Any], fields: dict[str, Any]) -> None:
-        fields = {k: canonical_json(v) if k in _JSON_COLUMNS and v is not None else v for k, v in fields.items()}
         fields = redact_data(fields)
+        fields = {k: canonical_json(v) if k in _JSON_COLUMNS and v is not None else v for k, v in fields.items()}
         sets = ", ".join(f"{k} = ?" for k in fields)
         self.db.execute(f"UPDATE {table} SET {sets} WHERE {where}", [*fields.values(), *params])
 
@@ -331,19 +332,24 @@ class Notebook:
 
     def open_session(
         self, name: str, *, lab: str, budget_gpuh: float, reserve_gpuh: float, planner: str, executor: str,
-        config: dict[str, Any], policy: dict[str, Any] | None = None,
+        config: dict[str, Any], policy: dict[str, Any] | None = None, chat_template: ChatTemplateRef | None = None,
     ) -> Session:
-        """Create a session row and its opening decision, which carries the row's hash, in one transaction."""
+        """Create a session row and its opening decision, which carries the row's hash, in one transaction.
+        `chat_template` is the chat format the session renders with; the decision says when it is the ChatML
+        default (a tokenizer with no template of its own)."""
         session = Session(name=name, lab=lab, budget_gpuh=budget_gpuh, reserve_gpuh=reserve_gpuh, planner=planner,
                           executor=executor, config=config, status="open", started_at=now(), ended_at=None)
         with self.transaction():
             if self._one("SELECT name FROM session WHERE name = ?", [name]):
                 raise NotebookError(f"session {name!r} already exists in {self.path}")
             self._insert("session", session.model_dump(mode="json"))
-            self._append_decision(name, "open", "session opened", OpenPayload(
+            rationale = "session opened"
+            if chat_template is not None and chat_template.source == "chatml-default":
+                rationale += "; the tokenizer has no chat template of its own, so ChatML is used"
+            self._append_decision(name, "open", rationale, OpenPayload(
                 budget_gpuh=session.budget_gpuh, reserve_gpuh=session.reserve_gpuh, planner=planner,
                 executor=executor, config_sha256=sha256_text(canonical_json(session.model_dump(mode="json")["config"])),
-                session_sha256=session_sha256(session), policy=policy,
+                session_sha256=session_sha256(session), policy=policy, chat_template=chat_template,
             ))
         return self.session(name)
 

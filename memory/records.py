@@ -65,6 +65,21 @@ class PolicyRef(_Payload):
     version: int = Field(description="Rules version.")
 
 
+class ChatTemplateRef(_Payload):
+    """The chat format a session trains, evaluates and ships with (core.chat.chat_format of the lab's tokenizer)."""
+
+    source: Literal["model", "chatml-default"] = Field(
+        description="'model': the tokenizer's own chat template; 'chatml-default': it had none, so ChatML is used.")
+    sha256: str = Field(description="sha256 of the template text rows are rendered with.")
+    system_turns: Literal["native", "folded"] = Field(
+        description="'native': the template renders system turns; 'folded': it has no system role, so the system "
+        "prompt is folded into the first user turn.")
+    masking: Literal["generation-markers", "prefix"] = Field(
+        description="How assistant tokens are found: the template's {% generation %} markers, or prefix differences.")
+    eot_token: str = Field(description="The end-of-turn token derived from the template.")
+    stop_token_ids: list[int] = Field(description="The serving stop ids derived from the template and the tokenizer.")
+
+
 class OpenPayload(_Payload):
     """What the `open` decision vouches for about its session row."""
 
@@ -77,6 +92,9 @@ class OpenPayload(_Payload):
                                                          "None in notebooks written before schema version 2.")
     policy: PolicyRef | None = Field(None, description="The playbook policy the session runs with (its whole settings are "
                                                        "in the config snapshot); None before policies were named.")
+    chat_template: ChatTemplateRef | None = Field(
+        None, description="The chat format of the lab's tokenizer (own template or the ChatML default); None in "
+        "sessions opened before it was recorded, or opened without a tokenizer.")
 
 
 class StopPayload(_Payload):
@@ -138,6 +156,12 @@ class TruthFamily(_Payload):
     accuracy: float = Field(description="Share the measured side answered correctly.")
     other_accuracy: float = Field(description="Share the other side answered correctly.")
     win_rate: float = Field(description="The measured side's win rate on this family.")
+
+
+# The size of a ground-truth sample, one bound for lab.toml's `[truth] n` and `world truth --n`: enough prompts for a
+# confidence interval worth printing, and no more than the oracle judges in a reasonable time.
+TRUTH_N_MIN = 20
+TRUTH_N_MAX = 100_000
 
 
 class TruthFigures(_Payload):

@@ -1,4 +1,5 @@
-"""The one renderer: template parity with apply_chat_template, and the assistant-only mask."""
+"""The one renderer on the ChatML tokenizer: template parity with apply_chat_template, and the assistant-only mask.
+(Every template family: tests/trainers/test_chat_families.py.)"""
 
 import pytest
 from transformers import AutoTokenizer
@@ -30,16 +31,17 @@ def tok(tokenizer_dir):
 @pytest.mark.parametrize("conversation", CONVERSATIONS)
 @pytest.mark.parametrize("generation", [False, True])
 def test_template_renders_byte_identically(tok, conversation, system_prompt, generation):
-    expected = chat.render_text(conversation, system_prompt, add_generation_prompt=generation)
+    expected = chat.render_text(tok, conversation, system_prompt, add_generation_prompt=generation)
     got = tok.apply_chat_template(
-        conversation, tokenize=False, add_generation_prompt=generation, chat_template=chat.chat_template(system_prompt)
+        conversation, tokenize=False, add_generation_prompt=generation,
+        chat_template=chat.serving_template(tok, system_prompt),
     )
     assert got == expected
 
 
 def test_shipped_tokenizer_template_is_the_renderer(tok):
     rendered, _ = render_jinja_template([CONVERSATIONS[1]], chat_template=tok.chat_template)
-    assert rendered[0] == chat.render_text(CONVERSATIONS[1])
+    assert rendered[0] == chat.render_text(tok, CONVERSATIONS[1])
 
 
 def test_mask_covers_assistant_content_and_end_of_turn_only(tok):
@@ -56,7 +58,8 @@ def test_mask_covers_assistant_content_and_end_of_turn_only(tok):
 def test_ids_equal_tokenizing_the_template_output(tok):
     for conversation in CONVERSATIONS:
         r = chat.render(tok, conversation, "Be brief.")
-        served = tok.apply_chat_template(conversation, tokenize=False, chat_template=chat.chat_template("Be brief."))
+        served = tok.apply_chat_template(conversation, tokenize=False,
+                                         chat_template=chat.serving_template(tok, "Be brief."))
         assert r.input_ids == tok(served, add_special_tokens=False)["input_ids"]
 
 
@@ -66,23 +69,25 @@ def test_prompt_ends_with_assistant_header(tok):
     assert tok.decode(ids).startswith("<|im_start|>system\nBe brief.<|im_end|>\n")
 
 
-def test_own_system_turn_wins_over_serving_prompt():
-    assert chat.render_text(CONVERSATIONS[1], "Another prompt").startswith("<|im_start|>system\nYou are terse.")
+def test_own_system_turn_wins_over_serving_prompt(tok):
+    assert chat.render_text(tok, CONVERSATIONS[1], "Another prompt").startswith("<|im_start|>system\nYou are terse.")
 
 
-def test_misplaced_system_turn_and_unknown_role_are_refused():
+def test_misplaced_system_turn_and_unknown_role_are_refused(tok):
     with pytest.raises(ValueError, match="message 1 has role 'system'"):
-        chat.render_text([{"role": "user", "content": "a"}, {"role": "system", "content": "b"}])
+        chat.render_text(tok, [{"role": "user", "content": "a"}, {"role": "system", "content": "b"}])
     with pytest.raises(ValueError, match="role"):
-        chat.render_text([{"role": "tool", "content": "a"}])
+        chat.render_text(tok, [{"role": "tool", "content": "a"}])
 
 
-def test_tokenizer_without_chat_markers_is_refused(tmp_path):
+def test_tokenizer_without_template_or_chat_markers_is_refused(tmp_path):
+    """No template of its own, so ChatML; but ChatML's end of turn is no token of this tokenizer."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     raw = Tokenizer(models.BPE())
     raw.pre_tokenizer = pre_tokenizers.ByteLevel()
     raw.add_tokens(list("abc"))
-    with pytest.raises(ValueError, match=r"does not encode '<\|im_(start|end)\|>' as one token"):
+    with pytest.raises(chat.ChatTemplateError, match=r"closes an assistant turn with '<\|im_end\|>\\n', which does "
+                       "not start with a special token"):
         chat.render(PreTrainedTokenizerFast(tokenizer_object=raw), CONVERSATIONS[0])

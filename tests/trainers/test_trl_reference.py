@@ -79,17 +79,18 @@ def _trl_args(cls, tmp_path, **kw):
 
 
 def test_sft_assistant_only_loss_equals_trl_sft_trainer(model_dirs, tmp_path):
+    plain = AutoTokenizer.from_pretrained(model_dirs["llama"])  # ChatML, masked by our renderer's prefix differences
     tok = AutoTokenizer.from_pretrained(model_dirs["llama"])
     tok.chat_template = MARKED_TEMPLATE
     for conversation in CONVERSATIONS:  # the marked template is our renderer, byte for byte
-        assert tok.apply_chat_template(conversation, tokenize=False) == chat.render_text(conversation)
+        assert tok.apply_chat_template(conversation, tokenize=False) == chat.render_text(plain, conversation)
     model = AutoModelForCausalLM.from_pretrained(model_dirs["llama"]).eval()
     trainer = trl.SFTTrainer(
         model=model, args=_trl_args(trl.SFTConfig, tmp_path, assistant_only_loss=True), processing_class=tok,
         train_dataset=datasets.Dataset.from_list([{"messages": c} for c in CONVERSATIONS]),
     )
     batch = trainer.data_collator([trainer.train_dataset[i] for i in range(len(CONVERSATIONS))])
-    encoded = [encode(tok, c, None, 256) for c in CONVERSATIONS]
+    encoded = [encode(plain, c, None, 256) for c in CONVERSATIONS]
     for i, e in enumerate(encoded):  # same ids, and TRL's assistant mask is our loss mask
         n = len(e.input_ids)
         assert batch["input_ids"][i, :n].tolist() == e.input_ids

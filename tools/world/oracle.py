@@ -34,10 +34,13 @@ import re
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from core.chat import SPECIAL_TOKENS
+from core.templates import FAMILY
 from evals.judge import Verdict
 from evals.loops import loop_flags
 from tools.world.tasks import Solved, answer_of, solve
+
+# The special tokens of every template family a world can be built on: one of them in an answer is markup.
+MARKUP = tuple(sorted({t for fam in FAMILY.values() for t in fam.specials}))
 
 TIE_RATE = 0.05
 BOTH_BAD_RATE = 0.05
@@ -77,7 +80,7 @@ def grade(solved: Solved, answer: str) -> Grade:
     problems = []
     if not answer.strip():
         problems.append("empty")
-    if any(tok in answer for tok in SPECIAL_TOKENS):
+    if any(tok in answer for tok in MARKUP):
         problems.append("chat markup (did not stop)")
     if loop_flags(answer).values["looping"]:
         problems.append("looping")

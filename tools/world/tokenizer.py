@@ -19,7 +19,7 @@ import string
 from collections.abc import Sequence
 from pathlib import Path
 
-from core.chat import EOT_TOKEN, PAD_TOKEN, SPECIAL_TOKENS, chat_template
+from core.templates import TemplateFamily, family
 
 UNK_TOKEN = "<|unk|>"
 # GPT-2's pre-tokenization pattern (the one ByteLevel applies), on characters instead of bytes.
@@ -31,24 +31,21 @@ def alphabet(corpus: Sequence[str]) -> list[str]:
     return sorted(set(string.printable) | {c for doc in corpus for c in doc})
 
 
-def build(out_dir: Path, corpus: Sequence[str], vocab_size: int) -> Path:
-    """Trains the world's tokenizer on `corpus` and writes it (with the ChatML chat template) to `out_dir`.
+def build(out_dir: Path, corpus: Sequence[str], vocab_size: int, template: TemplateFamily = "chatml") -> Path:
+    """Trains the world's tokenizer on `corpus` and writes it, with the special tokens and chat template of
+    the `template` family (core/templates.py), to `out_dir`.
 
-    The ChatML special tokens take ids 0..3 (as in core.tiny's tokenizer) and UNK_TOKEN id 4."""
+    The family's special tokens take the first ids (ChatML's 0..3, as in core.tiny's tokenizer), UNK_TOKEN the next."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
 
+    from core.tiny import family_tokenizer
+
+    fam = family(template)
     tok = Tokenizer(models.BPE(unk_token=UNK_TOKEN))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(_PIECES), behavior="isolated")
     tok.decoder = decoders.Fuse()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[*SPECIAL_TOKENS, UNK_TOKEN],
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[*fam.specials, UNK_TOKEN],
                                   initial_alphabet=alphabet(corpus), show_progress=False)
     tok.train_from_iterator(corpus, trainer=trainer)
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, eos_token=EOT_TOKEN, pad_token=PAD_TOKEN, unk_token=UNK_TOKEN,
-        extra_special_tokens=[t for t in SPECIAL_TOKENS if t not in (EOT_TOKEN, PAD_TOKEN)],
-        model_max_length=2048, clean_up_tokenization_spaces=False,
-    )
-    fast.chat_template = chat_template()
-    fast.save_pretrained(out_dir)
+    family_tokenizer(tok, fam, unk_token=UNK_TOKEN, clean_up_tokenization_spaces=False).save_pretrained(out_dir)
     return out_dir
