@@ -88,4 +88,4 @@ def forecast_gpuh(ctx: ToolContext, launcher: Launcher, tool: str, args: BaseMod
     kind = _job_kind(ctx, tool, args)
     if kind is None:
         return 0.0
-    return launcher.forecast(kind[0], ctx.resources(**kind[1])).gpuh
+    return launcher.forecast(kind[0], ctx.resources(kind=kind[0], **kind[1])).gpuh

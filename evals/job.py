@@ -25,6 +25,7 @@ import os
 import random
 import sys
 import time
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -32,6 +33,7 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from core.jsonl import read_values
+from core.placement import Placement, measured, require_device
 from evals import constraints, judge, length_stop, loops, math, mcq, synthetic
 from evals.decoding import Decoding
 from evals.judge import JudgeRecord
@@ -108,7 +110,8 @@ class EvalJobConfig(BaseModel):
                                  "first_replicate .. first_replicate + replicates - 1 run, so a job can add new draws "
                                  "to replicates recorded by an earlier one (sampled decoding only).")
     seed: int = Field(0, ge=0, description="Base seed: sampling seed of replicate k is seed + k.")
-    batch_size: int = Field(64, ge=1, description="Prompts generated together.")
+    batch_size: int | None = Field(64, ge=1, description="Prompts generated together; None: chosen from the GPU's "
+                                   "free memory once the model is loaded (64 on the CPU).")
     static_cache: bool = Field(False, description="The engine's static-KV-cache decode loop, each step one CUDA graph replay on GPU (attention-only models; see evals/generate.py).")
     device: str = Field("cpu", description="torch device, e.g. cpu or cuda.")
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Weights dtype.")
@@ -163,6 +166,9 @@ class EvalResult(BaseModel):
     generated_tokens: int = Field(description="Tokens generated over the whole job.")
     generation_s: float = Field(description="Seconds spent generating.")
     load_s: float = Field(description="Seconds spent loading the model (once per job).")
+    placement: Placement | None = Field(None, description="Device, dtype, device name, ranks and generated tokens "
+                                        "per second of the job (None: recorded before jobs said where they ran).")
+    batch_size: int | None = Field(None, description="Prompts generated together (the configured or chosen size).")
 
 
 def read_items(path: Path) -> list[Item]:
@@ -238,9 +244,91 @@ def resample(outcomes: list[Outcome], seed: int) -> list[Outcome]:
     return [outcomes[rng.randrange(len(outcomes))] for _ in outcomes]
 
 
-def run_suite(cfg: EvalJobConfig, spec: SuiteSpec, loaded: Loaded, tools: Tools, stats: dict) -> list[SuiteResult]:
+@dataclass(frozen=True)
+class Ranks:
+    """This process's place in the job: rank `rank` of `world` (one model per GPU), from the torchrun variables the
+    launcher's wrapper exports (tools/jobs/jobrun.py); a job of one process is rank 0 of 1."""
+
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+
+    @classmethod
+    def from_env(cls) -> Ranks:
+        return cls(int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1")),
+                   int(os.environ.get("LOCAL_RANK", "0")))
+
+    def gather(self, mine: dict) -> dict:
+        """Every rank's dict merged, on every rank (gloo: the completions are small Python objects)."""
+        if self.world == 1:
+            return mine
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            dist.init_process_group("gloo")
+        parts: list[dict] = [{} for _ in range(self.world)]
+        dist.all_gather_object(parts, mine)
+        return {k: v for part in parts for k, v in part.items()}
+
+
+def generation_units(cfg: EvalJobConfig) -> list[tuple[SuiteSpec, int]]:
+    """(suite, replicate) pairs whose answers are generated (greedy replicates k >= 1 resample replicate 0's)."""
+    ks = range(cfg.first_replicate, cfg.first_replicate + cfg.replicates)
+    return [(spec, k) for spec in cfg.suites if spec.scorer in _GENERATING
+            for k in ks if k == 0 or not cfg.decoding.greedy]
+
+
+def batch_plan(loaded: Loaded, items: list[Item], decoding: Decoding, batch_size: int) -> list[list[int]]:
+    """The batches (item indices) one `generate` call forms: prompts sorted by rendered length, in order."""
+    from core.chat import render_prompt
+
+    lengths = [len(render_prompt(loaded.tokenizer, item.messages, decoding.system_prompt or None)) for item in items]
+    order = sorted(range(len(items)), key=lambda i: lengths[i])
+    return [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+
+
+def generate_all(cfg: EvalJobConfig, loaded: Loaded, batch_size: int, ranks: Ranks,
+                 stats: dict) -> dict[tuple[str, int], list[Completion]]:
+    """Every generation unit's completions, the work shared by the job's ranks, identical to one process's.
+
+    Greedy decoding: rank r takes batches r, r + world, ... of each unit's one-process batch plan (a batch's
+    answers depend only on its own padded prompts). Sampled decoding: a unit's draws run through all of its batches
+    from one seed, so whole units go round robin to the ranks (each `generate` call seeds itself)."""
     from evals.generate import generate
 
+    mine: dict[tuple[str, int, int], list[Completion]] = {}
+    units = generation_units(cfg)
+    for u, (spec, k) in enumerate(units):
+        items = read_items(spec.items_path)
+        if cfg.decoding.greedy and ranks.world > 1:
+            plan = batch_plan(loaded, items, cfg.decoding, batch_size)
+            parts = [(b, [items[i] for i in batch]) for b, batch in enumerate(plan) if b % ranks.world == ranks.rank]
+        else:
+            parts = [(0, items)] if u % ranks.world == ranks.rank else []
+        for b, part in parts:
+            start = time.perf_counter()
+            comps = generate(loaded, part, cfg.decoding, seed=cfg.seed + k, batch_size=batch_size,
+                             static_cache=cfg.static_cache)
+            stats["generation_s"] += time.perf_counter() - start
+            stats["generated_tokens"] += sum(c.n_tokens for c in comps)
+            mine[(spec.name, k, b)] = comps
+    parts = ranks.gather(mine)
+    if ranks.world > 1:
+        stats["generated_tokens"] = sum(ranks.gather({ranks.rank: stats["generated_tokens"]}).values())
+    return _in_item_order(cfg, units, parts)
+
+
+def _in_item_order(cfg: EvalJobConfig, units: list[tuple[SuiteSpec, int]],
+                   parts: dict[tuple[str, int, int], list[Completion]]) -> dict[tuple[str, int], list[Completion]]:
+    out = {}
+    for spec, k in units:
+        by_id = {c.item_id: c for (name, kk, _), comps in parts.items() if (name, kk) == (spec.name, k) for c in comps}
+        out[(spec.name, k)] = [by_id[item.id] for item in read_items(spec.items_path)]
+    return out
+
+
+def run_suite(cfg: EvalJobConfig, spec: SuiteSpec, loaded: Loaded, tools: Tools,
+              generated: dict[tuple[str, int], list[Completion]]) -> list[SuiteResult]:
     items = read_items(spec.items_path)
     results: list[SuiteResult] = []
     base: list[Outcome] = []
@@ -252,13 +340,8 @@ def run_suite(cfg: EvalJobConfig, spec: SuiteSpec, loaded: Loaded, tools: Tools,
                                        seed=seed, resampled=True, metrics=suite_metrics(outs), outcomes=outs,
                                        completions_path=results[0].completions_path))
             continue
-        comps, path = None, None
-        if spec.scorer in _GENERATING:
-            start = time.perf_counter()
-            comps = generate(loaded, items, cfg.decoding, seed=seed, batch_size=cfg.batch_size,
-                             static_cache=cfg.static_cache)
-            stats["generation_s"] += time.perf_counter() - start
-            stats["generated_tokens"] += sum(c.n_tokens for c in comps)
+        comps, path = generated.get((spec.name, k)), None
+        if comps is not None:
             path = write_jsonl(cfg.output_dir / f"completions-{spec.name}-r{k}.jsonl", comps)
         outs, record = score(cfg, spec, items, comps, loaded, tools, replicate=k)
         base = outs
@@ -268,25 +351,65 @@ def run_suite(cfg: EvalJobConfig, spec: SuiteSpec, loaded: Loaded, tools: Tools,
     return results
 
 
+def choose_batch_size(cfg: EvalJobConfig, loaded: Loaded) -> int:
+    """The configured batch size, else one from the GPU's free memory after loading (64 on the CPU).
+
+    Each row holds its KV cache for the longest prompt plus max_new_tokens and a float32 row of logits; half the
+    free memory goes to them (the rest to activations and the allocator), rounded down to a power of two so that
+    ranks with the same GPUs choose the same size, at most MAX_AUTO_BATCH."""
+    if cfg.batch_size is not None:
+        return cfg.batch_size
+    if loaded.device.type != "cuda":
+        return 64
+    import torch
+
+    free, _ = torch.cuda.mem_get_info(loaded.device)
+    c = loaded.model.config
+    heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    width = AUTO_BATCH_CONTEXT + cfg.decoding.max_new_tokens
+    per_row = 2 * c.num_hidden_layers * heads * head_dim * loaded.model.dtype.itemsize * width + 4 * c.vocab_size
+    fit = max(1, int(free / 2 // per_row))
+    return min(MAX_AUTO_BATCH, 1 << (fit.bit_length() - 1))
+
+
+AUTO_BATCH_CONTEXT = 1024  # prompt tokens a row is sized for when the batch is chosen from memory
+MAX_AUTO_BATCH = 512
+
+
 def run(cfg: EvalJobConfig) -> EvalResult:
-    """Load the checkpoint once, run every suite and replicate on it, write and return the result."""
-    cfg.output_dir.mkdir(parents=True, exist_ok=True)
-    (cfg.output_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
+    """Load the checkpoint once, run every suite and replicate on it, write and return the result.
+
+    In a job of several ranks each loads the model on its own GPU and generates its share (generate_all); rank 0
+    scores and writes everything and returns the result, the other ranks return None (the launcher reads a job's
+    result from rank 0: tools/jobs/launcher.py)."""
+    require_device(cfg.device)  # a GPU job on a host without one fails here, never quietly on the CPU
+    ranks = Ranks.from_env()
+    device = f"cuda:{ranks.local_rank}" if cfg.device == "cuda" and ranks.world > 1 else cfg.device
+    if ranks.rank == 0:
+        cfg.output_dir.mkdir(parents=True, exist_ok=True)
+        (cfg.output_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
     start = time.perf_counter()
     from evals import reward_proxy
     from evals.generate import load
 
-    loaded = load(cfg.checkpoint, device=cfg.device, dtype=cfg.dtype)
+    loaded = load(cfg.checkpoint, device=device, dtype=cfg.dtype)
     load_s = time.perf_counter() - start
+    batch_size = choose_batch_size(cfg, loaded)
+    stats = {"generation_s": 0.0, "generated_tokens": 0}
+    generated = generate_all(cfg, loaded, batch_size, ranks, stats)
+    if ranks.rank != 0:
+        return typing.cast(EvalResult, None)
     tools = Tools(
-        reward_model=None if cfg.reward_model is None else reward_proxy.load(cfg.reward_model, cfg.device, cfg.dtype),
+        reward_model=None if cfg.reward_model is None else reward_proxy.load(cfg.reward_model, device, cfg.dtype),
         judge=None if cfg.judge is None else make_judge(cfg.judge),
     )
-    stats = {"generation_s": 0.0, "generated_tokens": 0}
-    suites = [r for spec in cfg.suites for r in run_suite(cfg, spec, loaded, tools, stats)]
+    suites = [r for spec in cfg.suites for r in run_suite(cfg, spec, loaded, tools, generated)]
+    placement = measured(device, cfg.dtype, stats["generated_tokens"], stats["generation_s"], devices=ranks.world)
     result = EvalResult(checkpoint=str(cfg.checkpoint), decoding=cfg.decoding,
                         decoding_sha256=cfg.decoding.fingerprint(), served=cfg.served, suites=suites,
-                        generated_tokens=stats["generated_tokens"], generation_s=stats["generation_s"], load_s=load_s)
+                        generated_tokens=stats["generated_tokens"], generation_s=stats["generation_s"], load_s=load_s,
+                        placement=placement, batch_size=batch_size)
     (cfg.output_dir / "result.json").write_text(result.model_dump_json(indent=2))
     return result
 

@@ -21,7 +21,7 @@ from core.util import canonical_json, sha256_text
 from evals.decoding import Decoding
 from evals.job import CallableJudgeSpec, OpenAIJudgeSpec
 from memory.notebook import Notebook
-from tools.data.datasets import ReplaySource
+from tools.data.datasets import ReplaySource, VerifiedSource
 from tools.jobs.executor import SINGLE_PROCESS_KINDS, KindResources, job_family
 from tools.jobs.launcher import BudgetRefused, JobFailed, Resources
 from tools.paths import LabPaths
@@ -38,8 +38,8 @@ class LabSuite(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     name: str = Field(description="Suite name, as bars and the notebook name it.")
     scorer: str = Field(description="Scorer (evals.job.ScorerName).")
-    file: Path | None = Field(None, description="Items file; None for judge suites, which read the dev (or, sealed, "
-                                                "the sealed) battles of the session's split.")
+    file: Path | None = Field(None, description="Items file; None for judge and battle suites, which read the dev "
+                                                "(or, sealed, the sealed) battles of the session's split.")
     sealed: bool = Field(False, description="Scored once, for the nominee only.")
     constraint_mode: Literal["plain", "ifeval"] = Field(
         "plain", description="constraints suites: the instructions' plain meaning, or IFEval's exact semantics.")
@@ -71,9 +71,13 @@ class LabSpec(BaseModel):
     suites: list[LabSuite] = Field(min_length=1, description="Eval suites; sealed ones are scored once, for the nominee.")
     replicates: int = Field(3, ge=3, description="K replicates of an incumbent for its noise floor.")
     data: list[ReplaySource] = Field(default_factory=list, description="Local replay data sources.")
+    verified: list[VerifiedSource] = Field(default_factory=list, description="The lab's verified item pools (RFT "
+                                           "items apart from the eval suites; [[data]] kind = 'verified').")
     bars: Path | None = Field(description="Promotion bars file registered before any scoring.")
     served: Decoding = Field(description="The decoding and system prompt the parent is served with.")
     judge: OpenAIJudgeSpec | CallableJudgeSpec | None = Field(None, description="Judge for judge suites.")
+    reward_model: Path | None = Field(None, description="Sequence-classification reward model of reward_proxy suites "
+                                                        "([judge] kind = 'reward_model').")
     time_limit_min: float = Field(gt=0, description="Wall-clock limit of each job run, minutes.")
     eval_batch_size: int | None = Field(
         64, ge=1, description="Prompts generated together by eval jobs; None: chosen by the job from its GPU's free memory.")
@@ -153,7 +157,7 @@ class ToolContext:
             return {}
         return {"gpus": given.gpus, "nodes": given.nodes, "cpus": given.cpus, "mem_gb": given.mem_gb,
                 "time_limit_min": given.time_limit_min or self.lab.time_limit_min,
-                "single_process": family in SINGLE_PROCESS_KINDS, "device": self.placement(kind)[0]}
+                "single_process": family in SINGLE_PROCESS_KINDS}
 
     def resources(self, nomination: bool = False, kind: str | None = None, **extra: Any) -> Resources:
         """A job's resources. Its time limit is the lab's, or shorter when only that much of the budget
@@ -162,7 +166,10 @@ class ToolContext:
         nomination's jobs (bundle, sealed confirmation) are what the reserve is kept for: they are
         admitted on a declared 0 and their limit is what is left including the reserve."""
         per_kind = self.kind_resources(kind) if kind is not None else {}
-        r = Resources(**({"time_limit_min": self.lab.time_limit_min} | per_kind | {"model": self.lab.model_name} | extra))
+        fields = {"time_limit_min": self.lab.time_limit_min} | per_kind | {"model": self.lab.model_name} | extra
+        if per_kind:  # a job of a lab kind runs where its GPUs are: checked on CUDA, GPUs hidden on the CPU
+            fields.setdefault("device", "cuda" if fields.get("gpus") else "cpu")
+        r = Resources(**fields)
         if self.minute_gpuh is None or (r.estimate_gpuh is not None and not nomination):
             return r
         limit = ledger(self.nb, self.session).time_limit_min(r.time_limit_min, self.minute_gpuh(r), nomination)

@@ -7,6 +7,8 @@ the same base seed, so a candidate and its incumbent draw the same sampling seed
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from evals.decoding import Decoding
@@ -15,7 +17,7 @@ from evals.job import run as run_eval
 from evals.records import record_result, served_draws
 from memory.notebook import EvalRecord
 from tools.context import ToolContext, ToolOutcome, content_name, invoke, record_once, served_of
-from tools.ingest import holdout_items
+from tools.ingest import holdout_battles, holdout_items
 from tools.session import incumbent_of
 
 NAME = "evaluate"
@@ -42,12 +44,16 @@ class Args(BaseModel):
 
 def suite_specs(ctx: ToolContext, names: list[str], reference: dict[str, str]) -> tuple[SuiteSpec, ...]:
     """The job's suites; judge suites score holdout prompts against the `reference` completions
-    (the incumbent's, from its calibration). Raises MissingReference when one is not there yet."""
+    (the incumbent's, from its calibration), battle suites without a file (battle_margin, reward_proxy) the
+    holdout's decisive battles. Raises MissingReference when one is not there yet."""
     specs = []
     for name in names:
         suite = ctx.lab.suite(name)
         if not suite.judged:
-            specs.append(SuiteSpec(name=name, scorer=suite.scorer, items_path=suite.file, sealed=suite.sealed,
+            items = suite.file or holdout_battles(ctx, suite.sealed)
+            if items is None:
+                raise MissingReference(f"{suite.scorer} suite {name} reads the holdout battles: ingest first")
+            specs.append(SuiteSpec(name=name, scorer=suite.scorer, items_path=items, sealed=suite.sealed,
                                    constraint_mode=suite.constraint_mode))
             continue
         items = suite.file or holdout_items(ctx, suite.sealed)
@@ -72,9 +78,21 @@ def eval_job(ctx: ToolContext, artifact_id: int, suite_names: list[str], decodin
                                  "suites": [s.model_dump(mode="json") for s in suites], "replicates": replicates,
                                  "served": served} | ({"first_replicate": first_replicate} if first_replicate else {}))
     return EvalJobConfig(checkpoint=artifact.path, decoding=decoding, served=served, suites=suites,
-                         replicates=replicates, first_replicate=first_replicate, batch_size=ctx.lab.eval_batch_size,
+                         replicates=replicates, first_replicate=first_replicate,
                          judge=ctx.lab.judge if any(s.scorer == "judge" for s in suites) else None,
-                         output_dir=ctx.paths.evaluation(name))
+                         reward_model=ctx.lab.reward_model if any(s.scorer == "reward_proxy" for s in suites) else None,
+                         output_dir=ctx.paths.evaluation(name), **engine_options(ctx, "eval"))
+
+
+def engine_options(ctx: ToolContext, kind: str) -> dict[str, Any]:
+    """Where and how an eval job of launcher kind `kind` generates, from its resources: on its GPU(s) in the lab's
+    dtype with the engine's fast path (static cache, CUDA graphs) and a batch from lab.toml or the GPU's free memory;
+    on the CPU in float32 at the lab's batch (64 by default)."""
+    device, dtype = ctx.placement(kind)
+    batch = ctx.lab.eval_batch_size
+    if batch is None and device == "cpu":
+        batch = 64
+    return {"device": device, "dtype": dtype, "static_cache": device == "cuda", "batch_size": batch}
 
 
 def reference_completions(ctx: ToolContext, artifact_id: int, names: list[str],
@@ -95,7 +113,7 @@ def reference_completions(ctx: ToolContext, artifact_id: int, names: list[str],
     name = content_name("reference", {"weights": artifact.sha256, "decoding": decoding.fingerprint(),
                                       "suites": [s.model_dump(mode="json") for s in specs]})
     cfg = EvalJobConfig(checkpoint=artifact.path, decoding=decoding, served=True, suites=tuple(specs),
-                        batch_size=ctx.lab.eval_batch_size, output_dir=ctx.paths.evaluation(name))
+                        output_dir=ctx.paths.evaluation(name), **engine_options(ctx, "reference"))
     # Its own kind: one generation pass with no scoring, so its seconds per suite say nothing about an eval
     # job's (counted as "eval", they made the launcher forecast a K = 3 calibration at several times its cost).
     result, _ = ctx.wait("reference", run_eval, cfg, work_units=float(len(specs)), nomination=nomination)

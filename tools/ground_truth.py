@@ -79,7 +79,8 @@ def _body(ctx: ToolContext, args: Args) -> ToolOutcome:
         return ToolOutcome(tool=NAME, status="failed", summary=f"no ground truth for artifact {args.artifact}: it is "
                            "measured for the session's nominee against its parent, when the lab declares [truth]")
     cfg = TruthJob(kind=spec.kind, lab=ctx.paths.root, checkpoint=Path(ctx.nb.artifact(args.artifact).path),
-                   other=Path(ctx.nb.artifact(parent).path), n=spec.n, seed=spec.seed)
+                   other=Path(ctx.nb.artifact(parent).path), n=spec.n, seed=spec.seed,
+                   device=ctx.placement(JOB_KIND)[0])
     result, key = ctx.wait(JOB_KIND, truth_job, cfg, nomination=True)
     found = payload(result, args.artifact, parent, spec.kind, key)
     summary = (f"ground truth of {ctx.nb.artifact(args.artifact).name} vs the parent ({spec.kind}, n = {found.n}): "

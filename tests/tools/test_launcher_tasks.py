@@ -72,7 +72,12 @@ def test_slurm_asks_one_task_per_gpu(tmp_path: Path) -> None:
     backend = Launcher.from_section(nb, "s1", slurm, tmp_path / "jobs").backend
     params = backend.executor(tmp_path / "f", "sft", Resources(time_limit_min=10)).parameters
     assert (params["gpus_per_node"], params["ntasks_per_node"], params["nodes"]) == (4, 4, 1)
-    assert backend.devices(Resources(time_limit_min=10, gpus=0, tasks=2)) == 2
+    # A CPU job holds no GPU and is charged none; a 2-node training job is charged the GPUs of both nodes.
+    assert backend.devices(Resources(time_limit_min=10, gpus=0, tasks=2)) == 0
+    two_nodes = Resources(time_limit_min=10, nodes=2)
+    assert (backend.devices(two_nodes), backend.ranks(two_nodes)) == (8, 8)
+    params = backend.executor(tmp_path / "f", "sft", two_nodes).parameters
+    assert (params["gpus_per_node"], params["ntasks_per_node"], params["nodes"]) == (4, 4, 2)
 
 
 def test_simulated_cost_charges_device_seconds_times_the_factor(tmp_path: Path) -> None:

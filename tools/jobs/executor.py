@@ -6,6 +6,8 @@ composes them as its `[executor]` section.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -19,7 +21,8 @@ class SlurmSection(_Settings):
     partition: str = Field(description="Slurm partition jobs are submitted to.")
     account: str | None = Field(None, description="Slurm account to charge.")
     qos: str | None = Field(None, description="Slurm quality of service.")
-    gpus_per_node: int = Field(1, ge=0, description="GPUs per job (one node per job).")
+    gpus_per_node: int = Field(1, ge=0, description="GPUs of one node: a training job's default (one task per GPU); "
+                               "eval, reference, bundle and truth jobs default to 1 of them, merge and data jobs to 0.")
     cpus_per_task: int = Field(8, ge=1, description="CPUs per job.")
     mem_gb: int = Field(64, ge=1, description="Memory per job in GB.")
     extra_sbatch: list[str] = Field(default_factory=list, description="Extra `#SBATCH` lines, verbatim.")
@@ -29,6 +32,67 @@ class SlurmSection(_Settings):
         "task on another node finds no zygote there and runs a plain python; off by default so that no login node "
         "imports torch for nothing. POSTLAB_ZYGOTE=0 turns it off too.",
     )
+
+
+JobKind = Literal["train", "eval", "reference", "merge", "data", "bundle", "truth"]
+# Kinds whose default is one GPU (a model generates); merges and data jobs default to none; training to a node's.
+ONE_GPU_KINDS: frozenset[str] = frozenset({"eval", "reference", "bundle", "truth"})
+CPU_KINDS: frozenset[str] = frozenset({"merge", "data"})
+
+
+class KindResources(_Settings):
+    """`[executor.resources.<kind>]`: what the jobs of one kind ask for. An absent key takes the default."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)  # lab.toml's `gpus = "2"` is an error
+
+    gpus: int | None = Field(
+        None, ge=0, description="GPUs per node. Default: eval, reference, bundle and truth 1; merge and data 0; train "
+        "executor.slurm.gpus_per_node on Slurm. On the local executor the GPU defaults are capped at the GPUs this "
+        "host has (0 on a host without one).")
+    nodes: int = Field(1, ge=1, description="Nodes (Slurm; more than 1 only for train: one task per GPU on each, "
+                       "the torch.distributed rendezvous from Slurm's environment).")
+    cpus: int | None = Field(None, ge=1, description="CPUs per task; default executor.slurm.cpus_per_task.")
+    mem_gb: int | None = Field(None, ge=1, description="Memory per node in GB; default executor.slurm.mem_gb.")
+    time_limit_min: int | None = Field(None, ge=1, description="Wall-clock limit of one run in minutes; default "
+                                       "executor.time_limit_min.")
+
+
+class ResourcesSection(_Settings):
+    """`[executor.resources]`: per job kind (train, eval, reference, merge, data, bundle, truth)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    train: KindResources = Field(default_factory=KindResources, description="Training jobs (sft, dpo, klce, rft).")
+    eval: KindResources = Field(default_factory=KindResources, description="Eval jobs (suites, replicates).")
+    reference: KindResources = Field(default_factory=KindResources, description="Reference answers of judge suites.")
+    merge: KindResources = Field(default_factory=KindResources, description="Weight merges (soups, LoRA, dose).")
+    data: KindResources = Field(default_factory=KindResources, description="Ingest and dataset builds.")
+    bundle: KindResources = Field(default_factory=KindResources, description="Serving bundle write and check.")
+    truth: KindResources = Field(default_factory=KindResources, description="The ground-truth scorer's job.")
+
+
+# The launcher kinds the tools submit, by the resource kind lab.toml sets for them.
+_FAMILY: dict[str, JobKind] = {"sft": "train", "dpo": "train", "klce": "train", "rft": "train", "eval": "eval",
+                               "reference": "reference", "merge": "merge", "ingest": "data", "build": "data",
+                               "bundle": "bundle", "truth": "truth"}
+# Kinds whose function runs once, on rank 0; trainers and evals share their work by rank.
+SINGLE_PROCESS_KINDS: frozenset[str] = frozenset({"merge", "data", "bundle", "truth"})
+
+
+def job_family(kind: str) -> JobKind | None:
+    """The `[executor.resources.<kind>]` a launcher kind (sft, eval, ingest, ...) takes; None: none (tests' kinds)."""
+    return _FAMILY.get(kind)
+
+
+def local_gpus(env: Mapping[str, str]) -> int:
+    """GPUs this host offers its jobs, without loading torch: the NVIDIA driver's devices
+    (/proc/driver/nvidia/gpus), as many as CUDA_VISIBLE_DEVICES lets through when it is set."""
+    root = Path("/proc/driver/nvidia/gpus")
+    present = len(list(root.iterdir())) if root.is_dir() else 0
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return present
+    return min(present, len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"]))
 
 
 class ExecutorSection(_Settings):
@@ -45,6 +109,14 @@ class ExecutorSection(_Settings):
         "job modules imported (tools/jobs/zygote.py) instead of importing them again; false (or POSTLAB_ZYGOTE=0 in "
         "the environment): a fresh python per job.",
     )
+    gpu_dtype: Literal["bfloat16", "float16", "float32"] = Field(
+        "bfloat16", description="Dtype of a model job on GPUs (evals, reference answers, the truth scorer; training's "
+        "compute dtype); a job on the CPU runs in float32.")
+    eval_batch_size: int | None = Field(
+        None, ge=1, description="Prompts an eval job generates together; None: chosen from the GPU's free memory "
+        "(evals/job.py), 64 on the CPU.")
+    resources: ResourcesSection = Field(default_factory=ResourcesSection,
+                                        description="Per job kind: GPUs, nodes, CPUs, memory and time limit.")
     simulated_gpuh_per_device_s: float | None = Field(
         None, gt=0,
         description="Toy world only: GPU-hours charged per measured device-second of a local job (simulated cost). "
@@ -58,4 +130,22 @@ class ExecutorSection(_Settings):
         if self.kind == "slurm" and self.simulated_gpuh_per_device_s is not None:
             raise ValueError("simulated_gpuh_per_device_s is for the local executor only: "
                              "Slurm jobs are charged from sacct's accounting")
+        multi = [k for k in ResourcesSection.model_fields if getattr(self.resources, k).nodes > 1]
+        if multi and (self.kind != "slurm" or multi != ["train"]):
+            raise ValueError(f"resources.{multi[0]}.nodes > 1: only training jobs run on several nodes, and only "
+                             "on Slurm (kind = 'slurm')")
         return self
+
+    def kind_resources(self, kind: JobKind, local_gpus: int) -> KindResources:
+        """The resources of a job kind with every default filled in (`local_gpus`: the GPUs of this host, which
+        caps the local executor's GPU defaults)."""
+        given = getattr(self.resources, kind)
+        gpus = given.gpus
+        if gpus is None:
+            slurm_node = self.slurm.gpus_per_node if self.slurm is not None else 0
+            node = slurm_node if self.kind == "slurm" else local_gpus
+            gpus = 0 if kind in CPU_KINDS else min(1, node) if kind in ONE_GPU_KINDS else node
+        cpus = given.cpus or (self.slurm.cpus_per_task if self.slurm is not None else None)
+        mem = given.mem_gb or (self.slurm.mem_gb if self.slurm is not None else None)
+        return KindResources(gpus=gpus, nodes=given.nodes, cpus=cpus, mem_gb=mem,
+                             time_limit_min=given.time_limit_min or self.time_limit_min)

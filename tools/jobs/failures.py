@@ -20,8 +20,10 @@ from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from core.placement import NO_GPU_PREFIX
+
 FailureClass = Literal[
-    "oom", "preempted", "timeout", "nccl_timeout", "nan_loss", "node_failure", "cancelled", "error"
+    "oom", "preempted", "timeout", "nccl_timeout", "nan_loss", "node_failure", "cancelled", "no_gpu", "error"
 ]
 Action = Literal["requeue", "retry_smaller_batch", "record"]
 C = TypeVar("C", bound=BaseModel)
@@ -32,6 +34,8 @@ TIMEOUT_PREFIX = "timeout:"
 PREEMPTED_PREFIX = "preempted:"
 # Trainers raise an exception whose message starts with this when the loss stops being finite.
 NAN_PREFIX = "nan_loss:"
+# NO_GPU_PREFIX: a job given GPUs that finds none on its host (core/placement.py) says so; it is recorded, not
+# retried (it would fail the same way again).
 
 _OOM = re.compile(r"CUDA out of memory|OutOfMemoryError|\bMemoryError\b|CUBLAS_STATUS_ALLOC_FAILED")
 # Ranks that hang or disagree, past their timeout (class nccl_timeout, whatever the backend):
@@ -76,9 +80,9 @@ def classify(state: str, exit_code: int | None, text: str) -> Failure:
     # Hangs are reported in the ranks' logs, not always as the final exception: the whole text is read.
     if _NCCL.search(text):
         return Failure(failure_class="nccl_timeout", detail="a collective operation timed out" + (f" ({kind})" if kind else "") + code)
-    for prefix, klass in ((NAN_PREFIX, "nan_loss"), (TIMEOUT_PREFIX, "timeout"),
+    for prefix, klass in ((NAN_PREFIX, "nan_loss"), (NO_GPU_PREFIX, "no_gpu"), (TIMEOUT_PREFIX, "timeout"),
                           (PREEMPTED_PREFIX, "preempted")):
-        if message.startswith(prefix):  # raised by the project (trainers, the job wrapper)
+        if message.startswith(prefix):  # raised by the project (trainers, the job wrapper, core/placement.py)
             return Failure(failure_class=klass, detail=f"{kind}: {_printable(message)}"[:300])
         if not kind and re.search(rf"^(\[rank\d+\]: ?)?([\w.]+: )?{re.escape(prefix)}", text, re.MULTILINE):
             return Failure(failure_class=klass, detail=f"{prefix} (from the job's error text){code}")

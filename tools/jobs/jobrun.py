@@ -18,6 +18,10 @@ WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT; read from su
 environment, torchrun-style) and turns off NVLink multicast/NVLS (NCCL_NVLS_ENABLE=0,
 TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1), so a trainer only calls
 `torch.distributed.init_process_group()`.
+
+A model job placed on the CPU runs with CUDA_VISIBLE_DEVICES empty (on the CPU, wherever it lands); one placed
+on CUDA that finds no usable GPU fails at once with a `no_gpu:` error (tools/jobs/failures.py: class no_gpu). A single-process function (`every_rank=False`: merges,
+data, bundle jobs) runs on rank 0 only, the other ranks return at once.
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ from typing import Any, NoReturn
 
 import submitit
 from submitit.core.utils import JobPaths
+
+from core.placement import require_device
 
 HEARTBEAT_S = 1.0  # seconds between touches of a local run's heartbeat file
 # NVLink multicast (NCCL's NVLS, PyTorch's symmetric-memory multicast, NVSHMEM's NVLS) is off in every
@@ -72,9 +78,11 @@ class Resumable(submitit.helpers.Checkpointable):
     """
 
     def __init__(self, fn: Callable[[Any], Any], time_limit_s: float, signal_delay_s: float,
-                 env: dict[str, str] | None = None):
+                 env: dict[str, str] | None = None, device: str | None = None, every_rank: bool = True):
         self.fn, self.time_limit_s, self.signal_delay_s = fn, time_limit_s, signal_delay_s
         self.env = dict(env or {})  # set on the worker before the rendezvous is read (local: MASTER_ADDR/PORT)
+        self.device = device  # where the job's model runs: cuda requires a usable GPU, cpu hides them; None: no model
+        self.every_rank = every_rank  # False: a single-process function, which rank 0 alone runs
         self._started = 0.0
 
     def __call__(self, config: Any) -> Any:
@@ -83,7 +91,16 @@ class Resumable(submitit.helpers.Checkpointable):
             os.environ.pop(name, None)
         os.environ.update({**self.env, **NO_MULTICAST_ENV})
         os.environ.update(distributed_env())
-        if submitit.JobEnvironment().global_rank != 0:
+        if self.device == "cpu":
+            # A CPU job stays on the CPU even on a GPU node whose devices Slurm does not fence off: CUDA reads
+            # this when first initialised, which no job module does at import.
+            os.environ["CUDA_VISIBLE_DEVICES"] = ""
+        rank = submitit.JobEnvironment().global_rank
+        if rank != 0 and not self.every_rank:
+            return None  # rank 0 runs the function once; the job's result is rank 0's
+        if self.device == "cuda":
+            require_device("cuda")  # before any model loads: never a quiet CPU run of a GPU job
+        if rank != 0:
             return self.fn(config)
         _append_event({"event": "start", "t": self._started, "pid": os.getpid()})
         stop = threading.Event()

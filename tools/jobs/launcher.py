@@ -73,6 +73,7 @@ from tools.jobs.failures import Failure, classify, decide, smaller_batch_config
 from tools.jobs.jobrun import Resumable, RunPaths, near_time_limit, read_events
 from tools.jobs.zygote import TIME_LIMIT_VAR, Zygote
 from tools.jobs.zygote import default_dir as zygote_dir
+from tools.paths import portable
 from tools.session import ledger as session_ledger
 
 R = TypeVar("R", bound=BaseModel)
@@ -644,8 +645,10 @@ class Launcher:
     """Submits, re-attaches and settles jobs for one session of one notebook; see the module docstring."""
 
     def __init__(self, notebook: Notebook, session: str, backend: Backend, root: Path, *, poll_s: float | None = None,
-                 gpu_memory_gib: float | None = None):
+                 gpu_memory_gib: float | None = None, lab_roots: Sequence[str] = ()):
         self.nb, self.session, self.backend, self.root = notebook, session, backend, Path(root)
+        # The spellings of the lab's root (LabPaths.spellings): paths under it enter job keys lab-relative.
+        self.lab_roots = tuple(lab_roots)
         self.gpu_memory_gib = gpu_memory_gib  # one GPU's memory; None: training jobs are not admitted by memory
         # Each Slurm poll is one sacct call through slurmdbd: keep it gentle on a shared cluster.
         self.poll_s = poll_s if poll_s is not None else (2.0 if backend.name == "slurm" else 0.25)
@@ -653,9 +656,10 @@ class Launcher:
 
     @classmethod
     def from_section(cls, notebook: Notebook, session: str, section: ExecutorSection, root: Path,
-                     *, poll_s: float | None = None) -> Launcher:
+                     *, poll_s: float | None = None, lab_roots: Sequence[str] = ()) -> Launcher:
         """The launcher of a lab's `[executor]` section."""
-        return cls(notebook, session, make_backend(section), root, poll_s=poll_s, gpu_memory_gib=section.gpu_memory_gib)
+        return cls(notebook, session, make_backend(section), root, poll_s=poll_s, gpu_memory_gib=section.gpu_memory_gib,
+                   lab_roots=lab_roots)
 
     # -- handles ---------------------------------------------------------------------------------
 
@@ -689,10 +693,11 @@ class Launcher:
         return Job(self, key, spec.result_type)
 
     def key(self, kind: str, fn: Callable[..., Any], args: BaseModel) -> str:
-        """Idempotency key: the tool (kind and function) and the canonical args, within this session."""
+        """Idempotency key: the tool (kind and function) and the canonical args, within this session; paths
+        inside the lab enter lab-relative, so a lab reached by another spelling, copied or moved keeps its keys."""
         module = _KEY_MODULE.get(fn.__module__, fn.__module__)
         return tool_call_key(f"{kind}:{module}.{fn.__qualname__}",
-                             {"session": self.session, "args": args.model_dump(mode="json")})
+                             {"session": self.session, "args": portable(args.model_dump(mode="json"), self.lab_roots)})
 
     def attempts(self, key: str) -> list[JobRecord]:
         return self.nb.jobs(session=self.session, key=key)
