@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agent.planners.playbook import _screen  # noqa: E402
+from agent.planners.stages import screen_score as _screen  # noqa: E402
 from agent.summary import summarize  # noqa: E402
 from memory.notebook import Notebook  # noqa: E402
 

@@ -1,0 +1,175 @@
+"""The playbook's policies: named, versioned values, each a set of rules and sizes (STYLE.md habit 12).
+
+A session records its policy in its `open` decision (name, protocol, version) and whole in its config snapshot;
+resume and replay read it back (`PlaybookSettings.recorded`), so a session always replays with the rules it ran
+with. A new rule is a new version in `_RULES`, never a flag kept forever.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from agent.errors import SessionError
+from evals.synthetic import Family
+from tools.train import Trainer
+
+
+class ServingAlternative(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    temperature: float | None = Field(None, ge=0.0, le=2.0, description="Served temperature.")
+    top_p: float | None = Field(None, gt=0.0, le=1.0, description="Served nucleus mass.")
+    repetition_penalty: float | None = Field(None, ge=1.0, le=2.0, description="Served repetition penalty.")
+    system_prompt: str = Field("served", pattern="^(served|none)$", description="Keep the served system prompt or serve none.")
+
+
+Calibration = Literal["at_promotion", "when_read"]
+
+
+StageRule = Literal["judge_every", "first_cleared", "best_of_stage"]
+
+# The playbook's rules by policy version. A new rule is a new version: sessions recorded under an older version
+# replay with that version's rules (`PlaybookSettings.recorded`), so no rule is a flag kept forever.
+#   1: every new incumbent calibrated at once; a screened stage promotes its first finalist that clears the bars.
+#   2: a promoted incumbent is calibrated when a step first reads its calibration (lazy calibration).
+#   3: a screened stage looks at every finalist's judged holdout first, then promotes the best look that clears.
+
+
+VERSION = 3
+
+
+_RULES: dict[int, dict[str, str]] = {
+    1: {"calibration": "at_promotion", "stage": "first_cleared"},
+    2: {"calibration": "when_read", "stage": "first_cleared"},
+    3: {"calibration": "when_read", "stage": "best_of_stage"},
+}
+
+
+RECIPES = ("combined",)
+
+
+class PlaybookSettings(BaseModel):
+    """A named, versioned playbook policy: its rules (how a stage judges its candidates, when an incumbent is
+    calibrated) and its sizes. `named(protocol)` gives the current version of a protocol's sizes: `full` (the
+    default), `test` (the few-arm setting of the test suite and `--protocol test`) and `short` (the
+    decision-quality benchmark's short budget, `--protocol short`). A session records its policy whole in its
+    `open` decision, and resume and replay read it back (`recorded`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: str = Field("combined", description="The policy's name: the recipe it follows (the combined playbook).")
+    protocol: Literal["full", "test", "short"] = Field("full", description="The sizes it runs at.")
+    version: int = Field(VERSION, ge=1, le=VERSION, description="Rules version (see _RULES).")
+    calibration: Calibration = Field(
+        "when_read", description="When a promoted incumbent is calibrated: at once (`at_promotion`), or only when a "
+        "step first reads its calibration (`when_read`: a judged eval against its reference answers, a serving "
+        "alternative, a comparison against its floors), so a promotion whose later candidates all screen out costs "
+        "no calibration. The parent is calibrated first always.")
+    stage: StageRule = Field(
+        "best_of_stage", description="How a stage judges its candidates. `judge_every`: no screen; every candidate "
+        "is evaluated on every suite and compared. `first_cleared`: successive halving; the best-screened finalists "
+        "in screen order, each promoted as soon as it clears, the next then judged against it. `best_of_stage`: "
+        "successive halving; every finalist gets one judged-holdout look against the stage's incumbent first, then "
+        "they go under the bars (replicate draws, comparison, promotion) in order of that look until one is "
+        "promoted, and the stage promotes no other.")
+    families: tuple[Trainer, ...] = Field(("sft", "dpo", "klce", "rft"), description="First arms, in order.")
+    steps: int = Field(30, ge=1, description="Optimizer steps per arm.")
+    batch_size: int = Field(8, ge=1, description="Rows per optimizer step.")
+    lr: dict[str, float] = Field({"sft": 1e-3, "dpo": 2e-4, "klce": 1e-3, "rft": 1e-3},
+                                 description="Conservative learning rate per family.")
+    sweep: tuple[float, ...] = Field((0.5, 2.0), description="Learning-rate multipliers swept along the best family.")
+    soup: bool = Field(True, description="Soup the promoted siblings when there are two or more.")
+    dose_alphas: tuple[float, ...] = Field((0.5, 1.5), description="Dose positions from the parent to the best promoted arm.")
+    serving: tuple[ServingAlternative, ...] = Field(
+        (ServingAlternative(temperature=0.0), ServingAlternative(repetition_penalty=1.1)),
+        description="Serving alternatives tried with the weights fixed.")
+    k: int = Field(3, ge=3, description="Replicates of each incumbent calibration.")
+    max_failed_arms: int = Field(3, ge=1, description="Stop after this many arms in a row failed or missed the bars.")
+    rft_counts: dict[Family, int] = Field({"digit_sum": 24, "arithmetic_chain": 24, "letter_count": 24},
+                                          description="Verified tasks per family for RFT prompts.")
+    min_step_gpuh: float = Field(0.0, ge=0, description="Stop when less than this is left above the reserve.")
+    finalists: int = Field(2, ge=1, description="Screened candidates per stage that go on to the judged holdout and a "
+                                                "comparison (only those whose screen score beats the incumbent).")
+    fallbacks: int = Field(0, ge=0, description="Further screened candidates a stage judges, one for each of its "
+                           "finalists the bars rejected (in screen order, only those that screen above the incumbent); "
+                           "`comparisons()` counts them in the p-value family.")
+    trajectory: tuple[int, ...] = Field(
+        (10, 20), description="Steps (increasing, below `steps`) at which every arm also saves its model; after the "
+        "sweep the best run's snapshots are screened, and the best goes on to the holdout and a comparison only if it "
+        "screens above that run's final checkpoint (trajectory selection; needs a screened stage). Empty: no step.")
+
+    @model_validator(mode="after")
+    def _trajectory_inside_the_arms(self) -> PlaybookSettings:
+        if any(not 0 < t < self.steps for t in self.trajectory) or list(self.trajectory) != sorted(set(self.trajectory)):
+            raise ValueError(f"trajectory {list(self.trajectory)} must increase and lie between 0 and steps "
+                             f"({self.steps}), exclusive")
+        if self.trajectory and not self.screened:
+            raise ValueError("trajectory selection ranks snapshots by their screen score: it needs a screened stage")
+        rules = _RULES[self.version]
+        if self.calibration != rules["calibration"] or (self.screened and self.stage != rules["stage"]):
+            raise ValueError(f"version {self.version} of the playbook's rules is {_RULES[self.version]}; other rules "
+                             "are another version")
+        return self
+
+    def ref(self) -> dict[str, Any]:
+        """Name, protocol and version: what the session's `open` decision records of its policy."""
+        return {"name": self.name, "protocol": self.protocol, "version": self.version}
+
+    @property
+    def screened(self) -> bool:
+        """Whether a stage screens its candidates on the cheap suites first (successive halving)."""
+        return self.stage != "judge_every"
+
+    @classmethod
+    def test(cls) -> PlaybookSettings:
+        return cls(protocol="test", families=("sft",), steps=4, sweep=(), dose_alphas=(0.5,),
+                   serving=(ServingAlternative(temperature=0.0),), rft_counts={"digit_sum": 8}, stage="judge_every",
+                   trajectory=())
+
+    @classmethod
+    def short(cls) -> PlaybookSettings:
+        """Two first arms of different families (winner SFT, DPO on battle pairs), each with a holdout look when it
+        screens above the parent, the better look judged under the bars first (the other if the bars reject it), one
+        dose, no serving."""
+        return cls(protocol="short", families=("sft", "dpo"), steps=16, sweep=(), soup=False, dose_alphas=(0.5,),
+                   serving=(), finalists=2, fallbacks=0, trajectory=())
+
+    @classmethod
+    def named(cls, protocol: str) -> PlaybookSettings:
+        return {"full": cls, "test": cls.test, "short": cls.short}[protocol]()
+
+    @classmethod
+    def recorded(cls, saved: dict[str, Any], session: str) -> PlaybookSettings:
+        """The policy a session recorded at its start (resume and replay), or one clear refusal: a session
+        recorded by another version of the playbook (e.g. before trajectory selection) cannot be read as is.
+        A record made before policies were named (flags, no version) is read as the version its flags were."""
+        saved = dict(saved)
+        if "version" not in saved:
+            saved = _unnamed(saved)
+        try:
+            return cls.model_validate(saved)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "settings"
+            raise SessionError(f"session {session}: its recorded playbook settings do not fit this version "
+                               f"({where}: {first['msg']}); replay it with --protocol, or start a new session") from None
+
+    def comparisons(self) -> int:
+        """The most comparisons (p-values) this protocol makes: the p_family its bars should register."""
+        judged = self.finalists + self.fallbacks
+        first = min(judged, len(self.families)) if self.screened else len(self.families)
+        swept = min(judged, len(self.sweep)) if self.screened else len(self.sweep)
+        soup = int(self.soup and first + swept >= 2)
+        return first + swept + soup + int(bool(self.trajectory)) + len(self.dose_alphas) + len(self.serving)
+
+
+PROTOCOLS = ("full", "test", "short")
+
+
+def _unnamed(saved: dict[str, Any]) -> dict[str, Any]:
+    """A record of the flags era as a versioned policy: no `lazy_calibration` is version 1; lazy calibration
+    without `best_of_stage` is version 2; both are version 3. `screen = false` was the unscreened stage."""
+    lazy, best, screen = saved.pop("lazy_calibration", False), saved.pop("best_of_stage", False), saved.pop("screen", True)
+    version = 3 if lazy and best else 2 if lazy else 1
+    stage = "judge_every" if not screen else ("best_of_stage" if version == 3 else "first_cleared")
+    return saved | {"version": version, "calibration": _RULES[version]["calibration"], "stage": stage}
