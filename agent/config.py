@@ -295,8 +295,21 @@ class FeedbackSection(_Section):
 
 class DataSource(_Section):
     name: Name = Field(description="Short name used in dataset recipes and the notebook.")
-    path: LabFile = Field(description="JSONL or Parquet file of chat rows with a `messages` column.")
+    path: LabFile = Field(description="kind 'chat': JSONL or Parquet file of chat rows with a `messages` column; "
+                                      "kind 'verified': JSONL of eval items (prompt plus gold, choices or constraints).")
     cap: int | None = Field(None, gt=0, description="Most rows taken from this source in one replay mix.")
+    kind: Literal["chat", "verified"] = Field(
+        "chat", description="'chat': replay data; 'verified': a pool of checkable items for RFT, apart from the eval "
+        "suites (leak-audited against them when a dataset is drawn from it).")
+    verifier: Name | None = Field(None, description="kind 'verified': the [[evals]] suite whose scorer verifies "
+                                                    "answers to these items (the eval scorer is the reward).")
+
+    @model_validator(mode="after")
+    def _verifier_for_verified(self) -> DataSource:
+        if (self.kind == "verified") != (self.verifier is not None):
+            raise ValueError("a [[data]] pool of kind 'verified' needs `verifier` (an [[evals]] suite name), and "
+                             "only such a pool takes one")
+        return self
 
 
 class EvalSuite(_Section):
@@ -420,6 +433,19 @@ class LabConfig(_Section):
             dupes = sorted({n for n in names if names.count(n) > 1})
             if dupes:
                 raise ValueError(f"[[{what}]] names must be unique; repeated: {', '.join(dupes)}")
+        return self
+
+    @model_validator(mode="after")
+    def _verifiers_and_reward_model(self) -> LabConfig:
+        known = {e.name: e.scorer for e in self.evals}
+        for i, d in enumerate(self.data):
+            if d.verifier is not None and known.get(d.verifier) not in VERIFYING_SCORERS:
+                raise ValueError(f"data[{i}].verifier: {d.verifier!r} is no [[evals]] suite with a verifying scorer "
+                                 f"({', '.join(sorted(VERIFYING_SCORERS))})")
+        proxies = [e.name for e in self.evals if e.scorer == "reward_proxy"]
+        if proxies and self.judge.kind != "reward_model":
+            raise ValueError(f"reward_proxy suites ({', '.join(proxies)}) need a reward model: set [judge] kind = "
+                             "'reward_model' and its `path`")
         return self
 
     @model_validator(mode="after")

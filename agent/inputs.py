@@ -9,7 +9,8 @@ the files themselves, all of them, and collects every problem before `run` write
   (math/synthetic: gold; mcq: gold and choices; constraints: constraints; battle_margin and
   reward_proxy: the recorded battle), synthetic ids name their family and an MCQ gold is one of
   its option letters;
-- every data source parses as chat rows (the replay-mix builder's own reader).
+- every data source parses as chat rows (the replay-mix builder's own reader), or, a verified pool, as eval items
+  its verifier suite's scorer can check.
 
     problems = check_inputs(load_lab_config(lab_dir))     # [] when the session may open
     require_inputs(cfg, lab_dir / "lab.toml")              # LabConfigError listing them all
@@ -38,12 +39,17 @@ SCORER_NEEDS: dict[str, tuple[str, ...]] = {
 def check_inputs(cfg: LabConfig) -> list[str]:
     """Every problem of every input file, each naming its file (and line or bar); [] when all are sound."""
     problems = _feedback(cfg.feedback.file)
-    if cfg.bars is not None:
-        problems += _bars(cfg.bars, {s.name: s.scorer for s in cfg.evals})
+    if cfg.bars is not None:  # a reward-model judge scores the judge suites as reward_proxy suites (agent/runner.py)
+        judged_by = "reward_proxy" if cfg.judge.kind == "reward_model" else "judge"
+        problems += _bars(cfg.bars, {s.name: judged_by if s.scorer == "judge" else s.scorer for s in cfg.evals})
     for suite in cfg.evals:
         if suite.file is not None:
             problems += suite_problems(suite.file, suite.scorer)
+    scorers = {s.name: s.scorer for s in cfg.evals}
     for source in cfg.data:
+        if source.kind == "verified":  # eval items its verifier's scorer can check, like a suite of that scorer
+            problems += [f"data {source.name!r}: {p}" for p in suite_problems(source.path, scorers[source.verifier])]
+            continue
         try:
             read_chat_rows(source.path)
         except (DatasetError, OSError) as e:

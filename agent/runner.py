@@ -25,7 +25,7 @@ from core.util import canonical_json, sha256_text
 from evals.job import CallableJudgeSpec, OpenAIJudgeSpec
 from memory.notebook import Notebook, NotebookError
 from tools.context import LabSpec, LabSuite, LabTruth, ToolContext
-from tools.data.datasets import ReplaySource
+from tools.data.datasets import ReplaySource, VerifiedSource
 from tools.jobs.executor import ExecutorSection
 from tools.jobs.launcher import Launcher, Resources
 from tools.paths import LabPaths
@@ -48,7 +48,17 @@ def _judge(config: LabConfig) -> OpenAIJudgeSpec | CallableJudgeSpec | None:
         return CallableJudgeSpec(kind="callable", target="tools.world.oracle:judge")
     if j.kind == "openai":
         return OpenAIJudgeSpec(kind="openai", base_url=j.base_url, model=j.model, api_key_env=j.api_key_env)
-    return None  # a reward-model judge scores no pairwise suite yet
+    return None  # a reward model scores the judge suites as reward_proxy suites instead (lab_spec)
+
+
+# Scorers that read the session's holdout battles when their suite names no file.
+HOLDOUT_SCORERS = {"judge", "battle_margin", "reward_proxy"}
+
+
+def _suite_scorer(config: LabConfig, scorer: str) -> str:
+    """[judge] kind = 'reward_model' scores the judge suites with the reward model: the candidate's answer against
+    the parent's recorded one on the holdout's decisive battles, a reward-proxy win rate (evals/reward_proxy.py)."""
+    return "reward_proxy" if scorer == "judge" and config.judge.kind == "reward_model" else scorer
 
 
 def lab_spec(config: LabConfig) -> LabSpec:
@@ -57,16 +67,19 @@ def lab_spec(config: LabConfig) -> LabSpec:
     tokenizer = config.model.tokenizer or parent
     judge = _judge(config)
     license_text, license_source = base_license(config.model)
-    suites = [LabSuite(name=e.name, scorer=e.scorer, file=e.file, sealed=e.sealed, constraint_mode=e.constraint_mode)
-              for e in config.evals
-              if (e.scorer == "judge" and judge is not None) or e.file is not None]
+    suites = [LabSuite(name=e.name, scorer=_suite_scorer(config, e.scorer), file=e.file, sealed=e.sealed,
+                       constraint_mode=e.constraint_mode)
+              for e in config.evals if e.file is not None or e.scorer in HOLDOUT_SCORERS]
     if not any(not s.sealed for s in suites):
         raise SessionError("lab.toml: [[evals]] needs at least one open (not sealed) suite it can score")
     return LabSpec(
         parent=parent, tokenizer=tokenizer, feedback=config.feedback.file, dev_fraction=config.feedback.dev_fraction,
         sealed_fraction=config.feedback.sealed_fraction, stratify_by=config.feedback.stratify_by, suites=suites,
         replicates=max(e.replicates for e in config.evals),
-        data=[ReplaySource(name=d.name, path=d.path, cap=d.cap) for d in config.data], bars=config.bars,
+        data=[ReplaySource(name=d.name, path=d.path, cap=d.cap) for d in config.data if d.kind == "chat"],
+        verified=[VerifiedSource(name=d.name, path=d.path, verifier=d.verifier)
+                  for d in config.data if d.kind == "verified"], bars=config.bars,
+        reward_model=config.judge.path if config.judge.kind == "reward_model" else None,
         served=config.serving.served_decoding((_eot_id(tokenizer),)), judge=judge,
         time_limit_min=config.executor.time_limit_min, model_name=parent.name,
         truth=LabTruth(**config.truth.model_dump()) if config.truth else None,

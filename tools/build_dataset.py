@@ -19,7 +19,7 @@ from tools.context import ToolContext, ToolOutcome, content_name, invoke, record
 from tools.data.datasets import BUILDERS, DatasetManifest, MixPart, record_dataset
 
 NAME = "build_dataset"
-Builder = Literal["winner_sft", "battle_pairs", "replay_mix", "synthetic_verified", "mix"]
+Builder = Literal["winner_sft", "battle_pairs", "replay_mix", "synthetic_verified", "verified_pool", "mix"]
 
 
 class PartArg(BaseModel):
@@ -34,12 +34,15 @@ class Args(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     builder: Builder = Field(description="winner_sft (preferred answers), battle_pairs (DPO pairs), replay_mix "
-                                         "(local data), synthetic_verified (checked tasks), mix (of built datasets).")
+                                         "(local data), synthetic_verified (checked tasks), verified_pool (RFT items "
+                                         "from the lab's own verified [[data]] pool), mix (of built datasets).")
     repeat: int = Field(1, ge=1, le=8, description="winner_sft: times each preferred answer is repeated.")
     cleanup: bool = Field(False, description="winner_sft / battle_pairs: strip citation markers and source links.")
     rows: Literal["sft", "items"] = Field("items", description="synthetic_verified: SFT rows, or prompt items for RFT.")
     counts: dict[Family, int] = Field(default_factory=dict, description="synthetic_verified: tasks per family.")
     parts: list[PartArg] = Field(default_factory=list, description="mix: the built datasets to combine.")
+    source: str | None = Field(None, description="verified_pool: the [[data]] pool's name (kind = 'verified').")
+    n: int | None = Field(None, gt=0, description="verified_pool: items drawn (all when unset).")
     seed: int = Field(0, ge=0, description="Sampling / generation seed.")
 
 
@@ -71,6 +74,9 @@ def _config(ctx: ToolContext, args: Args, out: Path, split: Path) -> dict[str, A
                            "seed": args.seed}
         case "synthetic_verified":
             return base | {"system_prompt": prompt, "rows": args.rows, "counts": args.counts, "seed": args.seed}
+        case "verified_pool":
+            [pool] = [v for v in lab.verified if v.name == args.source]
+            return base | {"source": pool.model_dump(mode="json"), "n": args.n, "seed": args.seed}
         case "mix":
             parts = [MixPart(path=Path(ctx.nb.artifact(p.dataset).path), weight=p.weight, kl_only=p.kl_only)
                      for p in args.parts]
@@ -80,6 +86,9 @@ def _config(ctx: ToolContext, args: Args, out: Path, split: Path) -> dict[str, A
 def _problem(ctx: ToolContext, args: Args) -> str | None:
     if args.builder == "replay_mix" and not ctx.lab.data:
         return "replay_mix needs [[data]] sources in lab.toml; the lab has none"
+    if args.builder == "verified_pool" and args.source not in {v.name for v in ctx.lab.verified}:
+        known = ", ".join(v.name for v in ctx.lab.verified) or "none"
+        return f"verified_pool needs source: a [[data]] pool of kind 'verified' (the lab's: {known})"
     if args.builder == "synthetic_verified" and not args.counts:
         return "synthetic_verified needs counts (tasks per family)"
     if args.builder == "mix":

@@ -12,7 +12,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from core.util import write_atomic
-from evals.types import Item
+from evals.types import Battle, Item
 from tools.context import ToolContext, ToolOutcome, invoke, record_once
 from tools.data.splits import Split, SplitConfig, split_file
 
@@ -38,7 +38,8 @@ class SplitJob(BaseModel):
 
 def split_job(cfg: SplitJob) -> Split:
     """Load (all or nothing), split, write the split file and the holdouts' prompts as eval items
-    (what judge suites score: dev for selection, sealed for the confirmation); return the split."""
+    (what judge suites score: dev for selection, sealed for the confirmation), and their decisive battles as
+    items carrying the battle (what battle_margin and reward_proxy suites score); return the split."""
     battles, split = split_file(cfg.feedback, cfg.config, pinned=cfg.pinned or None)
     out = cfg.out_dir / f"split-{split.sha256[:16]}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -46,6 +47,13 @@ def split_job(cfg: SplitJob) -> Split:
         items = [Item(id=b.id, messages=tuple(b.messages)) for b in battles if split.assignment[b.id] == which]
         write_atomic(cfg.out_dir / f"items-{which}-{split.sha256[:16]}.jsonl",
                      "".join(i.model_dump_json() + "\n" for i in items))
+        # Ties and both-bad votes name no preferred answer: the battle suites read the decisive votes only.
+        decisive = [Item(id=b.id, messages=tuple(b.messages), battle=Battle(
+                        chosen=b.own if b.vote == "own" else b.other, rejected=b.other if b.vote == "own" else b.own,
+                        recorded=b.own))
+                    for b in battles if split.assignment[b.id] == which and b.vote in ("own", "other")]
+        write_atomic(cfg.out_dir / f"battles-{which}-{split.sha256[:16]}.jsonl",
+                     "".join(i.model_dump_json() + "\n" for i in decisive))
     write_atomic(out, split.model_dump_json(indent=1) + "\n")
     return split
 
@@ -61,6 +69,14 @@ def holdout_items(ctx: ToolContext, sealed: bool) -> Path | None:
     if split is None:
         return None
     return ctx.paths.splits / f"items-{'sealed' if sealed else 'dev'}-{split.sha256[:16]}.jsonl"
+
+
+def holdout_battles(ctx: ToolContext, sealed: bool) -> Path | None:
+    """The session's dev (or sealed) decisive battles as eval items carrying the battle, once ingested."""
+    split = ctx.nb.latest_split()
+    if split is None:
+        return None
+    return ctx.paths.splits / f"battles-{'sealed' if sealed else 'dev'}-{split.sha256[:16]}.jsonl"
 
 
 def _body(ctx: ToolContext, args: Args) -> ToolOutcome:

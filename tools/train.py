@@ -119,7 +119,7 @@ def _verifier(ctx: ToolContext, family: recipes.FamilyRecipe, dataset_recipe: di
     """rft: the scorer of the verifier suite (the eval scorer is the reward): the one the dataset names, else the
     first of [train.rft] verifiers."""
     names = family.verifiers or []
-    wanted = dataset_recipe.get("config", {}).get("verifier")
+    wanted = dataset_recipe.get("config", {}).get("source", {}).get("verifier")  # a verified_pool dataset's
     name = wanted if wanted in names else (names[0] if names else None)
     scorer = ctx.lab.suite(name).scorer if name is not None else "synthetic"
     return recipes.VERIFYING_SCORERS[scorer]

@@ -100,6 +100,20 @@ class ReplaySource(BaseModel):
     cap: int | None = Field(None, gt=0, description="Most rows sampled from this source; all rows when unset.")
 
 
+class VerifiedSource(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(description="Short name of the pool (lab.toml [[data]] name, kind = 'verified').")
+    path: Path = Field(description="JSONL of eval items (evals.types.Item: prompt plus what the verifier checks).")
+    verifier: str = Field(description="The [[evals]] suite whose scorer verifies an answer to these items.")
+
+
+class VerifiedPoolConfig(_BuildConfig):
+    source: VerifiedSource = Field(description="The lab's verified pool the items are drawn from.")
+    n: int | None = Field(None, gt=0, description="Items drawn (seeded sample); all when unset.")
+    seed: int = Field(0, description="Sampling seed.")
+
+
 class ReplayMixConfig(_BuildConfig):
     system_prompt: str = Field(description="The serving system prompt the rows are rendered under ('' for none).")
     sources: list[ReplaySource] = Field(min_length=1, description="Local chat datasets to sample from.")
@@ -460,6 +474,34 @@ def build_synthetic_verified(cfg: SyntheticVerifiedConfig) -> DatasetManifest:
     return _finish("synthetic_verified", cfg.rows, cfg, rows, refs, [], stats)
 
 
+def build_verified_pool(cfg: VerifiedPoolConfig) -> DatasetManifest:
+    """RFT prompt items drawn from the lab's own verified pool (not from any eval file: the pool is its own
+    [[data]] file), leak-audited like every dataset against the holdouts and every eval suite; an item that leaks
+    refuses the build, naming it. The manifest's config names the verifier suite, whose scorer is RFT's reward."""
+    refs, _, _ = references(cfg)
+    items = read_items_file(cfg.source.path)
+    rng = random.Random(cfg.seed)
+    picked = items if cfg.n is None or cfg.n >= len(items) else rng.sample(items, cfg.n)
+    rows = [item.model_dump(mode="json", exclude_defaults=True) for item in picked]
+    source = SourceFile(role=f"data:{cfg.source.name}", path=str(cfg.source.path), sha256=file_sha256(cfg.source.path))
+    return _finish("verified_pool", "items", cfg, rows, refs, [source], {"pool": len(items), "drawn": len(rows)})
+
+
+def read_items_file(path: Path) -> list[Item]:
+    """A verified pool's items, all or nothing: a line that is no eval item raises DatasetError naming it."""
+    items = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            items.append(Item.model_validate_json(line))
+        except ValidationError as err:
+            raise DatasetError(f"{path}:{n}: not an eval item ({err.errors()[0]['msg']})") from None
+    if not items:
+        raise DatasetError(f"{path}: no items")
+    return items
+
+
 def _weighted(rows: list[dict], weight: float, rng: random.Random) -> list[dict]:
     whole = math.floor(weight)
     extra = round((weight - whole) * len(rows))
@@ -512,6 +554,7 @@ BUILDERS = {
     "battle_pairs": (BattlePairsConfig, build_battle_pairs),
     "replay_mix": (ReplayMixConfig, build_replay_mix),
     "synthetic_verified": (SyntheticVerifiedConfig, build_synthetic_verified),
+    "verified_pool": (VerifiedPoolConfig, build_verified_pool),
     "mix": (MixConfig, build_mix),
 }
 

@@ -44,12 +44,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from core.chat import EOT_TOKEN, TEXT_EOS_TOKEN, Message
 from core.util import file_sha256, sha256_text, write_atomic, write_json_atomic
 from tools.data.leak import DEFAULT_NGRAM, ReferenceIndex
-from tools.world import cost, opponent, oracle, tokenizer
+from tools.world import cost, opponent, oracle, parts, tokenizer
 from tools.world.tasks import WORLD_FAMILIES, WorldTask, draw, draw_mix, hash_seed
 
 Size = Literal["demo", "test"]
 # Bump whenever anything a build writes changes (lab.toml values too): an older cache is then rebuilt.
-WORLD_VERSION = 7
+WORLD_VERSION = 8
 WORLD_DIR = "world"
 MANIFEST = "manifest.json"
 COMMIT = "manifest.sha256"
@@ -62,7 +62,10 @@ FEEDBACK = "world/feedback/battles.jsonl"
 SYNTHETIC_SUITE = "world/suites/synthetic.jsonl"
 LOOPS_SUITE = "world/suites/loops.jsonl"
 STAGE1_DATA = "world/data/stage1_sft.jsonl"
-AUDITED_FILES = (("eval:synthetic", SYNTHETIC_SUITE), ("eval:loops", LOOPS_SUITE), ("data:stage1", STAGE1_DATA))
+AUDITED_FILES = (("eval:synthetic", SYNTHETIC_SUITE), ("eval:loops", LOOPS_SUITE), ("data:stage1", STAGE1_DATA),
+                 ("data:verified", parts.VERIFIED_POOL))
+# Items of the verified pool ([[data]] kind = "verified"), per size preset.
+VERIFIED_ITEMS = {"test": 32, "demo": 120}
 # Served sampling (lab.toml [serving.decoding]); max_new_tokens comes from the size preset.
 TEMPERATURE = 0.7
 TOP_P = 0.95
@@ -135,6 +138,9 @@ class WorldSpec(BaseModel):
     battles_dropped: int = Field(description="Battles dropped because the parent's answer was empty.")
     votes: dict[str, int] = Field(description="Battles per vote.")
     params: int = Field(description="Parameters of the base model.")
+    reward_model: dict[str, float] = Field(
+        default_factory=dict, description="The reward model's fit (tools/world/parts.py): decisive battles, and its "
+        "pairwise accuracy on them before and after training.")
 
 
 class Manifest(BaseModel):
@@ -375,6 +381,13 @@ name = "stage1"
 path = "{STAGE1_DATA}"
 cap = {stage1_rows}
 
+# The lab's own verified items (RFT on them, leak-audited; the synthetic suite's scorer verifies them).
+[[data]]
+name = "verified"
+kind = "verified"
+path = "{parts.VERIFIED_POOL}"
+verifier = "synthetic"
+
 [[evals]]
 name = "synthetic"
 scorer = "synthetic"
@@ -415,6 +428,14 @@ kind = "playbook"
 [judge]
 # The oracle (tools/world/oracle.py): prefers correct, clean, stopped answers, with stated noise.
 kind = "oracle"
+# The world's reward model, trained on these battles, scores the judge suites instead (a reward-proxy win rate
+# against the parent's recorded answers; bars then name reward_proxy metrics, win and margin) with:
+#   kind = "reward_model"
+#   path = "{parts.REWARD_MODEL}"
+# and the model's own log-probability preference on the dev battles is one more suite with:
+#   [[evals]]
+#   name = "margin"
+#   scorer = "battle_margin"
 
 [train]
 # The toy world's own small settings, stated here because the rules a real model's defaults come from
@@ -502,6 +523,11 @@ def _build_into(stage: Path, seed: int, size: Size) -> None:
     decoding = served_decoding(stage / TOKENIZER, spec)
     rows, dropped = battles(stage / PARENT, pools.battles, decoding, hash_seed(seed, "battles-gen") % 2**31)
     _jsonl(stage / FEEDBACK, rows)
+    taken = pools.synthetic + pools.loops + pools.battles + pools.stage1 + pools.pretrain
+    # Ids as the synthetic suite's ("synthetic/<family>/<hash>"): its scorer, the pool's verifier, reads the family there.
+    _jsonl(stage / parts.VERIFIED_POOL, [json.loads(t.item("synthetic").model_dump_json())
+                                         for t in parts.verified_pool(seed, VERIFIED_ITEMS[size], taken)])
+    reward = parts.train_reward_model(stage / TOKENIZER, stage / parts.REWARD_MODEL, rows, hash_seed(seed, "reward"))
     write_atomic(world / "bars.toml", BARS)
     write_atomic(world / "serving" / "system_prompt.txt", SYSTEM_PROMPT + "\n")
     write_atomic(stage / "lab.toml", lab_toml(seed, size, spec, len(pools.stage1)))
@@ -509,7 +535,8 @@ def _build_into(stage: Path, seed: int, size: Size) -> None:
     votes = {v: sum(r["vote"] == v for r in rows) for v in ("own", "other", "tie", "both_bad")}
     info = WorldSpec(version=WORLD_VERSION, seed=seed, size=size, sizes=spec, system_prompt=SYSTEM_PROMPT,
                      oracle_noise=oracle.OracleNoise(), opponent_error_rate=dict(opponent.ERROR_RATE),
-                     gpuh_per_device_s=cost.GPUH_PER_DEVICE_S, battles_dropped=dropped, votes=votes, params=params)
+                     gpuh_per_device_s=cost.GPUH_PER_DEVICE_S, battles_dropped=dropped, votes=votes, params=params,
+                     reward_model=reward)
     write_json_atomic(world / "world.json", json.loads(info.model_dump_json()))
 
 
