@@ -11,7 +11,8 @@ and the lab root, and returns the reason to refuse or None. The graph records a 
 - served decoding for promotion: only a comparison at the candidate's served decoding that cleared
   every bar against the current incumbent promotes it;
 - the sealed confirmation once, and for the nominee only;
-- no argument naming a path outside the lab.
+- no argument naming a path outside the lab;
+- a training arm inside the lab's `[train]` ranges (a proposal outside them is a recorded refusal).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from agent.summary import Summary
+from tools.train import out_of_range
+from trainers.recipe import TrainRecipe
 
 JOB_TOOLS = {"ingest", "build_dataset", "train", "merge", "evaluate", "calibrate", "tune_serving", "sealed_open"}
 _SCORING_TOOLS = {"evaluate", "calibrate", "tune_serving", "compare", "sealed_open"}
@@ -107,10 +110,18 @@ GATES: tuple[Callable[[str, dict[str, Any], Summary, float, Path], str | None], 
 )
 
 
-def check(tool: str, args: dict[str, Any], summary: Summary, forecast_gpuh: float, lab: Path) -> str | None:
-    """The first gate's reason to refuse, or None when every gate passes."""
+def train_within_ranges(tool: str, args: dict[str, Any], recipe: TrainRecipe | None) -> str | None:
+    if tool != "train" or recipe is None:
+        return None
+    reasons = out_of_range(recipe, args)
+    return "outside the lab's [train] ranges: " + "; ".join(reasons) if reasons else None
+
+
+def check(tool: str, args: dict[str, Any], summary: Summary, forecast_gpuh: float, lab: Path,
+          train: TrainRecipe | None = None) -> str | None:
+    """The first gate's reason to refuse, or None when every gate passes (`train`: the lab's settled [train])."""
     for gate in GATES:
         reason = gate(tool, args, summary, forecast_gpuh, lab)
         if reason is not None:
             return reason
-    return None
+    return train_within_ranges(tool, args, train)

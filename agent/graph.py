@@ -38,6 +38,7 @@ from memory.notebook import tool_call_key
 from tools.context import ToolContext, ToolOutcome
 from tools.jobs.launcher import Launcher
 from tools.session import own_reservation
+from tools.train import lab_recipe
 
 MAX_BAD_REPLIES = 3
 MAX_REFUSALS_IN_ROW = 3
@@ -132,7 +133,7 @@ def gate(rt: Runtime, state: AgentState) -> dict[str, Any]:
     s = _without_own_reservation(rt, Summary.model_validate(state["summary"]), p["tool"], p["args"])
     args = toolbox.args_model(p["tool"]).model_validate(p["args"])
     forecast = toolbox.forecast_gpuh(rt.ctx, rt.forecaster, p["tool"], args)
-    reason = gates.check(p["tool"], p["args"], s, forecast, rt.ctx.paths.root)
+    reason = gates.check(p["tool"], p["args"], s, forecast, rt.ctx.paths.root, lab_recipe(rt.ctx))
     if reason is None:
         return {"refusal": None}
     rt.ctx.nb.record_decision(rt.ctx.session, "refuse", f"gate: {reason}",

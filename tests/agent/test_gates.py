@@ -71,3 +71,18 @@ def test_no_argument_names_a_path_outside_the_lab():
     assert "outside the lab" in gates.check("register_bars", {"file": "/etc/passwd"}, summary(), 0.0, LAB)
     assert "outside the lab" in gates.check("register_bars", {"file": "../other/bars.toml"}, summary(), 0.0, LAB)
     assert gates.check("register_bars", {"file": "world/bars.toml"}, summary(), 0.0, LAB) is None
+
+
+
+def test_a_training_arm_outside_the_labs_train_ranges_is_refused():
+    from trainers.recipe import TrainSection, resolve, shape_of_config
+
+    shape = shape_of_config({"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 4096,
+                             "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+                             "num_key_value_heads": 8, "vocab_size": 128256, "max_position_embeddings": 8192})
+    recipe = resolve(TrainSection.model_validate({"lr_range": [1e-6, 2e-5]}, strict=True), shape, [])
+    sound = {"trainer": "sft", "parent": 1, "dataset": 2}
+    assert gates.check("train", sound | {"lr": 1e-5}, summary(), 0.1, LAB, recipe) is None
+    reason = gates.check("train", sound | {"lr": 1e-3}, summary(), 0.1, LAB, recipe)
+    assert reason == "outside the lab's [train] ranges: lr 0.001 is outside [train.sft] lr_range [1e-06, 2e-05]"
+    assert gates.check("train", sound | {"lr": 1e-3}, summary(), 0.1, LAB) is None  # no recipe given: no such gate
