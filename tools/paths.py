@@ -6,13 +6,30 @@ place (which is what makes a job's idempotency key stable across resume and repl
 
     paths = LabPaths(root=Path("lab"))
     paths.run("sft-3f2a9c01")        # lab/runs/sft-3f2a9c01
+    with paths.writer("run s1"):     # the lab's one writer (lab.lock); a second is refused
+        ...
 """
 
 from __future__ import annotations
 
+import fcntl
+import json
+import os
+import socket
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
+
+LOCK_FILE = "lab.lock"
+
+
+class LabLockError(ValueError):
+    """The lab cannot be locked for writing (another process holds it: the message names it); exit 2."""
 
 
 class LabPaths(BaseModel):
@@ -29,6 +46,11 @@ class LabPaths(BaseModel):
     def graph_checkpoints(self) -> Path:
         """LangGraph's SQLite checkpointer file: its own file, never the notebook."""
         return self.root / "graph.sqlite"
+
+    @property
+    def lock(self) -> Path:
+        """The writer lock: flock'ed by the one process that writes the lab, with who it is inside."""
+        return self.root / LOCK_FILE
 
     @property
     def jobs(self) -> Path:
@@ -53,8 +75,76 @@ class LabPaths(BaseModel):
     def bundle(self, name: str) -> Path:
         return self.root / "bundles" / name
 
+    def spellings(self, *recorded: str) -> tuple[str, ...]:
+        """Every way this lab's root may be spelled in a recorded path: as given, absolute, resolved
+        (through symbolic links), and the spellings a session recorded (`recorded`, e.g. its `lab`)."""
+        names = {str(self.root), str(self.root.absolute()), str(self.root.resolve()), *recorded}
+        return tuple(sorted((n for n in names if n), key=len, reverse=True))  # longest first: 'lab2' before 'lab'
+
     def inside(self, path: str | Path) -> bool:
         """Whether `path` (absolute, or relative to the lab) resolves inside the lab directory."""
         p = Path(path)
         resolved = (p if p.is_absolute() else self.root / p).resolve()
         return resolved.is_relative_to(self.root.resolve())
+
+    @contextmanager
+    def writer(self, command: str) -> Iterator[None]:
+        """Hold the lab's writer lock while the block runs; raise LabLockError naming the holder if another has it.
+
+        An flock, not a pid file: the kernel drops it when its holder dies (SIGKILL included), so a lock
+        left by a killed process never blocks anyone; the holder's note it leaves behind is reported as
+        stale. The descriptor is close-on-exec, so the jobs a session starts (which may outlive it) never
+        hold the lab."""
+        if os.path.lexists(self.root) and not self.root.is_dir():
+            raise LabLockError(f"{self.root}: not a directory (a lab is a directory)")
+        self.root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise LabLockError(f"{self.lock}: the lab is in use by {_holder(fd)}; one writer at a time "
+                              "(wait for it to end, or use another --lab)") from None
+            previous = _holder(fd)
+            if previous != "an unnamed process":
+                print(f"note: {self.lock}: stale lock of {previous} (that process is gone); taking the lab over",
+                      file=sys.stderr)
+            note = {"pid": os.getpid(), "host": socket.gethostname(), "command": command,
+                    "since": datetime.now(UTC).isoformat(timespec="seconds")}
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, (json.dumps(note) + "\n").encode(), 0)
+            try:
+                yield
+            finally:
+                os.ftruncate(fd, 0)  # released cleanly: an empty note, so nobody reports it as stale
+        finally:
+            os.close(fd)  # closing drops the flock
+
+
+LAB_MARK = "<lab>"
+
+
+def portable(value: Any, roots: Sequence[str]) -> Any:
+    """`value` (JSON) with every path string inside one of `roots` rewritten relative to the lab ("<lab>/runs/x").
+
+    Job keys and the resume check compare this form, so neither depends on how the lab was spelled
+    (relative or absolute, through a symbolic link) nor on where it lies (copied, moved)."""
+    if isinstance(value, dict):
+        return {k: portable(v, roots) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [portable(v, roots) for v in value]
+    if isinstance(value, str):
+        for root in roots:
+            if value == root or (value.startswith(root) and value[len(root):len(root) + 1] == "/" and root != "/"):
+                return LAB_MARK + value[len(root):]
+    return value
+
+
+def _holder(fd: int) -> str:
+    """Who the lock file's note names ('pid 12 on host h: run s1, since ...'), read from the open descriptor."""
+    raw = os.pread(fd, 4096, 0)
+    try:
+        note = json.loads(raw)
+        return f"pid {int(note['pid'])} on {note['host']} ({note['command']}, since {note['since']})"
+    except (ValueError, KeyError, TypeError):
+        return "an unnamed process"

@@ -1,6 +1,6 @@
 """`python run_agent.py world ...`: build the toy world, or measure a checkpoint's ground truth in it.
 
-    python run_agent.py world build [--lab DIR] [--seed N] [--size demo|test]
+    python run_agent.py world build [--lab DIR] [--seed N] [--size demo|test] [--template chatml|llama3|gemma]
     python run_agent.py world truth CHECKPOINT [--lab DIR] [--vs OTHER|opponent] [--n 2000] [--seed S] [--json FILE]
                                                [--device cpu|cuda]
 
@@ -14,7 +14,10 @@ import sys
 import time
 from pathlib import Path
 
+from core.display import shown
+from core.loading import UnsafeModelError, model_problems
 from core.util import write_json_atomic
+from memory.records import TRUTH_N_MAX, TRUTH_N_MIN
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -23,6 +26,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     b.add_argument("--lab", type=Path, default=Path("lab"), help="lab directory to build into")
     b.add_argument("--seed", type=int, default=0, help="world seed (same seed, same files)")
     b.add_argument("--size", choices=["demo", "test"], default="demo", help="demo (the default lab) or test (fast)")
+    b.add_argument("--template", choices=["chatml", "llama3", "gemma"], default="chatml",
+                   help="chat-template family of the world's tokenizer and models (a session on it trains, evaluates "
+                        "and ships in that template)")
     t = sub.add_parser("truth", help="true win rate of a checkpoint on a fresh sample (noise-free oracle)")
     t.add_argument("checkpoint", type=Path, help="checkpoint directory to measure")
     t.add_argument("--lab", type=Path, default=Path("lab"), help="the toy world's lab directory")
@@ -34,12 +40,15 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 
 def _build(args: argparse.Namespace) -> int:
-    from tools.world.build import build
+    from tools.paths import LabPaths
+    from tools.world.build import build, check_build
 
     t0 = time.perf_counter()
-    manifest, rebuilt = build(args.lab, seed=args.seed, size=args.size)
+    check_build(args.lab, args.seed, args.size, args.template)  # before the lock file: a refused build leaves nothing behind
+    with LabPaths(root=args.lab).writer("world build"):  # never under a running session, nor two builds at once
+        manifest, rebuilt = build(args.lab, seed=args.seed, size=args.size, template=args.template)
     what = "built" if rebuilt else "cached (manifest sha256 matches; nothing rebuilt)"
-    print(f"toy world {args.size} seed {args.seed} in {args.lab}: {what}, {len(manifest.files)} files, "
+    print(f"toy world {args.size} seed {args.seed} template {args.template} in {args.lab}: {what}, {len(manifest.files)} files, "
           f"{time.perf_counter() - t0:.1f} s")
     return 0
 
@@ -47,12 +56,14 @@ def _build(args: argparse.Namespace) -> int:
 def _truth(args: argparse.Namespace) -> int:
     from tools.world.truth import OPPONENT, render, truth
 
-    if args.n < 2:
-        print(f"error: --n {args.n}: need at least 2 prompts for a confidence interval", file=sys.stderr)
+    if not TRUTH_N_MIN <= args.n <= TRUTH_N_MAX:  # the bound of lab.toml's [truth] n
+        print(f"error: --n {args.n}: expected {TRUTH_N_MIN} to {TRUTH_N_MAX} prompts (as lab.toml's [truth] n)",
+              file=sys.stderr)
         return 2
     for path in [args.checkpoint] + ([Path(args.vs)] if args.vs and args.vs != OPPONENT else []):
-        if not (path / "config.json").is_file() and not (path / "adapter_config.json").is_file():
-            print(f"error: {path}: not a checkpoint directory (no config.json)", file=sys.stderr)
+        problem = _checkpoint_problem(path)
+        if problem:
+            print(f"error: {problem}", file=sys.stderr)
             return 2
     result = truth(args.lab, args.checkpoint, args.vs, n=args.n, seed=args.seed, device=args.device)
     print(render(result))
@@ -61,12 +72,32 @@ def _truth(args: argparse.Namespace) -> int:
     return 0
 
 
+def _checkpoint_problem(path: Path) -> str | None:
+    """Why `path` cannot be measured as data (None when it can): not a full checkpoint with safetensors weights,
+    or one carrying code, pickles or a malformed header (core.loading)."""
+    where = shown(str(path))
+    if not (path / "config.json").is_file():
+        if (path / "adapter_config.json").is_file():
+            return f"{where}: a PEFT adapter (no config.json); expected a full checkpoint (merge the adapter first)"
+        return f"{where}: not a checkpoint directory (no config.json)"
+    if not any(path.glob("*.safetensors")):
+        return f"{where}: no safetensors weights; expected model*.safetensors (pickled weights are never read)"
+    try:
+        problems = model_problems(path)
+    except UnsafeModelError as err:
+        problems = [str(err)]
+    if problems:
+        return problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
+    return None
+
+
 def main(args: argparse.Namespace) -> int:
     """Dispatch `world build` / `world truth`; bad input exits 2 with one message."""
+    from tools.paths import LabLockError
     from tools.world.build import WorldError
 
     try:
         return _build(args) if args.world_command == "build" else _truth(args)
-    except WorldError as exc:
+    except (WorldError, LabLockError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
