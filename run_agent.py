@@ -79,13 +79,20 @@ def cmd_run(args: argparse.Namespace) -> int:
     if path.exists() and session in _session_names(path):
         raise UsageError(f"session {session!r} already exists in {path}; pick another --session name")
     from agent.runner import start
+    from tools.paths import LabPaths
 
-    if config is None:  # no lab configured: the embedded toy world, built (or found cached) in the lab dir
-        from tools.world.build import build
+    if config is None:
+        from tools.world.build import WorldError, build, check_build
 
-        print(f"no {args.lab / LAB_FILE}: building the toy world in {args.lab} (cached after the first build)")
-        build(args.lab, size="demo")
-    return start(args.lab, session, budget, planner, executor, args.protocol, args.quiet)
+        try:
+            check_build(args.lab, 0, "demo")  # before the lock file: a refused build leaves nothing behind
+        except WorldError as exc:
+            raise UsageError(str(exc)) from None
+    with LabPaths(root=args.lab).writer(f"run {session}"):
+        if config is None:  # no lab configured: the embedded toy world, built (or found cached) in the lab dir
+            print(f"no {args.lab / LAB_FILE}: building the toy world in {args.lab} (cached after the first build)")
+            build(args.lab, size="demo")
+        return start(args.lab, session, budget, planner, executor, args.protocol, args.quiet)
 
 
 # ---- resume / replay -----------------------------------------------------------------------------
@@ -99,8 +106,12 @@ def add_resume_args(p: argparse.ArgumentParser) -> None:
 
 def cmd_resume(args: argparse.Namespace) -> int:
     from agent.runner import resume
+    from tools.paths import LabPaths
 
-    return resume(args.lab, args.session, args.quiet)
+    if not (args.lab / NOTEBOOK_FILE).is_file():  # before the lock, which would create the lab directory
+        raise UsageError(f"{args.lab / NOTEBOOK_FILE}: no notebook here (pass --lab DIR)")
+    with LabPaths(root=args.lab).writer(f"resume {args.session}"):
+        return resume(args.lab, args.session, args.quiet)
 
 
 def add_replay_args(p: argparse.ArgumentParser) -> None:
@@ -270,6 +281,9 @@ def _bad_input_errors() -> tuple[type[BaseException], ...]:
     imported only by commands that open a notebook, so `check-feedback` starts fast; if a handler raised a
     NotebookError, that module is loaded by then."""
     errors: list[type[BaseException]] = [UsageError, BudgetError, LabConfigError, SessionError]
+    paths = sys.modules.get("tools.paths")
+    if paths is not None:  # another writer holds the lab: refused like bad input, nothing written
+        errors.append(paths.LabLockError)
     notebook = sys.modules.get("memory.notebook")
     if notebook is not None:
         errors.append(notebook.NotebookError)

@@ -19,6 +19,8 @@ interval); the verdict shown is always the notebook's.
 from __future__ import annotations
 
 import math
+import os
+import stat
 from datetime import datetime
 from html import escape
 from pathlib import Path
@@ -145,8 +147,7 @@ def write_report(notebook: Path, session: str | None, out: Path) -> tuple[Sessio
     """Read the notebook (read-only) and write the report atomically to `out` (nothing written on error)."""
     if not notebook.exists():
         raise ReportError(f"{notebook}: no notebook here (run a session first, or pass --lab DIR)")
-    if out.is_dir():
-        raise ReportError(f"-o {out}: is a directory; name the HTML file to write")
+    _check_target(out)
     with Notebook.open(notebook, readonly=True) as nb:
         chosen = pick_session(nb, session)
         html = render(_Data(nb, chosen))
@@ -154,6 +155,21 @@ def write_report(notebook: Path, session: str | None, out: Path) -> tuple[Sessio
         return chosen, write_atomic(out, html)
     except OSError as err:
         raise ReportError(f"{out}: cannot write the report: {err.strerror or err}") from None
+
+
+def _check_target(out: Path) -> None:
+    """The report replaces `out` by a rename: only a regular file (or a new name in a directory) may be
+    replaced that way. Run as root, a rename onto /dev/null replaced the machine's /dev/null with a file;
+    onto a symbolic link, it would replace the link, not the file it names."""
+    if os.path.lexists(out):
+        mode = out.lstat().st_mode
+        if stat.S_ISDIR(mode):
+            raise ReportError(f"-o {out}: is a directory; name the HTML file to write")
+        if not stat.S_ISREG(mode):
+            what = "a symbolic link" if stat.S_ISLNK(mode) else "a device, pipe or socket"
+            raise ReportError(f"-o {out}: is {what}, not a regular file; the report writes regular files only")
+    elif not out.parent.is_dir():
+        raise ReportError(f"-o {out}: {out.parent} is not a directory")
 
 
 # ---- rendering -----------------------------------------------------------------------------------

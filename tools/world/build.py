@@ -31,6 +31,7 @@ feedback pass their audits and the ground-truth sample (tools/world/truth.py) ca
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
 import tempfile
@@ -173,13 +174,75 @@ def cached(lab: Path, seed: int, size: Size) -> Manifest | None:
     return manifest
 
 
-def owned_by_world(lab: Path) -> bool:
-    """Whether lab.toml (if any) was written by a world build (a manifest exists beside it)."""
-    return not (lab / "lab.toml").exists() or (lab / WORLD_DIR / MANIFEST).exists()
-
-
 class WorldError(ValueError):
     """A world cannot be built here; the message says why (exit 2)."""
+
+
+STAGE_PREFIX = ".world-build-"
+# Left in a lab by the run that holds it (tools/paths.py); not a user's file.
+LOCK_NAME = "lab.lock"
+
+
+def _built_manifest(lab: Path) -> Manifest | None:
+    """world/manifest.json as a build wrote it, else None (missing, unreadable, or not a manifest)."""
+    try:
+        return Manifest.model_validate_json((lab / WORLD_DIR / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+
+
+def check_target(lab: Path) -> None:
+    """Refuse, with the reason, a build that would destroy a user's files: a directory of other files
+    (a build replaces `world/` and lab.toml), a lab.toml no build wrote or one edited since, and a lab
+    whose notebook holds sessions (their replay and resume read this world's files)."""
+    if os.path.lexists(lab) and not lab.is_dir():
+        raise WorldError(f"{lab}: not a directory")
+    if not lab.is_dir():
+        return
+    toml, manifest = lab / "lab.toml", _built_manifest(lab)
+    if not os.path.lexists(toml):
+        others = sorted(p.name for p in lab.iterdir() if not p.name.startswith(STAGE_PREFIX) and p.name != LOCK_NAME
+                        and not (p.name == WORLD_DIR and manifest is not None))
+        if others:
+            raise WorldError(f"{lab}: holds other files ({', '.join(others[:5])}{', ...' if len(others) > 5 else ''}) "
+                             "and no lab.toml; refusing to build a toy world over them (build into a new or empty "
+                             "directory)")
+        return
+    if manifest is None:
+        raise WorldError(f"{toml}: this lab.toml was not written by a world build (no readable {WORLD_DIR}/{MANIFEST}"
+                         "); refusing to overwrite a real lab's config")
+    if manifest.files.get("lab.toml") != file_sha256(toml):
+        raise WorldError(f"{toml}: edited since the world build wrote it; refusing to overwrite it (move it away to "
+                         "rebuild, or keep it and use a lab directory of its own)")
+    if os.path.lexists(lab / "notebook.db"):
+        raise WorldError(f"{lab / 'notebook.db'}: this lab holds a notebook whose sessions read this world's files; "
+                         "refusing to rebuild the world under them (build into a new --lab directory)")
+
+
+def check_build(lab: Path, seed: int, size: Size) -> None:
+    """What `build` refuses, checked before anything is written (even the lab's lock): an intact cache of
+    this world is always fine; anything else needs a target `check_target` accepts."""
+    if cached(lab, seed, size) is None:
+        check_target(lab)
+
+
+def _clean_stale_stages(lab: Path) -> None:
+    """Remove the staging directories of builds whose process is gone (killed mid-build); a live build's
+    is left alone (its pid is in the name)."""
+    for stage in lab.glob(f"{STAGE_PREFIX}*"):
+        pid = stage.name.removeprefix(STAGE_PREFIX).split("-", 1)[0]
+        if not pid.isdigit() or not _alive(int(pid)):
+            shutil.rmtree(stage, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
 
 
 # ---- pools -------------------------------------------------------------------------------------------
@@ -566,14 +629,14 @@ def _files(root: Path) -> dict[str, str]:
 
 def build(lab: Path, seed: int = 0, size: Size = "demo") -> tuple[Manifest, bool]:
     """Builds the world into `lab` unless an intact cache of it is there; returns (manifest, rebuilt)."""
+    if lab.is_dir():
+        _clean_stale_stages(lab)
     found = cached(lab, seed, size)
     if found is not None:
         return found, False
-    if not owned_by_world(lab):
-        raise WorldError(f"{lab / 'lab.toml'}: this lab.toml was not written by a world build (no "
-                         f"{WORLD_DIR}/{MANIFEST}); refusing to overwrite a real lab's config")
+    check_target(lab)
     lab.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(prefix=".world-build-", dir=lab))
+    stage = Path(tempfile.mkdtemp(prefix=f"{STAGE_PREFIX}{os.getpid()}-", dir=lab))
     try:
         with one_thread():
             _build_into(stage, seed, size)

@@ -1,0 +1,265 @@
+"""The lab is a place (issue 34, section 4), the cheap cases: one writer at a time (a second `run`, `resume` or
+`world build` is refused naming the holder; a lock left by a killed process is stale and taken over), `world
+build` never destroys a user's files, `report -o` writes regular files only, and job keys do not depend on how
+the lab path is spelled. The whole-session cases (a copied lab replays, a resume from another directory, two
+`run`s racing) are in test_lab_sessions.py."""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from pydantic import BaseModel
+
+from core.util import file_sha256
+from memory.notebook import Notebook
+from tools.jobs.executor import ExecutorSection
+from tools.jobs.launcher import Launcher
+from tools.paths import LabLockError, LabPaths, portable
+from tools.world.build import MANIFEST, WORLD_DIR, Manifest, WorldError, build
+
+sys.path.insert(0, str(Path(__file__).parent))
+from hostile_kit import REPO, assert_refused, files, make_lab, run_cli  # noqa: E402
+
+HOLD = """
+import sys, time
+from pathlib import Path
+from tools.paths import LabPaths
+with LabPaths(root=Path(sys.argv[1])).writer("run held-by-test"):
+    print("held", flush=True)
+    time.sleep(600)
+"""
+
+
+def _holder(lab: Path) -> subprocess.Popen:
+    """A real process holding the lab's lock (as a running session does) until it is killed."""
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(lab)], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+@pytest.fixture
+def held(tmp_path):
+    lab = make_lab(tmp_path / "lab")
+    proc = _holder(lab)
+    yield lab, proc
+    proc.kill()
+    proc.wait()
+
+
+# ---- one writer at a time ------------------------------------------------------------------------
+
+
+def test_a_second_run_or_resume_is_refused_naming_the_holder(held, tmp_path):
+    lab, proc = held
+    with Notebook.open(lab / "notebook.db"):  # resume looks for a notebook before the lock
+        pass
+    (tmp_path / "link").symlink_to(lab)  # the same lab reached through a link is the same lock
+    before = files(lab)
+    outs = run_cli([["--budget", "1gpuh", "--lab", str(lab), "--session", "s2"],
+                    ["resume", "s1", "--lab", str(tmp_path / "link")]])
+    for out in outs:
+        assert_refused(out.returncode, out.stderr, "lab.lock", f"pid {proc.pid}", "run held-by-test")
+    assert files(lab) == before
+
+
+def test_a_world_build_is_refused_while_a_session_holds_the_lab(tmp_path):
+    lab = _world_lab(tmp_path / "lab")
+    proc = _holder(lab)
+    try:
+        before = files(lab)
+        out = run_cli([["world", "build", "--lab", str(lab), "--size", "test"]])[0]
+        assert_refused(out.returncode, out.stderr, str(lab / "lab.lock"), f"pid {proc.pid}")
+        assert files(lab) == before
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_lock_left_by_a_killed_process_is_stale_and_taken_over(tmp_path, capfd):
+    lab = tmp_path / "lab"
+    proc = _holder(lab)
+    with pytest.raises(LabLockError, match=f"pid {proc.pid}"):
+        with LabPaths(root=lab).writer("second"):
+            pass
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    with LabPaths(root=lab).writer("after the kill"):
+        assert "after the kill" in (lab / "lab.lock").read_text()
+    err = capfd.readouterr().err
+    assert f"stale lock of pid {proc.pid}" in err and "run held-by-test" in err
+    with LabPaths(root=lab).writer("third"):  # a clean release leaves no stale note
+        pass
+    assert "stale" not in capfd.readouterr().err
+
+
+def test_the_lock_is_not_inherited_by_the_jobs_a_session_starts(tmp_path):
+    """A job outlives a killed agent; it must not keep the lab locked against the resume."""
+    lab = tmp_path / "lab"
+    with LabPaths(root=lab).writer("run s1"):
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        with LabPaths(root=lab).writer("resume s1"):
+            pass
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_lab_that_is_a_file_is_refused(tmp_path):
+    (tmp_path / "lab").write_text("not a lab")
+    with pytest.raises(LabLockError, match="not a directory"):
+        with LabPaths(root=tmp_path / "lab").writer("run"):
+            pass
+    assert (tmp_path / "lab").read_text() == "not a lab"
+
+
+# ---- world build never destroys a user's files -------------------------------------------------------
+
+
+def _world_lab(lab: Path, *, notebook: bool = False) -> Path:
+    """A lab as a build leaves it (lab.toml vouched for by world/manifest.json), without the models."""
+    (lab / WORLD_DIR).mkdir(parents=True)
+    (lab / "lab.toml").write_text('bars = "world/bars.toml"\n')
+    manifest = Manifest(version=0, seed=0, size="test", files={"lab.toml": file_sha256(lab / "lab.toml")})
+    (lab / WORLD_DIR / MANIFEST).write_text(manifest.model_dump_json())
+    if notebook:
+        with Notebook.open(lab / "notebook.db"):
+            pass
+    return lab
+
+
+def test_build_refuses_a_directory_of_other_files(tmp_path):
+    lab = tmp_path / "mine"
+    (lab / "world").mkdir(parents=True)
+    (lab / "world" / "thesis.tex").write_text("years of work")
+    before = files(lab)
+    out = run_cli([["world", "build", "--lab", str(lab), "--size", "test"]])[0]
+    assert_refused(out.returncode, out.stderr, str(lab), "no lab.toml", "world")
+    assert files(lab) == before  # not even a lock file
+
+
+def test_build_refuses_an_edited_lab_toml(tmp_path):
+    lab = _world_lab(tmp_path / "lab")
+    (lab / "lab.toml").write_text('bars = "world/bars.toml"\n# my own note\n')
+    before = files(lab)
+    out = run_cli([["world", "build", "--lab", str(lab), "--size", "test"]])[0]
+    assert_refused(out.returncode, out.stderr, str(lab / "lab.toml"), "edited")
+    assert files(lab) == before
+
+
+def test_build_refuses_a_lab_holding_a_notebook(tmp_path):
+    lab = _world_lab(tmp_path / "lab", notebook=True)
+    before = files(lab)
+    out = run_cli([["world", "build", "--lab", str(lab), "--size", "test"]])
+    assert_refused(out[0].returncode, out[0].stderr, str(lab / "notebook.db"), "sessions")
+    assert files(lab) == before
+
+
+def test_run_on_a_directory_of_other_files_builds_nothing(tmp_path):
+    lab = tmp_path / "mine"
+    (lab / "world").mkdir(parents=True)
+    (lab / "world" / "data.csv").write_text("1,2\n")
+    before = files(lab)
+    out = run_cli([["--budget", "1gpuh", "--lab", str(lab)]])[0]
+    assert_refused(out.returncode, out.stderr, str(lab), "no lab.toml")
+    assert files(lab) == before
+
+
+def test_a_killed_builds_staging_directory_is_removed_by_the_next_build(tmp_path):
+    lab = _world_lab(tmp_path / "lab", notebook=True)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = lab / f".world-build-{dead.pid}-x1"
+    live = lab / f".world-build-{os.getpid()}-x2"  # a build still running (this process) keeps its own
+    for d in (stale, live):
+        (d / "world").mkdir(parents=True)
+    with pytest.raises(WorldError, match="notebook"):
+        build(lab, seed=0, size="test")
+    assert not stale.exists() and live.exists()
+
+
+# ---- report -o ------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def notebook(tmp_path) -> Path:
+    lab = tmp_path / "lab"
+    lab.mkdir()
+    with Notebook.open(lab / "notebook.db") as nb:
+        nb.open_session("s1", lab=str(lab), budget_gpuh=1.0, reserve_gpuh=0.1, planner="playbook", executor="local",
+                        config={})
+    return lab
+
+
+def test_report_refuses_a_device(notebook):
+    if not os.path.exists("/dev/null"):
+        pytest.skip("no /dev/null")
+    before = os.stat("/dev/null")
+    out = run_cli([["report", "--lab", str(notebook), "-o", "/dev/null"]])[0]
+    assert_refused(out.returncode, out.stderr, "/dev/null", "not a regular file")
+    after = os.stat("/dev/null")
+    assert stat.S_ISCHR(after.st_mode) and after.st_ino == before.st_ino
+
+
+def test_report_refuses_a_fifo_and_a_symbolic_link(notebook, tmp_path):
+    fifo, target, link = tmp_path / "pipe", tmp_path / "mine.html", tmp_path / "link.html"
+    os.mkfifo(fifo)
+    target.write_text("kept")
+    link.symlink_to(target)
+    outs = run_cli([["report", "--lab", str(notebook), "-o", str(fifo)],
+                    ["report", "--lab", str(notebook), "-o", str(link)],
+                    ["report", "--lab", str(notebook), "-o", str(tmp_path / "no-such-dir" / "r.html")]])
+    assert_refused(outs[0].returncode, outs[0].stderr, str(fifo), "not a regular file")
+    assert_refused(outs[1].returncode, outs[1].stderr, str(link), "symbolic link")
+    assert_refused(outs[2].returncode, outs[2].stderr, "no-such-dir", "not a directory")
+    assert stat.S_ISFIFO(fifo.lstat().st_mode) and link.is_symlink() and target.read_text() == "kept"
+    assert not (tmp_path / "no-such-dir").exists()
+
+
+# ---- job keys and the lab's spelling --------------------------------------------------------------
+
+
+class _Job(BaseModel):
+    model_path: Path
+    output_dir: Path
+    steps: int
+
+
+def _job(cfg: _Job) -> _Job:
+    return cfg
+
+
+def _key(nb: Notebook, lab: Path, roots: tuple[str, ...]) -> str:
+    launcher = Launcher.from_section(nb, "s1", ExecutorSection(kind="local"), lab / "jobs", lab_roots=roots)
+    return launcher.key("sft", _job, _Job(model_path=lab / "models/parent", output_dir=lab / "runs/sft-1", steps=1))
+
+
+def test_job_keys_do_not_depend_on_how_the_lab_is_spelled(tmp_path, monkeypatch):
+    original, copy = tmp_path / "lab", tmp_path / "elsewhere" / "copy-of-lab"
+    original.mkdir()
+    copy.parent.mkdir()
+    (tmp_path / "link").symlink_to(original)
+    monkeypatch.chdir(tmp_path)
+    with Notebook.open(tmp_path / "nb.db") as nb:
+        keys = {_key(nb, Path("lab"), LabPaths(root=Path("lab")).spellings()),
+                _key(nb, original, LabPaths(root=original).spellings()),
+                _key(nb, tmp_path / "link", LabPaths(root=tmp_path / "link").spellings()),
+                # a copy, with the recorded root of the session that ran in the original
+                _key(nb, copy, LabPaths(root=copy).spellings(str(original)))}
+        assert len(keys) == 1
+        # Another lab is another lab: a path outside the roots stays as it is.
+        assert _key(nb, tmp_path / "other", LabPaths(root=copy).spellings()) not in keys
+
+
+def test_portable_rewrites_only_paths_inside_the_lab():
+    roots = LabPaths(root=Path("/data/lab")).spellings()
+    value = {"a": "/data/lab/runs/x", "b": "/data/lab2/runs/x", "c": ["/data/lab", "/data/labx"], "d": 3,
+             "e": "lab/runs"}
+    assert portable(value, roots) == {"a": "<lab>/runs/x", "b": "/data/lab2/runs/x", "c": ["<lab>", "/data/labx"],
+                                      "d": 3, "e": "lab/runs"}
