@@ -33,8 +33,9 @@ from agent.errors import SessionError
 from agent.graph import Runtime, drive
 from agent.live import Silent
 from agent.planners.playbook import Playbook, PlaybookSettings
+from evals import bars as bars_file
 from memory.notebook import Decision, JobRecord, Notebook, NotebookError
-from tools.context import ToolContext, WouldLaunch
+from tools.context import LabSpec, ToolContext, WouldLaunch
 from tools.jobs.launcher import JobFailed, Launcher, Resources
 from tools.paths import LabPaths
 from tools.promote import start_incumbent
@@ -159,12 +160,13 @@ def replay(lab_dir: Path, session: str, *, bars: Path | None = None, planner: st
     """Re-derive a session's decisions (see the module docstring); writes nothing in the lab."""
     from agent.runner import lab_spec, make_planner, minute_cost
 
+    lab_dir = lab_dir.resolve()  # as the session recorded it (agent/runner.py)
     paths = LabPaths(root=lab_dir)
     if not paths.notebook.exists():
         raise SessionError(f"{paths.notebook}: no notebook here (pass --lab DIR)")
-    if bars is not None and not bars.is_file():
-        raise SessionError(f"--bars {bars}: no such file")
     config = load_lab_config(lab_dir)
+    if bars is not None:
+        _check_bars(bars, lab_spec(config))
     with Notebook.open(paths.notebook, readonly=True) as original, tempfile.TemporaryDirectory() as tmp:
         try:
             s = original.session(session)
@@ -179,7 +181,8 @@ def replay(lab_dir: Path, session: str, *, bars: Path | None = None, planner: st
             if bars is not None:
                 lab = lab.model_copy(update={"bars": bars.resolve()})
             section = config.executor.model_copy(update={"kind": s.executor})
-            forecaster = Launcher.from_section(scratch, session, section, Path(tmp) / "jobs")
+            forecaster = Launcher.from_section(scratch, session, section, Path(tmp) / "jobs",
+                                               lab_roots=paths.spellings(s.lab))
             ctx = ToolContext(nb=scratch, session=session, paths=paths, lab=lab,
                               jobs=ReplaySubmitter(original, scratch, session, forecaster),
                               minute_gpuh=minute_cost(forecaster))
@@ -190,6 +193,17 @@ def replay(lab_dir: Path, session: str, *, bars: Path | None = None, planner: st
             start_incumbent(ctx)
             drive(rt, InMemorySaver())
             return _compare(original, scratch, session)
+
+
+def _check_bars(path: Path, lab: LabSpec) -> None:
+    """`--bars FILE` must be a bars file for this lab's suites: anything else is bad input, named, before
+    any replay (a file the session's registration would fail on would only show as "decisions differ")."""
+    try:
+        bars_file.load(path, {s.name: s.scorer for s in lab.suites})
+    except (bars_file.BarsError, OSError) as exc:
+        problem = str(exc) if isinstance(exc, bars_file.BarsError) else f"{path}: {exc.strerror or exc}"
+        raise SessionError(f"--bars {problem}\n(expected a bars file: TOML with [[bar]] tables of suite, metric "
+                           "and rule)") from None
 
 
 def _carry_lab_state(original: Notebook, scratch: Notebook, started_at: str) -> None:

@@ -28,7 +28,7 @@ from tools.context import LabSpec, LabSuite, LabTruth, ToolContext
 from tools.data.datasets import ReplaySource, VerifiedSource
 from tools.jobs.executor import ExecutorSection
 from tools.jobs.launcher import Launcher, Resources
-from tools.paths import LabPaths
+from tools.paths import LabPaths, portable
 from tools.promote import start_incumbent
 
 
@@ -105,7 +105,8 @@ def minute_cost(launcher: Launcher):
 def _runtime(nb: Notebook, session: str, lab_dir: Path, config: LabConfig, executor: ExecutorSection,
              settings: PlaybookSettings, planner_kind: str, quiet: bool) -> Runtime:
     paths = LabPaths(root=lab_dir)
-    launcher = Launcher.from_section(nb, session, executor, paths.jobs)
+    launcher = Launcher.from_section(nb, session, executor, paths.jobs,
+                                     lab_roots=paths.spellings(nb.session(session).lab))
     ctx = ToolContext(nb=nb, session=session, paths=paths, lab=lab_spec(config), jobs=launcher,
                       minute_gpuh=minute_cost(launcher))
     playbook = Playbook(settings)
@@ -120,6 +121,19 @@ def _drive_checkpointed(rt: Runtime) -> None:
         drive(rt, SqliteSaver(conn))
     finally:
         conn.close()
+
+
+def _check_checkpoints(path: Path) -> None:
+    """A damaged graph checkpoint file is refused before anything is written (the session is not opened)."""
+    if not path.exists():
+        return
+    try:
+        with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as conn:
+            conn.execute("PRAGMA quick_check").fetchall()
+    except sqlite3.DatabaseError as exc:
+        raise SessionError(f"{path}: the graph checkpoint is not a readable SQLite database ({exc}); it holds "
+                           "nothing the notebook lacks: remove it, and resume rebuilds the session from the "
+                           "notebook") from None
 
 
 def _finish(rt: Runtime) -> int:
@@ -139,6 +153,15 @@ def _finish(rt: Runtime) -> int:
     return 0 if s.status == "done" else 1
 
 
+def same_lab(saved: dict[str, Any], recorded_lab: str, config: LabConfig, paths: LabPaths) -> bool:
+    """Whether the lab config a session recorded (`saved`, with its lab root `recorded_lab`) is the lab's
+    config now, paths inside the lab compared lab-relative: the same lab reached by another spelling,
+    from another directory, copied or moved, is the same lab."""
+    before = portable(saved, LabPaths(root=Path(recorded_lab)).spellings(recorded_lab))
+    now = portable(config.model_dump(mode="json"), paths.spellings(recorded_lab))
+    return sha256_text(canonical_json(before)) == sha256_text(canonical_json(now))
+
+
 def snapshot(config: LabConfig, protocol: str, settings: PlaybookSettings) -> dict[str, Any]:
     return {"lab": config.model_dump(mode="json"), "protocol": protocol, "playbook": settings.model_dump(mode="json")}
 
@@ -146,7 +169,11 @@ def snapshot(config: LabConfig, protocol: str, settings: PlaybookSettings) -> di
 def start(lab_dir: Path, session: str, budget_gpuh: float, planner: str, executor: str, protocol: str,
           quiet: bool) -> int:
     """Open a new session in the lab and drive it to a nomination."""
+    # Resolved once, here: every path the session records is then absolute, whatever directory a later
+    # resume, replay or job runs from.
+    lab_dir = lab_dir.resolve()
     config = load_lab_config(lab_dir)
+    _check_checkpoints(LabPaths(root=lab_dir).graph_checkpoints)
     settings = PlaybookSettings.named(protocol)
     section = config.executor.model_copy(update={"kind": executor})
     with Notebook.open(LabPaths(root=lab_dir).notebook) as nb:
@@ -161,10 +188,12 @@ def start(lab_dir: Path, session: str, budget_gpuh: float, planner: str, executo
 
 def resume(lab_dir: Path, session: str, quiet: bool) -> int:
     """Continue a session that died: from its last graph checkpoint, or rebuilt from the notebook."""
+    lab_dir = lab_dir.resolve()
     paths = LabPaths(root=lab_dir)
     if not paths.notebook.exists():
         raise SessionError(f"{paths.notebook}: no notebook here (pass --lab DIR)")
     config = load_lab_config(lab_dir)
+    _check_checkpoints(paths.graph_checkpoints)
     with Notebook.open(paths.notebook) as nb:
         try:
             s = nb.session(session)
@@ -173,7 +202,7 @@ def resume(lab_dir: Path, session: str, quiet: bool) -> int:
         if s.status != "open":
             raise SessionError(f"session {session} already ended ({s.status}); nothing to resume")
         saved = s.config
-        if sha256_text(canonical_json(saved["lab"])) != sha256_text(canonical_json(config.model_dump(mode="json"))):
+        if not same_lab(saved["lab"], s.lab, config, paths):
             raise SessionError(f"{lab_dir}/lab.toml changed since session {session} started; resume needs the same lab")
         settings = PlaybookSettings.recorded(saved["playbook"], session)
         section = config.executor.model_copy(update={"kind": s.executor})
