@@ -21,6 +21,7 @@ from agent.toolbox import HIDDEN_TOOLS, canonical_args
 from evals.decoding import Decoding
 from memory.notebook import Notebook
 from memory.records import GateRefusal
+from tools.data.datasets import audit_clean
 from tools.ground_truth import JOB_KIND as TRUTH_JOB_KIND
 from tools.session import Ledger, RegisteredBars, SessionView, Verdict, render, view
 
@@ -45,7 +46,8 @@ class Dataset(_View):
     builder: str = Field(description="Builder that made it.")
     row_kind: str = Field(description="sft, pairs, items or klce.")
     rows: int = Field(description="Rows.")
-    audit_passed: bool = Field(description="Leak audit against holdouts and eval prompts.")
+    audit_passed: bool = Field(description="Leak audit against holdouts and eval prompts: ran, and every overlapping "
+                               "row was dropped.")
 
 
 class Call(_View):
@@ -185,7 +187,7 @@ def summarize(nb: Notebook, session: str) -> Summary:
                     if all(nb.eval(i).artifact_id == cp.id for i in f.source_evals):
                         calibrated.add(cp.id)
     datasets = [Dataset(id=a.id, name=a.name, builder=a.recipe.get("builder", ""), row_kind=a.recipe.get("row_kind", ""),
-                        rows=a.recipe.get("rows", 0), audit_passed="audit" in a.recipe and not a.recipe["audit"].get("hits"))
+                        rows=a.recipe.get("rows", 0), audit_passed=audit_clean(a.recipe))
                 for a in nb.artifacts(kind="dataset", session=session)]
     refused = [d for d in nb.decisions(session, kind="refuse")
                if d.payload.get("tool") not in HIDDEN_TOOLS and d.payload.get("kind") != TRUTH_JOB_KIND]

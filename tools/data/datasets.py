@@ -175,6 +175,17 @@ class DatasetManifest(BaseModel):
     audit: AuditResult = Field(description="The leak audit of the training prompts (before the overlapping rows were "
                                "dropped: its hits are the dropped rows).")
     audit_sha256: str = Field(description="sha256 of the audit result's canonical JSON.")
+    leak_dropped: int = Field(0, ge=0, description="Rows dropped because their prompt overlaps a holdout or eval prompt.")
+    leak_dropped_ids: list[str] = Field(default_factory=list, description="The dropped rows' ids ('row N' for a row "
+                                        "without one), in row order.")
+
+
+def audit_clean(recipe: dict[str, Any]) -> bool:
+    """Whether a dataset's recorded manifest (an artifact's recipe) shows a leak audit that left no
+    overlapping row in it: the audit ran and every row it hit was dropped. The one answer the gates, the
+    planner's summary and the bundle's evidence read."""
+    audit_result = recipe.get("audit")
+    return isinstance(audit_result, dict) and recipe.get("leak_dropped", 0) == len(audit_result.get("hits", []))
 
 
 def manifest_path(dataset: Path) -> Path:

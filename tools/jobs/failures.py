@@ -20,10 +20,8 @@ from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from core.placement import NO_GPU_PREFIX
-
 FailureClass = Literal[
-    "oom", "preempted", "timeout", "nccl_timeout", "nan_loss", "node_failure", "cancelled", "no_gpu", "error"
+    "oom", "preempted", "timeout", "nccl_timeout", "nan_loss", "node_failure", "cancelled", "error"
 ]
 Action = Literal["requeue", "retry_smaller_batch", "record"]
 C = TypeVar("C", bound=BaseModel)
@@ -34,10 +32,7 @@ TIMEOUT_PREFIX = "timeout:"
 PREEMPTED_PREFIX = "preempted:"
 # Trainers raise an exception whose message starts with this when the loss stops being finite.
 NAN_PREFIX = "nan_loss:"
-# NO_GPU_PREFIX: a job given GPUs that finds none on its host (core/placement.py) says so; it is recorded, not
-# retried (it would fail the same way again).
 
-_OOM = re.compile(r"CUDA out of memory|OutOfMemoryError|\bMemoryError\b|CUBLAS_STATUS_ALLOC_FAILED")
 # Ranks that hang or disagree, past their timeout (class nccl_timeout, whatever the backend):
 # torch.distributed's watchdog and NCCL's own messages; gloo's collective timeout (CPU jobs); and the
 # rendezvous store when a rank never joined the group.
@@ -57,13 +52,14 @@ class Failure(BaseModel):
                         "never the text of an arbitrary exception message (the job's log holds that).")
 
 
-def classify(state: str, exit_code: int | None, text: str) -> Failure:
+def classify(state: str, exit_code: int | None, text: str, raised: tuple[str, Failure | None] | None = None) -> Failure:
     """Classify a run that did not complete; `state` is the executor's final state, upper case.
 
     An exception's message may carry input text (a battle id with a newline and an instruction to the
-    planner, a file's content): it neither decides the class nor reaches the detail. With a Python
-    trace in `text`, the class comes from the final exception's type and the first line of its message
-    only, and the detail is its type (or a project-raised prefix message, which the project minted)."""
+    planner, a forged trace, a file's content): it neither decides the class nor reaches the detail.
+    `raised` is what the job wrapper recorded of the job's own exception where it was raised (its type,
+    and its class when it has one beyond 'error': `raised_failure`); it is trusted over `text`. Without it
+    the final exception of the trace in `text` is read: its type and the first line of its message."""
     state = state.upper()
     if state.startswith("CANCELLED"):
         return Failure(failure_class="cancelled", detail=state)
@@ -72,25 +68,57 @@ def classify(state: str, exit_code: int | None, text: str) -> Failure:
     if state == "OUT_OF_MEMORY":
         return Failure(failure_class="oom", detail=state)
     code = "" if exit_code is None else f" (exit code {exit_code})"
-    kind, message = _final_exception(text)
+    if raised is not None:
+        kind, failure = raised
+    else:
+        kind, message = _final_exception(text)
+        failure = _from_exception(kind, message) if kind else None
+        # Hangs are reported in the ranks' logs, not always as the final exception: the whole text is read.
+        if failure is None and _NCCL.search(text):
+            failure = Failure(failure_class="nccl_timeout", detail="a collective operation timed out" + (f" ({kind})" if kind else ""))
+        for prefix, klass in _PREFIXES:
+            if failure is None and not kind and re.search(rf"^(\[rank\d+\]: ?)?([\w.]+: )?{re.escape(prefix)}", text, re.MULTILINE):
+                failure = Failure(failure_class=klass, detail=f"{prefix} (from the job's error text)")
     # The job's own words come before the generic TIMEOUT/PREEMPTED states: a NaN or an OOM is what
     # needs fixing even when the job then ran out of time.
-    if _OOM.search(f"{kind}: {message}" if kind else text):
-        return Failure(failure_class="oom", detail=(kind or "out of memory") + code)
-    # Hangs are reported in the ranks' logs, not always as the final exception: the whole text is read.
-    if _NCCL.search(text):
-        return Failure(failure_class="nccl_timeout", detail="a collective operation timed out" + (f" ({kind})" if kind else "") + code)
-    for prefix, klass in ((NAN_PREFIX, "nan_loss"), (NO_GPU_PREFIX, "no_gpu"), (TIMEOUT_PREFIX, "timeout"),
-                          (PREEMPTED_PREFIX, "preempted")):
-        if message.startswith(prefix):  # raised by the project (trainers, the job wrapper, core/placement.py)
-            return Failure(failure_class=klass, detail=f"{kind}: {_printable(message)}"[:300])
-        if not kind and re.search(rf"^(\[rank\d+\]: ?)?([\w.]+: )?{re.escape(prefix)}", text, re.MULTILINE):
-            return Failure(failure_class=klass, detail=f"{prefix} (from the job's error text){code}")
+    if failure is not None:
+        return failure
     if state == "TIMEOUT":
         return Failure(failure_class="timeout", detail=state)
     if state == "PREEMPTED":
         return Failure(failure_class="preempted", detail=state)
     return Failure(failure_class="error", detail=(kind or f"{state}: no exception") + code)
+
+
+def exception_type(err: BaseException) -> str:
+    """The exception's type as a trace names it (builtins unqualified)."""
+    cls = type(err)
+    return cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+
+
+def raised_failure(err: BaseException) -> Failure | None:
+    """The class of a job's own exception, decided where it was raised (the job wrapper records it beside
+    the run): from its type and the first line of its message. None: no class beyond 'error'."""
+    return _from_exception(exception_type(err), str(err).split("\n", 1)[0].strip())
+
+
+def _from_exception(kind: str, message: str) -> Failure | None:
+    """A class from an exception's type and the first line of its message, each read from its start only,
+    so that text a message quotes (an input) cannot make an OOM retry or a requeue."""
+    if kind.endswith(("OutOfMemoryError", "MemoryError")) or message.startswith(_OOM_MESSAGES):
+        return Failure(failure_class="oom", detail=kind)
+    if (kind.endswith("DistStoreError") and message.startswith("Timed out")) or _NCCL.search(message[:300]):
+        return Failure(failure_class="nccl_timeout", detail=f"a collective operation timed out ({kind})")
+    for prefix, klass in _PREFIXES:
+        if message.startswith(prefix):  # raised by the project (trainers, the job wrapper)
+            return Failure(failure_class=klass, detail=f"{kind}: {_printable(message)}"[:300])
+    return None
+
+
+_PREFIXES: tuple[tuple[str, FailureClass], ...] = (
+    (NAN_PREFIX, "nan_loss"), (TIMEOUT_PREFIX, "timeout"), (PREEMPTED_PREFIX, "preempted"))
+# How torch's CUDA out-of-memory errors begin when raised as a plain RuntimeError (older torch, cuBLAS).
+_OOM_MESSAGES = ("CUDA out of memory", "CUDA error: out of memory", "CUDA error: CUBLAS_STATUS_ALLOC_FAILED")
 
 
 _RANK = re.compile(r"^\[rank\d+\]: ?")

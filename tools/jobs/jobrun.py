@@ -37,6 +37,8 @@ from typing import Any, NoReturn
 import submitit
 from submitit.core.utils import JobPaths
 
+from tools.jobs.failures import exception_type, raised_failure
+
 from core.placement import require_device
 
 HEARTBEAT_S = 1.0  # seconds between touches of a local run's heartbeat file
@@ -109,9 +111,11 @@ class Resumable(submitit.helpers.Checkpointable):
         try:
             result = self.fn(config)
         except BaseException as err:
-            # The type only: the message may carry input text (the job's stderr holds the whole trace).
-            _append_event({"event": "end", "t": time.time(), "ok": False,
-                           "error": f"{type(err).__module__}.{type(err).__qualname__}"})
+            # The type and the class decided here, from the exception itself (tools/jobs/failures.py): never
+            # its message, which may carry input text (the job's stderr holds the whole trace for a person).
+            failure = raised_failure(err)
+            _append_event({"event": "end", "t": time.time(), "ok": False, "error": exception_type(err),
+                           "failure": None if failure is None else failure.model_dump()})
             raise
         finally:
             stop.set()

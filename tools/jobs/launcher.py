@@ -526,6 +526,16 @@ def _sacct_time(text: str) -> float | None:
     return None if text in {"", "Unknown", "None"} else datetime.fromisoformat(text).timestamp()
 
 
+def _raised(paths: RunPaths) -> tuple[str, Failure | None] | None:
+    """What the job wrapper recorded of the last run's own exception (tools/jobs/jobrun.py): its type and
+    class; None when the run ended without one (killed, or a rank other than 0 failed)."""
+    events = read_events(paths.events)
+    last = events[-1] if events else {}
+    if last.get("event") != "end" or last.get("ok") is not False or not isinstance(last.get("error"), str):
+        return None
+    return last["error"], None if last.get("failure") is None else Failure.model_validate(last["failure"])
+
+
 def _sbatch_lines(lines: list[str]) -> dict[str, Any]:
     """`#SBATCH --constraint=h100` / `--exclusive` lines from lab.toml into submitit's parameters."""
     params: dict[str, Any] = {}
@@ -932,7 +942,7 @@ class Launcher:
         if isinstance(outcome, BaseModel):
             return self.nb.update_job(key, record.attempt, state="completed",
                                       result=outcome.model_dump(mode="json"), **self._cost(run))
-        failure = classify(run.state, run.exit_code, outcome)
+        failure = classify(run.state, run.exit_code, outcome, raised=_raised(RunPaths(folder, record.external_id or "")))
         if failure.failure_class == "preempted" and near_time_limit(
                 run.elapsed_s, spec.resources.time_limit_min * 60, spec.resources.signal_delay_s):
             # A job that handles the signal itself (trainers/loop.py) reports any signal as a preemption.

@@ -45,6 +45,16 @@ def empty(config: EmptyConfig) -> EmptyResult:
     return EmptyResult(started_at=t, ended_at=time.time(), pid=os.getpid())
 
 
+class FailConfig(_Model):
+    message: str = Field(description="The message of the exception the job raises (text it was handed, as a data job "
+                         "that quotes a bad row would).")
+
+
+def fail(config: FailConfig) -> EmptyResult:
+    """Raise ValueError(message): a job whose error text carries input text, for the failure classifier."""
+    raise ValueError(config.message)
+
+
 class CountConfig(_Model):
     steps: int = Field(ge=1, description="Number of steps; each adds step*step to the running total.")
     step_seconds: float = Field(ge=0, description="Sleep per step, standing in for a training step.")

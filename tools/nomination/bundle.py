@@ -50,6 +50,7 @@ from memory.notebook import Artifact, Notebook
 from tools.nomination import card
 
 INDEX = "model.safetensors.index.json"
+from tools.data.datasets import audit_clean
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 DEFAULT_SHARD_BYTES = 2 * 1024**3
@@ -121,7 +122,7 @@ class DatasetEvidence(BaseModel):
     rows: int | None = Field(description="Rows, from the manifest.")
     audit_passed: bool | None = Field(description="Leak audit result (None when no audit is recorded).")
     audit_sha256: str | None = Field(description="sha256 of the audit result.")
-    audit_hits: int | None = Field(description="Rows the audit matched against holdouts and eval prompts.")
+    audit_hits: int | None = Field(description="Rows the audit matched against holdouts and eval prompts (and dropped).")
 
 
 class BarsEvidence(BaseModel):
@@ -299,7 +300,7 @@ def _dataset(ds: Artifact) -> DatasetEvidence:
     audit = ds.recipe.get("audit")
     return DatasetEvidence(
         artifact_id=ds.id, name=ds.name, sha256=ds.sha256, rows=ds.recipe.get("rows"),
-        audit_passed=None if audit is None else not audit.get("hits"), audit_sha256=ds.recipe.get("audit_sha256"),
+        audit_passed=None if audit is None else audit_clean(ds.recipe), audit_sha256=ds.recipe.get("audit_sha256"),
         audit_hits=None if audit is None else len(audit.get("hits", [])),
     )
 
