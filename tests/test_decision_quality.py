@@ -266,8 +266,8 @@ SHORT = PlaybookSettings.short()
 
 def _arms(sft: dict, dpo: dict) -> tuple[list[Checkpoint], list[Call]]:
     """The short protocol after its datasets and both first arms were made (artifacts 3 and 4)."""
-    args = {f: {"trainer": f, "parent": 1, "dataset": d, "lr": SHORT.lr[f], "steps": SHORT.steps,
-                "batch_size": SHORT.batch_size} for f, d in (("sft", 2), ("dpo", 5))}
+    # Arms at the lab's [train] settings, the short protocol fixing their steps.
+    args = {f: {"trainer": f, "parent": 1, "dataset": d, "steps": SHORT.steps} for f, d in (("sft", 2), ("dpo", 5))}
     calls = [_done(1, "build_dataset", {"builder": "winner_sft"}, {"artifact_id": 2}),
              _done(4, "build_dataset", {"builder": "battle_pairs"}, {"artifact_id": 5}),
              _done(2, "train", args["sft"], {"artifact_id": 3}), _done(3, "train", args["dpo"], {"artifact_id": 4})]
@@ -328,8 +328,7 @@ def test_no_comparison_beyond_the_pre_registered_p_family():
 def test_a_step_a_gate_refused_is_never_proposed_again():
     # the test protocol's last step: the serving alternative of the incumbent, refused by the budget gate
     test = PlaybookSettings.test()
-    args = {"trainer": "sft", "parent": 1, "dataset": 2, "lr": test.lr["sft"], "steps": test.steps,
-            "batch_size": test.batch_size}
+    args = {"trainer": "sft", "parent": 1, "dataset": 2, "steps": test.steps}
     rejected = [verdict(1, 1, False)]
     full = PARENT_METRICS | {"stop": {"stopped": 1.0}}
     cps = [_cp(1, "parent", full, parent=None), _cp(3, "train:sft", full, rejected)]

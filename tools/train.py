@@ -55,6 +55,9 @@ class Args(BaseModel):
     method: Literal["full", "lora"] | None = Field(None, description="Full fine-tuning or a LoRA adapter (merged "
                                                    "back into the parent); None: [train]'s method.")
     lr: float | None = Field(None, gt=0, le=1e-1, description="Peak learning rate; None: [train]'s.")
+    lr_scale: float | None = Field(None, gt=0, le=100, description="A multiple of the lr the arm would have (its own "
+                                   "`lr`, else [train]'s): how a sweep is written without knowing the model's lr. "
+                                   "The scaled lr is what the [train] range is checked against.")
     steps: int | None = Field(None, ge=1, le=10_000_000, description="Optimizer steps; None: [train]'s (or its epochs).")
     batch_size: int | None = Field(None, ge=1, le=1 << 30, description="Global batch in [train]'s batch_unit "
                                    "(sequences unless it says tokens); None: [train]'s.")
@@ -66,6 +69,16 @@ class Args(BaseModel):
     snapshots: tuple[int, ...] = Field(
         (), description="Steps (increasing, each below steps) after which the run also saves its model; each becomes "
         "its own checkpoint artifact, evaluated and compared like any other (trajectory selection).")
+    snapshot_fractions: tuple[float, ...] = Field(
+        (), description="Shares of the run (increasing, each in (0, 1)) after which it also saves its model, settled "
+        "to steps once the run's steps are known (e.g. (1/3, 2/3)); added to `snapshots`.")
+
+    @model_validator(mode="after")
+    def _fractions_inside_the_run(self) -> Args:
+        f = list(self.snapshot_fractions)
+        if any(not 0 < x < 1 for x in f) or f != sorted(set(f)):
+            raise ValueError(f"snapshot_fractions {f} must increase and lie between 0 and 1, exclusive")
+        return self
 
     @model_validator(mode="after")
     def _snapshots_inside_the_run(self) -> Args:
@@ -84,8 +97,23 @@ def _snapshot_problem(snapshots: tuple[int, ...], steps: int) -> str | None:
 
 def out_of_range(train_settings: recipes.TrainRecipe, proposal_args: dict[str, Any]) -> list[str]:
     """Why a planner's `train` proposal (its args as JSON) leaves the lab's [train] ranges ([] when it does not):
-    what the gates refuse and record before the tool runs."""
-    return recipes.out_of_range(train_settings, proposal_args)
+    what the gates refuse and record before the tool runs. A scaled lr is checked as scaled."""
+    return recipes.out_of_range(train_settings, _scaled(train_settings, proposal_args))
+
+
+def _scaled(recipe: recipes.TrainRecipe, proposal: dict[str, Any]) -> dict[str, Any]:
+    """The proposal with `lr_scale` applied: lr = (its lr, else the family's [train] lr) x lr_scale."""
+    scale = proposal.get("lr_scale")
+    family = recipe.families.get(proposal.get("trainer"))
+    if scale is None or family is None:
+        return proposal
+    return proposal | {"lr": (proposal.get("lr") or family.lr) * scale}
+
+
+def snapshot_steps(args: Args, steps: int) -> tuple[int, ...]:
+    """The steps the run saves its model at: `snapshots` and the settled `snapshot_fractions` of its steps."""
+    settled = {round(f * steps) for f in args.snapshot_fractions} - {0, steps}
+    return tuple(sorted(set(args.snapshots) | settled))
 
 
 def lab_recipe(ctx: ToolContext) -> recipes.TrainRecipe:
@@ -105,7 +133,7 @@ def settle(ctx: ToolContext, args: Args) -> recipes.ArmSettings:
         p99 += _answer_cap(ctx, args, family)
     size = recipes.DatasetSize(rows=max(1, int(manifest.get("rows", 1))), tokens=int(manifest.get("tokens", 0)),
                                p99_row_tokens=p99)
-    return recipes.arm_settings(family, args.model_dump(mode="json"), size)
+    return recipes.arm_settings(family, _scaled(lab_recipe(ctx), args.model_dump(mode="json")), size)
 
 
 def _answer_cap(ctx: ToolContext, args: Args, family: recipes.FamilyRecipe) -> int:
@@ -142,7 +170,7 @@ def _config(ctx: ToolContext, args: Args, arm: recipes.ArmSettings, out) -> tupl
               "batch_size": arm.batch_size, "micro_batch_size": arm.micro_batch_size, "seed": args.seed,
               "max_len": arm.max_len, "warmup_steps": arm.warmup_steps, "schedule": arm.schedule,
               "min_lr_ratio": arm.min_lr_ratio, "weight_decay": arm.weight_decay, "grad_clip": arm.grad_clip,
-              "snapshot_steps": list(args.snapshots)}
+              "snapshot_steps": list(snapshot_steps(args, arm.steps))}
     match args.trainer:
         case "sft":
             return sft.train, sft.SFTConfig(**common, packing=arm.packing)
@@ -170,7 +198,7 @@ def _body(ctx: ToolContext, args: Args) -> ToolOutcome:
         return ToolOutcome(tool=NAME, status="failed", summary=f"{args.trainer} reads {sorted(_ROW_KINDS[args.trainer])} "
                            f"rows; dataset {data.name} holds {kind} rows")
     arm = settle(ctx, args)
-    problem = _snapshot_problem(args.snapshots, arm.steps)
+    problem = _snapshot_problem(snapshot_steps(args, arm.steps), arm.steps)
     if problem:
         return ToolOutcome(tool=NAME, status="failed", summary=problem)
     name = content_name(args.trainer, {"args": args.model_dump(mode="json"), "settings": arm.model_dump(mode="json"),

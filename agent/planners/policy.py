@@ -34,15 +34,14 @@ StageRule = Literal["judge_every", "first_cleared", "best_of_stage"]
 #   1: every new incumbent calibrated at once; a screened stage promotes its first finalist that clears the bars.
 #   2: a promoted incumbent is calibrated when a step first reads its calibration (lazy calibration).
 #   3: a screened stage looks at every finalist's judged holdout first, then promotes the best look that clears.
-
-
-VERSION = 3
-
-
+#   4: arms train with the lab's [train] settings (a sweep as multiples of its lr, snapshots as shares of the run),
+#      not the policy's own numbers, which were the toy world's.
+VERSION = 4
 _RULES: dict[int, dict[str, str]] = {
-    1: {"calibration": "at_promotion", "stage": "first_cleared"},
-    2: {"calibration": "when_read", "stage": "first_cleared"},
-    3: {"calibration": "when_read", "stage": "best_of_stage"},
+    1: {"calibration": "at_promotion", "stage": "first_cleared", "arms": "fixed"},
+    2: {"calibration": "when_read", "stage": "first_cleared", "arms": "fixed"},
+    3: {"calibration": "when_read", "stage": "best_of_stage", "arms": "fixed"},
+    4: {"calibration": "when_read", "stage": "best_of_stage", "arms": "train"},
 }
 
 
@@ -72,11 +71,14 @@ class PlaybookSettings(BaseModel):
         "successive halving; every finalist gets one judged-holdout look against the stage's incumbent first, then "
         "they go under the bars (replicate draws, comparison, promotion) in order of that look until one is "
         "promoted, and the stage promotes no other.")
+    arms: Literal["fixed", "train"] = Field(
+        "train", description="Where an arm's lr, steps and batch come from: the lab's [train] (`train`; a protocol "
+        "may still fix its steps), or the policy's own `lr`, `steps` and `batch_size` (`fixed`, versions 1-3).")
     families: tuple[Trainer, ...] = Field(("sft", "dpo", "klce", "rft"), description="First arms, in order.")
-    steps: int = Field(30, ge=1, description="Optimizer steps per arm.")
-    batch_size: int = Field(8, ge=1, description="Rows per optimizer step.")
-    lr: dict[str, float] = Field({"sft": 1e-3, "dpo": 2e-4, "klce": 1e-3, "rft": 1e-3},
-                                 description="Conservative learning rate per family.")
+    steps: int | None = Field(None, ge=1, description="Optimizer steps per arm; None: [train]'s.")
+    batch_size: int | None = Field(None, ge=1, description="Rows per optimizer step; None: [train]'s.")
+    lr: dict[str, float] | None = Field(None, description="Learning rate per family (`fixed` arms only); None: "
+                                        "[train]'s.")
     sweep: tuple[float, ...] = Field((0.5, 2.0), description="Learning-rate multipliers swept along the best family.")
     soup: bool = Field(True, description="Soup the promoted siblings when there are two or more.")
     dose_alphas: tuple[float, ...] = Field((0.5, 1.5), description="Dose positions from the parent to the best promoted arm.")
@@ -94,18 +96,34 @@ class PlaybookSettings(BaseModel):
                            "finalists the bars rejected (in screen order, only those that screen above the incumbent); "
                            "`comparisons()` counts them in the p-value family.")
     trajectory: tuple[int, ...] = Field(
-        (10, 20), description="Steps (increasing, below `steps`) at which every arm also saves its model; after the "
-        "sweep the best run's snapshots are screened, and the best goes on to the holdout and a comparison only if it "
-        "screens above that run's final checkpoint (trajectory selection; needs a screened stage). Empty: no step.")
+        (), description="`fixed` arms: steps (increasing, below `steps`) at which every arm also saves its model; "
+        "after the sweep the best run's snapshots are screened, and the best goes on to the holdout and a comparison "
+        "only if it screens above that run's final checkpoint (trajectory selection; needs a screened stage).")
+    trajectory_shares: tuple[float, ...] = Field(
+        (1 / 3, 2 / 3), description="`train` arms: the same, at these shares of each run (settled to steps by the "
+        "train tool once [train] gives the run's length). Empty: no trajectory selection.")
 
     @model_validator(mode="after")
     def _trajectory_inside_the_arms(self) -> PlaybookSettings:
-        if any(not 0 < t < self.steps for t in self.trajectory) or list(self.trajectory) != sorted(set(self.trajectory)):
+        bound = self.steps if self.steps is not None else float("inf")
+        if any(not 0 < t < bound for t in self.trajectory) or list(self.trajectory) != sorted(set(self.trajectory)):
             raise ValueError(f"trajectory {list(self.trajectory)} must increase and lie between 0 and steps "
                              f"({self.steps}), exclusive")
-        if self.trajectory and not self.screened:
+        shares = list(self.trajectory_shares)
+        if any(not 0 < x < 1 for x in shares) or shares != sorted(set(shares)):
+            raise ValueError(f"trajectory_shares {shares} must increase and lie between 0 and 1, exclusive")
+        if self.selects_trajectory and not self.screened:
             raise ValueError("trajectory selection ranks snapshots by their screen score: it needs a screened stage")
+        if self.arms == "fixed" and (self.lr is None or self.steps is None or self.batch_size is None):
+            raise ValueError("fixed arms need the policy's lr, steps and batch_size")
+        if self.arms == "train" and (self.lr is not None or self.trajectory):
+            raise ValueError("arms from [train] take its lr (a sweep scales it) and snapshot at trajectory_shares")
+        if self.arms == "fixed" and self.trajectory_shares:
+            raise ValueError("fixed arms snapshot at trajectory steps, not shares")
         rules = _RULES[self.version]
+        if self.arms != rules["arms"]:
+            raise ValueError(f"version {self.version} of the playbook's rules is {rules}; other rules are another "
+                             "version")
         if self.calibration != rules["calibration"] or (self.screened and self.stage != rules["stage"]):
             raise ValueError(f"version {self.version} of the playbook's rules is {_RULES[self.version]}; other rules "
                              "are another version")
@@ -116,6 +134,10 @@ class PlaybookSettings(BaseModel):
         return {"name": self.name, "protocol": self.protocol, "version": self.version}
 
     @property
+    def selects_trajectory(self) -> bool:
+        return bool(self.trajectory or self.trajectory_shares)
+
+    @property
     def screened(self) -> bool:
         """Whether a stage screens its candidates on the cheap suites first (successive halving)."""
         return self.stage != "judge_every"
@@ -124,7 +146,7 @@ class PlaybookSettings(BaseModel):
     def test(cls) -> PlaybookSettings:
         return cls(protocol="test", families=("sft",), steps=4, sweep=(), dose_alphas=(0.5,),
                    serving=(ServingAlternative(temperature=0.0),), rft_counts={"digit_sum": 8}, stage="judge_every",
-                   trajectory=())
+                   trajectory_shares=())
 
     @classmethod
     def short(cls) -> PlaybookSettings:
@@ -132,7 +154,7 @@ class PlaybookSettings(BaseModel):
         screens above the parent, the better look judged under the bars first (the other if the bars reject it), one
         dose, no serving."""
         return cls(protocol="short", families=("sft", "dpo"), steps=16, sweep=(), soup=False, dose_alphas=(0.5,),
-                   serving=(), finalists=2, fallbacks=0, trajectory=())
+                   serving=(), finalists=2, fallbacks=0, trajectory_shares=())
 
     @classmethod
     def named(cls, protocol: str) -> PlaybookSettings:
@@ -146,6 +168,8 @@ class PlaybookSettings(BaseModel):
         saved = dict(saved)
         if "version" not in saved:
             saved = _unnamed(saved)
+        if saved.get("version", VERSION) < 4:  # before [train]: the policy's own numbers, recorded with it
+            saved = {"arms": "fixed", "trajectory_shares": ()} | saved
         try:
             return cls.model_validate(saved)
         except ValidationError as exc:
@@ -160,7 +184,7 @@ class PlaybookSettings(BaseModel):
         first = min(judged, len(self.families)) if self.screened else len(self.families)
         swept = min(judged, len(self.sweep)) if self.screened else len(self.sweep)
         soup = int(self.soup and first + swept >= 2)
-        return first + swept + soup + int(bool(self.trajectory)) + len(self.dose_alphas) + len(self.serving)
+        return first + swept + soup + int(self.selects_trajectory) + len(self.dose_alphas) + len(self.serving)
 
 
 PROTOCOLS = ("full", "test", "short")

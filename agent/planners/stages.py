@@ -30,7 +30,7 @@ def trajectory_selection(s: Summary, cfg: PlaybookSettings, runs: list[tuple[flo
     """Trajectory selection over the best run's snapshots (see the module docstring). Returns the one-line note of a
     selection that kept the run's final checkpoint, while no step was taken after it; else None."""
     cheap, judged = s.bars.suites()
-    found = best_run(s, runs) if cfg.trajectory and cheap else None
+    found = best_run(s, runs) if cfg.selects_trajectory and cheap else None
     if found is None:
         return None
     final, snaps = found
@@ -253,9 +253,21 @@ def dataset_step(s: Summary, family: str, cfg: PlaybookSettings) -> tuple[int | 
     return call.data["artifact_id"], None
 
 
-def train_args(s: Summary, family: str, dataset: int, cfg: PlaybookSettings, lr: float) -> dict[str, Any]:
-    return {"trainer": family, "parent": s.parent, "dataset": dataset, "lr": lr, "steps": cfg.steps,
-            "batch_size": cfg.batch_size, "snapshots": list(cfg.trajectory)}
+def train_args(s: Summary, family: str, dataset: int, cfg: PlaybookSettings, scale: float = 1.0) -> dict[str, Any]:
+    """An arm's train arguments: from the lab's [train] (a sweep as a multiple of its lr, the protocol's steps if it
+    fixes them, snapshots at shares of the run), or the policy's own numbers (`fixed` arms, versions 1-3)."""
+    if cfg.arms == "fixed":
+        return {"trainer": family, "parent": s.parent, "dataset": dataset, "lr": cfg.lr[family] * scale,
+                "steps": cfg.steps, "batch_size": cfg.batch_size, "snapshots": list(cfg.trajectory)}
+    args: dict[str, Any] = {"trainer": family, "parent": s.parent, "dataset": dataset}
+    extra = {"lr_scale": scale if scale != 1.0 else None, "steps": cfg.steps, "batch_size": cfg.batch_size,
+             "snapshot_fractions": list(cfg.trajectory_shares) or None}
+    return args | {k: v for k, v in extra.items() if v is not None}
+
+
+def lr_line(cfg: PlaybookSettings, family: str, scale: float = 1.0) -> str:
+    """The learning rate of an arm, as its rationale says it."""
+    return f"lr {cfg.lr[family] * scale:g}" if cfg.arms == "fixed" else f"lr x{scale:g} of [train]'s"
 
 
 def promoted_trained(s: Summary) -> list[int]:

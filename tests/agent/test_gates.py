@@ -86,3 +86,16 @@ def test_a_training_arm_outside_the_labs_train_ranges_is_refused():
     reason = gates.check("train", sound | {"lr": 1e-3}, summary(), 0.1, LAB, recipe)
     assert reason == "outside the lab's [train] ranges: lr 0.001 is outside [train.sft] lr_range [1e-06, 2e-05]"
     assert gates.check("train", sound | {"lr": 1e-3}, summary(), 0.1, LAB) is None  # no recipe given: no such gate
+
+
+def test_a_scaled_lr_is_checked_as_scaled():
+    from tools.train import out_of_range
+    from trainers.recipe import TrainSection, resolve, shape_of_config
+
+    shape = shape_of_config({"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 4096,
+                             "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+                             "num_key_value_heads": 8, "vocab_size": 128256, "max_position_embeddings": 8192})
+    recipe = resolve(TrainSection.model_validate({"lr": 1e-5, "lr_range": [1e-6, 2e-5]}, strict=True), shape, [])
+    assert out_of_range(recipe, {"trainer": "sft", "lr_scale": 2.0}) == []
+    assert out_of_range(recipe, {"trainer": "sft", "lr_scale": 4.0}) == [
+        "lr 4e-05 is outside [train.sft] lr_range [1e-06, 2e-05]"]

@@ -11,10 +11,21 @@ from __future__ import annotations
 from agent.planners.playbook import PlaybookSettings, next_step
 from agent.summary import Call, Checkpoint, Summary
 from agent.toolbox import canonical_args
-from tests.agent.views import HOLDOUT_P, TOY_RULES, bar_verdict, bars, ledger, summary, verdict
+from tests.agent.views import (
+    FIXED_ARMS,
+    HOLDOUT_P,
+    TOY_RULES,
+    bar_verdict,
+    bars,
+    flags_era,
+    ledger,
+    summary,
+    v3,
+    verdict,
+)
 
 CHEAP = ["synthetic", "loops"]
-CFG = PlaybookSettings(families=("sft", "dpo"), sweep=(), soup=False, dose_alphas=(0.5,), serving=(), finalists=2,
+CFG = v3(families=("sft", "dpo"), sweep=(), soup=False, dose_alphas=(0.5,), serving=(), finalists=2,
                        fallbacks=0, trajectory=())
 SFT, DPO = 3, 4
 
@@ -121,10 +132,9 @@ def test_settings_the_short_protocol_and_sessions_recorded_before_the_setting():
     assert short.stage == "best_of_stage" and (short.finalists, short.fallbacks) == (2, 0)
     assert short.comparisons() == 3  # both arms and the dose: the family the fallback protocol registered too
     # A record of the flags era: lazy calibration without best_of_stage was version 2, promoting the first cleared.
-    flags = PlaybookSettings.short().model_dump(mode="json", exclude={"name", "protocol", "version", "calibration",
-                                                                      "stage"})
-    old = PlaybookSettings.recorded(flags | {"lazy_calibration": True}, "s")
-    assert (old.version, old.stage, old.calibration) == (2, "first_cleared", "when_read")
-    both = PlaybookSettings.recorded(flags | {"lazy_calibration": True, "best_of_stage": True}, "s")
-    assert both == short.model_copy(update={"protocol": "full"})  # the flags era recorded no protocol name
+    old = PlaybookSettings.recorded(flags_era(short, lazy_calibration=True), "s")
+    assert (old.version, old.stage, old.calibration, old.arms) == (2, "first_cleared", "when_read", "fixed")
+    both = PlaybookSettings.recorded(flags_era(short, lazy_calibration=True, best_of_stage=True), "s")
+    assert (both.version, both.stage, both.protocol) == (3, "best_of_stage", "full")  # the flags era named none
+    assert both.lr == FIXED_ARMS["lr"] and both.steps == short.steps  # its arms replay with the numbers it used
     assert PlaybookSettings.recorded(short.model_dump(mode="json"), "s") == short

@@ -14,11 +14,11 @@ from pydantic import ValidationError
 from agent.planners.playbook import PlaybookSettings, next_step
 from agent.summary import Call, Checkpoint, Summary
 from agent.toolbox import canonical_args
-from tests.agent.views import TOY_RULES, bars, ledger, summary, verdict
+from tests.agent.views import TOY_RULES, bars, flags_era, ledger, summary, v3, verdict
 
 RULES = TOY_RULES
 CHEAP = ["synthetic", "loops"]
-CFG = PlaybookSettings(families=("sft",), sweep=(), soup=False, dose_alphas=(0.5,), serving=(), finalists=1,
+CFG = v3(families=("sft",), sweep=(), soup=False, dose_alphas=(0.5,), serving=(), finalists=1,
                        trajectory=())
 DOSE = {"method": "dose", "models": [1, 3], "alpha": 0.5}
 
@@ -97,8 +97,7 @@ def test_eager_calibration_and_sessions_recorded_before_lazy_calibration():
     eager = PlaybookSettings(**(CFG.model_dump() | {"version": 1, "calibration": "at_promotion", "stage": "first_cleared"}))
     assert next_step(_session(), eager).tool == "calibrate"
     # A record of the flags era without `lazy_calibration` is version 1: every new incumbent calibrated at once.
-    old = PlaybookSettings.short().model_dump(exclude={"name", "protocol", "version", "calibration", "stage"})
-    assert PlaybookSettings.recorded(old, "s").calibration == "at_promotion"
+    assert PlaybookSettings.recorded(flags_era(PlaybookSettings.short()), "s").calibration == "at_promotion"
     assert PlaybookSettings.recorded(PlaybookSettings.short().model_dump(), "s").calibration == "when_read"
     # Rules that are not those of the version are another version, refused as such.
     with pytest.raises(ValidationError, match="version 3 of the playbook's rules"):

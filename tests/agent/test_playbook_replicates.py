@@ -8,16 +8,16 @@ judges its next screened candidate while the protocol's fallbacks allow.
 
 from __future__ import annotations
 
-from agent.planners.playbook import PlaybookSettings, next_step
+from agent.planners.playbook import next_step
 from agent.summary import Call, Checkpoint, Summary
 from agent.toolbox import canonical_args
-from tests.agent.views import TOY_RULES, bars, ledger, summary, verdict
+from tests.agent.views import TOY_RULES, bars, ledger, summary, v3, verdict
 
 RULES = TOY_RULES
 CHEAP = ["synthetic", "loops"]
 # The short protocol as it was before best of stage (sessions recorded so replay with it); best of stage's own
 # order (every finalist's holdout look first, then the bars in the looks' order) is in test_playbook_best_of_stage.py.
-CFG = PlaybookSettings(families=("sft", "dpo"), sweep=(), soup=False, dose_alphas=(), serving=(), finalists=1,
+CFG = v3(families=("sft", "dpo"), sweep=(), soup=False, dose_alphas=(), serving=(), finalists=1,
                        fallbacks=1, trajectory=(), stage="first_cleared", version=2)
 REPLICATES = {"artifact": 3, "suites": CHEAP, "replicates": 3}
 

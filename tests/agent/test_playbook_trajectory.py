@@ -14,12 +14,12 @@ from pydantic import ValidationError
 from agent.planners.playbook import PlaybookSettings, next_step
 from agent.summary import Call, Checkpoint, Summary
 from agent.toolbox import canonical_args
-from tests.agent.views import TOY_RULES, bars, ledger, summary, verdict
+from tests.agent.views import TOY_RULES, bars, flags_era, ledger, summary, v3, verdict
 
 RULES = TOY_RULES
 FLOORS = {"synthetic/correct": 0.05, "loops/looping": 0.05}
 CHEAP = ["synthetic", "loops"]
-CFG = PlaybookSettings(families=("sft",), sweep=(2.0,), soup=False, dose_alphas=(), serving=(), finalists=1)
+CFG = v3(families=("sft",), sweep=(2.0,), soup=False, dose_alphas=(), serving=(), finalists=1, trajectory=(10, 20))
 PARENT = {"synthetic": {"correct": 0.50}, "loops": {"looping": 0.20}, "holdout": {"win_score": 0.5}}
 
 
@@ -126,8 +126,8 @@ def test_no_snapshot_is_compared_beyond_the_p_family():
 
 def test_the_full_protocol_saves_snapshots_and_counts_their_comparison_the_others_do_not():
     full, test, short = PlaybookSettings(), PlaybookSettings.test(), PlaybookSettings.short()
-    assert full.trajectory == (10, 20) and test.trajectory == () and short.trajectory == ()
-    assert full.comparisons() == full.model_copy(update={"trajectory": ()}).comparisons() + 1 == 10
+    assert full.trajectory_shares == (1 / 3, 2 / 3) and not test.selects_trajectory and not short.selects_trajectory
+    assert full.comparisons() == full.model_copy(update={"trajectory_shares": ()}).comparisons() + 1 == 10
     assert test.comparisons() == 3  # as before: the CI's sessions are unchanged
     assert short.comparisons() == 3  # both first arms as finalists, one dose
     first = next_step(_session(2, -1, {}).model_copy(update={"calls": [
@@ -147,8 +147,27 @@ def test_recorded_settings_round_trip_and_an_older_record_is_one_clear_refusal()
     for name in ("full", "test", "short"):
         s = PlaybookSettings.named(name)
         assert PlaybookSettings.recorded(s.model_dump(mode="json"), "s1") == s
-    # A test-protocol session recorded before trajectory selection: no `trajectory` key, screening off.
-    older = PlaybookSettings.test().model_dump(mode="json")
+    # A test-protocol session of the flags era recorded before trajectory selection: no `trajectory` key, so the
+    # full protocol's default then, (10, 20), with screening off: that record does not fit, one clear refusal.
+    older = flags_era(PlaybookSettings.test(), screen=False)
     del older["trajectory"]
+    older["trajectory"] = [10, 20]
     with pytest.raises(SessionError, match=r"session s1: .*trajectory.*--protocol"):
         PlaybookSettings.recorded(older, "s1")
+    with pytest.raises(SessionError, match=r"session s1: .*version"):  # a record of a later version of the rules
+        PlaybookSettings.recorded(PlaybookSettings.test().model_dump(mode="json") | {"version": 99}, "s1")
+
+
+def test_version_4_arms_take_the_labs_train_settings():
+    full = PlaybookSettings()  # version 4: arms from [train], snapshots at shares of the run, sweeps as lr multiples
+    s = _session(2, -1, {}).model_copy(update={"calls": [
+        _call(1, "build_dataset", {"builder": "winner_sft"}, {"artifact_id": 2})], "checkpoints": []})
+    first = next_step(s, full.model_copy(update={"families": ("sft",)}))
+    assert (first.tool, first.args) == ("train", {"trainer": "sft", "parent": 1, "dataset": 2,
+                                                  "snapshot_fractions": [1 / 3, 2 / 3]})
+    assert "lr" not in first.args and "the lab's [train] settings" in first.rationale
+    from agent.planners.stages import train_args
+
+    assert train_args(s, "sft", 2, full, 2.0)["lr_scale"] == 2.0
+    assert train_args(s, "sft", 2, PlaybookSettings.short()) == {"trainer": "sft", "parent": 1, "dataset": 2,
+                                                                  "steps": 16}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from agent.planners.policy import PlaybookSettings
 from agent.summary import Call, Checkpoint, Dataset, Summary
 from evals.bars import Rule
 from evals.compare import BarVerdict, PFamily
@@ -69,3 +70,21 @@ def summary(*, budget: Ledger, bars: RegisteredBars | None, parent: int | None, 
     return Summary(session="s", view=view, split=split if split is not None else {"id": 1, "sha256": "x", "counts": {}},
                    calibrated=calibrated or [], noise_floors=noise_floors or {}, checkpoints=cps,
                    datasets=datasets or [], calls=calls, **(defaults | rest))
+
+
+# The policy's own arm numbers of versions 1-3 (the toy world's), for the tests written against those versions.
+FIXED_ARMS = {"arms": "fixed", "lr": {"sft": 1e-3, "dpo": 2e-4, "klce": 1e-3, "rft": 1e-3}, "steps": 30, "batch_size": 8,
+              "trajectory_shares": ()}
+
+
+def v3(**settings: Any) -> PlaybookSettings:
+    """A version-3 policy (fixed arms) with these settings (`version=2` and its rules may be given too)."""
+    return PlaybookSettings(**({"version": 3} | FIXED_ARMS | settings))
+
+
+def flags_era(protocol: PlaybookSettings, **flags: bool) -> dict[str, Any]:
+    """A playbook record of the flags era (before named, versioned policies): the protocol's sizes with the
+    version-3 arm numbers, no name, protocol, version or rule keys, and the given flags."""
+    new = {"name", "protocol", "version", "calibration", "stage", "arms", "trajectory_shares"}
+    return protocol.model_dump(mode="json", exclude=new) | {k: v for k, v in FIXED_ARMS.items() if k in
+                                                            ("lr", "batch_size")} | {"steps": protocol.steps or 30} | flags
