@@ -313,7 +313,9 @@ def generate_all(cfg: EvalJobConfig, loaded: Loaded, batch_size: int, ranks: Ran
             stats["generated_tokens"] += sum(c.n_tokens for c in comps)
             mine[(spec.name, k, b)] = comps
     parts = ranks.gather(mine)
-    if ranks.world > 1:
+    if ranks.world > 1:  # the job's log says how the work was shared
+        print(f"rank {ranks.rank} of {ranks.world}: generated {sum(len(c) for c in mine.values())} answers",
+              file=sys.stderr, flush=True)
         stats["generated_tokens"] = sum(ranks.gather({ranks.rank: stats["generated_tokens"]}).values())
     return _in_item_order(cfg, units, parts)
 

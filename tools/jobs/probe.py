@@ -55,6 +55,19 @@ def fail(config: FailConfig) -> EmptyResult:
     raise ValueError(config.message)
 
 
+class JudgeCallConfig(_Model):
+    judge: dict = Field(description="An evals.job judge spec (JSON): the judge one call is made to.")
+
+
+def judge_call(config: JudgeCallConfig) -> EmptyResult:
+    """One judgment through the judge an eval job would build: checks a judge endpoint from a job process."""
+    from evals.job import OpenAIJudgeSpec, make_judge  # here: the other probes import no evals
+
+    t = time.time()
+    make_judge(OpenAIJudgeSpec.model_validate(config.judge))("probe prompt", "answer a", "answer b")
+    return EmptyResult(started_at=t, ended_at=time.time(), pid=os.getpid())
+
+
 class CountConfig(_Model):
     steps: int = Field(ge=1, description="Number of steps; each adds step*step to the running total.")
     step_seconds: float = Field(ge=0, description="Sleep per step, standing in for a training step.")
@@ -177,3 +190,21 @@ def all_reduce(config: AllReduceConfig) -> AllReduceResult:
     return AllReduceResult(rank=rank, world_size=world, rank_sum=int(total.item()), pids=pids,
                            master=f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}",
                            no_multicast={name: os.environ.get(name, "") for name in switches})
+
+
+class CallsConfig(_Model):
+    output_dir: Path = Field(description="Directory of calls.txt, one line per process that ran the function.")
+
+
+class CallsResult(_Model):
+    rank: int = Field(description="RANK of the process that returned this result.")
+    cuda_visible_devices: str | None = Field(description="CUDA_VISIBLE_DEVICES as the function saw it.")
+
+
+def calls(config: CallsConfig) -> CallsResult:
+    """Append this process's rank to calls.txt: how many processes of a job ran the function, and which."""
+    config.output_dir.mkdir(parents=True, exist_ok=True)
+    rank = int(os.environ.get("RANK", "0"))
+    with open(config.output_dir / "calls.txt", "a") as f:
+        f.write(f"{rank} {os.getpid()}\n")
+    return CallsResult(rank=rank, cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
