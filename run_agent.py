@@ -72,9 +72,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     if config and executor == "slurm" and config.executor.slurm is None:
         raise UsageError(f"{args.lab / LAB_FILE}: --executor slurm needs an [executor.slurm] section")
     if config is not None:  # every input file is read before any notebook row is written (issue 10, item 3)
-        from agent.inputs import require_inputs
+        from agent.inputs import feedback_overlap, require_inputs
 
         require_inputs(config, args.lab / LAB_FILE)
+        overlap = feedback_overlap(config)
+        if overlap:
+            print(overlap)
     path = args.lab / NOTEBOOK_FILE
     if path.exists() and session in _session_names(path):
         raise UsageError(f"session {session!r} already exists in {path}; pick another --session name")

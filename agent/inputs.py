@@ -28,6 +28,7 @@ from evals import bars, synthetic
 from evals.types import Item
 from tools.data.datasets import DatasetError, read_chat_rows
 from tools.data.feedback import MAX_LISTED, FeedbackError, load_feedback
+from tools.data.leak import Reference, audit, prompt_text
 
 # Item fields each scorer reads besides the conversation (evals/<scorer>.py).
 SCORER_NEEDS: dict[str, tuple[str, ...]] = {
@@ -63,6 +64,22 @@ def require_inputs(cfg: LabConfig, lab_file: Path) -> None:
     if problems:
         body = "\n".join("  " + p.replace("\n", "\n  ") for p in problems)
         raise LabConfigError(f"{lab_file}: {len(problems)} input file(s) do not check out; no session was opened:\n{body}")
+
+
+def feedback_overlap(cfg: LabConfig) -> str | None:
+    """A note (not a refusal) naming the battles whose prompts overlap an eval suite's prompts, read before the
+    session opens: every dataset built from them drops those rows (tools/data/datasets.py) and records them in
+    its manifest. None when there are none. Ids are shown escaped (repr): they are the public's text."""
+    refs = [Reference(source=f"eval:{suite.name}", key=item.id, text=prompt_text([m.model_dump() for m in item.messages]))
+            for suite in cfg.evals if suite.file is not None
+            for item in (Item.model_validate(line.value) for line in read_lines(suite.file))]
+    battles = load_feedback(cfg.feedback.file).battles
+    hits = audit([b.prompt() for b in battles], refs, ids=[b.id for b in battles]).hits
+    if not hits:
+        return None
+    shown = ", ".join(repr(h.row_id) for h in hits[:MAX_LISTED]) + (f" and {len(hits) - MAX_LISTED} more" if len(hits) > MAX_LISTED else "")
+    return (f"feedback: {len(hits)} battle(s) have prompts that overlap eval prompts ({shown}); every training set "
+            "built from the feedback drops them and records them in its manifest")
 
 
 def _feedback(path: Path) -> list[str]:
