@@ -56,9 +56,6 @@ def _check_inside(name: str, value: float | None, bounds: list[float] | None) ->
         raise ValueError(f"{name} = {value:g} is outside {name}_range [{bounds[0]:g}, {bounds[1]:g}]")
 
 
-FloatRange = Field(None, min_length=2, max_length=2)
-
-
 class LoRASection(_Strict):
     """[train.lora] (or [train.<family>.lora]): the adapter; keys left out take the rules' defaults."""
 
