@@ -57,6 +57,10 @@ class OpenAIJudgeSpec(BaseModel):
     base_url: str = Field(description="Endpoint base URL, e.g. http://host:8000/v1.")
     model: str = Field(description="Judge model name at the endpoint.")
     api_key_env: str = Field(description="Environment variable holding the API key (never the key itself).")
+    # Left out of the config's dump at its default, so eval jobs recorded before it keep their keys.
+    policy: judge.JudgePolicy = Field(default_factory=judge.JudgePolicy, exclude_if=lambda v: v == judge.JudgePolicy(),
+                                      description="Concurrency, retries with backoff, and the failure share a job "
+                                      "tolerates.")
 
 
 class CallableJudgeSpec(BaseModel):
@@ -235,7 +239,9 @@ def score(cfg: EvalJobConfig, spec: SuiteSpec, items: list[Item], comps: list[Co
         case "judge":
             incumbent = read_completions(spec.incumbent_completions, items)
             path = cfg.output_dir / f"judgments-{spec.name}-r{replicate}.jsonl"
-            return judge.score(items, comps, incumbent, tools.judge, seed=cfg.seed + replicate, judgments_path=path)
+            policy = cfg.judge.policy if isinstance(cfg.judge, OpenAIJudgeSpec) else judge.JudgePolicy()
+            return judge.score(items, comps, incumbent, tools.judge, seed=cfg.seed + replicate, judgments_path=path,
+                               policy=policy)
 
 
 def resample(outcomes: list[Outcome], seed: int) -> list[Outcome]:

@@ -8,6 +8,13 @@ Protocol (the blinded review the seeds ran by hand, made mechanical):
 4. The blinded judgments (positions only) are written and fsynced to the judgments file before
    the key is opened to map positions back to candidate and incumbent.
 
+Throughput and failures: the judgments of a suite are sent concurrently, at most `JudgePolicy.concurrency` at a
+time; a transient endpoint failure (connection error, timeout, HTTP 429 or 5xx) is retried with exponential backoff
+and jitter (a 429's Retry-After is honoured), up to `retries` times. A judgment that still fails is recorded as
+failed (its error's class and status, never the endpoint's text), and its item's outcome is `failed`, with no
+score: never a silent tie. A suite whose share of failed items exceeds `max_error_share` fails the job
+(JudgeFailed), after the judgments are persisted.
+
 Battle text is data: the prompt fences each text between markers carrying a fresh random nonce,
 so a text cannot close its own fence, and the judge is told never to follow instructions inside.
 A judge is any callable `(prompt, answer_a, answer_b) -> reply text`: `OpenAIJudge` for an
@@ -22,10 +29,12 @@ import os
 import random
 import re
 import secrets
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Literal, Protocol
 
-from openai import APIStatusError, OpenAI, OpenAIError
+from openai import APIConnectionError, APIStatusError, OpenAI, OpenAIError, RateLimitError
 from pydantic import BaseModel, ConfigDict, Field
 
 from core import redact as redaction
@@ -60,7 +69,28 @@ def judge_messages(prompt: str, answer_a: str, answer_b: str) -> list[dict[str, 
 
 
 class JudgeEndpointError(RuntimeError):
-    """The judge endpoint did not answer a judgment (its class and HTTP status, never its body)."""
+    """The judge endpoint did not answer a judgment (its class and HTTP status, never its body).
+
+    `name` is the class and status; `transient`: worth sending again (connection, timeout, 429, 5xx);
+    `retry_after_s`: a 429's Retry-After in seconds (0 when none)."""
+
+    def __init__(self, message: str, name: str = "", transient: bool = False, retry_after_s: float = 0.0):
+        super().__init__(message)
+        self.name, self.transient, self.retry_after_s = name, transient, retry_after_s
+
+
+def _transient(exc: OpenAIError) -> bool:
+    if isinstance(exc, APIConnectionError | RateLimitError):  # APITimeoutError is a connection error
+        return True
+    return isinstance(exc, APIStatusError) and exc.status_code >= 500
+
+
+def _retry_after_s(exc: OpenAIError) -> float:
+    value = exc.response.headers.get("retry-after") if isinstance(exc, APIStatusError) else None
+    try:
+        return max(0.0, float(value)) if value is not None else 0.0
+    except ValueError:  # an HTTP date: the backoff decides
+        return 0.0
 
 
 class OpenAIJudge:
@@ -68,7 +98,8 @@ class OpenAIJudge:
 
     def __init__(self, base_url: str, model: str, api_key: str, max_tokens: int = 512, timeout_s: float = 120.0):
         redaction.hold(api_key)
-        self.client = OpenAI(base_url=base_url, api_key=api_key, timeout=timeout_s, max_retries=2)
+        # No client retries: judge_blind retries transient failures itself, with backoff and a recorded count.
+        self.client = OpenAI(base_url=base_url, api_key=api_key, timeout=timeout_s, max_retries=0)
         self.model = model
         self.max_tokens = max_tokens
 
@@ -83,7 +114,9 @@ class OpenAIJudge:
             # own text (one that echoes the Authorization header carries the key into the job's log and
             # from there into the job's recorded failure).
             status = f" (HTTP {exc.status_code})" if isinstance(exc, APIStatusError) else ""
-            raise JudgeEndpointError(f"the judge endpoint ({self.model}) failed: {type(exc).__name__}{status}") from None
+            name = f"{type(exc).__name__}{status}"
+            raise JudgeEndpointError(f"the judge endpoint ({self.model}) failed: {name}", name=name,
+                                     transient=_transient(exc), retry_after_s=_retry_after_s(exc)) from None
         return reply.choices[0].message.content or ""
 
 
@@ -103,8 +136,52 @@ class BlindJudgment(BaseModel):
 
     item_id: str = Field(description="The battle prompt judged.")
     swapped: bool = Field(description="False for the first pass, True for the pass with A and B exchanged.")
-    reply: str = Field(description="The judge's raw reply.")
-    verdict: Verdict | None = Field(description="Parsed verdict in positions; None when unparsed.")
+    reply: str = Field(description="The judge's raw reply ('' when the request failed).")
+    verdict: Verdict | None = Field(description="Parsed verdict in positions; None when unparsed or failed.")
+    error: str | None = Field(None, description="Why the judgment failed after its retries (the error's class and "
+                              "HTTP status, never the endpoint's text); None when the judge answered.",
+                              exclude_if=lambda v: v is None)
+    attempts: int = Field(1, ge=1, description="Requests sent for this judgment (1 + retries).",
+                          exclude_if=lambda v: v == 1)
+
+
+class JudgePolicy(BaseModel):
+    """How a suite's judgments are sent: concurrency, retries with backoff, and the failure share a job tolerates."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    concurrency: int = Field(8, ge=1, le=256, description="Judgments in flight at once (requests to the endpoint; "
+                             "a local judge function runs one at a time).")
+    retries: int = Field(5, ge=0, le=20, description="Retries of a judgment after a transient endpoint failure "
+                         "(connection, timeout, HTTP 429 or 5xx); other errors are not retried.")
+    backoff_s: float = Field(1.0, ge=0, description="The first retry's wait; each further retry waits twice as long "
+                             "(plus up to 50% jitter), at most max_backoff_s; a 429's Retry-After wins when longer.")
+    max_backoff_s: float = Field(60.0, ge=0, description="The longest wait between two tries.")
+    max_error_share: float = Field(0.05, ge=0, le=1, description="Share of a suite's items whose judgment may fail "
+                                   "(recorded as failed, with no score); above it the eval job fails.")
+
+
+class JudgeFailed(RuntimeError):
+    """More of a suite's judgments failed than its policy tolerates (the judgments file is written first)."""
+
+
+def _judge_once(judge: Judge, policy: JudgePolicy, call: tuple[str, bool, str, str, str],
+                rng: random.Random) -> BlindJudgment:
+    """One judgment, retried on transient endpoint failures; a failure that outlasts them is recorded, not raised."""
+    item_id, swapped, prompt, a, b = call
+    for attempt in range(1, policy.retries + 2):
+        try:
+            reply = judge(prompt, a, b)
+        except JudgeEndpointError as err:
+            if not err.transient or attempt > policy.retries:
+                return BlindJudgment(item_id=item_id, swapped=swapped, reply="", verdict=None, error=err.name,
+                                     attempts=attempt)
+            wait = min(policy.max_backoff_s, policy.backoff_s * 2 ** (attempt - 1)) * (1 + rng.random() / 2)
+            time.sleep(max(wait, min(err.retry_after_s, policy.max_backoff_s)))
+            continue
+        return BlindJudgment(item_id=item_id, swapped=swapped, reply=reply, verdict=parse_verdict(reply),
+                             attempts=attempt)
+    raise AssertionError("unreachable: the last attempt returns")
 
 
 def draw_key(items: list[Item], seed: int) -> dict[str, bool]:
@@ -123,15 +200,19 @@ def judged_prompt(item: Item) -> str:
     return "\n\n".join(f"[{m.role}]\n{m.content}" for m in turns)
 
 
-def judge_blind(items: list[Item], first: list[str], second: list[str], judge: Judge) -> list[BlindJudgment]:
-    """Both passes for every item, given the answers already placed in positions A and B."""
-    out = []
-    for item, a, b in zip(items, first, second, strict=True):
-        prompt = judged_prompt(item)
-        for swapped, (x, y) in ((False, (a, b)), (True, (b, a))):
-            reply = judge(prompt, x, y)
-            out.append(BlindJudgment(item_id=item.id, swapped=swapped, reply=reply, verdict=parse_verdict(reply)))
-    return out
+def judge_blind(items: list[Item], first: list[str], second: list[str], judge: Judge,
+                policy: JudgePolicy | None = None) -> list[BlindJudgment]:
+    """Both passes for every item, given the answers already placed in positions A and B, in item order; sent
+    `policy.concurrency` at a time to an endpoint (a local judge function runs one at a time)."""
+    policy = policy or JudgePolicy()
+    calls = [(item.id, swapped, judged_prompt(item), x, y)
+             for item, a, b in zip(items, first, second, strict=True)
+             for swapped, (x, y) in ((False, (a, b)), (True, (b, a)))]
+    # Backoff jitter from fixed seeds: random enough to spread the retries out, and a run repeats itself.
+    rngs = [random.Random(i) for i in range(len(calls))]
+    workers = policy.concurrency if isinstance(judge, OpenAIJudge) else 1
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return list(pool.map(lambda c, r: _judge_once(judge, policy, c, r), calls, rngs))
 
 
 def persist(judgments: list[BlindJudgment], path: Path) -> None:
@@ -162,6 +243,10 @@ def unblind(items: list[Item], judgments: list[BlindJudgment], key: dict[str, bo
     outcomes = []
     for item in items:
         passes = by_item[item.id]
+        if any(j.error is not None for j in passes):
+            outcomes.append(Outcome(item_id=item.id, label="failed", values={"judge_failed": 1.0},
+                                    reasons=tuple(f"judge request failed: {j.error}" for j in passes if j.error)))
+            continue
         if any(j.verdict is None for j in passes):
             outcomes.append(Outcome(item_id=item.id, label="unparsed", values={"unparsed": 1.0},
                                     reasons=tuple(f"unparsed reply: {j.reply[:80]!r}" for j in passes
@@ -188,15 +273,22 @@ class JudgeRecord(BaseModel):
 
 
 def score(items: list[Item], candidate: list[Completion], incumbent: list[Completion], judge: Judge,
-          seed: int, judgments_path: Path) -> tuple[list[Outcome], JudgeRecord]:
-    """Blind pairwise judgment of candidate vs incumbent answers, both orders, persisted first."""
+          seed: int, judgments_path: Path, policy: JudgePolicy | None = None) -> tuple[list[Outcome], JudgeRecord]:
+    """Blind pairwise judgment of candidate vs incumbent answers, both orders, persisted first; JudgeFailed when
+    more items failed than the policy's error share."""
+    policy = policy or JudgePolicy()
     check_aligned(items, candidate)
     check_aligned(items, incumbent)
     key = draw_key(items, seed)
     first = [c.text if key[i.id] else r.text for i, c, r in zip(items, candidate, incumbent, strict=True)]
     second = [r.text if key[i.id] else c.text for i, c, r in zip(items, candidate, incumbent, strict=True)]
-    judgments = judge_blind(items, first, second, judge)
+    judgments = judge_blind(items, first, second, judge, policy)
     persist(judgments, judgments_path)
+    failed = len({j.item_id for j in judgments if j.error is not None})
+    if failed > policy.max_error_share * len(items):
+        raise JudgeFailed(f"judge: {failed} of {len(items)} items failed after retries ({failed / len(items):.0%}), "
+                          f"over the tolerated {policy.max_error_share:.0%}; the judgments are kept in "
+                          f"{judgments_path.name}")
     record = JudgeRecord(
         seed=seed, key_sha256=hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest(),
         judgments_path=str(judgments_path), judgments_sha256=hashlib.sha256(judgments_path.read_bytes()).hexdigest(),
