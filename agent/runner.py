@@ -7,7 +7,7 @@ opened in the notebook, the live objects are built, and the graph is driven to i
 
 from __future__ import annotations
 
-import json
+import os
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -23,22 +23,33 @@ from agent.planners.playbook import Playbook, PlaybookSettings
 from core import redact as redaction
 from core.util import canonical_json, sha256_text
 from evals.job import CallableJudgeSpec, OpenAIJudgeSpec
-from memory.notebook import Notebook, NotebookError
+from evals.judge import JudgePolicy
+from memory.notebook import ChatTemplateRef, Notebook, NotebookError
 from tools.context import LabSpec, LabSuite, LabTruth, ToolContext
 from tools.data.datasets import ReplaySource, VerifiedSource
-from tools.jobs.executor import ExecutorSection
+from tools.jobs.executor import ExecutorSection, ResourcesSection, local_gpus
 from tools.jobs.launcher import Launcher, Resources
 from tools.paths import LabPaths, portable
 from tools.promote import start_incumbent
 
 
-def _eot_id(tokenizer_dir: Path) -> int:
-    """The end-of-turn id (the serving stop id), read from tokenizer.json without loading transformers."""
-    path = tokenizer_dir / "tokenizer.json"
-    for token in json.loads(path.read_text(encoding="utf-8")).get("added_tokens", []):
-        if token["content"] == EOT_TOKEN:
-            return int(token["id"])
-    raise SessionError(f"{path}: no {EOT_TOKEN} token (the chat template's end of turn)")
+def chat_template_ref(tokenizer_dir: Path) -> ChatTemplateRef:
+    """The lab tokenizer's chat format (core.chat.chat_format: its own template, or ChatML when it has none;
+    the end-of-turn token and stop ids derived from it); SessionError with the reason when the template
+    cannot be trained with, so such a lab is refused before a session opens."""
+    from core import chat, loading
+
+    try:
+        tokenizer = loading.load_tokenizer(tokenizer_dir)
+    except (OSError, ValueError) as err:
+        raise SessionError(f"{tokenizer_dir}: the tokenizer does not load ({type(err).__name__}); expected a "
+                           "transformers tokenizer directory") from None
+    try:
+        fmt = chat.chat_format(tokenizer)
+    except chat.ChatTemplateError as err:
+        raise SessionError(f"{tokenizer_dir}: chat template: {err}; no session was opened") from None
+    return ChatTemplateRef(source=fmt.source, sha256=sha256_text(fmt.template), system_turns=fmt.system_turns,
+                           masking=fmt.masking, eot_token=fmt.eot_token, stop_token_ids=fmt.stop_token_ids)
 
 
 def _judge(config: LabConfig) -> OpenAIJudgeSpec | CallableJudgeSpec | None:
@@ -47,7 +58,9 @@ def _judge(config: LabConfig) -> OpenAIJudgeSpec | CallableJudgeSpec | None:
     if j.kind == "oracle":
         return CallableJudgeSpec(kind="callable", target="tools.world.oracle:judge")
     if j.kind == "openai":
-        return OpenAIJudgeSpec(kind="openai", base_url=j.base_url, model=j.model, api_key_env=j.api_key_env)
+        return OpenAIJudgeSpec(kind="openai", base_url=j.base_url, model=j.model, api_key_env=j.api_key_env,
+                               policy=JudgePolicy(concurrency=j.concurrency, retries=j.retries,
+                                                  max_error_share=j.max_error_share))
     return None  # a reward model scores the judge suites as reward_proxy suites instead (lab_spec)
 
 
@@ -80,8 +93,11 @@ def lab_spec(config: LabConfig) -> LabSpec:
         verified=[VerifiedSource(name=d.name, path=d.path, verifier=d.verifier)
                   for d in config.data if d.kind == "verified"], bars=config.bars,
         reward_model=config.judge.path if config.judge.kind == "reward_model" else None,
-        served=config.serving.served_decoding((_eot_id(tokenizer),)), judge=judge,
+        served=config.serving.served_decoding(tuple(chat_template_ref(tokenizer).stop_token_ids)), judge=judge,
         time_limit_min=config.executor.time_limit_min, model_name=parent.name,
+        eval_batch_size=config.executor.eval_batch_size, gpu_dtype=config.executor.gpu_dtype,
+        job_resources={kind: config.executor.kind_resources(kind, local_gpus(os.environ))
+                       for kind in ResourcesSection.model_fields},
         truth=LabTruth(**config.truth.model_dump()) if config.truth else None,
         base_license=license_text, base_license_source=license_source, train=config.train_recipe(),
     )
@@ -104,6 +120,8 @@ def minute_cost(launcher: Launcher):
 
 def _runtime(nb: Notebook, session: str, lab_dir: Path, config: LabConfig, executor: ExecutorSection,
              settings: PlaybookSettings, planner_kind: str, quiet: bool) -> Runtime:
+    # The keys the lab names are redacted from every message from here on, used or not (core/redact.py).
+    redaction.hold_env(os.environ, {config.planner.api_key_env, config.judge.api_key_env})
     paths = LabPaths(root=lab_dir)
     launcher = Launcher.from_section(nb, session, executor, paths.jobs,
                                      lab_roots=paths.spellings(nb.session(session).lab))
@@ -139,8 +157,6 @@ def _check_checkpoints(path: Path) -> None:
 def _finish(rt: Runtime) -> int:
     rt.reporter.close()
     nb, session = rt.ctx.nb, rt.ctx.session
-    # The keys the lab names are redacted from every message from here on, used or not (core/redact.py).
-    redaction.hold_env(os.environ, {config.planner.api_key_env, config.judge.api_key_env})
     s = nb.session(session)
     nominations = nb.decisions(session, kind="nominate")
     nominee = nb.artifact(nominations[-1].payload.get("artifact_id")) if nominations else None
@@ -176,10 +192,12 @@ def start(lab_dir: Path, session: str, budget_gpuh: float, planner: str, executo
     _check_checkpoints(LabPaths(root=lab_dir).graph_checkpoints)
     settings = PlaybookSettings.named(protocol)
     section = config.executor.model_copy(update={"kind": executor})
+    chat_ref = chat_template_ref(config.model.tokenizer or config.model.parent or config.model.base)
     with Notebook.open(LabPaths(root=lab_dir).notebook) as nb:
         nb.open_session(session, lab=str(lab_dir), budget_gpuh=budget_gpuh,
                         reserve_gpuh=budget_gpuh * config.budget.reserve_fraction, planner=planner,
-                        executor=executor, config=snapshot(config, protocol, settings), policy=settings.ref())
+                        executor=executor, config=snapshot(config, protocol, settings), policy=settings.ref(),
+                        chat_template=chat_ref)
         rt = _runtime(nb, session, lab_dir, config, section, settings, planner, quiet)
         start_incumbent(rt.ctx)
         _drive_checkpointed(rt)

@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForSequenceClassification, AutoTokenizer, PreTrainedModel
+from transformers import PreTrainedModel
 from transformers import PreTrainedTokenizerBase as Tokenizer
 
+from core import loading
 from core.chat import render_text
 from evals.types import Completion, Item, Outcome, check_aligned
 
@@ -33,16 +34,17 @@ def load(path: str | Path, device: str = "cpu", dtype: str = "float32") -> Rewar
     path = Path(path)
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"{path}: not a reward-model directory (no config.json)")
-    model = AutoModelForSequenceClassification.from_pretrained(path, dtype=getattr(torch, dtype))
+    model = loading.load_sequence_classifier(path, dtype=getattr(torch, dtype))
     if model.config.num_labels != 1:
         raise ValueError(f"{path}: a reward model has one output, this one has {model.config.num_labels}")
-    return RewardModel(model=model.to(device).eval(), tokenizer=AutoTokenizer.from_pretrained(path),
+    return RewardModel(model=model.to(device).eval(), tokenizer=loading.load_tokenizer(path),
                        device=torch.device(device))
 
 
 def rewards(rm: RewardModel, items: list[Item], answers: list[str], batch_size: int = 16) -> list[float]:
     """The scalar reward of each (prompt, answer) conversation."""
-    texts = [render_text([*item.messages, {"role": "assistant", "content": answer}])
+    # The reward model reads conversations in its own chat template (ChatML when it has none).
+    texts = [render_text(rm.tokenizer, [*item.messages, {"role": "assistant", "content": answer}])
              for item, answer in zip(items, answers, strict=True)]
     out: list[float] = []
     for start in range(0, len(texts), batch_size):

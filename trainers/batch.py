@@ -134,7 +134,7 @@ def pack_batch(packs: Sequence[Sequence[Encoded]], pad_id: int, seq_idx: bool = 
         pos[i, : len(f.input_ids)] = torch.cat([torch.arange(len(r.input_ids)) for r in pack])
         # Padding forms its own trailing segment (positions restart at 0), never attended by real rows.
         pos[i, len(f.input_ids):] = torch.arange(width - len(f.input_ids))
-    # A row's first token (<|im_start|>) is unsupervised, so no loss crosses a row boundary.
+    # A row's first token (a BOS or the first turn's header) is unsupervised, so no loss crosses a row boundary.
     # Row k of a pack starts where its positions restart; the padding tail is one more row.
     rows = torch.cumsum((pos == 0).int(), dim=1, dtype=torch.int32) - 1
     return Batch(ids, None, pos, mask[:, 1:], rows if seq_idx else None)

@@ -18,14 +18,10 @@ from typing import ClassVar, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-from transformers import (
-    AutoConfig,
-    AutoModelForCausalLM,
-    AutoTokenizer,
-    PreTrainedModel,
-    PreTrainedTokenizerBase,
-)
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from core import chat, loading
+from core.placement import Placement
 from core.util import file_sha256, write_json_atomic
 from trainers import distributed, lora_experts, mamba_kernels
 
@@ -163,7 +159,7 @@ class TrainConfig(BaseModel):
         if self.batch_size % self.micro_batch_size:
             raise ValueError(f"batch_size ({self.batch_size}) must be a multiple of micro_batch_size ({self.micro_batch_size})")
         if torch.cuda.is_available() and not self.allow_slow_mamba:
-            model_type = AutoConfig.from_pretrained(self.model_path).model_type
+            model_type = loading.load_config(self.model_path).model_type
             check_mamba_kernels(model_type, mamba_kernels_missing(model_type))
         return self
 
@@ -199,6 +195,8 @@ class TrainResult(BaseModel):
     metrics: dict[str, float] = Field(default_factory=dict, description="Trainer-specific final metrics.")
     world_size: int = Field(1, ge=1, description="Processes (one per GPU) the last session of the run used.")
     snapshots: list[Snapshot] = Field(default_factory=list, description="The intermediate models saved, by step.")
+    placement: Placement | None = Field(None, description="Device, dtype, device name, ranks and trained tokens per "
+                                        "second of the run's last session (None: recorded before runs said so).")
 
 
 class RunPaths(BaseModel):
@@ -339,12 +337,12 @@ def check_mamba_kernels(model_type: str, missing: list[str]) -> None:
 
 def is_recurrent(model_path: Path) -> bool:
     """True when the model has Mamba/recurrent layers (sequence packing is unsafe for them)."""
-    return AutoConfig.from_pretrained(model_path).model_type in RECURRENT_MODEL_TYPES
+    return loading.load_config(model_path).model_type in RECURRENT_MODEL_TYPES
 
 
 def lora_defaults(model_path: Path, lora: LoRASettings) -> tuple[list[str], list[str]]:
     """(target_modules, target_parameters) with the architecture's defaults filled in."""
-    return lora_targets(AutoConfig.from_pretrained(model_path).model_type, lora)
+    return lora_targets(loading.load_config(model_path).model_type, lora)
 
 
 def lora_targets(model_type: str, lora: LoRASettings) -> tuple[list[str], list[str]]:
@@ -368,7 +366,7 @@ def check_lora_targets(model_path: Path, lora: LoRASettings) -> None:
             "set dropout to 0 or target_parameters to []"
         )
     with torch.device("meta"):
-        skeleton = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_path))
+        skeleton = loading.model_from_config(loading.load_config(model_path))
     module_names = [n for n, _ in skeleton.named_modules()]
     param_names = [n for n, _ in skeleton.named_parameters()]
     for target in modules:
@@ -380,7 +378,13 @@ def check_lora_targets(model_path: Path, lora: LoRASettings) -> None:
 
 
 def load_tokenizer(model_path: Path) -> PreTrainedTokenizerBase:
-    return AutoTokenizer.from_pretrained(model_path)
+    """The model's tokenizer; refused (ConfigError) when its chat template cannot be trained with (core.chat)."""
+    tokenizer = loading.load_tokenizer(model_path)
+    try:
+        chat.check_tokenizer(tokenizer)
+    except chat.ChatTemplateError as err:
+        raise ConfigError(f"{model_path}: chat template: {err}") from None
+    return tokenizer
 
 
 def device() -> torch.device:
@@ -397,11 +401,11 @@ def load_frozen(model_path: Path, dtype: str) -> PreTrainedModel:
         return fast_mamba(model).eval().requires_grad_(False)
 
     if not env.distributed:
-        return frozen(AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype).to(device()))
-    config = AutoConfig.from_pretrained(model_path)
+        return frozen(loading.load_causal_lm(model_path, dtype=torch_dtype).to(device()))
+    config = loading.load_config(model_path)
     return distributed.load_sharded(
-        lambda: frozen(AutoModelForCausalLM.from_config(config, dtype=torch_dtype)),
-        lambda: frozen(AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype)),
+        lambda: frozen(loading.model_from_config(config, dtype=torch_dtype)),
+        lambda: frozen(loading.load_causal_lm(model_path, dtype=torch_dtype)),
         None, env).eval()
 
 
@@ -419,7 +423,7 @@ def load_policy(model_path: Path, dtype: str, lora: LoRASettings | None, seed: i
     121.0-121.6 -> 101.0-104.2 ms; bench/README.md, fifth round).
     """
     env = distributed.setup()
-    config = AutoConfig.from_pretrained(model_path)
+    config = loading.load_config(model_path)
     storage = getattr(torch, "float32" if env.distributed and lora is None else dtype)
 
     def policy(model: PreTrainedModel, compiled: bool = False) -> PreTrainedModel:
@@ -428,12 +432,12 @@ def load_policy(model_path: Path, dtype: str, lora: LoRASettings | None, seed: i
     if not env.distributed:
         if compile_blocks is None:
             compile_blocks = device().type == "cuda"
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=storage).to(device())
+        model = loading.load_causal_lm(model_path, dtype=storage).to(device())
         return _adapters_in(policy(model, compile_blocks), storage)
     compute = getattr(torch, dtype) if dtype != "float32" else None
     return distributed.load_sharded(
-        lambda: policy(AutoModelForCausalLM.from_config(config, dtype=storage)),
-        lambda: policy(AutoModelForCausalLM.from_pretrained(model_path, dtype=storage)),
+        lambda: policy(loading.model_from_config(config, dtype=storage)),
+        lambda: policy(loading.load_causal_lm(model_path, dtype=storage)),
         compute, env).train()
 
 

@@ -7,7 +7,8 @@ other ranks wait, then every rank memory-maps the same files (the page cache hol
 job, a second rank and any later run on the same data, tokenizer and settings read it instead of tokenizing again.
 
 The key covers everything the encoding depends on: CACHE_FORMAT (bump when rendering changes), the trainer kind,
-the data file's and tokenizer.json's sha256 and the rendering settings (system prompt, length limits).
+the data file's and tokenizer.json's sha256, the chat template's and the rendering settings (system prompt, length
+limits).
 """
 
 from __future__ import annotations
@@ -21,18 +22,19 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from core.util import file_sha256
+from core import chat
+from core.util import file_sha256, sha256_text
 from trainers import distributed
 from trainers.batch import Encoded, cut_answer, encode
 
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2  # 2: rows rendered in the model's own chat template (core.chat), not always ChatML
 
 
 @lru_cache(maxsize=2)
 def _tokenizer(path: str):
-    from transformers import AutoTokenizer
+    from core import loading
 
-    return AutoTokenizer.from_pretrained(path)
+    return loading.load_tokenizer(path)
 
 
 def _encode_messages(row: dict, *, tokenizer_path: str, system_prompt: str | None, max_len: int) -> dict:
@@ -53,7 +55,8 @@ def _encode_pair(row: dict, *, tokenizer_path: str, settings: dict) -> dict:
 
 def cache_key(kind: str, data_path: Path, tokenizer_path: Path, settings: dict) -> str:
     parts = {"format": CACHE_FORMAT, "kind": kind, "data": file_sha256(data_path),
-             "tokenizer": file_sha256(tokenizer_path / "tokenizer.json"), "settings": settings}
+             "tokenizer": file_sha256(tokenizer_path / "tokenizer.json"), "settings": settings,
+             "template": sha256_text(chat.template_of(_tokenizer(str(tokenizer_path))))}
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 
 

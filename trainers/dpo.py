@@ -1,6 +1,6 @@
 """DPO with an NLL term on the chosen answer: `DPOConfig` and the `train` job.
 
-Per pair, with summed token log-probs of the assistant answer (content + `<|im_end|>`) under the
+Per pair, with summed token log-probs of the assistant answer (content + its end-of-turn token) under the
 policy (pi) and the frozen reference (ref):
 
     L = -log sigmoid(beta * ((pi_c - ref_c) - (pi_r - ref_r)))  +  nll_weight * (-pi_c / n_c)

@@ -1,6 +1,6 @@
 """Cross-entropy with a KL leash to the frozen parent: `KLCEConfig` and the `train` job.
 
-Over the supervised positions S of an optimizer step (assistant content + `<|im_end|>` of every
+Over the supervised positions S of an optimizer step (assistant content + end-of-turn token of every
 row), with C the positions of rows that are not replay (`kl_only` false):
 
     L = ( sum_{t in C} -log pi(y_t | x_<t)  +  kl_coef * sum_{t in S} KL(p_parent(. | x_<t) || pi(. | x_<t)) ) / |S|

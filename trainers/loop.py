@@ -39,7 +39,8 @@ import torch
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
-from core.chat import chat_template
+from core import chat
+from core.placement import measured
 from core.util import file_sha256, write_json_atomic
 from trainers import checkpoint, distributed, memory
 from trainers.common import (
@@ -313,8 +314,9 @@ def run_job(
         write_json_atomic(paths.root / "memory_estimate.json", {**estimate.model_dump(), "total": estimate.total})
     distributed.barrier()
     tokenizer = load_tokenizer(config.model_path)
-    # The saved checkpoint carries the template its rows were rendered with: training and serving cannot drift.
-    tokenizer.chat_template = chat_template(config.system_prompt)
+    # The saved checkpoint carries the template its rows were rendered with (the model's own, or ChatML when it
+    # had none): training and serving cannot drift. The serving system prompt is the bundle's to bake in.
+    tokenizer.chat_template = chat.chat_format(tokenizer).template
     model = load_policy(config.model_path, config.compute_dtype, config.lora, config.seed,
                         config.activation_checkpointing, config.compile_blocks)
     state = run_loop(config, paths, model, objective, tokenizer)
@@ -330,6 +332,8 @@ def run_job(
         wall_time_s=state.wall_time_s, data_sha256=file_sha256(config.data_path), final_loss=state.last_loss,
         resumed_at_steps=state.resumed_at, metrics=metrics, world_size=env.world_size,
         snapshots=[read_snapshot(paths, step) for step in config.snapshot_steps],
+        placement=measured(str(distributed.device(env)), config.compute_dtype, state.tokens, state.wall_time_s,
+                           devices=env.world_size),
     )
     if env.is_main:
         write_json_atomic(paths.result, json.loads(result.model_dump_json()))

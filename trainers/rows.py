@@ -2,8 +2,8 @@
 
 - SFT (`trainers/sft.py`), `SFTRow`:
       {"id": "r1", "messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]}
-  Every assistant turn (content + `<|im_end|>`) is supervised; the serving system prompt is added by
-  the renderer when the row has no system turn.
+  Every assistant turn (content + its end-of-turn token, in the model's own chat template) is supervised;
+  the serving system prompt is added by the renderer when the row has no system turn.
 - DPO + NLL (`trainers/dpo.py`), `PreferenceRow`:
       {"id": "p1", "prompt": [{"role": "user", "content": "2+2?"}], "chosen": "4", "rejected": "5"}
   `prompt` ends with a user turn; `chosen`/`rejected` are the two assistant answers.

@@ -1,6 +1,6 @@
 """Supervised fine-tuning on assistant turns: `SFTConfig` and the `train` job.
 
-Loss: token-level cross-entropy over the assistant tokens (content + `<|im_end|>`) of all rows of an
+Loss: token-level cross-entropy over the assistant tokens (content + its end-of-turn token) of all rows of an
 optimizer step, divided by the number of those tokens (so micro-batching does not change it).
 
 Packing (optional) concatenates rows into sequences of at most `max_len` tokens with position ids
@@ -27,8 +27,8 @@ import sys
 
 import torch
 from pydantic import Field
-from transformers import AutoConfig
 
+from core import loading
 from trainers import data_cache, losses
 from trainers.batch import (
     Encoded,
@@ -99,7 +99,7 @@ def validate(config: SFTConfig) -> list[SFTRow]:
     rows = read_rows(config.data_path, SFTRow)
     if config.lora is not None:
         check_lora_targets(config.model_path, config.lora)
-    model_type = AutoConfig.from_pretrained(config.model_path).model_type
+    model_type = loading.load_config(config.model_path).model_type
     if config.packing and not packing_keeps_rows_apart(model_type):
         raise ConfigError(
             f"packing: refused for {config.model_path}: its Mamba layers would carry state across packed rows "

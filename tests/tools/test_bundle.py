@@ -38,7 +38,7 @@ from agent.planners.playbook import PlaybookSettings
 from agent.runner import _runtime
 from agent.summary import summarize
 from core import tiny
-from core.chat import chat_template
+from core.chat import CHATML_TEMPLATE, chat_template
 from evals import bars, noise, synthetic
 from evals.compare import compare
 from evals.decoding import Decoding
@@ -359,9 +359,11 @@ def test_bundle_holds_sharded_weights_template_and_evidence(toy):
     assert (evidence.session, evidence.last_decision.seq, evidence.last_decision.hash) == (SESSION, last.seq, last.hash)
 
 
-def test_the_trainers_checkpoint_carries_the_renderer_template(toy):
+def test_the_trainers_checkpoint_carries_the_template_its_rows_were_rendered_with(toy):
     nominee_dir = Path(toy.nb.artifact(toy.nominee).path)
-    assert (nominee_dir / "chat_template.jinja").read_text() == chat_template(SYSTEM)
+    assert (nominee_dir / "chat_template.jinja").read_text() == CHATML_TEMPLATE  # the base's own, no system prompt
+    # The bundle ships it behind the served system prompt, and keeps it as the training template.
+    assert (toy.full / "training_chat_template.jinja").read_text() == CHATML_TEMPLATE
 
 
 def test_failed_write_leaves_no_half_bundle(toy, tmp_path):

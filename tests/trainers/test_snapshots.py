@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 from trainer_testkit import metric_series
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from core.chat import chat_template
+from core import chat
 from trainers import checkpoint, loop
 from trainers.common import Preempted, RunPaths, load_policy
 from trainers.sft import SFTConfig, train
@@ -75,7 +75,7 @@ def test_a_snapshot_is_the_model_at_its_step_and_changes_nothing(model_dirs, sft
     # Loadable like the final model, with the template its rows were rendered with; and really intermediate.
     for snap in done.snapshots:
         AutoModelForCausalLM.from_pretrained(snap.model_dir)
-        assert AutoTokenizer.from_pretrained(snap.model_dir).chat_template == chat_template(SYSTEM)
+        assert AutoTokenizer.from_pretrained(snap.model_dir).chat_template == chat.CHATML_TEMPLATE  # the base's own
     w2, w4, final = _weights(done.snapshots[0].model_dir), _weights(done.snapshots[1].model_dir), _weights(done.model_dir)
     assert not torch.equal(w2["lm_head.weight"], w4["lm_head.weight"])
     assert not torch.equal(w4["lm_head.weight"], final["lm_head.weight"])

@@ -16,8 +16,10 @@ A bundle holds:
   `shard_bytes` each) with `model.safetensors.index.json`, plus `config.json`; or a PEFT adapter
   (`adapter_config.json`, `adapter_model.safetensors`) over a base directory recorded with its
   weights hash as the revision. Every weight file's size and sha256 are in `serving_config.json`;
-- the tokenizer, with `chat_template.jinja` = `core.chat.chat_template(served system prompt)` (the
-  one renderer's template, also written into `tokenizer_config.json`);
+- the tokenizer, with `chat_template.jinja` = `core.chat.serving_template(tokenizer, served system prompt)`
+  (the model's own template, or ChatML for a model that had none, behind a preamble that applies the
+  served system prompt the way the template handles system turns; also written into
+  `tokenizer_config.json`), and `training_chat_template.jinja`, the template training rendered with;
 - `system_prompt.txt` (the served system prompt, verbatim), `generation_config.json` (stop ids and
   the served decoding), `serving_config.json` (`ServingConfig`), `training_evidence.json`
   (`TrainingEvidence`) and the model card `README.md` (tools/nomination/card.py).
@@ -41,20 +43,26 @@ import struct
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from core.chat import chat_template
+from core import chat
+from core.loading import header_problems
 from core.util import file_sha256, sha256_text, write_atomic, write_json_atomic
 from evals.decoding import Decoding
 from memory.notebook import Artifact, Notebook
+from tools.data.datasets import audit_clean
 from tools.nomination import card
 
 INDEX = "model.safetensors.index.json"
-from tools.data.datasets import audit_clean
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 DEFAULT_SHARD_BYTES = 2 * 1024**3
-FORMAT_VERSION = 1
+TRAINING_TEMPLATE = "training_chat_template.jinja"
+# 2: serving_config.json records the digest of every file a server reads besides the weights (`files`).
+FORMAT_VERSION = 2
+# The files of a bundle that are not served (rewritten after the check: the card and the evidence) and the
+# serving config itself; every other file is in the weights' or the served files' digests.
+UNSERVED = ("serving_config.json", "training_evidence.json", "README.md")
 
 
 class BundleError(ValueError):
@@ -96,6 +104,22 @@ class ServingConfig(BaseModel):
     decoding_sha256: str = Field(description="Its fingerprint, as recorded with every served eval.")
     system_prompt_file: str = Field(description="File holding the served system prompt.")
     chat_template_file: str = Field(description="File holding the chat template.")
+    files: dict[str, FileDigest] | None = Field(
+        None, description="Size and sha256 of every other file a server reads (tokenizer, templates, configs, "
+        "system prompt), so an edited tokenizer.json is caught; None in format 1 bundles, which check-bundle refuses.")
+
+    @model_validator(mode="after")
+    def _weights_kind(self) -> ServingConfig:
+        # An adapter without its base (or a full model without its index) cannot be served; said here, at parse.
+        w = self.weights
+        if w.kind == "adapter" and w.base is None:
+            raise ValueError("weights.base: an adapter needs the base it applies to (path and revision)")
+        if w.kind == "full" and w.index is None:
+            raise ValueError("weights.index: a full model needs its shard index file")
+        return self
+    training_template_file: str = Field(
+        TRAINING_TEMPLATE, description="File holding the template training rendered rows with (the model's own, or "
+        "ChatML for a model that had none); the shipped template must render as it does with the served system prompt.")
 
 
 class LineageStage(BaseModel):
@@ -203,6 +227,9 @@ def read_header(path: Path) -> dict[str, dict]:
         size = os.fstat(f.fileno()).st_size
         if 8 + length > size:
             raise ValueError(f"{path.name}: header of {length} bytes does not fit in the file's {size} bytes")
+        problems = header_problems(path)  # bounded, and typed: a list header is a message, not a traceback
+        if problems:
+            raise ValueError(f"{path.name}: {problems[0]}; expected a safetensors header")
         header = json.loads(f.read(length))
     tensors = {k: v for k, v in header.items() if k != "__metadata__"}
     end = max((v["data_offsets"][1] for v in tensors.values()), default=0)
@@ -323,12 +350,18 @@ def training_evidence(nb: Notebook, session: str, nominee_id: int) -> TrainingEv
 # ---- writing ---------------------------------------------------------------------------------------
 
 
-def _write_tokenizer(src: Path, out: Path, template: str) -> int | None:
-    """The checkpoint's tokenizer with the renderer's template, in chat_template.jinja and the tokenizer
-    config; returns its pad token id."""
-    from transformers import AutoTokenizer
+def _write_tokenizer(src: Path, out: Path, system_prompt: str | None) -> int | None:
+    """The checkpoint's tokenizer with the shipped template (its training template behind the served system
+    prompt: core.chat.serving_template) in chat_template.jinja and the tokenizer config, and the training
+    template itself in training_chat_template.jinja (what check-bundle compares against); returns its pad id."""
+    from core import loading
 
-    tokenizer = AutoTokenizer.from_pretrained(src)
+    tokenizer = loading.load_tokenizer(src)
+    try:
+        training = chat.chat_format(tokenizer).template
+        template = chat.serving_template(tokenizer, system_prompt)
+    except chat.ChatTemplateError as err:
+        raise BundleError(f"{src}: chat template: {err}") from None
     tokenizer.chat_template = template
     tokenizer.save_pretrained(out)
     config_path = out / "tokenizer_config.json"
@@ -336,6 +369,7 @@ def _write_tokenizer(src: Path, out: Path, template: str) -> int | None:
     config["chat_template"] = template  # servers that read only the config see the same template
     write_json_atomic(config_path, config)
     write_atomic(out / "chat_template.jinja", template)
+    write_atomic(out / TRAINING_TEMPLATE, training)
     return tokenizer.pad_token_id
 
 
@@ -393,6 +427,12 @@ def _max_input_tokens(src: Path, weights: WeightsSpec, decoding: Decoding) -> in
     return context - decoding.max_new_tokens
 
 
+def served_files(out: Path, weights: WeightsSpec) -> dict[str, FileDigest]:
+    """The digests of the bundle's files a server reads that are not weights (ServingConfig.files)."""
+    return {p.name: digest(p) for p in sorted(out.iterdir())
+            if p.is_file() and p.name not in weights.files and p.name not in UNSERVED}
+
+
 def bundle_files(path: Path) -> dict[str, FileDigest]:
     return {p.name: digest(p) for p in sorted(path.iterdir()) if p.is_file()}
 
@@ -437,14 +477,15 @@ def _fill(nb: Notebook, session: str, nominee: Artifact, tmp: Path, parent_id: i
     _check_evaluated(nominee, src)
     weights = _write_weights(src, tmp, shard_bytes)
     system = decoding.system_prompt or None  # evals render no system turn for an empty prompt
-    pad_id = _write_tokenizer(src, tmp, chat_template(system))
+    pad_id = _write_tokenizer(src, tmp, system)
     _write_generation_config(tmp, decoding, pad_id)
     write_atomic(tmp / "system_prompt.txt", decoding.system_prompt)
     serving = ServingConfig(
         format_version=FORMAT_VERSION, weights=weights, add_generation_prompt=True, decoding=decoding,
         max_input_tokens=max_input_tokens if max_input_tokens is not None else _max_input_tokens(src, weights, decoding),
         decoding_sha256=decoding.fingerprint(), system_prompt_file="system_prompt.txt",
-        chat_template_file="chat_template.jinja",
+        chat_template_file="chat_template.jinja", training_template_file=TRAINING_TEMPLATE,
+        files=served_files(tmp, weights),
     )
     write_atomic(tmp / "serving_config.json", serving.model_dump_json(indent=2) + "\n")
     write_records(nb, session, nominee.id, tmp, parent_id, runner_up_id)

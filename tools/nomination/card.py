@@ -41,7 +41,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from scipy import stats as sps
 
-from memory.notebook import Artifact, Decision, EvalRecord, JobRecord, Notebook
+from memory.notebook import Artifact, ChatTemplateRef, Decision, EvalRecord, JobRecord, Notebook
 from memory.records import BundleRefusal, CompareRefusal, IncumbentPayload
 from memory.report import family
 
@@ -207,11 +207,26 @@ def _model_section(nb: Notebook, session: str, nominee: Artifact, lineage: list[
     lines.append(f"The nominee is notebook artifact {code(nominee.id)} ({code(nominee.kind)} at {code(nominee.path)}, "
                  f"weights hash {code(nominee.sha256)}), shipped as {what}.")
     lines.append(f"Its lineage starts at the base {code(base.name)} ({code(base.path)}, hash {code(base.sha256)}).")
+    opened = nb.decisions(session, kind="open")
+    chat_ref = opened[0].payload.chat_template if opened else None
+    if chat_ref is not None:
+        lines.append(_chat_template_line(chat_ref))
     decisions = nb.decisions(session)
     if decisions:
         lines.append(f"Everything below was read from the lab notebook of session {code(session)}; its decision "
                      f"chain stood at seq {code(decisions[-1].seq)} with hash {code(decisions[-1].hash)}.")
     return [*lines, ""]
+
+
+def _chat_template_line(chat_ref: ChatTemplateRef) -> str:
+    """Which chat template the model trains, evaluates and ships with, as the session's `open` decision recorded it."""
+    which = ("its base's own chat template" if chat_ref.source == "model" else
+             "ChatML, because its base tokenizer has no chat template of its own")
+    system = ("system turns rendered by the template" if chat_ref.system_turns == "native" else
+              "no system role in the template, so the system prompt is folded into the first user turn")
+    return (f"It was trained, evaluated and is served in {which} (sha256 {code(chat_ref.sha256)}; end of turn "
+            f"{code(chat_ref.eot_token)}; {system}): {code('training_chat_template.jinja')} is that template, and "
+            f"{code('chat_template.jinja')} is it behind the served system prompt.")
 
 
 def _usage_section(nb: Notebook, served: EvalRecord, weights: WeightsInfo) -> list[str]:

@@ -14,14 +14,15 @@ Checks, each reported with what was expected:
   builds (`transformers.utils.chat_template_utils.render_jinja_template`: sandboxed, with its
   `raise_exception` / `strftime_now` globals and its extensions), so `{% raise_exception(...) %}`
   in statement form (an unknown tag) is caught here, not in production;
-- template_matches_renderer: it renders byte-identically to `core.chat.render_text` under the
+- template_matches_renderer: it renders byte-identically to the training renderer (`core.chat.render_text`
+  with the template training used, `training_chat_template.jinja`: the model's own, or ChatML) under the
   served system prompt for the conversation shapes of `SHAPES`, add_generation_prompt on and off;
 - tokenizer_template: the template in `tokenizer_config.json` and the one AutoTokenizer loads are
   that same file;
 - system_prompt, generation_config, stop_ids, max_input_tokens: the system prompt file is non-empty
   and is the served one; generation_config.json carries the served decoding (whose fingerprint is
   the recorded one); every stop id is in
-  the vocabulary and the end-of-turn token is one of them; max input tokens is positive;
+  the vocabulary and the end-of-turn token (derived from the chat template) is one of them; max input tokens is positive;
 - weights: every shard the index names exists with its recorded size and sha256, every tensor of
   every shard is in the index (an unindexed tensor would silently load as random weights), no
   safetensors file lies outside the index; for adapters the adapter file's size and sha256;
@@ -49,6 +50,8 @@ from __future__ import annotations
 
 import json
 import math
+import resource
+import subprocess
 import sys
 from pathlib import Path
 from typing import Literal
@@ -57,12 +60,14 @@ import jinja2
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from safetensors import SafetensorError
 
-from core.chat import EOT_TOKEN, render_text
+from core import chat, loading
+from core.display import bounded, shown
 from core.util import file_sha256
 from memory.notebook import Notebook, NotebookError
 from tools.nomination.bundle import (
     ADAPTER_CONFIG,
     INDEX,
+    UNSERVED,
     MeasuredStops,
     ServingConfig,
     TrainingEvidence,
@@ -96,7 +101,33 @@ PROMPTS = [
 STOP_ALPHA = 0.01
 # Library errors a broken bundle can raise while it is loaded or run: each is a failed check, reported.
 LOAD_ERRORS = (OSError, ValueError, RuntimeError, KeyError, TypeError, jinja2.TemplateError, SafetensorError,
-               NotebookError)
+               NotebookError, MemoryError)
+
+# Bounds: every check ends, in limited memory, whatever the bundle holds. A bundle's template is someone else's
+# program (a loop template rendered to 4 GB; `'x' * 10**12` died with a MemoryError traceback), so every check that
+# renders it runs in a child process under an address-space limit, a CPU limit and a timeout; the reload, which
+# loads the weights, runs in one under a timeout, and generates at most RELOAD_MAX_NEW_TOKENS per answer within
+# RELOAD_SECONDS_PER_ANSWER whatever generation_config.json says (one hostile bundle ran 198 s on 5 prompts).
+TEMPLATE_SECONDS = 60
+TEMPLATE_MEMORY = 3 * 1024**3  # loading a tokenizer takes about 1.5 GiB of address space
+RELOAD_SECONDS = 600
+RELOAD_MAX_NEW_TOKENS = 256
+RELOAD_SECONDS_PER_ANSWER = 60
+# The largest text file read whole (templates and the system prompt are a few kB; tokenizer files have their own
+# bound, core.loading.TOKENIZER_FILE_LIMIT, which also bounds every JSON file of the bundle).
+TEXT_LIMIT = 1024**2
+# The most entries a bundle directory may hold (a real one holds about 15 plus its shards).
+MAX_ENTRIES = 10_000
+# What the bundle writer puts in generation_config.json (tools.nomination.bundle._write_generation_config).
+GENERATION_KEYS = frozenset({"do_sample", "max_new_tokens", "repetition_penalty", "eos_token_id", "pad_token_id",
+                             "temperature", "top_p", "top_k", "transformers_version"})
+# The checks that render the bundle's template, run together in one bounded child.
+# The most characters a template may render for one of the checks' short conversations (they render to a few
+# hundred); a loop template stops here instead of filling memory.
+TEMPLATE_OUTPUT_LIMIT = 1024**2
+# The longest message line printed (an answer or an error may quote a lot).
+MESSAGE_LIMIT = 2000
+TEMPLATE_CHECKS = ("template_bounds", "template_compiles", "template_matches_renderer", "tokenizer_template", "stop_ids", "served_prompts")
 
 
 class CheckResult(BaseModel):
@@ -131,12 +162,23 @@ class BundleReport(BaseModel):
         return {r.name: r.messages for r in self.results if r.status == "failed"}
 
 
+def _read(path: Path, limit: int) -> str:
+    """A bundle text file, refused (ValueError naming it) past `limit` bytes before it is read."""
+    size = path.stat().st_size
+    if size > limit:
+        raise ValueError(f"{shown(path.name)}: {size} bytes; expected at most {limit}")
+    return path.read_text(encoding="utf-8")
+
+
 def _json(path: Path) -> dict:
-    """A bundle JSON file; a broken one raises ValueError naming the file."""
+    """A bundle JSON object; a broken, oversized or non-object one raises ValueError naming the file."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path.name}: not valid JSON ({err})") from None
+        data = json.loads(_read(path, loading.TOKENIZER_FILE_LIMIT))
+    except (json.JSONDecodeError, RecursionError) as err:
+        raise ValueError(f"{shown(path.name)}: not valid JSON ({shown(str(err), limit=200)})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{shown(path.name)}: a JSON {type(data).__name__}; expected an object")
+    return data
 
 
 class _Bundle:
@@ -145,8 +187,8 @@ class _Bundle:
     def __init__(self, path: Path, serving: ServingConfig):
         self.path = path
         self.serving = serving
-        self.template = (path / serving.chat_template_file).read_text(encoding="utf-8")
-        self.system_prompt = (path / serving.system_prompt_file).read_text(encoding="utf-8")
+        self.template = _read(path / serving.chat_template_file, TEXT_LIMIT)
+        self.system_prompt = _read(path / serving.system_prompt_file, TEXT_LIMIT)
 
 
 # ---- template --------------------------------------------------------------------------------------
@@ -176,35 +218,51 @@ def _first_difference(got: str, want: str) -> str:
     return f"at character {i}: template gives {got[max(0, i - 20):i + 20]!r}, renderer {want[max(0, i - 20):i + 20]!r}"
 
 
+def _tokenizers(b: _Bundle):
+    """The bundle's tokenizer as a server loads it (the shipped template), and the same tokenizer carrying the
+    template training rendered rows with (the bundle's training_template_file)."""
+    name = b.serving.training_template_file
+    if Path(name).name != name or not (b.path / name).is_file():
+        raise ValueError(f"serving_config.json training_template_file {name!r} is not a file of the bundle; expected "
+                         "the template training rendered rows with")
+    training = loading.load_tokenizer(b.path)
+    training.chat_template = (b.path / name).read_text(encoding="utf-8")
+    return loading.load_tokenizer(b.path), training
+
+
 def check_template_matches(b: _Bundle) -> list[str]:
     system = b.serving.decoding.system_prompt or None
+    shipped, training = _tokenizers(b)
+    try:
+        chat.check_tokenizer(training)
+    except chat.ChatTemplateError as err:
+        return [f"{b.serving.training_template_file}: {err}; expected the template training rendered rows with"]
     problems = []
     for name, messages in SHAPES:
         for generation in (False, True):
-            want = render_text(messages, system, add_generation_prompt=generation)
+            want = chat.render_text(training, messages, system, add_generation_prompt=generation)
             try:
-                got = _render(b.template, messages, generation)
+                got = shipped.apply_chat_template(messages, chat_template=b.template, tokenize=False,
+                                                  add_generation_prompt=generation)
             except jinja2.TemplateError as err:
                 problems.append(f"shape {name!r} (add_generation_prompt={generation}): the template raised {err}")
                 continue
             if got != want:
                 problems.append(f"shape {name!r} (add_generation_prompt={generation}) {_first_difference(got, want)}")
     if problems:
-        return [f"{b.serving.chat_template_file} differs from the training renderer (core.chat.render_text with the "
-                f"served system prompt) in {len(problems)} of {2 * len(SHAPES)} renderings; expected byte-identical "
-                "output. First: " + problems[0]]
+        return [f"{b.serving.chat_template_file} differs from the training renderer (core.chat.render_text with "
+                f"{b.serving.training_template_file} and the served system prompt) in {len(problems)} of "
+                f"{2 * len(SHAPES)} renderings; expected byte-identical output. First: " + problems[0]]
     return []
 
 
 def check_tokenizer_template(b: _Bundle) -> list[str]:
-    from transformers import AutoTokenizer
-
     problems = []
     config = _json(b.path / "tokenizer_config.json")
     if config.get("chat_template") != b.template:
         problems.append(f"tokenizer_config.json chat_template differs from {b.serving.chat_template_file}; "
                         "expected the same template in both")
-    if AutoTokenizer.from_pretrained(b.path).chat_template != b.template:
+    if loading.load_tokenizer(b.path).chat_template != b.template:
         problems.append(f"AutoTokenizer loads a chat template other than {b.serving.chat_template_file}")
     return problems
 
@@ -233,6 +291,10 @@ def check_generation_config(b: _Bundle) -> list[str]:
     got["eos_token_id"] = [eos] if isinstance(eos, int) else eos
     problems = [f"generation_config.json {k} is {got[k]!r}; expected {v!r} (the served decoding)"
                 for k, v in want.items() if got[k] != v]
+    extra = sorted(k for k in gen if k not in GENERATION_KEYS)
+    if extra:  # num_beams, min_new_tokens, ... change what a server generates (and how long it takes)
+        problems.append(f"generation_config.json sets {', '.join(shown(k) for k in bounded(extra, 5))}; expected only "
+                        f"the served decoding's settings ({', '.join(sorted(GENERATION_KEYS))})")
     if b.serving.decoding_sha256 != d.fingerprint():
         problems.append(f"serving_config.json decoding_sha256 is {b.serving.decoding_sha256}; expected the "
                         f"fingerprint of its decoding, {d.fingerprint()} (the decoding was edited)")
@@ -240,17 +302,19 @@ def check_generation_config(b: _Bundle) -> list[str]:
 
 
 def check_stop_ids(b: _Bundle) -> list[str]:
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(b.path)
+    tokenizer = loading.load_tokenizer(b.path)
     vocab = len(tokenizer)
     stops = list(b.serving.decoding.stop_token_ids)
     problems = [f"stop id {s} is not in the vocabulary (ids 0..{vocab - 1}); expected ids of real tokens"
                 for s in stops if not 0 <= s < vocab]
-    eot = tokenizer.convert_tokens_to_ids(EOT_TOKEN)
-    if eot not in stops:
-        problems.append(f"the end-of-turn token {EOT_TOKEN} (id {eot}) is not a stop id {stops}; expected it among "
-                        "them, or answers run past the end of the turn")
+    try:
+        fmt = chat.chat_format(tokenizer)
+    except chat.ChatTemplateError as err:
+        return [*problems, f"{b.serving.chat_template_file}: {err}; expected a template that closes assistant turns "
+                "with an end-of-turn token"]
+    if fmt.eot_id not in stops:
+        problems.append(f"the end-of-turn token {fmt.eot_token} (id {fmt.eot_id}, from the chat template) is not a stop "
+                        f"id {stops}; expected it among them, or answers run past the end of the turn")
     return problems
 
 
@@ -262,7 +326,13 @@ def check_max_input_tokens(b: _Bundle) -> list[str]:
 def _shard_problems(b: _Bundle) -> list[str]:
     """The index against the shards: every named shard recorded and present, every shard named, and
     every tensor of a shard mapped to it (and only tensors it holds)."""
-    weight_map: dict[str, str] = _json(b.path / INDEX).get("weight_map", {})
+    weight_map = _json(b.path / INDEX).get("weight_map", {})
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        return [f"{INDEX} weight_map is not an object of tensor name -> shard file; expected the shard index"]
+    outside = sorted({v for v in weight_map.values() if not plain_name(v)})
+    if outside:
+        return [f"{INDEX} maps tensors to {shown(outside[0])}" + (f" (and {len(outside) - 1} more)" if len(outside) > 1
+                else "") + ", a name outside the bundle; expected plain file names of the bundle's own shards"]
     named, recorded = sorted(set(weight_map.values())), set(b.serving.weights.files)
     problems = [f"{INDEX} names {name}, which serving_config.json does not record"
                 + ("" if (b.path / name).is_file() else " and which is missing") for name in named if name not in recorded]
@@ -328,28 +398,158 @@ def check_decision_hash(b: _Bundle, notebook_path: Path) -> list[str]:
     return []
 
 
+def _templates(b: _Bundle) -> dict[str, str]:
+    """Every chat template the bundle carries, by where it is."""
+    out = {b.serving.chat_template_file: b.template}
+    training = b.path / b.serving.training_template_file
+    if plain_name(b.serving.training_template_file) and training.is_file():
+        out[b.serving.training_template_file] = _read(training, TEXT_LIMIT)
+    config = _json(b.path / "tokenizer_config.json").get("chat_template")
+    named = config if isinstance(config, list) else [{"name": "default", "template": config}]
+    for entry in named:
+        if isinstance(entry, dict) and isinstance(entry.get("template"), str):
+            out[f"tokenizer_config.json chat_template {shown(str(entry.get('name')))}"] = entry["template"]
+    return out
+
+
+def check_template_bounds(b: _Bundle) -> list[str]:
+    """Every template renders every conversation the checks and the reload use within TEMPLATE_OUTPUT_LIMIT
+    characters, streamed, so one that would print 4 GB stops at the limit (the other template checks run only
+    after this one passes; a template that loops without printing is stopped by the child's time limit)."""
+    # transformers' own (sandboxed) environment, compiled as apply_chat_template compiles it
+    from transformers.utils.chat_template_utils import _compile_jinja_template
+
+    conversations = [m for _, m in SHAPES] + [[{"role": "user", "content": p}] for p in PROMPTS]
+    for where, template in _templates(b).items():
+        try:
+            compiled = _compile_jinja_template(template)
+        except jinja2.TemplateError:
+            continue  # does not compile: template_compiles says so
+        for messages in conversations:
+            for generation in (False, True):
+                if _streamed_length(compiled, messages, generation) > TEMPLATE_OUTPUT_LIMIT:
+                    return [f"{where} renders more than {TEMPLATE_OUTPUT_LIMIT} characters for a conversation of "
+                            f"{len(messages)} short turns; expected a template that renders in bounds"]
+    return []
+
+
+def _streamed_length(compiled, messages: list[dict], generation: bool) -> int:
+    """Characters the template renders, counted as they stream and stopped past the limit; a template that raises
+    has rendered what it had (its error is the other checks' to report)."""
+    n = 0
+    try:
+        for chunk in compiled.generate(messages=messages, add_generation_prompt=generation):
+            n += len(chunk)
+            if n > TEMPLATE_OUTPUT_LIMIT:
+                break
+    except MemoryError:  # one expression too big to build ('x' * 10**12): past any limit
+        return TEMPLATE_OUTPUT_LIMIT + 1
+    except (jinja2.TemplateError, TypeError, ValueError, ArithmeticError, LookupError, AttributeError, RecursionError):
+        pass
+    return n
+
+
+def check_served_prompts(b: _Bundle) -> list[str]:
+    """The reload's prompts render under the shipped template as a server renders them (run in the bounded child
+    with the other template checks, so the reload never renders a template that does not end)."""
+    tokenizer = loading.load_tokenizer(b.path)
+    for prompt in PROMPTS:
+        tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                      add_generation_prompt=b.serving.add_generation_prompt)
+    return []
+
+
+# ---- integrity and confinement ---------------------------------------------------------------------
+
+
+def plain_name(name: str) -> bool:
+    """A file name of the bundle itself: no directory part, no traversal, nothing absolute."""
+    return bool(name) and name not in (".", "..") and not any(c in name for c in "/\\\0")
+
+
+def check_integrity(b: _Bundle) -> list[str]:
+    """Every file a server reads besides the weights has the size and sha256 serving_config.json records, and
+    the bundle holds no file the manifest leaves out (an added normalizer in tokenizer.json passed before)."""
+    recorded = b.serving.files
+    if recorded is None:
+        return [f"serving_config.json records no digests of the served files (format_version "
+                f"{b.serving.format_version}); expected format 2, whose manifest covers tokenizer.json and every "
+                "other file a server reads (rebuild the bundle)"]
+    problems = []
+    for name in ("tokenizer.json", "tokenizer_config.json", b.serving.chat_template_file):
+        if name not in recorded:
+            problems.append(f"serving_config.json files does not record {shown(name)}; expected its digest")
+    for name, want in sorted(recorded.items()):
+        path = b.path / name
+        if not plain_name(name) or not path.is_file():
+            problems.append(f"serving_config.json files names {shown(name)}, which is not a file of the bundle")
+        elif path.stat().st_size != want.bytes or file_sha256(path) != want.sha256:
+            problems.append(f"{shown(name)} is {path.stat().st_size} bytes with sha256 {file_sha256(path)[:16]}...; "
+                            f"expected {want.bytes} bytes with sha256 {want.sha256[:16]}... (edited since it was written)")
+    listed = set(recorded) | set(b.serving.weights.files) | set(UNSERVED)
+    unlisted = sorted(p.name for p in b.path.iterdir() if p.name not in listed)
+    problems += [f"{shown(name)} lies in the bundle but in no manifest of serving_config.json; expected only the "
+                 "files it records" for name in unlisted]
+    return problems
+
+
+def confinement_problems(path: Path) -> list[str]:
+    """What would make reading the bundle read something else: a link leading out of it, code, pickles, an
+    auto_map, an oversized tokenizer file. Checked before any file is read; a link's target is never read."""
+    entries = sorted(path.iterdir())
+    if len(entries) > MAX_ENTRIES:
+        return [f"{len(entries)} entries; expected a bundle of at most {MAX_ENTRIES} files"]
+    root = path.resolve()
+    problems = [f"{shown(p.name)} is a symbolic link leading out of the bundle; expected every file inside it "
+                "(its target is not read)" for p in entries if p.is_symlink() and not p.resolve().is_relative_to(root)]
+    if problems:
+        return problems
+    try:
+        return [m.replace(f"{shown(str(path))}/", "", 1) for m in loading.model_problems(path)]
+    except loading.UnsafeModelError as err:
+        return [str(err)]
+
+
+def _name_problems(serving: ServingConfig) -> list[str]:
+    names = [serving.chat_template_file, serving.system_prompt_file, serving.training_template_file,
+             *serving.weights.files, *([serving.weights.index] if serving.weights.index else [])]
+    return [f"serving_config.json names {shown(n)}; expected a plain file name of the bundle (no directory, no "
+            "'..', nothing absolute)" for n in names if not plain_name(n)]
+
+
 # ---- reload ----------------------------------------------------------------------------------------
 
 
 def _load_model(b: _Bundle):
-    from transformers import AutoModelForCausalLM
-
     if b.serving.weights.kind == "full":
-        return AutoModelForCausalLM.from_pretrained(b.path).eval()
-    from peft import PeftModel
+        return loading.load_causal_lm(b.path).eval()
+    base = loading.load_causal_lm(b.serving.weights.base.path)
+    return loading.load_adapter(base, b.path).eval()
 
-    base = AutoModelForCausalLM.from_pretrained(b.serving.weights.base.path)
-    return PeftModel.from_pretrained(base, b.path).eval()
+
+def _reload_generation(b: _Bundle):
+    """The bundle's generation config as a server reads it, bounded by the check's own limits (the file's
+    max_new_tokens is the bundle's claim, not the check's budget)."""
+    from transformers import GenerationConfig
+
+    generation = GenerationConfig.from_pretrained(b.path)
+    generation.max_new_tokens = reload_max_new_tokens(b)
+    generation.max_time = RELOAD_SECONDS_PER_ANSWER
+    return generation
+
+
+def reload_max_new_tokens(b: _Bundle) -> int:
+    """The tokens an answer may take in the reload: the served limit, capped by the check's RELOAD_MAX_NEW_TOKENS."""
+    return min(b.serving.decoding.max_new_tokens, RELOAD_MAX_NEW_TOKENS)
 
 
 def reload_answers(b: _Bundle) -> list[Answer]:
     """The bundle loaded as a server loads it, answering PROMPTS at the served decoding."""
     import torch
-    from transformers import AutoTokenizer, GenerationConfig
 
-    tokenizer = AutoTokenizer.from_pretrained(b.path)
+    tokenizer = loading.load_tokenizer(b.path)
     model = _load_model(b)
-    generation = GenerationConfig.from_pretrained(b.path)
+    generation = _reload_generation(b)
     stops = set(b.serving.decoding.stop_token_ids)
     torch.manual_seed(0)  # sampled decoding: the same bundle gives the same answers
     answers = []
@@ -422,8 +622,11 @@ def answer_problems(answers: list[Answer], max_new_tokens: int,
 def _run(name: str, fn, *args) -> CheckResult:
     try:
         problems = fn(*args)
+    except MemoryError:  # in a bounded child: the check's own memory limit, not the machine's
+        problems = ["did not finish in bounds: ran out of the memory the check allows; expected a bundle that loads "
+                    "and renders in bounds"]
     except LOAD_ERRORS as err:
-        problems = [f"{type(err).__name__}: {err}"]
+        problems = [f"{type(err).__name__}: {shown(str(err), limit=MESSAGE_LIMIT)}"]
     return CheckResult(name=name, status="failed" if problems else "passed", messages=problems)
 
 
@@ -431,9 +634,11 @@ def _skipped(name: str, why: str) -> CheckResult:
     return CheckResult(name=name, status="skipped", messages=[why])
 
 
-def _why(err: OSError | ValidationError) -> str:
+def _why(err: OSError | ValueError) -> str:
     if isinstance(err, OSError):
         return f"cannot be read ({err.strerror})"
+    if not isinstance(err, ValidationError):
+        return str(err)
     first = err.errors()[0]
     where = ".".join(str(p) for p in first["loc"]) or "(top level)"
     more = f" (and {err.error_count() - 1} more problems)" if err.error_count() > 1 else ""
@@ -450,11 +655,17 @@ def _missing(path: Path, serving: ServingConfig | None) -> list[str]:
 
 
 def _parse(path: Path) -> tuple[list[CheckResult], _Bundle | None]:
-    """The files and serving_config checks; the parsed bundle when both pass."""
+    """The files and serving_config checks; the parsed bundle when both pass. Nothing is read from a bundle
+    that is not confined (confinement_problems)."""
+    confined = confinement_problems(path)
+    if confined:
+        return [CheckResult(name="files", status="failed", messages=confined)], None
     try:
-        serving = ServingConfig.model_validate_json((path / "serving_config.json").read_text(encoding="utf-8"))
-        parsed = CheckResult(name="serving_config", status="passed", messages=[])
-    except (OSError, ValidationError) as err:
+        serving = ServingConfig.model_validate_json(_read(path / "serving_config.json", loading.CONFIG_FILE_LIMIT))
+        names = _name_problems(serving)
+        parsed = CheckResult(name="serving_config", status="failed" if names else "passed", messages=names)
+        serving = None if names else serving
+    except (OSError, ValueError) as err:
         serving = None
         parsed = CheckResult(name="serving_config", status="failed", messages=[f"serving_config.json: {_why(err)}"])
     missing = _missing(path, serving)
@@ -466,7 +677,9 @@ def _parse(path: Path) -> tuple[list[CheckResult], _Bundle | None]:
         return [files, parsed], _Bundle(path, serving)
     except UnicodeDecodeError as err:
         files = CheckResult(name="files", status="failed", messages=[f"{err}; expected UTF-8 text files"])
-        return [files, parsed], None
+    except (OSError, ValueError) as err:
+        files = CheckResult(name="files", status="failed", messages=[str(err)])
+    return [files, parsed], None
 
 
 def check_bundle(path: str | Path, notebook_path: str | Path | None = None) -> BundleReport:
@@ -476,30 +689,91 @@ def check_bundle(path: str | Path, notebook_path: str | Path | None = None) -> B
     if b is None:
         return BundleReport(bundle=str(path), results=results, answers=[])
     results += [
-        _run("template_compiles", check_template_compiles, b),
+        _run("integrity", check_integrity, b),
         _run("system_prompt", check_system_prompt, b),
         _run("generation_config", check_generation_config, b),
-        _run("stop_ids", check_stop_ids, b),
         _run("max_input_tokens", check_max_input_tokens, b),
         _run("weights", check_weights, b),
     ]
-    compiled = results[2].status == "passed"
-    results.append(_run("template_matches_renderer", check_template_matches, b) if compiled
-                   else _skipped("template_matches_renderer", "the template does not compile"))
-    results.append(_run("tokenizer_template", check_tokenizer_template, b))
+    results += _bounded_template_checks(path)
     if b.serving.weights.kind == "adapter":
         results.append(_run("adapter_base", check_adapter_base, b))
     if notebook_path is not None:
         results.append(_run("decision_hash", check_decision_hash, b, Path(notebook_path)))
     answers: list[Answer] = []
     blocked = [r.name for r in results if r.status == "failed"
-               and r.name in ("template_compiles", "weights", "adapter_base", "stop_ids")]
+               and r.name in ("template_compiles", "served_prompts", "weights", "adapter_base", "stop_ids",
+                              "generation_config")]
     if blocked:
         results.append(_skipped("reload", f"not attempted: {', '.join(blocked)} failed"))
     else:
-        answers, result = check_reload(b, None if notebook_path is None else Path(notebook_path))
+        answers, result = _bounded_reload(path, None if notebook_path is None else Path(notebook_path))
         results.append(result)
     return BundleReport(bundle=str(path), results=results, answers=answers)
+
+
+def template_checks(b: _Bundle) -> list[CheckResult]:
+    """The checks that render the bundle's template (TEMPLATE_CHECKS), in-process: run them through
+    _bounded_template_checks unless the template is trusted."""
+    bounds = _run("template_bounds", check_template_bounds, b)
+    if bounds.status == "failed":  # rendering it again in the checks below would only meet the limit again
+        return [bounds, *(_skipped(n, "the template does not render in bounds") for n in TEMPLATE_CHECKS[1:])]
+    results = [bounds, _run("template_compiles", check_template_compiles, b)]
+    results.append(_run("template_matches_renderer", check_template_matches, b) if results[0].status == "passed"
+                   else _skipped("template_matches_renderer", "the template does not compile"))
+    return results + [_run("tokenizer_template", check_tokenizer_template, b), _run("stop_ids", check_stop_ids, b),
+                      _run("served_prompts", check_served_prompts, b)]
+
+
+def _bounded_template_checks(path: Path) -> list[CheckResult]:
+    out = _in_child("template", path, None, TEMPLATE_SECONDS, TEMPLATE_MEMORY)
+    if isinstance(out, str):
+        why = f"the template checks did not finish in bounds: {out}; expected a template that renders in bounds"
+        return [CheckResult(name=name, status="failed", messages=[why]) for name in TEMPLATE_CHECKS]
+    return [CheckResult.model_validate(r) for r in out["results"]]
+
+
+def _bounded_reload(path: Path, notebook_path: Path | None) -> tuple[list[Answer], CheckResult]:
+    out = _in_child("reload", path, notebook_path, RELOAD_SECONDS, None)
+    if isinstance(out, str):
+        return [], CheckResult(name="reload", status="failed", messages=[
+            f"the bundle did not load and answer in bounds: {out}; expected {len(PROMPTS)} answers of at most "
+            f"{RELOAD_MAX_NEW_TOKENS} tokens, each within {RELOAD_SECONDS_PER_ANSWER} s"])
+    return [Answer.model_validate(a) for a in out["answers"]], CheckResult.model_validate(out["result"])
+
+
+def _in_child(group: str, path: Path, notebook_path: Path | None, seconds: int, memory: int | None) -> dict | str:
+    """Runs one group of checks in `python -m tools.nomination.check_bundle --child GROUP BUNDLE [NOTEBOOK]` under
+    a timeout, a CPU limit and (when given) an address-space limit; its JSON result, or why there is none."""
+    def limits() -> None:  # in the child, before exec
+        resource.setrlimit(resource.RLIMIT_CPU, (seconds, seconds))
+        if memory is not None:
+            resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+
+    repo = Path(__file__).resolve().parents[2]
+    command = [sys.executable, "-m", "tools.nomination.check_bundle", "--child", group, str(path.resolve()),
+               *([str(notebook_path.resolve())] if notebook_path is not None else [])]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=seconds, preexec_fn=limits, cwd=repo)
+    except subprocess.TimeoutExpired:
+        return f"stopped after {seconds} s"
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        limit = f"{memory // 1024**2} MiB of memory or " if memory is not None else ""
+        return f"stopped by its limits ({limit}{seconds} s of CPU)"
+    return json.loads(lines[-1])
+
+
+def _child(group: str, path: Path, notebook_path: Path | None) -> dict:
+    """The child's side of _in_child: the group's results as JSON-ready data."""
+    results, b = _parse(path)
+    if b is None:  # changed since the parent parsed it
+        failed = [r.model_dump() for r in results if r.status == "failed"]
+        return {"results": failed, "answers": [], "result": failed[0]}
+    if group == "template":
+        return {"results": [r.model_dump() for r in template_checks(b)]}
+    answers, result = check_reload(b, notebook_path)
+    return {"answers": [a.model_dump() for a in answers], "result": result.model_dump()}
 
 
 def check_reload(b: _Bundle, notebook_path: Path | None) -> tuple[list[Answer], CheckResult]:
@@ -514,31 +788,33 @@ def check_reload(b: _Bundle, notebook_path: Path | None) -> tuple[list[Answer], 
     except LOAD_ERRORS as err:
         return [], CheckResult(name="reload", status="failed", messages=[
             f"the bundle does not load and generate as a server would: {type(err).__name__}: {err}"])
-    problems, tolerated = answer_problems(answers, b.serving.decoding.max_new_tokens, measured)
+    problems, tolerated = answer_problems(answers, reload_max_new_tokens(b), measured)
     return answers, CheckResult(name="reload", status="failed" if problems else "passed",
                                 messages=problems or tolerated)
 
 
 def print_report(report: BundleReport) -> None:
+    """Every check, its messages escaped (file names and contents are someone else's text) and bounded."""
     out = sys.stdout  # read at call time: a caller (or a test) may have redirected it
     for r in report.results:
         label = {"passed": "ok     ", "failed": "FAILED ", "skipped": "skipped"}[r.status]
-        print(f"  {label} {r.name}" + (f": {r.messages[0]}" if r.messages else ""), file=out)
-        for extra in r.messages[1:]:
+        messages = bounded([shown(m, limit=MESSAGE_LIMIT) for m in r.messages])
+        print(f"  {label} {r.name}" + (f": {messages[0]}" if messages else ""), file=out)
+        for extra in messages[1:]:
             print(f"          {' ' * len(r.name)}  {extra}", file=out)
     failed = len(report.failures())
     verdict = "passes every check" if report.ok else f"FAILS {failed} of {len(report.results)} checks"
-    print(f"{report.bundle}: {verdict}", file=out)
+    print(f"{shown(report.bundle)}: {verdict}", file=out)
 
 
 def check_bundle_command(bundle: Path, lab: Path | None) -> int:
     """The CLI: print every check; 0 if all pass, 1 if any fails, 2 for a DIR or notebook that is not there."""
     if not bundle.is_dir():
-        print(f"error: check-bundle: {bundle} is not a directory", file=sys.stderr)
+        print(f"error: check-bundle: {shown(str(bundle))} is not a directory", file=sys.stderr)
         return 2
     notebook = None if lab is None else lab / "notebook.db"
     if notebook is not None and not notebook.is_file():
-        print(f"error: check-bundle: --lab {lab}: no notebook.db there", file=sys.stderr)
+        print(f"error: check-bundle: --lab {shown(str(lab))}: no notebook.db there", file=sys.stderr)
         return 2
     try:
         report = check_bundle(bundle, notebook)
@@ -547,3 +823,8 @@ def check_bundle_command(bundle: Path, lab: Path | None) -> int:
         return 2
     print_report(report)
     return 0 if report.ok else 1
+
+
+if __name__ == "__main__":  # the bounded child of _in_child: `--child GROUP BUNDLE [NOTEBOOK]`
+    _, _, _group, _bundle, *_notebook = sys.argv
+    print(json.dumps(_child(_group, Path(_bundle), Path(_notebook[0]) if _notebook else None)))

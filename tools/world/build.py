@@ -1,12 +1,13 @@
 """The world builder: a complete miniature lab, generated offline and deterministically from a seed.
 
-    python run_agent.py world build [--lab DIR] [--seed N] [--size demo|test]
+    python run_agent.py world build [--lab DIR] [--seed N] [--size demo|test] [--template chatml|llama3|gemma]
 
 What lands in the lab directory (every path relative to it):
 
     lab.toml                          an ordinary lab config (nothing in the agent special-cases the world)
     world/world.json                  the spec: seed, size, model sizes, oracle noise, opponent profile, cost factor
-    world/tokenizer/                  BPE over whole characters (tools/world/tokenizer.py), ChatML specials
+    world/tokenizer/                  BPE over whole characters (tools/world/tokenizer.py), with the special tokens
+                                      and chat template of --template (ChatML by default; core/templates.py)
     world/models/base/                tiny Nemotron-H (Mamba2, attention, MoE, MLP) "pretrained" by trainers.sft
     world/models/parent/              the stage-1 chat parent: the base after a short SFT (deliberately mediocre)
     world/feedback/battles.jsonl      parent vs opponent battles voted by the noisy oracle (feedback format)
@@ -42,13 +43,17 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from core.chat import EOT_TOKEN, TEXT_EOS_TOKEN, Message
+from core.chat import Message
 from core.util import file_sha256, sha256_text, write_atomic, write_json_atomic
 from tools.data.leak import DEFAULT_NGRAM, ReferenceIndex
 from tools.world import cost, opponent, oracle, parts, tokenizer
 from tools.world.tasks import WORLD_FAMILIES, WorldTask, draw, draw_mix, hash_seed
 
 Size = Literal["demo", "test"]
+# The chat templates a world can be built on (`world build --template`); a session on it trains, evaluates
+# and ships in that template.
+WorldTemplate = Literal["chatml", "llama3", "gemma"]
+WORLD_TEMPLATES: tuple[WorldTemplate, ...] = ("chatml", "llama3", "gemma")
 # Bump whenever anything a build writes changes (lab.toml values too): an older cache is then rebuilt.
 WORLD_VERSION = 8
 WORLD_DIR = "world"
@@ -131,6 +136,7 @@ class WorldSpec(BaseModel):
     version: int = Field(description="Builder version; a cache built by another version is rebuilt.")
     seed: int = Field(description="The world seed.")
     size: Size = Field(description="Size preset.")
+    template: WorldTemplate = Field("chatml", description="Chat-template family of the tokenizer and models.")
     sizes: SizeSpec = Field(description="The preset's values.")
     system_prompt: str = Field(description="Served system prompt.")
     oracle_noise: oracle.OracleNoise = Field(description="The judge's stated vote noise.")
@@ -151,13 +157,14 @@ class Manifest(BaseModel):
     version: int = Field(description="Builder version.")
     seed: int = Field(description="The world seed.")
     size: Size = Field(description="Size preset.")
+    template: WorldTemplate = Field("chatml", description="Chat-template family of the tokenizer and models.")
     files: dict[str, str] = Field(description="Lab-relative path -> sha256, for every file of the world.")
 
 
 # ---- cache -------------------------------------------------------------------------------------------
 
-def cached(lab: Path, seed: int, size: Size) -> Manifest | None:
-    """The manifest of a complete, untouched world of this seed and size in `lab`, else None."""
+def cached(lab: Path, seed: int, size: Size, template: WorldTemplate = "chatml") -> Manifest | None:
+    """The manifest of a complete, untouched world of this seed, size and template in `lab`, else None."""
     world = lab / WORLD_DIR
     try:
         text = (world / MANIFEST).read_text(encoding="utf-8")
@@ -165,7 +172,8 @@ def cached(lab: Path, seed: int, size: Size) -> Manifest | None:
         manifest = Manifest.model_validate_json(text)
     except (OSError, UnicodeDecodeError, ValueError):
         return None
-    if committed != sha256_text(text) or (manifest.version, manifest.seed, manifest.size) != (WORLD_VERSION, seed, size):
+    if committed != sha256_text(text) or ((manifest.version, manifest.seed, manifest.size, manifest.template)
+                                          != (WORLD_VERSION, seed, size, template)):
         return None
     for rel, digest in manifest.files.items():
         path = lab / rel
@@ -219,10 +227,10 @@ def check_target(lab: Path) -> None:
                          "refusing to rebuild the world under them (build into a new --lab directory)")
 
 
-def check_build(lab: Path, seed: int, size: Size) -> None:
+def check_build(lab: Path, seed: int, size: Size, template: WorldTemplate = "chatml") -> None:
     """What `build` refuses, checked before anything is written (even the lab's lock): an intact cache of
     this world is always fine; anything else needs a target `check_target` accepts."""
-    if cached(lab, seed, size) is None:
+    if cached(lab, seed, size, template) is None:
         check_target(lab)
 
 
@@ -297,21 +305,23 @@ def init_model(tokenizer_dir: Path, out: Path, spec: SizeSpec, seed: int) -> int
     import torch
     from transformers import GenerationConfig, NemotronHConfig, NemotronHForCausalLM, PreTrainedTokenizerFast
 
-    from core.chat import PAD_TOKEN
+    from core.chat import stop_ids
+    from core.tiny import special_ids
 
     tok = PreTrainedTokenizerFast.from_pretrained(tokenizer_dir)
-    pad, eot, eos = tok.convert_tokens_to_ids([PAD_TOKEN, EOT_TOKEN, TEXT_EOS_TOKEN])
+    ids = special_ids(tok)  # pad, the template's end of turn (EOS) and BOS: derived, never named here
     config = NemotronHConfig(
         vocab_size=len(tok), hidden_size=spec.hidden, layers_block_type=list(spec.layers),
         num_attention_heads=4, num_key_value_heads=2, head_dim=spec.hidden // 4, intermediate_size=2 * spec.hidden,
         mamba_num_heads=8, mamba_head_dim=spec.hidden // 4, ssm_state_size=16, n_groups=2, chunk_size=16,
         n_routed_experts=spec.experts, num_experts_per_tok=2, moe_intermediate_size=spec.hidden,
         moe_shared_expert_intermediate_size=spec.hidden, max_position_embeddings=2048, tie_word_embeddings=False,
-        pad_token_id=pad, eos_token_id=eot, bos_token_id=eos,
+        **ids,
     )
     torch.manual_seed(seed)
     model = NemotronHForCausalLM(config)
-    model.generation_config = GenerationConfig(eos_token_id=[eot, eos], pad_token_id=pad, do_sample=False)
+    model.generation_config = GenerationConfig(eos_token_id=stop_ids(tok), pad_token_id=ids["pad_token_id"],
+                                               do_sample=False)
     model.save_pretrained(out)
     tok.save_pretrained(out)
     return sum(p.numel() for p in model.parameters())
@@ -333,12 +343,12 @@ def sft(model: Path, data: Path, run_dir: Path, out: Path, steps: int, lr: float
 
 def served_decoding(tokenizer_dir: Path, spec: SizeSpec):
     """The world's served decoding (the same values lab.toml's [serving] declares)."""
-    from transformers import AutoTokenizer
-
+    from core import loading
+    from core.chat import stop_ids
     from evals.decoding import Decoding
 
-    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
-    stops = tuple(tok.convert_tokens_to_ids([EOT_TOKEN, TEXT_EOS_TOKEN]))
+    tok = loading.load_tokenizer(tokenizer_dir)
+    stops = tuple(stop_ids(tok))  # derived from the chat template and the tokenizer (core.chat)
     return Decoding(system_prompt=SYSTEM_PROMPT, temperature=TEMPERATURE, top_p=TOP_P, repetition_penalty=1.0,
                     max_new_tokens=spec.max_new_tokens, stop_token_ids=stops)
 
@@ -558,14 +568,21 @@ def _write_pools(world: Path, pools: Pools, spec: SizeSpec) -> None:
                                 for t in pools.stage1])
 
 
-def _train(world: Path, scratch: Path, pools: Pools, spec: SizeSpec, seed: int) -> int:
+def _pretrain_row(task: WorldTask, template: WorldTemplate) -> dict:
+    """A pretraining document as an assistant turn. Templates that require conversations to open with a user
+    turn (Gemma's raises otherwise) get an empty one first; ChatML keeps the lone turn its worlds were built with."""
+    opening = [] if template == "chatml" else [{"role": "user", "content": ""}]
+    return {"messages": [*opening, {"role": "assistant", "content": _document(task)}]}
+
+
+def _train(world: Path, scratch: Path, pools: Pools, spec: SizeSpec, seed: int, template: WorldTemplate) -> int:
     """Tokenizer, base (pretraining) and parent (stage-1 SFT); returns the parameter count."""
     docs = [_document(t) for t in pools.pretrain + pools.stage1] + [SYSTEM_PROMPT]
     root = world.parent
-    tok_dir = tokenizer.build(root / TOKENIZER, corpus=docs, vocab_size=spec.vocab)
+    tok_dir = tokenizer.build(root / TOKENIZER, corpus=docs, vocab_size=spec.vocab, template=template)
     params = init_model(tok_dir, scratch / "init", spec, hash_seed(seed, "init") % 2**31)
     pretrain = scratch / "pretrain.jsonl"
-    _jsonl(pretrain, [{"messages": [{"role": "assistant", "content": _document(t)}]} for t in pools.pretrain])
+    _jsonl(pretrain, [_pretrain_row(t, template) for t in pools.pretrain])
     (world / "models").mkdir(parents=True, exist_ok=True)
     sft(scratch / "init", pretrain, scratch / "run-pretrain", root / BASE, spec.pretrain_steps,
         spec.pretrain_lr, spec, None, hash_seed(seed, "pretrain-run") % 2**31)
@@ -577,12 +594,12 @@ def _train(world: Path, scratch: Path, pools: Pools, spec: SizeSpec, seed: int) 
     return params
 
 
-def _build_into(stage: Path, seed: int, size: Size) -> None:
+def _build_into(stage: Path, seed: int, size: Size, template: WorldTemplate) -> None:
     spec = SIZES[size]
     world = stage / WORLD_DIR
     pools = draw_pools(seed, spec)
     _write_pools(world, pools, spec)
-    params = _train(world, stage / "scratch", pools, spec, seed)
+    params = _train(world, stage / "scratch", pools, spec, seed, template)
     decoding = served_decoding(stage / TOKENIZER, spec)
     rows, dropped = battles(stage / PARENT, pools.battles, decoding, hash_seed(seed, "battles-gen") % 2**31)
     _jsonl(stage / FEEDBACK, rows)
@@ -596,7 +613,7 @@ def _build_into(stage: Path, seed: int, size: Size) -> None:
     write_atomic(stage / "lab.toml", lab_toml(seed, size, spec, len(pools.stage1)))
     shutil.rmtree(stage / "scratch")
     votes = {v: sum(r["vote"] == v for r in rows) for v in ("own", "other", "tie", "both_bad")}
-    info = WorldSpec(version=WORLD_VERSION, seed=seed, size=size, sizes=spec, system_prompt=SYSTEM_PROMPT,
+    info = WorldSpec(version=WORLD_VERSION, seed=seed, size=size, template=template, sizes=spec, system_prompt=SYSTEM_PROMPT,
                      oracle_noise=oracle.OracleNoise(), opponent_error_rate=dict(opponent.ERROR_RATE),
                      gpuh_per_device_s=cost.GPUH_PER_DEVICE_S, battles_dropped=dropped, votes=votes, params=params,
                      reward_model=reward)
@@ -627,11 +644,12 @@ def _files(root: Path) -> dict[str, str]:
     return {p.relative_to(root).as_posix(): file_sha256(p) for p in paths}
 
 
-def build(lab: Path, seed: int = 0, size: Size = "demo") -> tuple[Manifest, bool]:
-    """Builds the world into `lab` unless an intact cache of it is there; returns (manifest, rebuilt)."""
+def build(lab: Path, seed: int = 0, size: Size = "demo", template: WorldTemplate = "chatml") -> tuple[Manifest, bool]:
+    """Builds the world into `lab` on the `template` chat-template family unless an intact cache of it is
+    there; returns (manifest, rebuilt)."""
     if lab.is_dir():
         _clean_stale_stages(lab)
-    found = cached(lab, seed, size)
+    found = cached(lab, seed, size, template)
     if found is not None:
         return found, False
     check_target(lab)
@@ -639,8 +657,8 @@ def build(lab: Path, seed: int = 0, size: Size = "demo") -> tuple[Manifest, bool
     stage = Path(tempfile.mkdtemp(prefix=f"{STAGE_PREFIX}{os.getpid()}-", dir=lab))
     try:
         with one_thread():
-            _build_into(stage, seed, size)
-        manifest = Manifest(version=WORLD_VERSION, seed=seed, size=size, files=_files(stage))
+            _build_into(stage, seed, size, template)
+        manifest = Manifest(version=WORLD_VERSION, seed=seed, size=size, template=template, files=_files(stage))
         text = manifest.model_dump_json(indent=2) + "\n"
         write_atomic(stage / WORLD_DIR / MANIFEST, text)
         _swap_in(stage, lab)

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tools.world.build import build
+from tools.world.build import WorldTemplate, build
 
 TEST_SEED = 0
 
 
-def session_world(tmp_path_factory) -> Path:
-    """The lab directory of the test world (seed 0, size test) for this pytest session."""
-    lab = tmp_path_factory.getbasetemp() / "toy-world-test"
-    build(lab, seed=TEST_SEED, size="test")
+def session_world(tmp_path_factory, template: WorldTemplate = "chatml") -> Path:
+    """The lab directory of the test world (seed 0, size test, on the `template` chat template) for this pytest
+    session."""
+    lab = tmp_path_factory.getbasetemp() / ("toy-world-test" if template == "chatml" else f"toy-world-test-{template}")
+    build(lab, seed=TEST_SEED, size="test", template=template)
     return lab
