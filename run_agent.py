@@ -72,12 +72,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     if config and executor == "slurm" and config.executor.slurm is None:
         raise UsageError(f"{args.lab / LAB_FILE}: --executor slurm needs an [executor.slurm] section")
     if config is not None:  # every input file is read before any notebook row is written (issue 10, item 3)
-        from agent.inputs import feedback_overlap, require_inputs
+        from agent.inputs import feedback_notes, require_inputs
 
         require_inputs(config, args.lab / LAB_FILE)
-        overlap = feedback_overlap(config)
-        if overlap:
-            print(overlap)
+        for note in feedback_notes(config):
+            print(note)
     path = args.lab / NOTEBOOK_FILE
     if path.exists() and session in _session_names(path):
         raise UsageError(f"session {session!r} already exists in {path}; pick another --session name")
@@ -299,6 +298,7 @@ def main(argv: list[str] | None = None) -> int:
         argv = ["run", *argv]  # the default command: `run_agent.py --budget 60gpuh`
     argv = _glue_budget(argv)
     args = build_parser().parse_args(argv)
+    install_log_redaction()
     try:
         return args.handler(args)
     except _bad_input_errors() as exc:
@@ -308,4 +308,3 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-    install_log_redaction()

@@ -28,7 +28,8 @@ from evals import bars, synthetic
 from evals.types import Item
 from tools.data.datasets import DatasetError, read_chat_rows
 from tools.data.feedback import MAX_LISTED, FeedbackError, load_feedback
-from tools.data.leak import Reference, audit, prompt_text
+from tools.data.leak import DEFAULT_NGRAM, Reference, audit, prompt_text
+from tools.data.splits import SplitConfig, max_unit, oversized_groups, split_file, split_problems
 
 # Item fields each scorer reads besides the conversation (evals/<scorer>.py).
 SCORER_NEEDS: dict[str, tuple[str, ...]] = {
@@ -40,6 +41,8 @@ SCORER_NEEDS: dict[str, tuple[str, ...]] = {
 def check_inputs(cfg: LabConfig) -> list[str]:
     """Every problem of every input file, each naming its file (and line or bar); [] when all are sound."""
     problems = _feedback(cfg.feedback.file)
+    if not problems:  # the split the session's ingest would make: refused when empty or skewed (tools/data/splits.py)
+        problems += [f"feedback: {cfg.feedback.file}: {p}" for p in split_problems(split_file(cfg.feedback.file, _split_config(cfg))[1])]
     if cfg.bars is not None:  # a reward-model judge scores the judge suites as reward_proxy suites (agent/runner.py)
         judged_by = "reward_proxy" if cfg.judge.kind == "reward_model" else "judge"
         problems += _bars(cfg.bars, {s.name: judged_by if s.scorer == "judge" else s.scorer for s in cfg.evals})
@@ -64,6 +67,22 @@ def require_inputs(cfg: LabConfig, lab_file: Path) -> None:
     if problems:
         body = "\n".join("  " + p.replace("\n", "\n  ") for p in problems)
         raise LabConfigError(f"{lab_file}: {len(problems)} input file(s) do not check out; no session was opened:\n{body}")
+
+
+def feedback_notes(cfg: LabConfig) -> list[str]:
+    """What the run says about the feedback before the session opens (notes, not refusals): groups of colliding
+    prompts too large to keep together (split battle by battle), and battles that copy eval prompts."""
+    battles = load_feedback(cfg.feedback.file).battles
+    notes = [f"feedback: {size} battles share prompts or {DEFAULT_NGRAM}-word runs with battle {first!r} (more than the "
+             f"bound of {max_unit(len(battles))}): they are split one by one, and the leak audit drops training rows "
+             "that overlap a holdout" for first, size in oversized_groups(battles)[:MAX_LISTED]]
+    overlap = feedback_overlap(cfg)
+    return [*notes, overlap] if overlap else notes
+
+
+def _split_config(cfg: LabConfig) -> SplitConfig:
+    return SplitConfig(dev_fraction=cfg.feedback.dev_fraction, sealed_fraction=cfg.feedback.sealed_fraction,
+                       stratify_by=cfg.feedback.stratify_by)
 
 
 def feedback_overlap(cfg: LabConfig) -> str | None:

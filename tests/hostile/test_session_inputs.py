@@ -117,5 +117,5 @@ def test_the_cli_refuses_the_session_and_writes_no_notebook(tmp_path: Path):
 
 def test_a_valid_lab_has_no_input_problems(tmp_path: Path):
     lab = make_lab(tmp_path / "lab")
-    write_jsonl(lab / "feedback.jsonl", [*battles(4), json.loads(json.dumps(BATTLE | {"id": "u", "own": "a\u2028b"}))])
+    write_jsonl(lab / "feedback.jsonl", [*battles(19), json.loads(json.dumps(BATTLE | {"id": "u", "own": "a\u2028b"}))])
     assert check_inputs(load_lab_config(lab)) == []

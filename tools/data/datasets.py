@@ -200,9 +200,6 @@ def read_manifest(dataset: Path) -> DatasetManifest:
     manifest = DatasetManifest.model_validate_json(mpath.read_text(encoding="utf-8"))
     if file_sha256(dataset) != manifest.sha256:
         raise DatasetError(f"{dataset}: sha256 differs from its manifest {mpath}; the file was changed after the build")
-    leak_dropped: int = Field(0, ge=0, description="Rows dropped because their prompt overlaps a holdout or eval prompt.")
-    leak_dropped_ids: list[str] = Field(default_factory=list, description="The dropped rows' ids ('row N' for a row "
-                                        "without one), in row order.")
     return manifest
 
 
@@ -488,7 +485,7 @@ def build_synthetic_verified(cfg: SyntheticVerifiedConfig) -> DatasetManifest:
 def build_verified_pool(cfg: VerifiedPoolConfig) -> DatasetManifest:
     """RFT prompt items drawn from the lab's own verified pool (not from any eval file: the pool is its own
     [[data]] file), leak-audited like every dataset against the holdouts and every eval suite; an item that leaks
-    refuses the build, naming it. The manifest's config names the verifier suite, whose scorer is RFT's reward."""
+    is dropped and recorded in the manifest. The manifest's config names the verifier suite, whose scorer is RFT's reward."""
     refs, _, _ = references(cfg)
     items = read_items_file(cfg.source.path)
     rng = random.Random(cfg.seed)

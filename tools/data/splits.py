@@ -5,7 +5,10 @@ The split is a pure function of the battles' content, never of file order:
 1. Battles whose prompts are the same after normalization, share a word 13-gram, or where one
    prompt of 8..12 words appears whole inside another (the leak audit's three checks) are joined
    into one *unit* (union-find), so a repeated prompt can never sit on both sides of the split and
-   make every later build fail its leak audit.
+   make every later build fail its leak audit. A group larger than MAX_UNIT battles (or 1% of the file)
+   is split back into single battles: one battle sharing a 13-word run with many others must not carry
+   them all out of train (the leak audit drops any training row that overlaps a holdout instead).
+   `split_problems` refuses a split that is empty or off its target share by more than SKEW of it.
 2. Each unit belongs to the stratum of its representative (the battle with the smallest id):
    the vote, and the value of the `stratify_by` meta tag when one is given (missing -> "").
 3. Within a stratum, units are ordered by sha256 of the representative id; the first
@@ -25,6 +28,7 @@ Re-splitting the same battles, in any order, gives the same assignment and the s
 from __future__ import annotations
 
 import hashlib
+import math
 from collections import defaultdict
 from pathlib import Path
 from typing import Literal
@@ -38,6 +42,14 @@ from tools.data.leak import DEFAULT_NGRAM, ngrams, normalized_hash, short_sequen
 
 SplitName = Literal["train", "dev", "sealed"]
 SPLITS: tuple[SplitName, ...] = ("train", "dev", "sealed")
+# A group of colliding prompts holds at most this many battles (or MAX_UNIT_SHARE of the file, when more):
+# one battle sharing a 13-word run with many others must not carry them all out of train, nor one
+# template phrase put every battle into one unit (all sealed). The battles of a larger group are split
+# one by one; the leak audit of every dataset then drops a training row that overlaps a holdout.
+MAX_UNIT = 20
+MAX_UNIT_SHARE = 0.01
+# A split whose share of the battles is off its target by more than this share of the target is refused.
+SKEW = 0.5
 
 
 class SplitConfig(BaseModel):
@@ -81,6 +93,16 @@ def _id_hash(battle_id: str) -> str:
 
 
 def _units(battles: list[Battle], n: int) -> list[list[Battle]]:
+    """The split's units: the groups of colliding prompts, each within the bound; a larger group is split
+    back into single battles (see MAX_UNIT)."""
+    bound = max_unit(len(battles))
+    units = []
+    for g in _joined(battles, n):
+        units += [g] if len(g) <= bound else [[b] for b in g]
+    return units
+
+
+def _joined(battles: list[Battle], n: int) -> list[list[Battle]]:
     """Battles joined when their prompts collide (normalized hash or a shared n-gram); order-free."""
     parent = list(range(len(battles)))
 
@@ -110,6 +132,39 @@ def _units(battles: list[Battle], n: int) -> list[list[Battle]]:
     for i, b in enumerate(battles):
         groups[find(i)].append(b)
     return [sorted(g, key=lambda b: b.id) for g in groups.values()]
+
+
+def max_unit(n: int) -> int:
+    """The most battles one unit may hold: MAX_UNIT, or MAX_UNIT_SHARE of the file when that is more."""
+    return max(MAX_UNIT, math.floor(MAX_UNIT_SHARE * n))
+
+
+def oversized_groups(battles: list[Battle], n: int = DEFAULT_NGRAM) -> list[tuple[str, int]]:
+    """(smallest id, size) of each group of colliding prompts larger than the bound, largest first."""
+    bound = max_unit(len(battles))
+    grouped = _joined(battles, n)
+    return sorted(((min(b.id for b in g), len(g)) for g in grouped if len(g) > bound), key=lambda t: -t[1])
+
+
+def split_problems(split: Split) -> list[str]:
+    """Why a split cannot be used: an empty split, or one whose share of the battles is off its target by
+    more than SKEW of that target (a group of colliding prompts the bound let through, or a stratum too
+    small to split). Each names the split, its share and its target."""
+    total = sum(sum(c.values()) for c in split.counts.values())
+    targets = {"dev": split.config.dev_fraction, "sealed": split.config.sealed_fraction,
+               "train": 1 - split.config.dev_fraction - split.config.sealed_fraction}
+    problems = []
+    for name in SPLITS:
+        got = sum(split.counts[name].values())
+        share = got / total if total else 0.0
+        if got == 0:
+            problems.append(f"split {name!r} would be empty ({total} battle(s); target share {targets[name]:.0%}): "
+                            "add battles or raise its fraction")
+        elif abs(share - targets[name]) > SKEW * targets[name]:
+            problems.append(f"split {name!r} would hold {got} of {total} battles ({share:.0%}), off its target share "
+                            f"{targets[name]:.0%} by more than {SKEW:.0%} of it: prompts that collide (copies, shared "
+                            f"{split.config.ngram}-word runs) keep battles together; see the groups named above, or add battles")
+    return problems
 
 
 def _stratum(battle: Battle, stratify_by: str | None) -> tuple[str, str]:

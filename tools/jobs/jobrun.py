@@ -37,9 +37,8 @@ from typing import Any, NoReturn
 import submitit
 from submitit.core.utils import JobPaths
 
-from tools.jobs.failures import exception_type, raised_failure
-
 from core.placement import require_device
+from tools.jobs.failures import exception_type, raised_failure
 
 HEARTBEAT_S = 1.0  # seconds between touches of a local run's heartbeat file
 # NVLink multicast (NCCL's NVLS, PyTorch's symmetric-memory multicast, NVSHMEM's NVLS) is off in every
