@@ -9,6 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from memory.notebook import NotebookError
 from tools import (
     build_dataset,
     calibrate,
@@ -68,8 +69,12 @@ def _job_kind(ctx: ToolContext, tool: str, args: Any) -> tuple[str, dict[str, An
     job, or a data job declared free)."""
     n_open = len(ctx.lab.open_suites)
     match tool:
-        case "train":
-            return args.trainer, {"work_units": float(args.steps * args.batch_size)}
+        case "train":  # sized as the tool settles it: the proposal over the lab's [train], against the dataset
+            try:
+                arm = train.settle(ctx, args)
+            except NotebookError:  # an unknown parent or dataset: the gates refuse the call
+                return args.trainer, {}
+            return args.trainer, {"work_units": float(arm.steps * arm.batch_size)}
         case "merge":
             return "merge", {}
         case "evaluate":

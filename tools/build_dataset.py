@@ -15,11 +15,16 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from evals.synthetic import Family
 from tools import ingest
-from tools.context import ToolContext, ToolOutcome, content_name, invoke, record_once
-from tools.data.datasets import BUILDERS, DatasetManifest, MixPart, record_dataset
+from tools.context import ToolContext, ToolOutcome, content_name, invoke, record_once, served_of
+from tools.data import generated
+from tools.data.datasets import BUILDERS as DATA_BUILDERS
+from tools.data.datasets import DatasetManifest, MixPart, record_dataset
 
 NAME = "build_dataset"
-Builder = Literal["winner_sft", "battle_pairs", "replay_mix", "synthetic_verified", "verified_pool", "mix"]
+Builder = Literal["winner_sft", "battle_pairs", "replay_mix", "synthetic_verified", "verified_pool", "mix",
+                  "own_replay", "loop_fix_pairs"]
+BUILDERS = DATA_BUILDERS | generated.BUILDERS
+GENERATING = frozenset(generated.BUILDERS)
 
 
 class PartArg(BaseModel):
@@ -42,7 +47,10 @@ class Args(BaseModel):
     counts: dict[Family, int] = Field(default_factory=dict, description="synthetic_verified: tasks per family.")
     parts: list[PartArg] = Field(default_factory=list, description="mix: the built datasets to combine.")
     source: str | None = Field(None, description="verified_pool: the [[data]] pool's name (kind = 'verified').")
-    n: int | None = Field(None, gt=0, description="verified_pool: items drawn (all when unset).")
+    n: int | None = Field(None, gt=0, description="verified_pool: items drawn (all when unset); own_replay: prompts "
+                          "answered.")
+    model: int | None = Field(None, description="own_replay / loop_fix_pairs: artifact id of the checkpoint whose own "
+                              "answers are generated (at its served decoding).")
     seed: int = Field(0, ge=0, description="Sampling / generation seed.")
 
 
@@ -81,6 +89,15 @@ def _config(ctx: ToolContext, args: Args, out: Path, split: Path) -> dict[str, A
             parts = [MixPart(path=Path(ctx.nb.artifact(p.dataset).path), weight=p.weight, kl_only=p.kl_only)
                      for p in args.parts]
             return base | {"parts": [p.model_dump(mode="json") for p in parts], "seed": args.seed}
+        case "own_replay" | "loop_fix_pairs":
+            device, dtype = ctx.placement("reference")
+            decoding = served_of(ctx, args.model)
+            gen = base | {"system_prompt": decoding.system_prompt, "model": ctx.nb.artifact(args.model).path,
+                          "decoding": decoding.model_dump(mode="json"), "seed": args.seed, "device": device,
+                          "dtype": dtype, "batch_size": lab.eval_batch_size or 64}
+            if args.builder == "own_replay":
+                return gen | {"sources": [s.model_dump(mode="json") for s in lab.data], "n": args.n}
+            return gen | {"counts": args.counts}
 
 
 def _problem(ctx: ToolContext, args: Args) -> str | None:
@@ -89,8 +106,14 @@ def _problem(ctx: ToolContext, args: Args) -> str | None:
     if args.builder == "verified_pool" and args.source not in {v.name for v in ctx.lab.verified}:
         known = ", ".join(v.name for v in ctx.lab.verified) or "none"
         return f"verified_pool needs source: a [[data]] pool of kind 'verified' (the lab's: {known})"
-    if args.builder == "synthetic_verified" and not args.counts:
-        return "synthetic_verified needs counts (tasks per family)"
+    if args.builder in ("synthetic_verified", "loop_fix_pairs") and not args.counts:
+        return f"{args.builder} needs counts (tasks per family)"
+    if args.builder in GENERATING:
+        known = {a.id for a in ctx.nb.artifacts(kind="checkpoint", session=ctx.session)}
+        if args.model not in known:
+            return f"{args.builder} needs model: a checkpoint of this session whose own answers it generates"
+        if args.builder == "own_replay" and (not ctx.lab.data or args.n is None):
+            return "own_replay needs n and the lab's [[data]] chat sources (their prompts are answered)"
     if args.builder == "mix":
         if not args.parts:
             return "mix needs parts"
@@ -109,7 +132,10 @@ def _body(ctx: ToolContext, args: Args) -> ToolOutcome:
         return ToolOutcome(tool=NAME, status="failed", summary=problem)
     name = content_name(args.builder, {"args": args.model_dump(mode="json"), "split": split.sha256})
     cfg = BuildJob(builder=args.builder, config=_config(ctx, args, ctx.paths.dataset(name), ingest.split_path(ctx, split.sha256)))
-    manifest, key = ctx.wait("build", build_job, cfg, estimate_gpuh=0.0, gpus=0)
+    if args.builder in GENERATING:  # a model generates: a job on the device the lab gives reference answers
+        manifest, key = ctx.wait("reference", build_job, cfg)
+    else:
+        manifest, key = ctx.wait("build", build_job, cfg, estimate_gpuh=0.0, gpus=0)
     parents = [p.dataset for p in args.parts]
     known = [a for a in ctx.nb.artifacts(kind="dataset", session=ctx.session) if a.sha256 == manifest.sha256
              and a.path == manifest.path]

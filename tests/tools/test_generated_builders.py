@@ -1,0 +1,76 @@
+"""Builders that generate with a model (tools/data/generated.py), on a tiny random model on the CPU: own-policy
+replay rows carry the model's own answers, and loop-fix pairs choose the checked reference over the model's answer
+that ran past the served cap."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from core import tiny
+from core.util import file_sha256
+from evals.decoding import Decoding
+from evals.generate import generate, load
+from evals.types import Item
+from tools.data.datasets import DatasetError, ReplaySource
+from tools.data.generated import LoopFixConfig, OwnReplayConfig, build_loop_fix_pairs, build_own_replay
+from tools.data.splits import Split, SplitConfig
+
+SERVED = Decoding(temperature=0.7, top_p=0.95, max_new_tokens=12)
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory, tokenizer_dir) -> Path:
+    return tiny.build_model("llama", tokenizer_dir, tmp_path_factory.mktemp("m") / "model", seed=3)
+
+
+@pytest.fixture
+def base(tmp_path, battle, jsonl, tokenizer_dir) -> dict:
+    battles = [battle("t1", "How do I boil an egg?", "own"), battle("d1", "Why is the sky blue at noon?", "other")]
+    fb = jsonl(tmp_path / "feedback.jsonl", battles)
+    split = Split(source_sha256=file_sha256(fb), config=SplitConfig(dev_fraction=0.4, sealed_fraction=0.2),
+                  assignment={"t1": "train", "d1": "dev"}, counts={})
+    (tmp_path / "split.json").write_text(split.model_dump_json())
+    return {"tokenizer": tokenizer_dir, "feedback": fb, "split": tmp_path / "split.json", "eval_suites": [],
+            "system_prompt": "Be brief.", "decoding": SERVED.model_dump(mode="json"), "seed": 5}
+
+
+def _rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_own_replay_answers_the_replay_prompts_with_the_models_own_answers(tmp_path, base, jsonl, model):
+    chats = [{"messages": [{"role": "user", "content": f"Name a colour number {i}"},
+                           {"role": "assistant", "content": "The data's own answer."}]} for i in range(6)]
+    source = ReplaySource(name="stage1", path=jsonl(tmp_path / "chats.jsonl", chats))
+    cfg = OwnReplayConfig(**base, out=tmp_path / "own.jsonl", model=model, sources=[source], n=4)
+    manifest = build_own_replay(cfg)
+    rows = _rows(tmp_path / "own.jsonl")
+    assert manifest.builder == "own_replay" and manifest.row_kind == "sft" and 0 < len(rows) <= 4
+    assert all(r["messages"][0] == {"role": "system", "content": "Be brief."} for r in rows)
+    assert not any(r["messages"][-1]["content"] == "The data's own answer." for r in rows)
+    # The answers are the model's own, at its served decoding and the build's seed: the same engine call again.
+    items = [Item(id=r["id"], messages=[m for m in r["messages"] if m["role"] != "system"][:-1]) for r in rows]
+    again = generate(load(model), items, SERVED, 5)
+    assert [a.text for a in again] == [r["messages"][-1]["content"] for r in rows]
+    assert manifest.stats["prompts"] == 4 and manifest.stats["answered"] == len(rows)
+
+
+def test_loop_fix_pairs_choose_the_reference_over_an_answer_that_never_stops(tmp_path, base, model):
+    cfg = LoopFixConfig(**base, out=tmp_path / "fix.jsonl", model=model, counts={"digit_sum": 4})
+    manifest = build_loop_fix_pairs(cfg)
+    rows = _rows(tmp_path / "fix.jsonl")
+    assert manifest.row_kind == "pairs" and rows and manifest.stats["pairs"] == len(rows)
+    # A random model never emits its end-of-turn within 12 tokens: every answer ran to the cap.
+    assert manifest.stats["not_stopped"] == manifest.stats["tasks"] == 4
+    assert all(r["chosen"] != r["rejected"] and r["prompt"][-1]["role"] == "user" for r in rows)
+
+
+def test_generating_builders_refuse_what_gives_nothing(tmp_path, base, jsonl, model):
+    empty = ReplaySource(name="none", path=jsonl(tmp_path / "c.jsonl", [
+        {"messages": [{"role": "assistant", "content": "no prompt"}]}]))
+    with pytest.raises(DatasetError, match="own_replay: the replay sources hold no prompt"):
+        build_own_replay(OwnReplayConfig(**base, out=tmp_path / "o.jsonl", model=model, sources=[empty], n=2))
+    assert not (tmp_path / "o.jsonl").exists()
