@@ -236,6 +236,8 @@ class MemoryRefusal(_JobAttempt):
     estimate_gib: float = Field(description="Estimated peak GiB per GPU.")
     gpu_memory_gib: float = Field(description="GiB of one GPU, as the lab's executor section declares it.")
     parts_gib: dict[str, float] = Field(description="The estimate by part (weights, activations, ...), GiB.")
+    would_fit: list[str] = Field(default_factory=list, description="Changes whose estimate would fit one GPU, each "
+                                 "with its GiB per GPU: micro-batch 1, LoRA, more GPUs (tools/jobs/forecast.py).")
 
 
 class CompareRefusal(_Payload):

@@ -454,13 +454,27 @@ def _timeline(d: _Data) -> str:
             + _table("decisions", ["seq", "minute", "kind", "rationale", "detail"], rows) + "</section>")
 
 
+def _placement(result: dict | None) -> dict:
+    """Where a completed model job ran, as its result records it (an RFT run's in its train result); {} otherwise."""
+    found = (result or {}).get("placement") or ((result or {}).get("train") or {}).get("placement")
+    return found if isinstance(found, dict) else {}
+
+
+def _placement_cells(result: dict | None) -> str:
+    p = _placement(result)
+    devices = f" x{p['devices']}" if p.get("devices", 1) > 1 else ""
+    return (f"<td>{escape(str(p.get('device', '')))}{devices}</td><td>{escape(str(p.get('dtype', '')))}</td>"
+            f"<td>{escape(str(p.get('device_name', '')))}</td><td>{_num(p.get('tokens_per_s'), 5)}</td>")
+
+
 def _jobs(d: _Data) -> str:
     rows = [f'<tr id="{_job_anchor(j)}" class="state-{escape(j.state)}"><td>{j.id}</td><td>{escape(j.kind)}</td>'
             f"<td>{j.attempt}</td><td>{escape(j.state)}</td><td>{escape(j.failure_class or '')}</td>"
             f"<td>{escape(j.failure_detail or '')}</td><td>{_num(j.forecast_gpuh)}</td><td>{_num(j.gpu_hours)}</td>"
-            f"<td>{escape(j.charge or 'unsettled')}</td><td>{escape(j.external_id or '')}</td></tr>" for j in d.jobs]
+            f"<td>{escape(j.charge or 'unsettled')}</td>{_placement_cells(j.result)}"
+            f"<td>{escape(j.external_id or '')}</td></tr>" for j in d.jobs]
     header = ["id", "kind", "attempt", "state", "failure class", "failure detail", "forecast GPU-h", "GPU-h", "charge",
-              "external id"]
+              "device", "dtype", "device name", "tokens/s", "external id"]
     return f'<section id="jobs"><h2>Jobs</h2>{_table("jobs", header, rows)}</section>'
 
 

@@ -119,3 +119,23 @@ def test_the_derived_lead_reaches_the_executor(tmp_path: Path) -> None:
     assert job.record.resources["signal_delay_s"] == 83
     (pickle,) = Path(job.record.folder).glob("*_submitted.pkl")
     assert DelayedSubmission.load(pickle).function.signal_delay_s == 83
+
+
+def test_a_refusal_says_what_would_fit(tiny_llama: Path, tmp_path: Path) -> None:
+    from trainers.memory import GIB, estimate_job
+
+    config = _sft_config(tiny_llama, tmp_path, micro_batch_size=4)
+    whole, one = (estimate_job(c, 1).total / GIB for c in (config, config.model_copy(update={"micro_batch_size": 1})))
+    assert one < whole
+    # A GPU just too small for micro-batch 4: micro-batch 1 fits, and so do LoRA and two GPUs (sharded).
+    gpu = (whole + one) / 2
+    nb, launcher = _launcher(tmp_path, gpu_memory_gib=gpu)
+    with pytest.raises(MemoryRefused, match=r"would fit: micro_batch_size = 1 \(\d+\.\d GiB\)"):
+        launcher.submit("sft", sft.train, config, Resources(time_limit_min=5, gpus=1, model="tiny"))
+    (refusal,) = nb.decisions(SESSION, kind="refuse")
+    changes = [w.split(" (")[0] for w in refusal.payload.would_fit]
+    assert changes[0] == "micro_batch_size = 1" and set(changes) <= {"micro_batch_size = 1", "LoRA (r 16)", "2 GPUs"}
+    assert "would fit" in refusal.rationale and nb.jobs() == []
+    # Each suggestion is one the estimate itself says fits.
+    if "2 GPUs" in changes:
+        assert estimate_job(config, 2).total / GIB <= gpu

@@ -20,8 +20,10 @@ from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from core.placement import NO_GPU_PREFIX
+
 FailureClass = Literal[
-    "oom", "preempted", "timeout", "nccl_timeout", "nan_loss", "node_failure", "cancelled", "error"
+    "oom", "preempted", "timeout", "nccl_timeout", "nan_loss", "node_failure", "cancelled", "no_gpu", "error"
 ]
 Action = Literal["requeue", "retry_smaller_batch", "record"]
 C = TypeVar("C", bound=BaseModel)
@@ -32,6 +34,8 @@ TIMEOUT_PREFIX = "timeout:"
 PREEMPTED_PREFIX = "preempted:"
 # Trainers raise an exception whose message starts with this when the loss stops being finite.
 NAN_PREFIX = "nan_loss:"
+# NO_GPU_PREFIX: a job given GPUs that finds none on its host (core/placement.py) says so; it is recorded, not
+# retried (it would fail the same way again).
 
 # Ranks that hang or disagree, past their timeout (class nccl_timeout, whatever the backend):
 # torch.distributed's watchdog and NCCL's own messages; gloo's collective timeout (CPU jobs); and the
@@ -110,13 +114,13 @@ def _from_exception(kind: str, message: str) -> Failure | None:
     if (kind.endswith("DistStoreError") and message.startswith("Timed out")) or _NCCL.search(message[:300]):
         return Failure(failure_class="nccl_timeout", detail=f"a collective operation timed out ({kind})")
     for prefix, klass in _PREFIXES:
-        if message.startswith(prefix):  # raised by the project (trainers, the job wrapper)
+        if message.startswith(prefix):  # raised by the project (trainers, the job wrapper, core/placement.py)
             return Failure(failure_class=klass, detail=f"{kind}: {_printable(message)}"[:300])
     return None
 
 
 _PREFIXES: tuple[tuple[str, FailureClass], ...] = (
-    (NAN_PREFIX, "nan_loss"), (TIMEOUT_PREFIX, "timeout"), (PREEMPTED_PREFIX, "preempted"))
+    (NAN_PREFIX, "nan_loss"), (NO_GPU_PREFIX, "no_gpu"), (TIMEOUT_PREFIX, "timeout"), (PREEMPTED_PREFIX, "preempted"))
 # How torch's CUDA out-of-memory errors begin when raised as a plain RuntimeError (older torch, cuBLAS).
 _OOM_MESSAGES = ("CUDA out of memory", "CUDA error: out of memory", "CUDA error: CUBLAS_STATUS_ALLOC_FAILED")
 

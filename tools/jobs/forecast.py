@@ -23,9 +23,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:  # the trainers (torch, transformers) load only when memory admission asks
+    from trainers.common import TrainConfig
 
 TRAIN_FLOPS_PER_PARAM = 6  # forward + backward, per token per active parameter
 DECODE_FLOPS_PER_PARAM = 2  # forward only
@@ -59,6 +62,9 @@ class Hardware(_Frozen):
                                 "training job of this lab has measured its own.")
     declared_decode_mfu: float = Field(0.02, gt=0, le=1, description="Share of peak FLOP/s assumed for decoding until "
                                        "an eval job has measured its throughput (decoding is bound by memory, not compute).")
+
+
+DEFAULT_HARDWARE = Hardware()
 
 
 class MeasuredJob(_Frozen):
@@ -95,11 +101,12 @@ def model_compute(model_path: Path) -> ModelCompute:
     Routed experts are the parameters under an `.experts.` module (Nemotron-H, Qwen-MoE, Mixtral's
     `block_sparse_moe.experts`); a shared expert is dense and counts whole."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
 
-    config = AutoConfig.from_pretrained(model_path)
+    from core import loading
+
+    config = loading.load_config(model_path)
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
+        model = loading.model_from_config(config)
     total = sum(p.numel() for p in model.parameters())
     routed = sum(p.numel() for n, p in model.named_parameters() if ".experts." in n)
     experts = getattr(config, "n_routed_experts", None) or getattr(config, "num_local_experts", None)
@@ -108,7 +115,7 @@ def model_compute(model_path: Path) -> ModelCompute:
 
 
 def train_forecast(tokens: float, model: ModelCompute, gpus: int, measured: Sequence[MeasuredJob] = (),
-                   hardware: Hardware = Hardware()) -> JobForecast:
+                   hardware: Hardware = DEFAULT_HARDWARE) -> JobForecast:
     """A training job's cost: `tokens` trained (rows x length x epochs) of `model` on `gpus` GPUs.
 
     The speed is the model FLOP/s per GPU that this lab's earlier training jobs achieved (their FLOPs over their
@@ -126,7 +133,7 @@ def train_forecast(tokens: float, model: ModelCompute, gpus: int, measured: Sequ
 
 
 def eval_forecast(tokens: float, model: ModelCompute, gpus: int, measured: Sequence[MeasuredJob] = (),
-                  hardware: Hardware = Hardware()) -> JobForecast:
+                  hardware: Hardware = DEFAULT_HARDWARE) -> JobForecast:
     """An eval job's cost: `tokens` to generate (items x replicates x expected answer length) on `gpus` GPUs.
 
     The speed is the decode throughput this lab's earlier eval jobs measured, each rescaled from its model's
@@ -155,3 +162,44 @@ def _positive(**values: float) -> None:
     bad = [f"{k} = {v}" for k, v in values.items() if not v > 0]
     if bad:
         raise ValueError(f"a forecast needs positive {', '.join(bad)}")
+
+
+# ---- memory admission ---------------------------------------------------------------------------
+
+MAX_GPUS_SUGGESTED = 512  # more GPUs are tried by doubling up to this many
+
+
+class MemoryOption(_Frozen):
+    """One change to a training config that its memory estimate says would fit the GPU."""
+
+    change: str = Field(description="What to change: 'micro_batch_size = 1', 'LoRA (r 16)', '16 GPUs'.")
+    per_gpu_gib: float = Field(description="The estimate per GPU after the change, GiB.")
+
+
+def fitting_alternatives(config: TrainConfig, world_size: int, gpu_memory_gib: float) -> list[MemoryOption]:
+    """What would fit a GPU of `gpu_memory_gib` for a training config that does not on `world_size` GPUs: micro-batch
+    1, LoRA (full fine-tuning only), or the fewest GPUs (doubling) that would; each with its estimate (trainers/memory.py).
+    Empty when none of them would fit."""
+    from trainers.common import LoRASettings
+    from trainers.memory import GIB, estimate_job
+
+    def fits(candidate: TrainConfig, world: int) -> float | None:
+        total = estimate_job(candidate, world).total / GIB
+        return total if total <= gpu_memory_gib else None
+
+    options = []
+    if config.micro_batch_size > 1:
+        one = config.model_copy(update={"micro_batch_size": 1})
+        if (gib := fits(one, world_size)) is not None:
+            options.append(MemoryOption(change="micro_batch_size = 1", per_gpu_gib=round(gib, 2)))
+    if config.lora is None:
+        lora = LoRASettings()
+        if (gib := fits(config.model_copy(update={"lora": lora}), world_size)) is not None:
+            options.append(MemoryOption(change=f"LoRA (r {lora.r})", per_gpu_gib=round(gib, 2)))
+    world = world_size * 2
+    while world <= MAX_GPUS_SUGGESTED:
+        if (gib := fits(config, world)) is not None:
+            options.append(MemoryOption(change=f"{world} GPUs", per_gpu_gib=round(gib, 2)))
+            break
+        world *= 2
+    return options

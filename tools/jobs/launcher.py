@@ -70,6 +70,7 @@ from memory.notebook import JobRecord, Notebook, now, tool_call_key
 from memory.records import BudgetRefusal, FailPayload, LaunchPayload, MemoryRefusal
 from tools.jobs.executor import ExecutorSection, SlurmSection
 from tools.jobs.failures import Failure, classify, decide, smaller_batch_config
+from tools.jobs.forecast import fitting_alternatives
 from tools.jobs.jobrun import Resumable, RunPaths, near_time_limit, read_events
 from tools.jobs.zygote import TIME_LIMIT_VAR, Zygote
 from tools.jobs.zygote import default_dir as zygote_dir
@@ -773,13 +774,17 @@ class Launcher:
         if gpus == 0 or self.gpu_memory_gib is None or est.total <= self.gpu_memory_gib * GIB:
             return memory
         top = ", ".join(f"{k} {v:.1f}" for k, v in sorted(parts.items(), key=lambda kv: -kv[1])[:3])
+        options = fitting_alternatives(args, world, self.gpu_memory_gib)
+        would_fit = [f"{o.change} ({o.per_gpu_gib:.1f} GiB)" for o in options]
+        fit = "; would fit: " + ", ".join(would_fit) if would_fit else \
+            "; neither micro-batch 1, LoRA nor more GPUs would fit"
         self.nb.record_decision(
             self.session, "refuse", f"{kind} cannot fit its GPUs: estimated {est.total / GIB:.1f} GiB per GPU on "
-            f"{gpus} GPU(s) > {self.gpu_memory_gib:g} GiB ({top} GiB)",
+            f"{gpus} GPU(s) > {self.gpu_memory_gib:g} GiB ({top} GiB){fit}",
             MemoryRefusal(key=key, kind=kind, attempt=attempt, gpus=gpus, estimate_gib=memory["per_gpu_gib"],
-                          gpu_memory_gib=self.gpu_memory_gib, parts_gib=parts))
+                          gpu_memory_gib=self.gpu_memory_gib, parts_gib=parts, would_fit=would_fit))
         raise MemoryRefused(f"{kind}: estimated {est.total / GIB:.1f} GiB per GPU exceeds {self.gpu_memory_gib:g} GiB "
-                            f"on {gpus} GPU(s); use more GPUs, LoRA, activation checkpointing or a smaller micro-batch")
+                            f"on {gpus} GPU(s){fit}")
 
     def _throughput(self, kind: str, model: str | None) -> float | None:
         """Work units per GPU-hour over completed earlier jobs of this kind and model (all attempts count)."""
