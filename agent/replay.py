@@ -28,14 +28,14 @@ from typing import Any
 from langgraph.checkpoint.memory import InMemorySaver
 from pydantic import BaseModel
 
-from agent.config import load_lab_config
+from agent.config import LabConfig, load_lab_config
 from agent.errors import SessionError
 from agent.graph import Runtime, drive
 from agent.live import Silent
 from agent.planners.playbook import Playbook, PlaybookSettings
 from evals import bars as bars_file
 from memory.notebook import Decision, JobRecord, Notebook, NotebookError
-from tools.context import LabSpec, ToolContext, WouldLaunch
+from tools.context import ToolContext, WouldLaunch
 from tools.jobs.launcher import JobFailed, Launcher, Resources
 from tools.paths import LabPaths
 from tools.promote import start_incumbent
@@ -166,7 +166,7 @@ def replay(lab_dir: Path, session: str, *, bars: Path | None = None, planner: st
         raise SessionError(f"{paths.notebook}: no notebook here (pass --lab DIR)")
     config = load_lab_config(lab_dir)
     if bars is not None:
-        _check_bars(bars, lab_spec(config))
+        _check_bars(bars, config)
     with Notebook.open(paths.notebook, readonly=True) as original, tempfile.TemporaryDirectory() as tmp:
         try:
             s = original.session(session)
@@ -195,11 +195,11 @@ def replay(lab_dir: Path, session: str, *, bars: Path | None = None, planner: st
             return _compare(original, scratch, session)
 
 
-def _check_bars(path: Path, lab: LabSpec) -> None:
+def _check_bars(path: Path, config: LabConfig) -> None:
     """`--bars FILE` must be a bars file for this lab's suites: anything else is bad input, named, before
     any replay (a file the session's registration would fail on would only show as "decisions differ")."""
     try:
-        bars_file.load(path, {s.name: s.scorer for s in lab.suites})
+        bars_file.load(path, {e.name: e.scorer for e in config.evals})
     except (bars_file.BarsError, OSError) as exc:
         problem = str(exc) if isinstance(exc, bars_file.BarsError) else f"{path}: {exc.strerror or exc}"
         raise SessionError(f"--bars {problem}\n(expected a bars file: TOML with [[bar]] tables of suite, metric "

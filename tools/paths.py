@@ -92,21 +92,16 @@ class LabPaths(BaseModel):
         """Hold the lab's writer lock while the block runs; raise LabLockError naming the holder if another has it.
 
         An flock, not a pid file: the kernel drops it when its holder dies (SIGKILL included), so a lock
-        left by a killed process never blocks anyone; the holder's note it leaves behind is reported as
-        stale. The descriptor is close-on-exec, so the jobs a session starts (which may outlive it) never
-        hold the lab."""
+        left by a killed process never blocks anyone; the note it leaves behind (a clean release removes
+        the file) is reported as stale. The descriptor is close-on-exec, so the jobs a session starts
+        (which may outlive it) never hold the lab."""
         if os.path.lexists(self.root) and not self.root.is_dir():
             raise LabLockError(f"{self.root}: not a directory (a lab is a directory)")
         self.root.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd = self._acquire()
         try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                raise LabLockError(f"{self.lock}: the lab is in use by {_holder(fd)}; one writer at a time "
-                              "(wait for it to end, or use another --lab)") from None
             previous = _holder(fd)
-            if previous != "an unnamed process":
+            if previous is not None:
                 print(f"note: {self.lock}: stale lock of {previous} (that process is gone); taking the lab over",
                       file=sys.stderr)
             note = {"pid": os.getpid(), "host": socket.gethostname(), "command": command,
@@ -116,9 +111,28 @@ class LabPaths(BaseModel):
             try:
                 yield
             finally:
-                os.ftruncate(fd, 0)  # released cleanly: an empty note, so nobody reports it as stale
+                self.lock.unlink(missing_ok=True)  # still held: nobody can have locked the file being removed
         finally:
             os.close(fd)  # closing drops the flock
+
+    def _acquire(self) -> int:
+        """The locked descriptor of the lock file. A file a releasing holder removed between our open and
+        our flock is not the lock any more: open the path again."""
+        while True:
+            fd = os.open(self.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = _holder(fd) or "another process"
+                os.close(fd)
+                raise LabLockError(f"{self.lock}: the lab is in use by {holder}; one writer at a time (wait for "
+                                   "it to end, or use another --lab)") from None
+            try:
+                if os.fstat(fd).st_ino == os.stat(self.lock).st_ino:
+                    return fd
+            except FileNotFoundError:
+                pass
+            os.close(fd)
 
 
 LAB_MARK = "<lab>"
@@ -140,11 +154,11 @@ def portable(value: Any, roots: Sequence[str]) -> Any:
     return value
 
 
-def _holder(fd: int) -> str:
-    """Who the lock file's note names ('pid 12 on host h: run s1, since ...'), read from the open descriptor."""
+def _holder(fd: int) -> str | None:
+    """Who the lock file's note names ('pid 12 on host h (run s1, since ...)'), None when it names nobody."""
     raw = os.pread(fd, 4096, 0)
     try:
         note = json.loads(raw)
         return f"pid {int(note['pid'])} on {note['host']} ({note['command']}, since {note['since']})"
     except (ValueError, KeyError, TypeError):
-        return "an unnamed process"
+        return None
