@@ -52,6 +52,7 @@ from pydantic import (
 from core.jsonl import JSONLineError, describe_non_file, loads
 from core.redact import secret_kind
 from evals.decoding import Decoding
+from memory.records import TRUTH_N_MAX, TRUTH_N_MIN
 from tools.jobs.executor import ExecutorSection, SlurmSection
 from trainers.recipe import VERIFYING_SCORERS, TrainRecipe, TrainSection, model_shape, resolve
 
@@ -356,6 +357,11 @@ class JudgeSection(EndpointSection):
         "oracle", description="Toy-world oracle, an OpenAI-compatible judge, or a local reward model."
     )
     path: ModelDir | None = Field(None, description="Reward model directory (sequence-classification checkpoint).")
+    concurrency: int = Field(8, ge=1, le=256, description="openai: judgments in flight at once.")
+    retries: int = Field(5, ge=0, le=20, description="openai: retries of a judgment after a connection error, a "
+                         "timeout, HTTP 429 or 5xx (exponential backoff with jitter; Retry-After honoured).")
+    max_error_share: float = Field(0.05, ge=0, le=1, description="openai: share of a suite's items whose judgment may "
+                                   "fail after its retries (recorded as failed, not scored); above it the eval job fails.")
 
     @model_validator(mode="after")
     def _kind_needs_its_fields(self) -> JudgeSection:
@@ -388,7 +394,7 @@ class TruthSection(_Section):
 
     kind: Literal["world"] = Field(description="Scorer: 'world', the oracle of the toy world built in this lab "
                                                "directory (tools/world/truth.py).")
-    n: int = Field(300, ge=20, le=100_000, description="Prompts of the fresh sample, drawn apart from every prompt "
+    n: int = Field(300, ge=TRUTH_N_MIN, le=TRUTH_N_MAX, description="Prompts of the fresh sample, drawn apart from every prompt "
                                                        "of the lab and leak-audited against them.")
     seed: int = Field(0, ge=0, le=2**31 - 1, description="Sample seed.")
 

@@ -60,6 +60,17 @@ EDITS = {
     "reserved option": (('"--exclusive"', '"--time=99999"'), "executor.slurm.extra_sbatch[0]: '--time=99999': --time is set by the launcher"),
     "output moved": (('"--exclusive"', '"--output=/tmp/x"'), "--output is set by the launcher"),
     "option twice": (('"--exclusive"', '"--constraint=a100"'), "executor.slurm.extra_sbatch: option --constraint is given twice"),
+    # per-kind resources (issue 30)
+    "resource gpus as string": (("[planner]", '[executor.resources.eval]\ngpus = "1"\n\n[planner]'),
+                                "executor.resources.eval.gpus: Input should be a valid integer"),
+    "unknown resource kind": (("[planner]", "[executor.resources.gpu]\ngpus = 1\n\n[planner]"),
+                              "executor.resources.gpu: unknown key"),
+    "unknown resource key": (("[planner]", "[executor.resources.train]\ngpu = 2\n\n[planner]"),
+                             "executor.resources.train.gpu: unknown key"),
+    "negative gpus": (("[planner]", "[executor.resources.merge]\ngpus = -1\n\n[planner]"),
+                      "executor.resources.merge.gpus: Input should be greater than or equal to 0"),
+    "multi-node eval": (("[planner]", "[executor.resources.eval]\nnodes = 2\n\n[planner]"),
+                        "resources.eval.nodes > 1: only training jobs run on several nodes"),
     # nesting and names
     "deep nesting": (("[judge]", "[judge]\nx = " + "[" * 12 + "1" + "]" * 12), "judge.x[0][0][0][0][0][0]: nested more than 8 levels deep"),
     "bad suite name": (('name = "math"', 'name = "../math"'), "evals[0].name: '../math' is not a name"),
