@@ -18,6 +18,8 @@ the files themselves, all of them, and collects every problem before `run` write
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -49,6 +51,8 @@ def check_inputs(cfg: LabConfig) -> list[str]:
     for suite in cfg.evals:
         if suite.file is not None:
             problems += suite_problems(suite.file, suite.scorer)
+    if not problems:  # lengths only of files that parse
+        problems += length_problems(cfg)
     scorers = {s.name: s.scorer for s in cfg.evals}
     for source in cfg.data:
         if source.kind == "verified":  # eval items its verifier's scorer can check, like a suite of that scorer
@@ -59,6 +63,80 @@ def check_inputs(cfg: LabConfig) -> list[str]:
         except (DatasetError, OSError) as e:
             problems.append(f"data {source.name!r}: {e}")
     return problems
+
+
+def length_problems(cfg: LabConfig) -> list[str]:
+    """Prompts that cannot be answered within the model's context: an eval item's, or a feedback battle's
+    (the dev battles are prompts of the holdout scorers), whose tokens plus the served max_new_tokens exceed
+    the context the model's config.json states (max_position_embeddings). Refused, never truncated: a
+    truncated prompt asks another question. Training rows are cut by [train] max_len (trainers/), not here.
+
+    Counted with the model's tokenizer.json over the messages' contents, plus TEMPLATE_TOKENS per message
+    for the chat template's own tokens; work per text is bounded (CHARS_PER_TOKEN). No bound when the
+    config states no context (a model directory without one is checked when it loads)."""
+    found = _context(cfg)
+    if found is None:
+        return []
+    context, source, tokenizer_file = found
+    budget = context - cfg.serving.decoding.max_new_tokens
+    count = _counter(tokenizer_file, context)
+    rule = (f"exceeds the model's context of {context} tokens ({source}: max_position_embeddings) less the served "
+            f"max_new_tokens {cfg.serving.decoding.max_new_tokens}")
+    problems = []
+    for suite in cfg.evals:
+        if suite.file is None:
+            continue
+        for line in read_lines(suite.file):
+            item = Item.model_validate(line.value)
+            n = count([m.content for m in item.messages])
+            if n > budget:
+                problems.append(f"eval suite: {suite.file}:{line.number}: item {item.id!r}: prompt of "
+                                f"{_tokens(n, context)} {rule}")
+    for battle in load_feedback(cfg.feedback.file).battles:
+        n = count([m.content for m in battle.messages])
+        if n > budget:
+            problems.append(f"feedback: {cfg.feedback.file}: battle {battle.id!r}: prompt of "
+                            f"{_tokens(n, context)} {rule}")
+    return problems[:MAX_LISTED] + ([f"... and {len(problems) - MAX_LISTED} more"] if len(problems) > MAX_LISTED else [])
+
+
+# The chat template's own tokens per message (role markers, end of turn), counted on top of the contents.
+TEMPLATE_TOKENS = 8
+# Work bound: a text is tokenized up to CHARS_PER_TOKEN characters per token of context; one longer than
+# that is over the context whatever its tokens (no tokenizer's tokens average that many characters).
+CHARS_PER_TOKEN = 64
+
+
+def _tokens(n: int, context: int) -> str:
+    return f"more than {context} tokens" if n > context else f"{n} tokens"
+
+
+def _context(cfg: LabConfig) -> tuple[int, Path, Path] | None:
+    """(context tokens, the config.json stating it, the tokenizer.json) of the model the session starts from."""
+    model = cfg.model.parent or cfg.model.base
+    try:
+        context = json.loads((model / "config.json").read_text(encoding="utf-8")).get("max_position_embeddings")
+    except (OSError, ValueError, AttributeError):
+        return None
+    tokenizer = next((d / "tokenizer.json" for d in (cfg.model.tokenizer, model, cfg.model.base)
+                      if d is not None and (d / "tokenizer.json").is_file()), None)
+    if not isinstance(context, int) or context <= 0 or tokenizer is None:
+        return None
+    return context, model / "config.json", tokenizer
+
+
+def _counter(tokenizer_file: Path, context: int) -> Callable[[list[str]], int]:
+    """Tokens of a conversation's contents (plus the template's), or context + 1 as soon as it is over."""
+    from tokenizers import Tokenizer  # here: only a lab whose model states a context needs it
+
+    tok, limit = Tokenizer.from_file(str(tokenizer_file)), context * CHARS_PER_TOKEN
+
+    def count(contents: list[str]) -> int:
+        if sum(len(c) for c in contents) > limit:
+            return context + 1
+        return sum(len(e.ids) for e in tok.encode_batch(contents, add_special_tokens=False)) + TEMPLATE_TOKENS * len(contents)
+
+    return count
 
 
 def require_inputs(cfg: LabConfig, lab_file: Path) -> None:
