@@ -4,7 +4,8 @@
                         [--executor local|slurm]        run a research session (the default command)
     python run_agent.py verify [--lab DIR] [--expect-head HASH]
                                                         re-walk the notebook's decision hash chain
-    python run_agent.py check-feedback FILE             validate a feedback file and print its summary
+    python run_agent.py check-feedback FILE [--lab DIR] validate a feedback file and print its summary (with a lab:
+                                                        its overlap with the lab's eval prompts and its split)
     python run_agent.py world build [--lab DIR] [--seed N] [--size demo|test]
                                                         build (or find cached) the toy world
     python run_agent.py world truth CHECKPOINT [--vs OTHER|opponent] [--n 2000]
@@ -54,6 +55,9 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--protocol", choices=["full", "test", "short"], default="full",
                    help="playbook size: full, test (one SFT arm of 4 steps, one dose, one serving alternative) or short "
                         "(two screened arms, one dose: the decision-quality benchmark)")
+    p.add_argument("--recipe", choices=["combined", "aspen", "brook", "delta", "ember", "islet"],
+                   help="the playbook's named policy: the combined playbook (default) or one seed's recipe; overrides "
+                        "[playbook] recipe of lab.toml")
     p.add_argument("--quiet", action="store_true", help="plain log lines instead of the live view")
 
 
@@ -94,7 +98,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if config is None:  # no lab configured: the embedded toy world, built (or found cached) in the lab dir
             print(f"no {args.lab / LAB_FILE}: building the toy world in {args.lab} (cached after the first build)")
             build(args.lab, size="demo")
-        return start(args.lab, session, budget, planner, executor, args.protocol, args.quiet)
+        return start(args.lab, session, budget, planner, executor, args.protocol, args.quiet, recipe=args.recipe)
 
 
 # ---- resume / replay -----------------------------------------------------------------------------
@@ -182,12 +186,29 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def add_check_feedback_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("file", type=Path, help="feedback file: JSONL, or Parquet with the same columns")
+    p.add_argument("--lab", type=Path, help="also check the file as that lab would ingest it: battles whose prompts copy "
+                   "its eval prompts (dropped from every training set), groups of colliding prompts past the bound, "
+                   "and a split that would be empty or skewed (exit 1)")
 
 
 def cmd_check_feedback(args: argparse.Namespace) -> int:
     from tools.data.feedback import check_feedback_command
 
-    return check_feedback_command(args.file)
+    status = check_feedback_command(args.file)
+    if status != 0 or args.lab is None:
+        return status
+    config = _lab_config(args)
+    if config is None:
+        raise UsageError(f"--lab {args.lab}: no {LAB_FILE} there")
+    from agent.inputs import feedback_notes, feedback_split_problems
+
+    config = config.model_copy(update={"feedback": config.feedback.model_copy(update={"file": args.file})})
+    for note in feedback_notes(config):
+        print(note)
+    problems = feedback_split_problems(config)
+    for problem in problems:
+        print(problem, file=sys.stderr)
+    return 1 if problems else 0
 
 
 # ---- world ---------------------------------------------------------------------------------------

@@ -43,8 +43,8 @@ SCORER_NEEDS: dict[str, tuple[str, ...]] = {
 def check_inputs(cfg: LabConfig) -> list[str]:
     """Every problem of every input file, each naming its file (and line or bar); [] when all are sound."""
     problems = _feedback(cfg.feedback.file)
-    if not problems:  # the split the session's ingest would make: refused when empty or skewed (tools/data/splits.py)
-        problems += [f"feedback: {cfg.feedback.file}: {p}" for p in split_problems(split_file(cfg.feedback.file, _split_config(cfg))[1])]
+    if not problems:
+        problems += feedback_split_problems(cfg)
     if cfg.bars is not None:  # a reward-model judge scores the judge suites as reward_proxy suites (agent/runner.py)
         judged_by = "reward_proxy" if cfg.judge.kind == "reward_model" else "judge"
         problems += _bars(cfg.bars, {s.name: judged_by if s.scorer == "judge" else s.scorer for s in cfg.evals})
@@ -156,6 +156,11 @@ def feedback_notes(cfg: LabConfig) -> list[str]:
              "that overlap a holdout" for first, size in oversized_groups(battles)[:MAX_LISTED]]
     overlap = feedback_overlap(cfg)
     return [*notes, overlap] if overlap else notes
+
+
+def feedback_split_problems(cfg: LabConfig) -> list[str]:
+    """The split the session's ingest would make of the feedback, refused when empty or skewed (tools/data/splits.py)."""
+    return [f"feedback: {cfg.feedback.file}: {p}" for p in split_problems(split_file(cfg.feedback.file, _split_config(cfg))[1])]
 
 
 def _split_config(cfg: LabConfig) -> SplitConfig:

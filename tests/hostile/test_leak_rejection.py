@@ -12,7 +12,7 @@ from agent.config import load_lab_config
 from agent.inputs import check_inputs, feedback_overlap
 
 sys.path.insert(0, str(Path(__file__).parent))
-from hostile_kit import battles, make_lab, write_jsonl  # noqa: E402
+from hostile_kit import assert_refused, battles, files, make_lab, run_cli, write_jsonl  # noqa: E402
 
 EVAL_PROMPTS = [f"{i}+1?" for i in range(3)]  # hostile_kit's math suite
 
@@ -44,3 +44,22 @@ def test_an_id_carrying_a_newline_and_an_instruction_is_shown_escaped(tmp_path: 
 
 def test_no_overlap_says_nothing(tmp_path: Path) -> None:
     assert feedback_overlap(load_lab_config(_lab_with(tmp_path, battles(10)))) is None
+
+
+def test_check_feedback_with_a_lab_reports_the_overlap_and_refuses_an_empty_split(tmp_path: Path) -> None:
+    lab = make_lab(tmp_path / "lab")
+    copying = battles(10)
+    for i, prompt in enumerate(EVAL_PROMPTS):
+        copying[i]["messages"] = [{"role": "user", "content": prompt}]
+    write_jsonl(tmp_path / "copying.jsonl", copying)
+    write_jsonl(tmp_path / "tiny.jsonl", battles(3))
+    before = files(lab)
+    ok, tiny, nolab = run_cli([["check-feedback", str(tmp_path / "copying.jsonl"), "--lab", str(lab)],
+                               ["check-feedback", str(tmp_path / "tiny.jsonl"), "--lab", str(lab)],
+                               ["check-feedback", str(tmp_path / "tiny.jsonl"), "--lab", str(tmp_path / "nowhere")]])
+    assert ok.returncode == 0, ok.stderr
+    assert "feedback: 3 battle(s) have prompts that overlap eval prompts ('b0', 'b1', 'b2')" in ok.stdout
+    assert tiny.returncode == 1 and "Traceback" not in tiny.stderr
+    assert f"{tmp_path / 'tiny.jsonl'}: split 'sealed' would be empty" in tiny.stderr
+    assert_refused(nolab.returncode, nolab.stderr, f"--lab {tmp_path / 'nowhere'}: no lab.toml there")
+    assert files(lab) == before and not (tmp_path / "nowhere").exists()
