@@ -84,7 +84,7 @@ def build(shape: str, device: str, dtype: torch.dtype, workdir: Path) -> Loaded:
     """Meta-device skeleton, materialised on `device` and filled in place with random weights."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(tiny.build_tokenizer(workdir / "tokenizer"))
+    tokenizer = AutoTokenizer.from_pretrained(tiny.build_tokenizer(workdir / "tokenizer"), trust_remote_code=False)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config_for(shape, tokenizer), dtype=dtype)
     model.to_empty(device=device)

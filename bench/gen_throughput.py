@@ -59,7 +59,7 @@ def build(model_name: str, device: str, dtype: torch.dtype, workdir: Path) -> Lo
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     tok_dir = tiny.build_tokenizer(workdir / "tokenizer")
-    tokenizer = AutoTokenizer.from_pretrained(tok_dir)
+    tokenizer = AutoTokenizer.from_pretrained(tok_dir, trust_remote_code=False)
     if model_name == "tiny":
         path = tiny.build_model("llama", tok_dir, workdir / "model")
         model = LlamaForCausalLM.from_pretrained(path, dtype=dtype)

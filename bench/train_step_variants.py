@@ -92,7 +92,7 @@ def build(variant: str, model_dir: Path, device: str, dtype: torch.dtype):
     """The model and optimizer as the trainer builds them, changed by `variant`."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, trust_remote_code=False).to(device)
     lora = LoRASettings(r=64, alpha=128) if variant.startswith("lora") else None
     model = make_trainable(model, model_dir, lora, 0, None)
     if variant.startswith(("lora-bf16", "lora-compile")):

@@ -64,7 +64,7 @@ def build_model(shape: str, tok_dir: Path, out: Path) -> Path:
 
     if shape in ("tiny", "tiny-nemotron-h"):
         return tiny.build_model("llama" if shape == "tiny" else "nemotron_h", tok_dir, out)
-    tokenizer = AutoTokenizer.from_pretrained(tok_dir)
+    tokenizer = AutoTokenizer.from_pretrained(tok_dir, trust_remote_code=False)
     special = {"pad_token_id": tokenizer.pad_token_id, "eos_token_id": eot_id(tokenizer)}
     torch.manual_seed(0)
     if shape == "llama-1b":
@@ -109,7 +109,7 @@ def tokens_per_step(data: Path, kind: str, model_dir: Path, seq_len: int, batch:
 
     from core.chat import render
 
-    tok = AutoTokenizer.from_pretrained(model_dir)
+    tok = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=False)
     rows = [json.loads(line) for line in data.read_text().splitlines()]
     if kind == "dpo":
         convs = [[*r["prompt"], {"role": "assistant", "content": r[side]}] for r in rows for side in ("chosen", "rejected")]
@@ -123,7 +123,7 @@ def flops_per_token(model_dir: Path, seq_len: int) -> tuple[float, int, int]:
     """(model FLOPs per trained token, total parameters, active parameters)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    config = AutoConfig.from_pretrained(model_dir)
+    config = AutoConfig.from_pretrained(model_dir, trust_remote_code=False)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
     total = sum(p.numel() for p in model.parameters())
@@ -248,8 +248,8 @@ def trl_run(kind: str, model_dir: Path, data: Path, out: Path, args, step_tokens
                   bf16=cuda, use_cpu=not cuda)
     if checkpointing is not None:
         common["gradient_checkpointing"] = checkpointing
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16 if cuda else torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16 if cuda else torch.float32, trust_remote_code=False)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=False)
     times: list[float] = []
 
     class Clock(TrainerCallback):

@@ -52,8 +52,6 @@ from pathlib import Path
 import torch
 import transformers
 from transformers import (
-    AutoModelForCausalLM,
-    AutoTokenizer,
     GenerationConfig,
     LogitsProcessorList,
     PreTrainedModel,
@@ -64,6 +62,7 @@ from transformers import (
 )
 from transformers import PreTrainedTokenizerBase as Tokenizer
 
+from core import loading
 from core.chat import render, render_prompt
 from evals import decode_attention, decode_hybrid
 from evals.decoding import Decoding
@@ -86,8 +85,8 @@ def load(path: str | Path, device: str = "cpu", dtype: str = "float32") -> Loade
     path = Path(path)
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"{path}: not a checkpoint directory (no config.json)")
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).to(device).eval()
+    tokenizer = loading.load_tokenizer(path)
+    model = loading.load_causal_lm(path, dtype=getattr(torch, dtype)).to(device).eval()
     # A checkpoint saved mid-training may say use_cache = false; generate() would then re-run the whole prefix at
     # every token (the model's generation config overrides a passed config's defaults).
     model.config.use_cache = True

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
-from transformers import AutoConfig, AutoModelForCausalLM
 
+from core import loading
 from trainers.common import ACTIVATION_CHECKPOINTING_ABOVE, ConfigError, LoRASettings, TrainConfig
 
 ACT_BYTES_PER_TOKEN_LAYER_PER_HIDDEN = 34  # Korthikanti et al. 2022, 16-bit activations, no s^2 term
@@ -66,7 +66,7 @@ class MemoryEstimate(BaseModel):
 
 def model_shape(model_path: Path | str, lora: LoRASettings | None) -> ModelShape:
     """Parameter counts of the model (and its LoRA adapters) built on the meta device from its config."""
-    return shape_of(AutoConfig.from_pretrained(model_path), lora)
+    return shape_of(loading.load_config(model_path), lora)
 
 
 def shape_of(config, lora: LoRASettings | None) -> ModelShape:
@@ -75,7 +75,7 @@ def shape_of(config, lora: LoRASettings | None) -> ModelShape:
     from trainers.distributed import decoder_blocks
 
     with torch.device("meta"):
-        model = make_trainable(AutoModelForCausalLM.from_config(config), None, lora, 0, False)
+        model = make_trainable(loading.model_from_config(config), None, lora, 0, False)
     blocks = decoder_blocks(model)
     in_blocks = sum(p.numel() for b in blocks for p in b.parameters())
     total = sum(p.numel() for p in model.parameters())

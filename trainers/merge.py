@@ -630,11 +630,12 @@ def _lora_plan(base: Path, adapter: Path, base_entries: dict[str, _Entry],
     from peft.tuners.lora import Linear, ParamWrapper
     from peft.tuners.tuners_utils import BaseTunerLayer
     from peft.utils import ModulesToSaveWrapper, get_peft_model_state_dict
-    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from core import loading
 
     config = _adapter_config(adapter)
     with torch.device("meta"):
-        skeleton = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(base))
+        skeleton = loading.model_from_config(loading.load_config(base))
     sources = _runtime_sources(skeleton, list(base_entries))
     shapes = {k: list(v.shape) for k, v in skeleton.state_dict().items()}
     try:

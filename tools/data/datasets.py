@@ -308,9 +308,9 @@ def count_tokens(tokenizer_dir: Path, rows: list[dict], kind: RowKind) -> int:
 def row_lengths(tokenizer_dir: Path, rows: list[dict], kind: RowKind) -> list[tuple[int, ...]]:
     """Each row's rendered length under the one chat renderer: (conversation,), pairs (chosen, rejected)."""
     # Imported here, not at the top: the session's input check reads data rows without loading torch.
-    from transformers import AutoTokenizer
+    from core import loading
 
-    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    tok = loading.load_tokenizer(str(tokenizer_dir))
     if kind != "pairs":
         return [(len(render(tok, r["messages"]).input_ids),) for r in rows]
     return [tuple(len(render(tok, [*r["prompt"], {"role": "assistant", "content": r[side]}]).input_ids)

@@ -230,15 +230,17 @@ def _chat_template_line(chat_ref: ChatTemplateRef) -> str:
 
 
 def _usage_section(nb: Notebook, served: EvalRecord, weights: WeightsInfo) -> list[str]:
-    load = ("model = AutoModelForCausalLM.from_pretrained(bundle)" if weights.kind == "full" else
+    # Remote code stays off: a bundle is data (check-bundle refuses one that carries code).
+    load = ("model = AutoModelForCausalLM.from_pretrained(bundle, trust_remote_code=False)" if weights.kind == "full" else
             "from peft import PeftModel\n\n"
-            "base = AutoModelForCausalLM.from_pretrained(serving[\"weights\"][\"base\"][\"path\"])\n"
+            "base = AutoModelForCausalLM.from_pretrained(serving[\"weights\"][\"base\"][\"path\"], "
+            "trust_remote_code=False)\n"
             "model = PeftModel.from_pretrained(base, bundle)")
     snippet = [
         "```python", "import json", "from pathlib import Path", "",
         "from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig", "",
         "bundle = Path(\".\")  # this directory", "serving = json.loads((bundle / \"serving_config.json\").read_text())",
-        "tokenizer = AutoTokenizer.from_pretrained(bundle)", load,
+        "tokenizer = AutoTokenizer.from_pretrained(bundle, trust_remote_code=False)", load,
         "generation = GenerationConfig.from_pretrained(bundle)  # stop ids and the served decoding",
         "# The chat template inserts the served system prompt (system_prompt.txt) when a conversation has none.",
         "messages = [{\"role\": \"user\", \"content\": \"What is 12 + 30?\"}]",

@@ -640,9 +640,11 @@ def _why(err: OSError | ValueError) -> str:
     if not isinstance(err, ValidationError):
         return str(err)
     first = err.errors()[0]
-    where = ".".join(str(p) for p in first["loc"]) or "(top level)"
+    where = ".".join(str(p) for p in first["loc"])
     more = f" (and {err.error_count() - 1} more problems)" if err.error_count() > 1 else ""
-    return f"{where}: {first['msg']}{more}; expected a serving config as tools.nomination.bundle writes it"
+    # A rule across fields names its field in its message ("weights.base: ..."); pydantic prefixes "Value error, ".
+    what = first["msg"].removeprefix("Value error, ") if not where else f"{where}: {first['msg']}"
+    return f"{shown(what, limit=MESSAGE_LIMIT)}{more}; expected a serving config as tools.nomination.bundle writes it"
 
 
 def _missing(path: Path, serving: ServingConfig | None) -> list[str]:
@@ -702,8 +704,8 @@ def check_bundle(path: str | Path, notebook_path: str | Path | None = None) -> B
         results.append(_run("decision_hash", check_decision_hash, b, Path(notebook_path)))
     answers: list[Answer] = []
     blocked = [r.name for r in results if r.status == "failed"
-               and r.name in ("template_compiles", "served_prompts", "weights", "adapter_base", "stop_ids",
-                              "generation_config")]
+               and r.name in ("template_bounds", "template_compiles", "served_prompts", "weights", "adapter_base",
+                              "stop_ids", "generation_config")]
     if blocked:
         results.append(_skipped("reload", f"not attempted: {', '.join(blocked)} failed"))
     else:

@@ -53,13 +53,12 @@ def train_reward_model(tokenizer_dir: Path, out: Path, battles: list[dict], seed
     them before and after (what the build records in world.json)."""
     import torch
     import torch.nn.functional as F
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from core import tiny
+    from core import loading, tiny
 
     tiny.build_reward_model(tokenizer_dir, out, seed=seed % 2**31)
-    tok = AutoTokenizer.from_pretrained(out)
-    model = AutoModelForSequenceClassification.from_pretrained(out, dtype=torch.float32)
+    tok = loading.load_tokenizer(out)
+    model = loading.load_sequence_classifier(out, dtype=torch.float32)
     pairs = _pairs(battles)
 
     def rewards(batch: list[tuple[list[dict], str, str]], side: int) -> torch.Tensor:
