@@ -39,6 +39,7 @@ import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Literal
 
+import jinja2
 from pydantic import BaseModel, ConfigDict, Field
 
 from core.templates import CHATML, FAMILY
@@ -108,12 +109,16 @@ class ChatFormat(BaseModel):
 _FORMATS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def template_of(tokenizer: PreTrainedTokenizerBase) -> str:
-    """The template training renders with: the tokenizer's own, or ChatML when it has none."""
+def _own_template(tokenizer: PreTrainedTokenizerBase) -> str | None:
     own = tokenizer.chat_template
     if isinstance(own, dict):  # several named templates: the one a plain apply_chat_template call uses
         own = own.get("default")
-    return own or CHATML_TEMPLATE
+    return own or None
+
+
+def template_of(tokenizer: PreTrainedTokenizerBase) -> str:
+    """The template training renders with: the tokenizer's own, or ChatML when it has none."""
+    return _own_template(tokenizer) or CHATML_TEMPLATE
 
 
 def _apply(tokenizer, template: str, messages: list[dict], add_generation_prompt: bool) -> str:
@@ -123,8 +128,6 @@ def _apply(tokenizer, template: str, messages: list[dict], add_generation_prompt
 
 def _renders_system(tokenizer, template: str) -> bool:
     """Whether the template renders a system turn (natively or folding it in itself)."""
-    import jinja2
-
     probe = "Sysprobe7"
     try:
         text = _apply(tokenizer, template, [{"role": "system", "content": probe},
@@ -152,17 +155,16 @@ def _end_of_turn(tokenizer, template: str) -> tuple[str, str]:
 
 
 def _probe_conversations(system_turns: str) -> list[list[dict]]:
-    convs = [[{"role": "user", "content": "First question"}, {"role": "assistant", "content": "First answer"},
-              {"role": "user", "content": "Second question"}, {"role": "assistant", "content": "Second answer"}]]
-    system = [{"role": "system", "content": "System text"}]
-    return [_fold(system + c) if system_turns == "folded" else system + c for c in convs] + convs
+    """Two-turn conversations, with and without a system turn, that a maskable template renders prefix-stably."""
+    turns = [{"role": "user", "content": "First question"}, {"role": "assistant", "content": "First answer"},
+             {"role": "user", "content": "Second question"}, {"role": "assistant", "content": "Second answer"}]
+    with_system = [{"role": "system", "content": "System text"}, *turns]
+    return [_fold(with_system) if system_turns == "folded" else with_system, turns]
 
 
 def chat_format(tokenizer: PreTrainedTokenizerBase) -> ChatFormat:
     """The tokenizer's chat format (cached per tokenizer and template); ChatTemplateError with the reason
     when the template cannot be trained with."""
-    import jinja2
-
     template = template_of(tokenizer)
     cached = _FORMATS.get(tokenizer)
     if cached is not None and cached.template == template:
@@ -179,8 +181,8 @@ def chat_format(tokenizer: PreTrainedTokenizerBase) -> ChatFormat:
     eot_id = tokenizer.convert_tokens_to_ids(eot)
     eos = tokenizer.eos_token_id
     stops = [eot_id] + ([eos] if eos is not None and eos != eot_id else [])
-    own = tokenizer.chat_template.get("default") if isinstance(tokenizer.chat_template, dict) else tokenizer.chat_template
-    fmt = ChatFormat(template=template, source="model" if own else "chatml-default", system_turns=system_turns,
+    fmt = ChatFormat(template=template, source="model" if _own_template(tokenizer) else "chatml-default",
+                     system_turns=system_turns,
                      masking=masking, eot_token=eot, after_eot=after, stop_token_ids=stops)
     _FORMATS[tokenizer] = fmt
     return fmt
