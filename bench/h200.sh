@@ -60,7 +60,7 @@ declare -A CMD=(
   [train-hybrid-b2]="$T --shape nemotron-h --batch 2 --steps 8 --kinds sft-full sft-lora --out $R/train_throughput-nemotron-h-b2.json"
   [train-hybrid-b4]="$T --shape nemotron-h --batch 4 --steps 8 --kinds sft-full sft-lora --out $R/train_throughput-nemotron-h-b4.json"
   [gpu-tests-decode]="env PYTHONPATH=/tmp/site:. python3 -m pytest -q -p no:cacheprovider --confcutdir=tests/evals tests/evals/test_decode_hybrid.py"
-  [decode-30b]="python3 bench/decode_hybrid.py --shape 30b-a3b --batches 64 256 --profile --out $R/decode-30b-a3b.json"
+  [decode-30b]="python3 bench/decode_hybrid.py --shape 30b-a3b --batches 64 256 --new-tokens 128 --generate-tokens 24 --profile --out $R/decode-30b-a3b.json"
   [decode-bench-hybrid]="python3 bench/decode_hybrid.py --shape nemotron-h --batches 64 --new-tokens 128 --out $R/decode-nemotron-h.json"
   [memory-lora]="python3 -m torch.distributed.run --standalone --nproc-per-node 1 bench/train_memory.py --runs lora:1 lora:2 --out $R/train_memory-bench-3b-lora.json"
   [train-30b-1]="python3 -m torch.distributed.run --standalone --nproc-per-node 1 bench/train_memory.py --shape 30b-a3b --runs lora:1 --steps 4 --out $R/train_memory-30b-a3b-b1.json"
