@@ -5,6 +5,7 @@ them (tests/tools/test_builders.py: the dropped rows' count and ids in the manif
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -63,3 +64,33 @@ def test_check_feedback_with_a_lab_reports_the_overlap_and_refuses_an_empty_spli
     assert f"{tmp_path / 'tiny.jsonl'}: split 'sealed' would be empty" in tiny.stderr
     assert_refused(nolab.returncode, nolab.stderr, f"--lab {tmp_path / 'nowhere'}: no lab.toml there")
     assert files(lab) == before and not (tmp_path / "nowhere").exists()
+
+
+def test_four_battles_copying_eval_prompts_cost_no_arm(tmp_path: Path) -> None:
+    # The red team's case: four public battles whose prompts equal eval prompts once made the winner-SFT build
+    # fail, so no arm was trained. Now the build drops them, names them, and the gates read the dataset as clean.
+    from core import tiny
+    from core.util import file_sha256
+    from tools.data.datasets import WinnerSFTConfig, audit_clean, build_winner_sft
+    from tools.data.feedback import Battle
+    from tools.data.splits import SplitConfig, split_battles
+
+    rows = battles(40)
+    for i, prompt in enumerate([*EVAL_PROMPTS, EVAL_PROMPTS[2]]):
+        rows[4 * i]["messages"] = [{"role": "user", "content": prompt}]  # b0, b4, b8, b12: decisive 'own' votes
+    fb = write_jsonl(tmp_path / "feedback.jsonl", rows)
+    suite = write_jsonl(tmp_path / "math.jsonl", [{"id": f"m{i}", "messages": [{"role": "user", "content": p}], "gold": "1"}
+                                                  for i, p in enumerate(EVAL_PROMPTS)])
+    split = split_battles([Battle.model_validate(r) for r in rows], file_sha256(fb),
+                          SplitConfig(dev_fraction=0.2, sealed_fraction=0.1))
+    (tmp_path / "split.json").write_text(split.model_dump_json())
+    copied_in_train = sorted(f"b{4 * i}#0" for i in range(4) if split.assignment[f"b{4 * i}"] == "train")
+    assert copied_in_train  # at least one copy sits in train (else the case tests nothing)
+    manifest = build_winner_sft(WinnerSFTConfig(
+        out=tmp_path / "w.jsonl", tokenizer=tiny.build_tokenizer(tmp_path / "tok"), feedback=fb,
+        split=tmp_path / "split.json", eval_suites=[suite], system_prompt=""))
+    assert manifest.rows > 0 and manifest.leak_dropped == len(copied_in_train)
+    assert sorted(manifest.leak_dropped_ids) == copied_in_train
+    assert audit_clean(manifest.model_dump(mode="json"))  # what the train gate and the planner's summary read
+    assert not any(r.startswith(tuple(i.removesuffix("#0") + "#" for i in copied_in_train))
+                   for r in (json.loads(line)["id"] for line in (tmp_path / "w.jsonl").read_text().splitlines()))
