@@ -118,7 +118,7 @@ def _body(ctx: ToolContext, args: Args) -> ToolOutcome:
     cfg = BundleJob(notebook=ctx.paths.notebook, session=ctx.session, nominee=args.artifact,
                     parent=parent_of(ctx.nb, ctx.session), runner_up=args.runner_up,
                     out_dir=staged_dir(ctx, args.artifact))
-    bundle, key = ctx.wait("bundle", bundle_job, cfg, gpus=0, nomination=True)
+    bundle, key = ctx.wait("bundle", bundle_job, cfg, nomination=True)
     if not bundle.passed:
         return refuse(ctx, NAME, args.artifact, key, bundle.problems)
     firsts = {e.suite: e for e in reversed(evals) if e.replicate == 0}
