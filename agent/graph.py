@@ -278,12 +278,24 @@ def build(rt: Runtime, checkpointer: Any):
     return g.compile(checkpointer=checkpointer)
 
 
+def _regate(rt: Runtime, graph: Any, config: dict[str, Any], values: dict[str, Any]) -> None:
+    """A step checkpointed between its gate and its end (the agent died while it acted) is gated again on
+    the notebook as it is now, never acted on as it was admitted: the checkpoint becomes "plan just
+    proposed it", with a fresh summary, so the gate runs next (its own jobs, already in the notebook, are
+    re-attached by `act` if it passes)."""
+    p = values["proposal"]
+    rt.reporter.event(f"resume: gating plan {p['plan_seq']} ({p['tool']}) again before acting on it")
+    graph.update_state(config, observe(rt, values), as_node="plan")
+
+
 def drive(rt: Runtime, checkpointer: Any) -> AgentState:
     """Run the session's thread to its end: continue from the last checkpoint if there is one,
     else start from the notebook (a fresh state; everything else is re-read)."""
     graph = build(rt, checkpointer)
     config = {"configurable": {"thread_id": rt.ctx.session}, "recursion_limit": 100_000}
     snapshot = graph.get_state(config)
+    if "act" in snapshot.next:
+        _regate(rt, graph, config, snapshot.values)
     if snapshot.next:
         return graph.invoke(None, config)
     if snapshot.values.get("finished"):

@@ -161,7 +161,7 @@ def replay(lab_dir: Path, session: str, *, bars: Path | None = None, planner: st
     from agent.runner import lab_spec, make_planner, minute_cost
 
     lab_dir = lab_dir.resolve()  # as the session recorded it (agent/runner.py)
-    paths = LabPaths(root=lab_dir)
+    paths = LabPaths(root=lab_dir, session=session)
     if not paths.notebook.exists():
         raise SessionError(f"{paths.notebook}: no notebook here (pass --lab DIR)")
     config = load_lab_config(lab_dir)

@@ -6,6 +6,7 @@ place (which is what makes a job's idempotency key stable across resume and repl
 
     paths = LabPaths(root=Path("lab"))
     paths.run("sft-3f2a9c01")        # lab/runs/sft-3f2a9c01
+    LabPaths(root=Path("lab"), session="s1").run("sft-3f2a9c01")   # lab/runs/s1/sft-3f2a9c01
     with paths.writer("run s1"):     # the lab's one writer (lab.lock); a second is refused
         ...
 """
@@ -37,6 +38,11 @@ class LabPaths(BaseModel):
 
     model_config = ConfigDict(frozen=True)
     root: Path = Field(description="The lab directory (holds lab.toml, the notebook and all outputs).")
+    session: str | None = Field(None, description="The session whose outputs these are: a lab holds many sessions, "
+                                "and each names its datasets, runs, evals and merges apart (lab/runs/<session>/...), so "
+                                "that one session's content-named output never meets another's (a judgment file is "
+                                "written once; a trainer would resume from another session's state). None: the lab's "
+                                "own top-level directories.")
 
     @property
     def notebook(self) -> Path:
@@ -60,17 +66,20 @@ class LabPaths(BaseModel):
     def splits(self) -> Path:
         return self.root / "splits"
 
+    def _outputs(self, kind: str) -> Path:
+        return self.root / kind if self.session is None else self.root / kind / self.session
+
     def dataset(self, name: str) -> Path:
-        return self.root / "data" / f"{name}.jsonl"
+        return self._outputs("data") / f"{name}.jsonl"
 
     def run(self, name: str) -> Path:
-        return self.root / "runs" / name
+        return self._outputs("runs") / name
 
     def evaluation(self, name: str) -> Path:
-        return self.root / "evals" / name
+        return self._outputs("evals") / name
 
     def merged(self, name: str) -> Path:
-        return self.root / "merges" / name
+        return self._outputs("merges") / name
 
     def bundle(self, name: str) -> Path:
         return self.root / "bundles" / name

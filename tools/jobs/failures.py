@@ -7,7 +7,8 @@ tail of the job's own error text (the exception trace submitit pickled, else the
     classify(state="FAILED", exit_code=1, text="...torch.OutOfMemoryError: CUDA out of memory...")
     # Failure(failure_class='oom', detail='torch.OutOfMemoryError: CUDA out of memory...')
 
-Policy (DESIGN.md invariant 6): preempted -> requeue from the last checkpoint; timeout -> requeue
+Policy (DESIGN.md invariant 6): preempted, and lost (killed from outside without a result or an
+exception of its own, as with the agent's process group) -> requeue from the last checkpoint; timeout -> requeue
 from the last checkpoint up to a limit; oom -> one retry with half the micro-batch and twice the
 gradient accumulation (same tokens per optimizer step); everything else is a recorded failure.
 """
@@ -23,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from core.placement import NO_GPU_PREFIX
 
 FailureClass = Literal[
-    "oom", "preempted", "timeout", "nccl_timeout", "nan_loss", "node_failure", "cancelled", "no_gpu", "error"
+    "oom", "preempted", "timeout", "nccl_timeout", "nan_loss", "node_failure", "cancelled", "no_gpu", "lost", "error"
 ]
 Action = Literal["requeue", "retry_smaller_batch", "record"]
 C = TypeVar("C", bound=BaseModel)
@@ -91,6 +92,10 @@ def classify(state: str, exit_code: int | None, text: str, raised: tuple[str, Fa
         return Failure(failure_class="timeout", detail=state)
     if state == "PREEMPTED":
         return Failure(failure_class="preempted", detail=state)
+    if state == "FAILED" and not kind and exit_code is None:
+        # Killed from outside without a word: no result, no exception of its own, no exit code. Typically it
+        # died with the agent's process group (a closed terminal, a double Ctrl-C); it is run again.
+        return Failure(failure_class="lost", detail=f"{state}: killed from outside (no result, no exception)")
     return Failure(failure_class="error", detail=(kind or f"{state}: no exception") + code)
 
 
@@ -181,7 +186,7 @@ def smaller_batch_config(config: C) -> C | None:
 def decide(failure_class: FailureClass, *, oom_retries: int, requeues: int, max_requeues: int,
            can_halve_batch: bool) -> Action:
     """What to do after a run ended with `failure_class` (counts are over earlier attempts of the job)."""
-    if failure_class in {"preempted", "timeout"} and requeues < max_requeues:
+    if failure_class in {"preempted", "timeout", "lost"} and requeues < max_requeues:
         return "requeue"
     if failure_class == "oom" and oom_retries == 0 and can_halve_batch:
         return "retry_smaller_batch"

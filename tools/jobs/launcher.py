@@ -87,7 +87,7 @@ _FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "PREEMPTED", "NO
 # submitit requeues in place on the preemption signal; our own wrapper enforces the limits, so
 # submitit's countdown (which counts every signal of a job under 10 minutes as a timeout) is off.
 _NO_SUBMITIT_LIMIT = 1000
-_REQUEUED_CLASSES = {"preempted", "timeout"}  # failure classes that count against max_requeues
+_REQUEUED_CLASSES = {"preempted", "timeout", "lost"}  # failure classes that count against max_requeues
 _SLACK_S = 5.0  # seconds: a killed local run this close to its limit was stopped by the limit
 # The signal lead time: the longest measured save times this factor, never under the floor (Slurm's
 # own signal timing is only good to about a minute, and a step must end before the save begins).
