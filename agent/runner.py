@@ -122,7 +122,7 @@ def _runtime(nb: Notebook, session: str, lab_dir: Path, config: LabConfig, execu
              settings: PlaybookSettings, planner_kind: str, quiet: bool) -> Runtime:
     # The keys the lab names are redacted from every message from here on, used or not (core/redact.py).
     redaction.hold_env(os.environ, {config.planner.api_key_env, config.judge.api_key_env})
-    paths = LabPaths(root=lab_dir)
+    paths = LabPaths(root=lab_dir, session=session)
     launcher = Launcher.from_section(nb, session, executor, paths.jobs,
                                      lab_roots=paths.spellings(nb.session(session).lab))
     ctx = ToolContext(nb=nb, session=session, paths=paths, lab=lab_spec(config), jobs=launcher,
