@@ -35,7 +35,7 @@ SHAPES: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"\bAIza[0-9A-Za-z_-]{30,}"), "a Google API key"),
     (re.compile(r"(\bbearer\s+)[^\s\"',;]{8,}", re.IGNORECASE), "a bearer token"),
     (re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----"), "a private key"),
-    (re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)[^/\s@:]*:[^/\s@]*@"), "credentials inside a URL (user:password@)"),
+    (re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)[^/\s@:]*:[^/\s@]*(?=@)"), "credentials inside a URL (user:password@)"),
 ]
 
 _held: set[str] = set()
@@ -93,8 +93,8 @@ def install_log_redaction() -> None:
         record = factory(*args, **kwargs)
         try:
             record.msg, record.args = redact(record.getMessage()), None
-        except (TypeError, ValueError):  # arguments that do not fit the format: logging reports it later
-            record.msg = redact(str(record.msg))
+        except (TypeError, ValueError):  # arguments that do not fit the format: logged as they are, redacted
+            record.msg, record.args = redact(f"{record.msg} (arguments that do not fit it: {record.args!r})"), None
         if record.exc_info and not record.exc_text:
             record.exc_text = redact(logging.Formatter().formatException(record.exc_info))
         return record
