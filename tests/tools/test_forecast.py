@@ -8,8 +8,14 @@ from pathlib import Path
 import pytest
 
 from core import tiny
-from tools.jobs.forecast import (Hardware, MeasuredJob, ModelCompute, eval_forecast, model_compute,
-                                 train_forecast)
+from tools.jobs.forecast import (
+    Hardware,
+    MeasuredJob,
+    ModelCompute,
+    eval_forecast,
+    model_compute,
+    train_forecast,
+)
 
 SPECIAL = {"pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 2}
 SMALL = ModelCompute(total_params=30_000_000_000, active_params=3_000_000_000)
