@@ -77,7 +77,10 @@ class Ledger(_Typed):
     def time_limit_min(self, limit_min: float, minute_gpuh: float, nomination: bool = False) -> float:
         """A job's time limit: the lab's, or shorter (in tenths of a minute) when only that much of what is left
         pays for it. A run never costs more than its limit, so a job admitted under this bound cannot overrun the
-        budget; with less than one minute left the limit stays the lab's and admission refuses the job."""
+        budget; with less than one minute left the limit stays the lab's and admission refuses the job. A job that
+        costs nothing per minute (a Slurm CPU job: no GPU charged) keeps the lab's limit."""
+        if minute_gpuh <= 0:
+            return limit_min
         fit = math.floor(self.left_gpuh(nomination) / minute_gpuh * 10) / 10
         return fit if 1.0 <= fit < limit_min else limit_min
 
