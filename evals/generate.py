@@ -41,6 +41,7 @@ noise floor.
 from __future__ import annotations
 
 import functools
+import json
 import logging
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
@@ -81,17 +82,35 @@ class Loaded:
 
 
 def load(path: str | Path, device: str = "cpu", dtype: str = "float32") -> Loaded:
-    """Load a causal LM checkpoint directory (weights and tokenizer) for evaluation."""
+    """Load a causal LM checkpoint directory (weights and tokenizer) for evaluation, or a PEFT adapter directory
+    through its adapter (`adapter_model`)."""
     path = Path(path)
-    if not (path / "config.json").is_file():
+    if (path / ADAPTER_CONFIG).is_file() and not (path / "config.json").is_file():
+        tokenizer, model = loading.load_tokenizer(path), adapter_model(path, dtype).to(device).eval()
+    elif not (path / "config.json").is_file():
         raise FileNotFoundError(f"{path}: not a checkpoint directory (no config.json)")
-    tokenizer = loading.load_tokenizer(path)
-    model = loading.load_causal_lm(path, dtype=getattr(torch, dtype)).to(device).eval()
+    else:
+        tokenizer = loading.load_tokenizer(path)
+        model = loading.load_causal_lm(path, dtype=getattr(torch, dtype)).to(device).eval()
     # A checkpoint saved mid-training may say use_cache = false; generate() would then re-run the whole prefix at
     # every token (the model's generation config overrides a passed config's defaults).
     model.config.use_cache = True
     model.generation_config.use_cache = True
     return Loaded(model=model, tokenizer=tokenizer, device=torch.device(device))
+
+
+ADAPTER_CONFIG = "adapter_config.json"
+
+
+def adapter_model(path: Path, dtype: str) -> PreTrainedModel:
+    """A LoRA arm evaluated through its adapter: the base its adapter_config.json names, with the adapter folded into
+    the weights in memory (peft's merge_and_unload), so the engine's decode paths see a plain model. The tokenizer is
+    the adapter directory's own (the trainer saves it with the chat template it trained under)."""
+    base_dir = json.loads((path / ADAPTER_CONFIG).read_text(encoding="utf-8")).get("base_model_name_or_path") or ""
+    if not (Path(base_dir) / "config.json").is_file():
+        raise FileNotFoundError(f"{path}: the adapter's base {base_dir!r} is no local model directory")
+    base = loading.load_causal_lm(base_dir, dtype=getattr(torch, dtype))
+    return loading.load_adapter(base, path).merge_and_unload()
 
 
 def stop_ids(loaded: Loaded, decoding: Decoding) -> list[int]:

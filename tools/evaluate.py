@@ -184,7 +184,7 @@ def _body(ctx: ToolContext, args: Args) -> ToolOutcome:
     artifact = ctx.nb.artifact(args.artifact)
     names = args.suites or [s.name for s in ctx.lab.open_suites]
     unknown = [n for n in names if n not in {s.name for s in ctx.lab.open_suites}]
-    if artifact.kind != "checkpoint" or unknown:
+    if artifact.kind not in ("checkpoint", "adapter") or unknown:  # an adapter: through it (evals.generate.load)
         return ToolOutcome(tool=NAME, status="failed", summary=f"not evaluable: artifact kind {artifact.kind}, "
                            f"unknown or sealed suites {unknown}")
     served = served_of(ctx, args.artifact)
