@@ -7,6 +7,7 @@ the same base seed, so a candidate and its incumbent draw the same sampling seed
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -18,6 +19,7 @@ from evals.records import record_result, served_draws
 from memory.notebook import EvalRecord
 from tools.context import ToolContext, ToolOutcome, content_name, invoke, record_once, served_of
 from tools.ingest import holdout_battles, holdout_items
+from tools.paths import portable
 from tools.session import incumbent_of
 
 NAME = "evaluate"
@@ -65,6 +67,13 @@ def suite_specs(ctx: ToolContext, names: list[str], reference: dict[str, str]) -
     return tuple(specs)
 
 
+def _portable(ctx: ToolContext, suites: Iterable[SuiteSpec]) -> list[Any]:
+    """The suites as an output's name hashes them: their files lab-relative (as job keys hold them), so a
+    lab copied, moved or reached by another path names the same output the same."""
+    roots = ctx.paths.spellings(ctx.nb.session(ctx.session).lab)
+    return [portable(s.model_dump(mode="json"), roots) for s in suites]
+
+
 class MissingReference(ValueError):
     """A judge suite asked for before its reference completions exist."""
 
@@ -75,7 +84,7 @@ def eval_job(ctx: ToolContext, artifact_id: int, suite_names: list[str], decodin
     artifact = ctx.nb.artifact(artifact_id)
     suites = suite_specs(ctx, suite_names, reference or {})
     name = content_name("eval", {"weights": artifact.sha256, "decoding": decoding.fingerprint(),
-                                 "suites": [s.model_dump(mode="json") for s in suites], "replicates": replicates,
+                                 "suites": _portable(ctx, suites), "replicates": replicates,
                                  "served": served} | ({"first_replicate": first_replicate} if first_replicate else {}))
     return EvalJobConfig(checkpoint=artifact.path, decoding=decoding, served=served, suites=suites,
                          replicates=replicates, first_replicate=first_replicate,
@@ -111,7 +120,7 @@ def reference_completions(ctx: ToolContext, artifact_id: int, names: list[str],
         specs.append(SuiteSpec(name=f"{n}-reference", scorer="loops", items_path=items))
     artifact, decoding = ctx.nb.artifact(artifact_id), served_of(ctx, artifact_id)
     name = content_name("reference", {"weights": artifact.sha256, "decoding": decoding.fingerprint(),
-                                      "suites": [s.model_dump(mode="json") for s in specs]})
+                                      "suites": _portable(ctx, specs)})
     cfg = EvalJobConfig(checkpoint=artifact.path, decoding=decoding, served=True, suites=tuple(specs),
                         output_dir=ctx.paths.evaluation(name), **engine_options(ctx, "reference"))
     # Its own kind: one generation pass with no scoring, so its seconds per suite say nothing about an eval
