@@ -26,6 +26,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from core.display import shown
+
 LOCK_FILE = "lab.lock"
 
 
@@ -168,6 +170,8 @@ def _holder(fd: int) -> str | None:
     raw = os.pread(fd, 4096, 0)
     try:
         note = json.loads(raw)
-        return f"pid {int(note['pid'])} on {note['host']} ({note['command']}, since {note['since']})"
+        # Shown escaped and cut: the file is in the lab, and anyone who can write there can write it.
+        said = f"{note['host']} ({note['command']}, since {note['since']})"
+        return f"pid {int(note['pid'])} on {shown(said, limit=200)}"
     except (ValueError, KeyError, TypeError):
         return None

@@ -6,6 +6,7 @@ the lab path is spelled. The whole-session cases (a copied lab replays, a resume
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import stat
@@ -96,6 +97,19 @@ def test_a_lock_left_by_a_killed_process_is_stale_and_taken_over(tmp_path, capfd
     with LabPaths(root=lab).writer("third"):  # a clean release leaves no stale note
         pass
     assert "stale" not in capfd.readouterr().err
+
+
+def test_a_hostile_lock_note_is_shown_escaped(tmp_path, capfd):
+    lab = tmp_path / "lab"
+    lab.mkdir()
+    (lab / "lab.lock").write_text(json.dumps({"pid": 1, "host": "h\x1b]0;owned\x07", "command": "run x\nforged line",
+                                              "since": "\u202etoday"}))
+    with LabPaths(root=lab).writer("run s1"):
+        pass
+    err = capfd.readouterr().err
+    assert "stale lock of pid 1" in err and "\\x1b]0;owned" in err and "\\n" in err and "\\u202e" in err
+    assert "\x1b" not in err and "\u202e" not in err and len(err.strip().splitlines()) == 1
+    assert not (lab / "lab.lock").exists()
 
 
 def test_the_lock_is_not_inherited_by_the_jobs_a_session_starts(tmp_path):
