@@ -28,7 +28,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from core.redact import redact, redact_data
 from core.util import canonical_json, sha256_text
-from memory.chain import GENESIS, decision_hash
+from memory.chain import EVAL_COLUMNS, GENESIS, decision_hash, eval_digest, evals_text
 from memory.records import (
     DECISION,
     PAYLOADS,
@@ -50,7 +50,14 @@ from memory.records import (
     ToolCall,
     VerifyReport,
 )
-from memory.schema import MIGRATIONS, SCHEMA_VERSION, expected_columns, file_problem, split_sql
+from memory.schema import (
+    EVALS_CHAINED_FROM,
+    MIGRATIONS,
+    SCHEMA_VERSION,
+    expected_columns,
+    file_problem,
+    split_sql,
+)
 
 __all__ = [  # the records are defined in memory/records.py and re-exported here for callers
     "Artifact", "BarsRecord", "ChatTemplateRef", "Comparison", "Decision", "DecisionKind", "EvalRecord", "FailureClass", "FeedbackSplit",
@@ -384,11 +391,22 @@ class Notebook:
         head = self.db.execute("SELECT seq, hash FROM decision ORDER BY seq DESC LIMIT 1").fetchone()
         seq, prev = (head[0] + 1, head[1]) if head else (1, GENESIS)
         at = now()
-        digest = decision_hash(prev, seq, session, at, kind, rationale, canonical_json(body))
+        chained = self._chain_evals(session, seq)
+        digest = decision_hash(prev, seq, session, at, kind, rationale, canonical_json(body), evals_text(chained))
         row = {"seq": seq, "session": session, "at": at, "kind": kind, "rationale": rationale, "payload": body,
                "prev_hash": prev, "hash": digest}
         self._insert("decision", row)
         return DECISION.validate_python(row)
+
+    def _chain_evals(self, session: str, seq: int) -> list[tuple[int, str]]:
+        """The session's eval rows not yet chained, marked as covered by decision `seq`: (id, digest) each."""
+        cols = ", ".join(EVAL_COLUMNS)
+        rows = self.db.execute(f"SELECT {cols} FROM eval WHERE session = ? AND decision_seq IS NULL ORDER BY id",
+                               [session]).fetchall()
+        chained = [(row[0], eval_digest(row)) for row in rows]
+        for eval_id, digest in chained:
+            self.db.execute("UPDATE eval SET decision_seq = ?, sha256 = ? WHERE id = ?", [seq, digest, eval_id])
+        return chained
 
     def decisions(self, session: str | None = None, kind: str | None = None) -> list[Decision]:
         """Decisions in chain order, each parsed into its kind's record (payload typed)."""
@@ -411,21 +429,61 @@ class Notebook:
 
     def _verify_chain(self) -> VerifyReport:
         prev, expected, count = GENESIS, 1, 0
+        evals_chained = self._version() >= EVALS_CHAINED_FROM  # a read-only open of an older file is not migrated
+        chained, edited = self._chained_evals() if evals_chained else ({}, set())
         cursor = self.db.execute(
             "SELECT seq, session, at, kind, rationale, payload, prev_hash, hash FROM decision ORDER BY rowid"
         )
         for seq, session, at, kind, rationale, payload, prev_hash, digest in cursor:
             problem = None
+            evals = chained.pop(seq, [])
             if seq != expected:
                 problem = f"decision seq {seq}: expected seq {expected} (a decision was deleted or reordered)"
             elif prev_hash != prev:
                 problem = f"decision seq {seq}: prev_hash does not match decision {seq - 1} (chain broken)"
-            elif decision_hash(prev, seq, session, at, kind, rationale, payload) != digest:
-                problem = f"decision seq {seq}: content does not match its hash (edited after it was written)"
+            elif decision_hash(prev, seq, session, at, kind, rationale, payload, evals_text(evals)) != digest:
+                changed = [i for i, _ in evals if i in edited]
+                problem = (f"eval {changed[0]}: its row does not match the hash decision seq {seq} recorded for it "
+                           "(edited after it was recorded)" if changed else
+                           f"decision seq {seq}: content does not match its hash (edited after it was written)")
             if problem:
                 return VerifyReport(ok=False, count=count, head=prev, problem=problem)
             prev, expected, count = digest, expected + 1, count + 1
+        problem = self._unchained_eval(chained) if evals_chained else None
+        if problem:
+            return VerifyReport(ok=False, count=count, head=prev, problem=problem)
         return VerifyReport(ok=True, count=count, head=prev)
+
+    def _chained_evals(self) -> tuple[dict[int, list[tuple[int, str]]], set[int]]:
+        """decision seq -> [(eval id, digest of the row as it is now)], and the ids whose digest differs from the
+        one stored when they were chained (to name an edited row; the decision's hash is what proves it)."""
+        by_seq: dict[int, list[tuple[int, str]]] = {}
+        edited = set()
+        cols = ", ".join(EVAL_COLUMNS)
+        for row in self.db.execute(f"SELECT decision_seq, sha256, {cols} FROM eval WHERE decision_seq IS NOT NULL "
+                                   "ORDER BY id"):
+            digest = eval_digest(row[2:])
+            by_seq.setdefault(row[0], []).append((row[2], digest))
+            if digest != row[1]:
+                edited.add(row[2])
+        return by_seq, edited
+
+    def _unchained_eval(self, left: dict[int, list[tuple[int, str]]]) -> str | None:
+        """An eval row chained to no decision that exists, or (after the first chained row: older rows predate
+        chaining) to none at all."""
+        if left:
+            seq, evals = min(left.items())
+            return f"eval {evals[0][0]}: chained to decision seq {seq}, which is not in the notebook (added outside it)"
+        first = self.db.execute("SELECT MIN(id) FROM eval WHERE decision_seq IS NOT NULL").fetchone()[0]
+        if first is None:
+            return None
+        loose = self.db.execute("SELECT id, session FROM eval WHERE decision_seq IS NULL AND id > ? ORDER BY id "
+                                "LIMIT 1", [first]).fetchone()
+        if loose:
+            return (f"eval {loose[0]} (session {loose[1]!r}): in no decision's hash; expected every eval row to be "
+                    "recorded by a decision (added outside the notebook, or written after the session's last decision: "
+                    "resume the session to record it)")
+        return None
 
     def _verify_sessions(self) -> str | None:
         """The chain vouches for each session row through its `open` decision's payload."""

@@ -180,7 +180,17 @@ CREATE INDEX tool_call_job ON tool_call(job_key);
 """
 
 # V4 (memory/views.py): read-only views with readable columns for a reviewer browsing the notebook.
-MIGRATIONS: list[str] = [V1, V2, V3, V4]
+
+# Eval rows are chained (memory/chain.py): each is hashed into the next decision its session writes (the one that
+# records it), so an eval edited with sqlite3 fails verify. Rows from before this version stay unchained.
+V5 = """
+ALTER TABLE eval ADD COLUMN decision_seq INTEGER;  -- the decision whose hash covers this row; NULL before V5
+ALTER TABLE eval ADD COLUMN sha256 TEXT;           -- memory.chain.eval_digest of the row when it was chained
+CREATE INDEX eval_decision ON eval(decision_seq);
+"""
+
+MIGRATIONS: list[str] = [V1, V2, V3, V4, V5]
+EVALS_CHAINED_FROM = 5  # the schema version whose eval rows carry decision_seq (read-only opens of older ones verify)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 SQLITE_MAGIC = b"SQLite format 3\x00"

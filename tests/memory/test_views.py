@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from memory.chain import GENESIS, decision_hash
 from memory.notebook import Notebook
 from memory.records import GateRefusal, IncumbentPayload
 from memory.schema import SCHEMA_VERSION
@@ -109,14 +110,32 @@ def test_the_views_are_read_only(nb: Notebook):
         nb.db.execute("DELETE FROM decisions_readable")
 
 
+def _unchain_evals(conn: sqlite3.Connection) -> None:
+    """The chain as a release before V5 wrote it: no eval columns, every decision hashed without evals."""
+    conn.execute("DROP INDEX eval_decision")
+    conn.execute("ALTER TABLE eval DROP COLUMN decision_seq")
+    conn.execute("ALTER TABLE eval DROP COLUMN sha256")
+    conn.execute("DROP TRIGGER decision_no_update")
+    prev = GENESIS
+    for row in conn.execute("SELECT seq, session, at, kind, rationale, payload FROM decision ORDER BY seq").fetchall():
+        digest = decision_hash(prev, *row)
+        conn.execute("UPDATE decision SET prev_hash = ?, hash = ? WHERE seq = ?", [prev, digest, row[0]])
+        prev = digest
+    conn.execute("CREATE TRIGGER decision_no_update BEFORE UPDATE ON decision "
+                 "BEGIN SELECT RAISE(ABORT, 'decisions are append-only'); END")
+
+
 def test_a_version_3_notebook_gains_the_views_and_still_verifies(tmp_path: Path, nb: Notebook):
-    # The fixture's notebook, rolled back to version 3 as the previous release wrote it (views dropped).
+    # The fixture's notebook, rolled back to version 3 as the previous release wrote it (views dropped, evals not
+    # chained).
     old = tmp_path / "old.db"
     conn = sqlite3.connect(old)
     nb.db.conn.backup(conn)
     for view in VIEWS:
         conn.execute(f"DROP VIEW {view}")
+    _unchain_evals(conn)
     conn.execute("PRAGMA user_version = 3")
+    conn.commit()
     conn.close()
     with Notebook.open(old, readonly=True) as ro:
         assert ro.verify().ok
