@@ -203,11 +203,13 @@ def cmd_check_feedback(args: argparse.Namespace) -> int:
     from agent.inputs import feedback_notes, feedback_split_problems
 
     config = config.model_copy(update={"feedback": config.feedback.model_copy(update={"file": args.file})})
+    from core.display import shown  # battle ids and file names are someone else's text
+
     for note in feedback_notes(config):
-        print(note)
+        print(shown(note, keep_newlines=True))
     problems = feedback_split_problems(config)
     for problem in problems:
-        print(problem, file=sys.stderr)
+        print(shown(problem, keep_newlines=True), file=sys.stderr)
     return 1 if problems else 0
 
 

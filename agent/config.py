@@ -49,6 +49,7 @@ from pydantic import (
     model_validator,
 )
 
+from core.display import bounded, shown
 from core.jsonl import JSONLineError, describe_non_file, loads
 from core.redact import secret_kind
 from evals.decoding import Decoding
@@ -409,6 +410,12 @@ class TruthSection(_Section):
         return self
 
 
+class PlaybookSection(_Section):
+    recipe: Literal["combined", "aspen", "brook", "delta", "ember", "islet"] = Field(
+        "combined", description="The playbook's named policy: the combined playbook, or one seed's recipe "
+        "(agent/planners/recipes.py); `--recipe` overrides it.")
+
+
 class BudgetSection(_Section):
     reserve_fraction: float = Field(
         0.05, ge=0, lt=0.5, description="Share of the session budget kept back for the final nomination checks."
@@ -429,6 +436,7 @@ class LabConfig(_Section):
     serving: ServingSection = Field(default_factory=ServingSection, description="How the nominee will be served.")
     budget: BudgetSection = Field(default_factory=BudgetSection, description="Budget policy.")
     truth: TruthSection | None = Field(None, description="Ground-truth scorer of the nominee (card and report only).")
+    playbook: PlaybookSection = Field(default_factory=PlaybookSection, description="The playbook's named policy.")
     train: TrainSection = Field(default_factory=TrainSection, description="The training recipe: method, LoRA, "
                                 "learning rates and their ranges, schedule, batches, lengths, per trainer family; "
                                 "keys left out are derived from the base model (trainers/recipe.py).")
@@ -506,7 +514,8 @@ def load_lab_config(lab_dir: Path) -> LabConfig:
     raw = _read_toml(path)
     problems = scan_raw(raw)
     if problems:  # before pydantic, whose messages would echo the offending values
-        raise LabConfigError(f"{path}: {len(problems)} problem(s):\n" + "\n".join(f"  {p}" for p in problems))
+        listed = bounded([shown(p, limit=500) for p in problems])  # a problem per key of a huge file: the first 20
+        raise LabConfigError(f"{path}: {len(problems)} problem(s):\n" + "\n".join(f"  {p}" for p in listed))
     try:
         return LabConfig.model_validate(raw, strict=True, context={"lab_dir": lab_dir})
     except ValidationError as exc:
@@ -570,10 +579,8 @@ _SECRET_ADVICE = ("secrets never go in lab.toml: put the key in an environment v
 
 def format_validation_error(path: Path, exc: ValidationError) -> str:
     """One message: the file, then one line per problem with its key and what was expected."""
-    lines = [f"{path}: {exc.error_count()} problem(s):"]
-    for err in exc.errors():
-        lines.append(f"  {_key(err['loc'])}: {_expected(err)}")
-    return "\n".join(lines)
+    listed = bounded([shown(f"{_key(err['loc'])}: {_expected(err)}", limit=500) for err in exc.errors()])
+    return "\n".join([f"{path}: {exc.error_count()} problem(s):", *(f"  {p}" for p in listed)])
 
 
 def _key(loc: tuple[Any, ...]) -> str:

@@ -18,7 +18,7 @@ from agent.config import LabConfig, base_license, load_lab_config
 from agent.errors import SessionError
 from agent.graph import Runtime, drive
 from agent.live import reporter
-from agent.planners import Planner
+from agent.planners import Planner, recipes
 from agent.planners.playbook import Playbook, PlaybookSettings
 from core import redact as redaction
 from core.util import canonical_json, sha256_text
@@ -182,15 +182,40 @@ def snapshot(config: LabConfig, protocol: str, settings: PlaybookSettings) -> di
     return {"lab": config.model_dump(mode="json"), "protocol": protocol, "playbook": settings.model_dump(mode="json")}
 
 
+def lab_facts(config: LabConfig) -> dict[str, Any]:
+    """What the recipes read of a lab: its judge kind, its chat and verified data, its battle-margin suite and how
+    many bars it registers (agent/planners/recipes.py)."""
+    from evals import bars as bars_file
+
+    margin = [e.name for e in config.evals if e.scorer == "battle_margin" and not e.sealed]
+    verified = [d.name for d in config.data if d.kind == "verified"]
+    return {"judge": config.judge.kind, "chat_data": any(d.kind == "chat" for d in config.data),
+            "verified_pool": verified[0] if verified else None, "margin_suite": margin[0] if margin else None,
+            "bars": len(bars_file.load(config.bars).bar) if config.bars is not None else 0}
+
+
+def policy_of(config: LabConfig, protocol: str, recipe: str | None) -> PlaybookSettings:
+    """The session's named policy: the combined playbook at the protocol's sizes, or a seed's recipe; a recipe the
+    lab cannot run is refused (SessionError saying what to add) before any session opens."""
+    name = recipe or config.playbook.recipe
+    if name == "combined":
+        return PlaybookSettings.named(protocol)
+    facts = lab_facts(config)
+    missing = recipes.problems(name, facts)
+    if missing:
+        raise SessionError(f"recipe {name} cannot run in this lab: " + "; ".join(missing) + "; no session was opened")
+    return recipes.settings(name, protocol, facts)
+
+
 def start(lab_dir: Path, session: str, budget_gpuh: float, planner: str, executor: str, protocol: str,
-          quiet: bool) -> int:
+          quiet: bool, recipe: str | None = None) -> int:
     """Open a new session in the lab and drive it to a nomination."""
     # Resolved once, here: every path the session records is then absolute, whatever directory a later
     # resume, replay or job runs from.
     lab_dir = lab_dir.resolve()
     config = load_lab_config(lab_dir)
     _check_checkpoints(LabPaths(root=lab_dir).graph_checkpoints)
-    settings = PlaybookSettings.named(protocol)
+    settings = policy_of(config, protocol, recipe)
     section = config.executor.model_copy(update={"kind": executor})
     chat_ref = chat_template_ref(config.model.tokenizer or config.model.parent or config.model.base)
     with Notebook.open(LabPaths(root=lab_dir).notebook) as nb:

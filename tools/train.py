@@ -55,6 +55,10 @@ class Args(BaseModel):
     method: Literal["full", "lora"] | None = Field(None, description="Full fine-tuning or a LoRA adapter (merged "
                                                    "back into the parent); None: [train]'s method.")
     lr: float | None = Field(None, gt=0, le=1e-1, description="Peak learning rate; None: [train]'s.")
+    lora_r: int | None = Field(None, ge=1, le=4096, description="A LoRA arm's rank; None: [train.lora]'s (a recipe "
+                               "that fixes its geometry, e.g. Aspen's r64, says it here).")
+    fp32_head: bool | None = Field(None, description="A LoRA arm also trains lm_head in full, in FP32; None: "
+                                   "[train.lora]'s.")
     lr_scale: float | None = Field(None, gt=0, le=100, description="A multiple of the lr the arm would have (its own "
                                    "`lr`, else [train]'s): how a sweep is written without knowing the model's lr. "
                                    "The scaled lr is what the [train] range is checked against.")
@@ -153,12 +157,14 @@ def _verifier(ctx: ToolContext, family: recipes.FamilyRecipe, dataset_recipe: di
     return recipes.VERIFYING_SCORERS[scorer]
 
 
-def _lora(arm: recipes.ArmSettings) -> LoRASettings | None:
+def _lora(arm: recipes.ArmSettings, args: Args) -> LoRASettings | None:
     if arm.lora is None:
         return None
-    return LoRASettings(r=arm.lora.r, alpha=arm.lora.alpha, dropout=arm.lora.dropout,
-                        target_modules=arm.lora.target_modules, target_parameters=arm.lora.target_parameters,
-                        train_lm_head=arm.lora.fp32_head)
+    r = args.lora_r or arm.lora.r
+    alpha = arm.lora.alpha * r / arm.lora.r  # the lab's alpha / r scale kept at another rank
+    head = arm.lora.fp32_head if args.fp32_head is None else args.fp32_head
+    return LoRASettings(r=r, alpha=alpha, dropout=arm.lora.dropout, target_modules=arm.lora.target_modules,
+                        target_parameters=arm.lora.target_parameters, train_lm_head=head)
 
 
 def _config(ctx: ToolContext, args: Args, arm: recipes.ArmSettings, out) -> tuple[Any, Any]:
@@ -166,7 +172,7 @@ def _config(ctx: ToolContext, args: Args, arm: recipes.ArmSettings, out) -> tupl
     data = ctx.nb.artifact(args.dataset)
     served = served_of(ctx, args.parent)
     common = {"model_path": parent.path, "data_path": data.path, "output_dir": str(out),
-              "system_prompt": served.system_prompt or None, "lora": _lora(arm), "lr": arm.lr, "steps": arm.steps,
+              "system_prompt": served.system_prompt or None, "lora": _lora(arm, args), "lr": arm.lr, "steps": arm.steps,
               "batch_size": arm.batch_size, "micro_batch_size": arm.micro_batch_size, "seed": args.seed,
               "max_len": arm.max_len, "warmup_steps": arm.warmup_steps, "schedule": arm.schedule,
               "min_lr_ratio": arm.min_lr_ratio, "weight_decay": arm.weight_decay, "grad_clip": arm.grad_clip,

@@ -63,7 +63,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from agent.planners import ToolCall
+from agent.planners import ToolCall, recipes
 from agent.planners.policy import PROTOCOLS, PlaybookSettings, ServingAlternative
 from agent.planners.stages import (
     dataset_step,
@@ -112,7 +112,7 @@ def next_step(s: Summary, cfg: PlaybookSettings) -> ToolCall:
     stop = _stop_reason(s, cfg)
     if stop:
         return proposal("stop", {"reason": stop}, stop)
-    step = next(_protocol(s, cfg), None)
+    step = next(_protocol(s, cfg) if cfg.name == "combined" else recipes.steps(s, cfg), None)
     if step is not None and inc not in s.calibrated and _reads_calibration(s, step):
         return calibrate.model_copy(update={"rationale": f"{calibrate.rationale}, now that the next step "
                                                           f"({step.tool}: {step.rationale}) reads it"})

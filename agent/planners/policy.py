@@ -45,7 +45,8 @@ _RULES: dict[int, dict[str, str]] = {
 }
 
 
-RECIPES = ("combined",)
+# The named policies: the combined playbook, and the five seeds' recipes (agent/planners/recipes.py).
+RECIPES = ("combined", "aspen", "brook", "delta", "ember", "islet")
 
 
 class PlaybookSettings(BaseModel):
@@ -56,7 +57,8 @@ class PlaybookSettings(BaseModel):
     `open` decision, and resume and replay read it back (`recorded`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    name: str = Field("combined", description="The policy's name: the recipe it follows (the combined playbook).")
+    name: Literal["combined", "aspen", "brook", "delta", "ember", "islet"] = Field(
+        "combined", description="The policy's name: the recipe it follows (the combined playbook, or a seed's).")
     protocol: Literal["full", "test", "short"] = Field("full", description="The sizes it runs at.")
     version: int = Field(VERSION, ge=1, le=VERSION, description="Rules version (see _RULES).")
     calibration: Calibration = Field(
@@ -99,6 +101,13 @@ class PlaybookSettings(BaseModel):
         (), description="`fixed` arms: steps (increasing, below `steps`) at which every arm also saves its model; "
         "after the sweep the best run's snapshots are screened, and the best goes on to the holdout and a comparison "
         "only if it screens above that run's final checkpoint (trajectory selection; needs a screened stage).")
+    method: Literal["full", "lora"] | None = Field(None, description="The arms' method; None: [train]'s.")
+    replay_rows: int = Field(256, ge=1, description="aspen: prompts of the own-policy replay.")
+    rounds: int = Field(2, ge=1, description="brook: DPO rounds, each from the last promoted round, merged back.")
+    loop_fix_counts: dict[Family, int] = Field(
+        default_factory=dict, description="brook: generated verified tasks per family the loop-fix pairs are made on.")
+    margin_suite: str | None = Field(None, description="ember: the battle-margin suite every candidate is probed on.")
+    verified_pool: str | None = Field(None, description="islet: the [[data]] verified pool its RFT items come from.")
     trajectory_shares: tuple[float, ...] = Field(
         (1 / 3, 2 / 3), description="`train` arms: the same, at these shares of each run (settled to steps by the "
         "train tool once [train] gives the run's length). Empty: no trajectory selection.")
@@ -180,6 +189,12 @@ class PlaybookSettings(BaseModel):
 
     def comparisons(self) -> int:
         """The most comparisons (p-values) this protocol makes: the p_family its bars should register."""
+        arms = len(self.families) + len(self.sweep)
+        per_recipe = {"aspen": len(self.families) + int(self.selects_trajectory), "brook": self.rounds + int(self.soup),
+                      "delta": 1 + len(self.serving), "ember": arms + int(self.soup),
+                      "islet": arms + len(self.dose_alphas)}
+        if self.name in per_recipe:
+            return per_recipe[self.name]
         judged = self.finalists + self.fallbacks
         first = min(judged, len(self.families)) if self.screened else len(self.families)
         swept = min(judged, len(self.sweep)) if self.screened else len(self.sweep)

@@ -4,8 +4,8 @@
                      KL-CE mix carries as KL-only replay (own-policy replay: the leash reads the policy's own
                      distribution, not another model's answers)
     loop_fix_pairs   preference pairs on generated verified tasks: the checked reference answer chosen over the
-                     model's own answer to the same prompt where that answer loops or does not stop within the
-                     served cap (loop-fix pairs)
+                     model's own answer to the same prompt where that answer loops, does not stop within the served
+                     cap, or fails the checker (loop-fix pairs)
 
 Each is a plain function of one pydantic config, like every builder of tools/data/datasets.py, and goes through
 the same leak audit and manifest. They run as jobs on the device their resources name (`device`, `dtype`), at
@@ -88,7 +88,7 @@ def build_own_replay(cfg: OwnReplayConfig) -> DatasetManifest:
 
 def build_loop_fix_pairs(cfg: LoopFixConfig) -> DatasetManifest:
     """Pairs: on generated tasks with checked references, the reference chosen over the model's own answer where
-    that answer loops (evals/loops.py) or runs to the served cap without stopping."""
+    that answer loops (evals/loops.py), runs to the served cap without stopping, or fails the checker."""
     from evals import loops
 
     refs, _, _ = references(cfg)
@@ -102,14 +102,16 @@ def build_loop_fix_pairs(cfg: LoopFixConfig) -> DatasetManifest:
     items = [t.item for t in tasks]
     answers = _answers(cfg, items)
     looping = [o.values.get("looping", 0.0) > 0 for o in loops.score(items, answers)]
-    rows, stats = [], {"tasks": len(tasks), "looping": sum(looping), "not_stopped": sum(not a.stopped for a in answers)}
-    for t, a, loop in zip(tasks, answers, looping, strict=True):
-        if (loop or not a.stopped) and a.text.strip() != t.reference.strip():
+    wrong = [not check(t.item, a.text) for t, a in zip(tasks, answers, strict=True)]
+    rows, stats = [], {"tasks": len(tasks), "looping": sum(looping), "not_stopped": sum(not a.stopped for a in answers),
+                       "wrong": sum(wrong)}
+    for t, a, loop, bad in zip(tasks, answers, looping, wrong, strict=True):
+        if (loop or not a.stopped or bad) and a.text.strip() != t.reference.strip():
             rows.append({"id": t.item.id, "prompt": served([m.model_dump() for m in t.item.messages], cfg.system_prompt),
                          "chosen": t.reference, "rejected": a.text})
     if not rows:
-        raise DatasetError(f"loop_fix_pairs: none of the model's {len(tasks)} answers looped or ran past the served "
-                           "cap: no loop to fix")
+        raise DatasetError(f"loop_fix_pairs: none of the model's {len(tasks)} answers looped, ran past the served "
+                           "cap or failed the checker: nothing to fix")
     return _finish("loop_fix_pairs", "pairs", cfg, rows, refs, [], stats | {"pairs": len(rows)})
 
 
