@@ -71,10 +71,9 @@ def _job_kind(ctx: ToolContext, tool: str, args: Any) -> tuple[str, dict[str, An
     match tool:
         case "train":  # sized as the tool settles it: the proposal over the lab's [train], against the dataset
             try:
-                arm = train.settle(ctx, args)
+                return args.trainer, train.sizing(ctx, args, train.settle(ctx, args))
             except NotebookError:  # an unknown parent or dataset: the gates refuse the call
                 return args.trainer, {}
-            return args.trainer, {"work_units": float(arm.steps * arm.batch_size)}
         case "merge":
             return "merge", {}
         case "evaluate":

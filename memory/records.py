@@ -204,7 +204,8 @@ class LaunchPayload(_JobAttempt):
     """A job attempt admitted by the budget and submitted."""
 
     forecast_gpuh: float = Field(description="GPU-hours reserved for it.")
-    forecast_source: Literal["declared", "throughput", "time_limit"] = Field(description="Where the forecast came from.")
+    forecast_source: Literal["declared", "throughput", "model", "time_limit"] = Field(
+        description="Where the forecast came from.")
     executor: str = Field(description="Executor it was submitted to.")
 
 

@@ -8,6 +8,7 @@ the same base seed, so a candidate and its incumbent draw the same sampling seed
 from __future__ import annotations
 
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -21,6 +22,7 @@ from tools.context import ToolContext, ToolOutcome, content_name, invoke, record
 from tools.ingest import holdout_battles, holdout_items
 from tools.paths import portable
 from tools.session import incumbent_of
+from trainers.recipe import model_shape
 
 NAME = "evaluate"
 
@@ -140,10 +142,32 @@ def references_of(ctx: ToolContext, artifact_id: int) -> dict[str, str]:
 def run_and_record(ctx: ToolContext, artifact_id: int, cfg: EvalJobConfig,
                    nomination: bool = False) -> tuple[list[EvalRecord], str]:
     """Run (or re-attach to) the eval job and record its evals once."""
-    result, key = ctx.wait("eval", run_eval, cfg, work_units=float(len(cfg.suites) * cfg.replicates),
-                           nomination=nomination)
+    result, key = ctx.wait("eval", run_eval, cfg, nomination=nomination, **eval_sizing(cfg))
     known = [e for e in ctx.nb.evals(artifact_id=artifact_id, session=ctx.session) if e.job_key == key]
     return (known or record_result(ctx.nb, ctx.session, artifact_id, result, job_key=key)), key
+
+
+def eval_sizing(cfg: EvalJobConfig) -> dict[str, Any]:
+    """What the launcher forecasts an eval job from: suites x replicates (work units of this lab's measured
+    throughput), and the most tokens it generates (items x replicates x the decoding's cap) with its model's active
+    parameters (the model-based forecast before any measurement)."""
+    items = sum(_lines(Path(s.items_path)) for s in cfg.suites if s.items_path is not None)
+    out: dict[str, Any] = {"work_units": float(len(cfg.suites) * cfg.replicates), "job_class": "eval"}
+    if items:
+        out["tokens"] = float(items * cfg.replicates * cfg.decoding.max_new_tokens)
+    try:
+        out["active_params"] = model_shape(Path(cfg.checkpoint)).params_active
+    except (OSError, ValueError, KeyError):  # an adapter or a directory without config.json: the bound applies
+        pass
+    return out
+
+
+def _lines(path: Path) -> int:
+    try:
+        with path.open("rb") as f:
+            return sum(1 for line in f if line.strip())
+    except OSError:
+        return 0
 
 
 def metrics_line(evals: list[EvalRecord]) -> str:

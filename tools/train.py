@@ -23,6 +23,7 @@ The outcome's data lists them as `snapshots: [{step, artifact_id}]`.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -140,6 +141,23 @@ def settle(ctx: ToolContext, args: Args) -> recipes.ArmSettings:
     return recipes.arm_settings(family, _scaled(lab_recipe(ctx), args.model_dump(mode="json")), size)
 
 
+def sizing(ctx: ToolContext, args: Args, arm: recipes.ArmSettings) -> dict[str, Any]:
+    """What the launcher forecasts an arm from: its rows (work units of this lab's measured throughput), and the
+    tokens it trains on and its parent's active parameters (the model-based forecast before any measurement)."""
+    manifest = ctx.nb.artifact(args.dataset).recipe
+    row_tokens = min(arm.max_len, manifest.get("tokens", 0) / max(1, int(manifest.get("rows", 1)))) or arm.max_len
+    out: dict[str, Any] = {"work_units": float(arm.steps * arm.batch_size), "job_class": "train",
+                           "tokens": float(arm.steps * arm.batch_size * row_tokens)}
+    return out | _active(Path(ctx.nb.artifact(args.parent).path))
+
+
+def _active(model: Path) -> dict[str, Any]:
+    try:
+        return {"active_params": recipes.model_shape(model).params_active}
+    except (OSError, ValueError, KeyError):  # no readable config.json here: the forecast falls back to its bound
+        return {}
+
+
 def _answer_cap(ctx: ToolContext, args: Args, family: recipes.FamilyRecipe) -> int:
     """rft: the sampled answers' token cap: [train.rft] max_answer_len within the served cap (an answer the
     nominee would be cut off in is no clean target)."""
@@ -210,7 +228,7 @@ def _body(ctx: ToolContext, args: Args) -> ToolOutcome:
     name = content_name(args.trainer, {"args": args.model_dump(mode="json"), "settings": arm.model_dump(mode="json"),
                                        "parent": parent.sha256, "data": data.sha256})
     fn, cfg = _config(ctx, args, arm, ctx.paths.run(name))
-    result, key = ctx.wait(args.trainer, fn, cfg, work_units=float(arm.steps * arm.batch_size))
+    result, key = ctx.wait(args.trainer, fn, cfg, **sizing(ctx, args, arm))
     train = result.train if args.trainer == "rft" else result
     # A LoRA run's adapters are merged into the parent first (jobs of their own): nothing is registered until
     # every merge is done, so a failed merge leaves no half-registered arm behind.

@@ -68,6 +68,7 @@ from submitit.core.utils import FailedJobError, JobPaths, UncompletedJobError
 
 from memory.notebook import JobRecord, Notebook, now, tool_call_key
 from memory.records import BudgetRefusal, FailPayload, LaunchPayload, MemoryRefusal
+from tools.jobs import forecast
 from tools.jobs.executor import ExecutorSection, SlurmSection
 from tools.jobs.failures import Failure, classify, decide, smaller_batch_config
 from tools.jobs.forecast import fitting_alternatives
@@ -139,6 +140,11 @@ class Resources(BaseModel):
     estimate_gpuh: float | None = Field(None, ge=0, description="Declared forecast in GPU-hours; wins over measured throughput.")
     model: str | None = Field(None, description="Model the job works on; earlier jobs of the same kind and model give throughput.")
     work_units: float | None = Field(None, gt=0, description="Size of the job (tokens, items) for throughput forecasts.")
+    tokens: float | None = Field(None, gt=0, description="Tokens the job trains on (every epoch) or generates at most: "
+                                 "with active_params, the model-based forecast (tools/jobs/forecast.py).")
+    active_params: int | None = Field(None, gt=0, description="Active parameters of the job's model (an MoE counts "
+                                      "the experts a token is routed to).")
+    job_class: Literal["train", "eval"] | None = Field(None, description="Whether the job trains or generates.")
     max_requeues: int = Field(3, ge=0, description="Most requeues after preemption or timeout before the job is a failure "
                               "(each one admitted against the budget first).")
     nomination: bool = Field(False, description="A nomination check (bundle, sealed confirmation): admitted against what "
@@ -649,7 +655,7 @@ def _spec_of_record(first: JobRecord) -> _Spec:
 
 class Forecast(BaseModel):
     gpuh: float = Field(description="Forecast GPU-hours of the job, in the units the ledger charges.")
-    source: Literal["declared", "throughput", "time_limit"] = Field(description="Where the forecast came from.")
+    source: Literal["declared", "throughput", "model", "time_limit"] = Field(description="Where the forecast came from.")
 
 
 class Launcher:
@@ -728,7 +734,24 @@ class Launcher:
         rate = self._throughput(kind, resources.model)
         if rate is not None and resources.work_units is not None:
             return Forecast(gpuh=resources.work_units / rate, source="throughput")
+        if resources.tokens is not None and resources.active_params is not None and resources.job_class is not None:
+            return self._model_forecast(resources)
         return self._run_bound(resources)
+
+    def _model_forecast(self, resources: Resources) -> Forecast:
+        """From the job's tokens and its model's active parameters, at the speed this lab's earlier jobs of the same
+        class achieved (in the ledger's own GPU-hours), else a declared MFU; never above one run's bound."""
+        measured = [forecast.MeasuredJob(kind=resources.job_class, tokens=j.resources["tokens"],
+                                         gpu_seconds=j.gpu_hours * 3600, active_params=j.resources["active_params"])
+                    for j in self.nb.jobs() if j.state == "completed" and j.gpu_hours
+                    and j.resources.get("job_class") == resources.job_class and j.resources.get("tokens")
+                    and j.resources.get("active_params")]
+        model = forecast.ModelCompute(total_params=resources.active_params, active_params=resources.active_params)
+        size = forecast.train_forecast if resources.job_class == "train" else forecast.eval_forecast
+        gpus = max(1, self.backend.devices(resources))
+        bound = self._run_bound(resources)
+        return min(Forecast(gpuh=size(resources.tokens, model, gpus, measured).gpu_hours, source="model"), bound,
+                   key=lambda f: f.gpuh)
 
     def _run_bound(self, resources: Resources) -> Forecast:
         """The most one run can cost: its whole time limit on all its devices, charged as runs are."""
