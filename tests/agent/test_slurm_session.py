@@ -58,7 +58,7 @@ def test_session_on_slurm_settles_every_job_from_sacct(tmp_path):
         job_id, state, elapsed = rows[j.external_id]
         assert state == "COMPLETED"
         # Every job ran on the node's CPU (the lab's resources say gpus = 0): charged no GPU-hours.
-        assert float(elapsed) > 0 and j.gpu_hours == 0 and j.resources["gpus"] == 0
+        assert j.gpu_hours == 0 and j.device_seconds == 0 and j.resources["gpus"] == 0
     # The tasks srun started forked from this host's zygote (tests/conftest.py gives the suite its own
     # zygote directory), unless POSTLAB_ZYGOTE=0 turned it off: its log names each job folder it served.
     # A job whose task found the zygote still importing past its wait ran a plain python, which is correct
