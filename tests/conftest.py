@@ -40,11 +40,14 @@ DEADLINE_S = 1800
 # at no cost), and collection checks that every test sits in the unit it needs.
 FINISHED_FILES = {"tests/agent/test_session.py", "tests/agent/test_replay.py", "tests/memory/test_report.py"}
 WORLD_FILES = {"tests/test_decision_quality.py"}  # besides tests/world/: modules that call session_world()
+# Files of whole sessions on the test world that form units of their own: each builds the world once more on its
+# worker (about a minute) rather than make the toy_world unit longer than the rest of the suite.
+OWN_WORLD_FILES = {"tests/world/test_recipes.py": "recipes", "tests/world/test_template_session.py": "template"}
 # Longest units first (longest processing time first): the two workers then end on short units and finish
 # together. The three shared units lead; the files after them took 40-130 s each in a clean-clone run at
 # load 4-8 (tests ran in collection order before, and test_distributed.py's ~110 s came last). A unit not
 # named here keeps its collection order after these.
-HEAVY_FIRST = ("finished", "slurm", "toy_world", "tests/trainers/test_distributed.py", "tests/test_bench_scaling.py",
+HEAVY_FIRST = ("finished", "slurm", "toy_world", "recipes", "template", "tests/trainers/test_distributed.py", "tests/test_bench_scaling.py",
                "tests/tools/test_bundle.py", "tests/tools/test_launcher.py", "tests/test_entry_points.py",
                "tests/agent/test_failures_session.py", "tests/tools/test_launcher_attach.py", "tests/test_pipeline.py",
                "tests/tools/test_builders.py", "tests/agent/test_llm_planner.py")
@@ -56,6 +59,8 @@ def work_unit(nodeid: str) -> str:
         return "slurm"
     if path in FINISHED_FILES:
         return "finished"
+    if path in OWN_WORLD_FILES:
+        return OWN_WORLD_FILES[path]
     if path.startswith("tests/world/") or path in WORLD_FILES:
         return "toy_world"
     return path
@@ -67,6 +72,9 @@ def _needed_unit(item: pytest.Item) -> str | None:
     if "finished" in item.fixturenames:
         return "finished"
     module = getattr(item, "module", None)  # a test function's module; doctests have none
+    path = item.nodeid.split("::", 1)[0]
+    if path in OWN_WORLD_FILES:
+        return OWN_WORLD_FILES[path]
     if "toy_world" in item.fixturenames or (module is not None and "session_world" in vars(module)):
         return "toy_world"
     return None
