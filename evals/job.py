@@ -393,7 +393,12 @@ def run(cfg: EvalJobConfig) -> EvalResult:
     result from rank 0: tools/jobs/launcher.py)."""
     require_device(cfg.device)  # a GPU job on a host without one fails here, never quietly on the CPU
     ranks = Ranks.from_env()
-    device = f"cuda:{ranks.local_rank}" if cfg.device == "cuda" and ranks.world > 1 else cfg.device
+    device = cfg.device
+    if cfg.device == "cuda" and ranks.world > 1:
+        import torch
+
+        # One model per GPU; modulo the GPUs this task sees (all of the node's, or only its own when bound).
+        device = f"cuda:{ranks.local_rank % torch.cuda.device_count()}"
     if ranks.rank == 0:
         cfg.output_dir.mkdir(parents=True, exist_ok=True)
         (cfg.output_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
