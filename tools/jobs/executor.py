@@ -112,8 +112,8 @@ class ExecutorSection(_Settings):
         "the environment): a fresh python per job.",
     )
     gpu_dtype: Literal["bfloat16", "float16", "float32"] = Field(
-        "bfloat16", description="Dtype of a model job on GPUs (evals, reference answers, the truth scorer; training's "
-        "compute dtype); a job on the CPU runs in float32.")
+        "bfloat16", description="Dtype of eval, reference and truth jobs on GPUs (training computes in bfloat16 on a "
+        "GPU: TrainConfig.dtype auto); a job on the CPU runs in float32.")
     eval_batch_size: int | None = Field(
         None, ge=1, description="Prompts an eval job generates together; None: chosen from the GPU's free memory "
         "(evals/job.py), 64 on the CPU.")
