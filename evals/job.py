@@ -285,7 +285,8 @@ def generation_units(cfg: EvalJobConfig) -> list[tuple[SuiteSpec, int]]:
 
 
 def batch_plan(loaded: Loaded, items: list[Item], decoding: Decoding, batch_size: int) -> list[list[int]]:
-    """The batches (item indices) one `generate` call forms: prompts sorted by rendered length, in order."""
+    """The batches (item indices) one `generate` call forms: prompts sorted by rendered length, in order (as
+    evals.generate.generate sorts them; tests/tools/test_job_resources.py holds a split run to one process's)."""
     from core.chat import render_prompt
 
     lengths = [len(render_prompt(loaded.tokenizer, item.messages, decoding.system_prompt or None)) for item in items]
@@ -318,12 +319,12 @@ def generate_all(cfg: EvalJobConfig, loaded: Loaded, batch_size: int, ranks: Ran
             stats["generation_s"] += time.perf_counter() - start
             stats["generated_tokens"] += sum(c.n_tokens for c in comps)
             mine[(spec.name, k, b)] = comps
-    parts = ranks.gather(mine)
+    gathered = ranks.gather(mine)
     if ranks.world > 1:  # the job's log says how the work was shared
         print(f"rank {ranks.rank} of {ranks.world}: generated {sum(len(c) for c in mine.values())} answers",
               file=sys.stderr, flush=True)
         stats["generated_tokens"] = sum(ranks.gather({ranks.rank: stats["generated_tokens"]}).values())
-    return _in_item_order(cfg, units, parts)
+    return _in_item_order(cfg, units, gathered)
 
 
 def _in_item_order(cfg: EvalJobConfig, units: list[tuple[SuiteSpec, int]],
