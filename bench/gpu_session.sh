@@ -7,7 +7,7 @@
 #     bash ../shared/gpu/wheels.sh .whl                                   # here, once
 #     run(command="bash bench/gpu_session.sh", carry=[".whl"], timeout_s=600)
 #
-# Steps: install the wheels into /tmp/site; build the demo world (`world build --size demo`) in /tmp/gpu-lab; run
+# Steps: install the wheels into /tmp/site; run the GPU-only tests (tests/evals/test_gpu_jobs.py); build the demo world (`world build --size demo`) in /tmp/gpu-lab; run
 # `run_agent.py --budget 60gpuh` on it (the local executor sees the GPU: evals, reference answers, the truth scorer
 # and training default to it, merges and data jobs stay on the CPU); check the nominee's bundle; write
 # bench/results/gpu_session.json (and $OUT/gpu_session.json, with the session's report and logs):
@@ -39,6 +39,9 @@ python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 4)" 
 cat "$OUTDIR/env.txt"
 
 left() { echo $(( BUDGET_S - ($(date +%s) - START) )); }
+# The GPU-only tests first (an eval and a training job on the GPU record cuda and bf16): a minute.
+timeout 120 python3 -m pytest -q -p no:cacheprovider --confcutdir=tests/evals tests/evals/test_gpu_jobs.py \
+  > "$OUTDIR/gpu_tests.log" 2>&1; echo "gpu tests: exit $? ($(tail -1 "$OUTDIR/gpu_tests.log"))"
 rm -rf "$LAB"
 timeout "$(left)" python3 run_agent.py world build --lab "$LAB" --size demo > "$OUTDIR/world.log" 2>&1 \
   || { tail -20 "$OUTDIR/world.log"; echo "world build failed or ran out of time" >&2; }
