@@ -35,6 +35,7 @@ export PYTHONPATH=/tmp/site:$PWD
 python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 4)" || { echo "no GPU visible" >&2; exit 4; }
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; nproc
   python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
+  python3 -c "import os; from tools.jobs.executor import local_gpus; print('GPUs the local executor sees:', local_gpus(os.environ))"
 } > "$OUTDIR/env.txt" 2>&1
 cat "$OUTDIR/env.txt"
 

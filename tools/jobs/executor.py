@@ -87,10 +87,13 @@ def job_family(kind: str) -> JobKind | None:
 
 
 def local_gpus(env: Mapping[str, str]) -> int:
-    """GPUs this host offers its jobs, without loading torch: the NVIDIA driver's devices
-    (/proc/driver/nvidia/gpus), as many as CUDA_VISIBLE_DEVICES lets through when it is set."""
+    """GPUs this host offers its jobs, without loading torch: the NVIDIA driver's devices (/proc/driver/nvidia/gpus;
+    in a container that lacks it, the /dev/nvidiaN device files), as many as CUDA_VISIBLE_DEVICES lets through."""
     root = Path("/proc/driver/nvidia/gpus")
-    present = len(list(root.iterdir())) if root.is_dir() else 0
+    if root.is_dir():
+        present = len(list(root.iterdir()))
+    else:
+        present = sum(1 for dev in Path("/dev").glob("nvidia[0-9]*") if dev.name[6:].isdigit())
     visible = env.get("CUDA_VISIBLE_DEVICES")
     if visible is None:
         return present
