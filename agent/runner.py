@@ -12,6 +12,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.checkpoint.sqlite import SqliteSaver
 
 from agent.config import LabConfig, base_license, load_lab_config
@@ -132,11 +133,19 @@ def _runtime(nb: Notebook, session: str, lab_dir: Path, config: LabConfig, execu
                    reporter=reporter(paths.notebook, session, quiet), max_failed_arms=settings.max_failed_arms)
 
 
+class RedactingSerializer(JsonPlusSerializer):
+    """LangGraph's serializer with the one redaction applied first (core/redact.py): graph.sqlite is written
+    like the notebook, never holding a secret the process holds (the state is plain JSON and ids)."""
+
+    def dumps_typed(self, obj: Any) -> tuple[str, bytes]:
+        return super().dumps_typed(redaction.redact_data(obj))
+
+
 def _drive_checkpointed(rt: Runtime) -> None:
     # Its own file: the notebook stays the one source of truth, the checkpoint file is disposable.
     conn = sqlite3.connect(str(rt.ctx.paths.graph_checkpoints), check_same_thread=False)
     try:
-        drive(rt, SqliteSaver(conn))
+        drive(rt, SqliteSaver(conn, serde=RedactingSerializer()))
     finally:
         conn.close()
 

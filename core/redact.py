@@ -70,13 +70,14 @@ def redact(text: str) -> str:
 
 
 def redact_data(value: Any) -> Any:
-    """`value` (JSON-like: dicts, lists, strings, numbers) with `redact` applied to every string in it,
-    keys included; structure and non-string values unchanged."""
+    """`value` (JSON-like: dicts, lists, tuples, strings, numbers) with `redact` applied to every string in
+    it, keys included; structure and other values unchanged."""
+    # Exact types only: a subclass (a named tuple, a library's own mapping) is passed through as it is.
     if isinstance(value, str):
         return redact(value)
-    if isinstance(value, dict):
+    if type(value) is dict:
         return {redact_data(k): redact_data(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
+    if type(value) in (list, tuple):
         return type(value)(redact_data(v) for v in value)
     return value
 

@@ -66,3 +66,17 @@ def test_redaction_keeps_structure_and_is_idempotent() -> None:
                     "b": ("Bearer [redacted]",)}
     assert redact.redact_data(once) == once
     assert redact.redact("sk-learn-tests and a short key abc") == "sk-learn-tests and a short key abc"
+
+
+def test_graph_checkpoints_are_written_redacted() -> None:
+    # graph.sqlite's serializer (agent/runner.py): a secret in the state never reaches the checkpoint's bytes.
+    from agent.runner import RedactingSerializer
+
+    redact.hold(KEY)
+    serde = RedactingSerializer()
+    state = {"feedback": [f"the endpoint said {KEY}"], "proposal": {"args": {"url": URL}}, "step": 3}
+    kind, data = serde.dumps_typed(state)
+    assert KEY.encode() not in data and b"hunter2" not in data
+    assert serde.loads_typed((kind, data)) == {"feedback": [f"the endpoint said {redact.MARK}"],
+                                               "proposal": {"args": {"url": "https://[redacted]@proxy.internal/v1"}},
+                                               "step": 3}
