@@ -69,6 +69,7 @@ from pydantic import (
     model_validator,
 )
 
+from core.display import bounded, shown
 from core.jsonl import JSONLError, read_file_bytes
 from memory.notebook import BarsRecord, Notebook
 
@@ -232,7 +233,9 @@ class BarsError(ValueError):
 
     def __init__(self, path: Path, problems: list[str]):
         self.path, self.problems = path, problems
-        super().__init__(f"{path}: {len(problems)} problem(s):\n" + "\n".join(f"  {p}" for p in problems))
+        # Bounded and escaped: a 10,000-bar file printed 10,002 lines, and a key may carry a newline or an ESC.
+        listed = bounded([shown(p, limit=500) for p in problems])
+        super().__init__(f"{shown(str(path))}: {len(problems)} problem(s):\n" + "\n".join(f"  {p}" for p in listed))
 
 
 def _where(loc: tuple) -> str:

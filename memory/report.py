@@ -8,7 +8,8 @@ no network. Sections, linked by record id (#artifact-N, #comparison-N, #decision
 summary (budget split by job family, measured vs simulated GPU-hours; incumbent chain; nominee;
 sealed confirmation; ground truth in the toy world; whether the decision log verifies), budget
 burn-down, checkpoint lineage, comparisons (per-bar delta, CI, noise-floor band, verdict), dose
-curves, the decision timeline and the jobs. Every text from the notebook is HTML-escaped: battle
+curves, the decision timeline and the jobs. Every text from the notebook is HTML-escaped, its control
+characters shown as escapes and its bidirectional overrides (U+202E) neutralised (core/display.py): battle
 text comes from the public, and artifact names and rationales can quote it.
 
 The per-bar delta and its 95% CI are recomputed here from the stored per-item outcomes (paired by
@@ -22,12 +23,13 @@ import math
 import os
 import stat
 from datetime import datetime
-from html import escape
+from html import escape as html_escape
 from pathlib import Path
 from statistics import mean, stdev
 
 from scipy import stats
 
+from core.display import shown
 from core.util import write_atomic
 from memory import report_svg as svg
 from memory.notebook import (
@@ -40,6 +42,11 @@ from memory.notebook import (
     NotebookError,
     Session,
 )
+
+
+def escape(text: str) -> str:
+    """HTML-escaped, with control and bidi characters shown as escapes (newlines kept for multi-line blocks)."""
+    return html_escape(shown(text, keep_newlines=True))
 
 
 class ReportError(NotebookError):

@@ -9,9 +9,17 @@ blank frame that looks drawn.
 from __future__ import annotations
 
 import math
-from html import escape
+from html import escape as html_escape
 
 from pydantic import BaseModel, Field
+
+from core.display import shown
+
+
+def escape(text: str) -> str:
+    """HTML-escaped, control and bidi characters shown as escapes (an artifact name can quote public text)."""
+    return html_escape(shown(text))
+
 
 # One colour per job kind family (Okabe-Ito, legible to colour-blind readers); failures are always red.
 KIND_COLOURS = {"training": "#0072B2", "evaluation": "#009E73", "merge": "#E69F00", "other": "#999999"}

@@ -490,6 +490,15 @@ def _rewrite_json(path: Path, edit) -> None:
     path.write_text(json.dumps(data, indent=2))
 
 
+def _reseal(bundle: Path) -> None:
+    """Re-record the served files' digests after a planted edit, as a forger who rewrote serving_config.json would:
+    each defect then fails its own check, not only the manifest (which test_an_edited_served_file_fails_the_manifest
+    covers)."""
+    serving = ServingConfig.model_validate_json((bundle / "serving_config.json").read_text())
+    resealed = serving.model_copy(update={"files": bundle_mod.served_files(bundle, serving.weights)})
+    (bundle / "serving_config.json").write_text(resealed.model_dump_json(indent=2))
+
+
 def _set_template(bundle: Path, template: str) -> None:
     (bundle / "chat_template.jinja").write_text(template)
     _rewrite_json(bundle / "tokenizer_config.json", lambda c: c.__setitem__("chat_template", template))
@@ -556,15 +565,27 @@ DEFECTS = [
 def test_each_planted_defect_fails_with_its_own_message(toy, tmp_path, plant, check, message):
     bundle = _copy(toy.full, tmp_path / "bundle")
     plant(bundle)
+    _reseal(bundle)
     report = check_bundle(bundle, notebook_path=toy.nb.path)
     assert list(report.failures()) == [check], report.failures()
     assert any(re.search(message, m) for m in report.failures()[check]), report.failures()
+
+
+def test_an_edited_served_file_fails_the_manifest(toy, tmp_path):
+    bundle = _copy(toy.full, tmp_path / "bundle")
+    _rewrite_json(bundle / "tokenizer.json", lambda t: t.__setitem__("normalizer", {"type": "Lowercase"}))
+    (bundle / "notes.txt").write_text("added")
+    failures = check_bundle(bundle).failures()
+    assert re.match(r"tokenizer\.json is \d+ bytes with sha256 .* \(edited since it was written\)",
+                    failures["integrity"][0]), failures
+    assert "notes.txt lies in the bundle but in no manifest" in failures["integrity"][1]
 
 
 def test_adapter_pointing_at_another_base_fails(toy, tmp_path):
     bundle = _copy(toy.adapter, tmp_path / "bundle")
     other = Path(toy.nb.artifact(toy.base).path)
     _adapter_other_base(bundle, other)
+    _reseal(bundle)
     report = check_bundle(bundle)
     assert list(report.failures()) == ["adapter_base"], report.failures()
     [message] = report.failures()["adapter_base"]
@@ -609,6 +630,7 @@ def test_check_bundle_command_exit_status_and_listing(toy, tmp_path, capsys):
     bad = _copy(toy.full, tmp_path / "bad")
     _empty_system_prompt(bad)
     _truncated_shard(bad)
+    _reseal(bad)
     code, out, err = _cli(capsys, str(bad))
     assert code == 1 and "FAILED  system_prompt: system_prompt.txt is empty" in out
     assert "FAILED  weights: " in out and "FAILS 2 of" in out

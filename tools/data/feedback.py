@@ -36,11 +36,19 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from core.chat import Message
+from core.display import bounded, shown
 from core.jsonl import describe_non_file, is_parquet, parse_lines
 from core.util import file_sha256
 from tools.data.leak import normalized_hash, prompt_text
 
 MAX_LISTED = 20
+# A Parquet file's size says little about its decoded size (a 32 KB file decoded to a 4 GB peak: one long value,
+# compressed to nothing, repeated through a dictionary). So a Parquet file is decoded a few rows at a time and
+# refused once its decoded rows pass PARQUET_DECODED_LIMIT, before it is all in memory; a batch holds as many rows
+# as PARQUET_BATCH_BYTES allows if every value were as long as its column's whole uncompressed chunk (the most one
+# dictionary entry can be), and a file whose declared uncompressed data already passes the limit is not decoded.
+PARQUET_DECODED_LIMIT = 512 * 1024**2  # about 100,000 battles of 5 kB; the peak is about twice this (as Python)
+PARQUET_BATCH_BYTES = 64 * 1024**2
 Vote = Literal["own", "other", "tie", "both_bad"]
 # Letters that render as nothing but are not in a format/space category (Hangul fillers, braille blank).
 _BLANK_LETTERS = {"\u115f", "\u1160", "\u3164", "\uffa0", "\u2800"}
@@ -108,7 +116,8 @@ class Problem(BaseModel):
     message: str = Field(description="What is wrong and what was expected.")
 
     def render(self, unit: str) -> str:
-        return f"{unit} {self.line}: {self.field}: {self.message}"
+        # The field may be a meta key and the message may quote a value: someone else's text, shown escaped.
+        return f"{unit} {self.line}: {shown(self.field, limit=200)}: {shown(self.message, limit=500)}"
 
 
 class FeedbackError(ValueError):
@@ -116,8 +125,9 @@ class FeedbackError(ValueError):
 
     def __init__(self, path: Path, unit: str, problems: list[Problem], why: str | None = None):
         self.path, self.unit, self.problems = path, unit, problems
-        super().__init__(f"{path}: {why}, nothing ingested" if why else
-                         f"{path}: {len(problems)} problem(s), nothing ingested:\n" + render_problems(problems, unit))
+        where = shown(str(path))
+        super().__init__(f"{where}: {why}, nothing ingested" if why else
+                         f"{where}: {len(problems)} problem(s), nothing ingested:\n" + render_problems(problems, unit))
 
 
 def render_problems(problems: list[Problem], unit: str) -> str:
@@ -172,10 +182,45 @@ def _parquet_records(path: Path) -> list[tuple[int, Any, Problem | None]]:
     import pyarrow.parquet as pq
 
     try:
-        rows = pq.read_table(path).to_pylist()
+        rows = _bounded_rows(pq.ParquetFile(path))
     except pa.ArrowException as e:
-        return [(1, None, Problem(line=1, field="-", message=f"not a readable Parquet file: {e}"))]
+        return [(1, None, Problem(line=1, field="-", message=f"not a readable Parquet file: {shown(str(e), limit=300)}"))]
+    if isinstance(rows, Problem):
+        return [(rows.line, None, rows)]
     return [(i, _clean_parquet_row(r), None) for i, r in enumerate(rows, start=1)]
+
+
+def _bounded_rows(f) -> list[dict] | Problem:
+    """The rows of a pyarrow ParquetFile, decoded in bounded batches; a Problem once they pass the limit."""
+    meta = f.metadata
+    chunks = [meta.row_group(g).column(c).total_uncompressed_size
+              for g in range(meta.num_row_groups) for c in range(meta.num_columns)]
+    declared = sum(chunks)
+    if declared > PARQUET_DECODED_LIMIT:
+        return Problem(line=1, field="-", message=f"the file declares {declared} bytes of uncompressed data; expected "
+                       f"at most {PARQUET_DECODED_LIMIT}")
+    batch = max(1, min(4096, PARQUET_BATCH_BYTES // max(chunks, default=1)))
+    rows: list[dict] = []
+    decoded = 0
+    for part in f.iter_batches(batch_size=batch):
+        decoded_rows = part.to_pylist()  # a dictionary column stays small in Arrow: its text is counted here
+        decoded += sum(_text_bytes(r) for r in decoded_rows)
+        if decoded > PARQUET_DECODED_LIMIT:
+            return Problem(line=len(rows) + 1, field="-", message=f"the rows up to here decode to more than "
+                           f"{PARQUET_DECODED_LIMIT} bytes; expected a feedback file that decodes to at most that")
+        rows += decoded_rows
+    return rows
+
+
+def _text_bytes(value: Any) -> int:
+    """The characters of a decoded row's text, and a few bytes for each other value."""
+    if isinstance(value, str | bytes):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(len(str(k)) + _text_bytes(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return sum(_text_bytes(v) for v in value) + 8
+    return 8
 
 
 def _clean_parquet_row(row: dict) -> dict:
@@ -298,16 +343,19 @@ def render_summary(parsed: Parsed, summary: FeedbackSummary) -> str:
         return "-" if x is None else f"min {x.min:g} / q1 {x.q1:g} / median {x.median:g} / q3 {x.q3:g} / max {x.max:g}"
 
     lines = [
-        f"{parsed.path} (sha256 {parsed.sha256[:16]}...): {summary.battles} valid battles",
+        f"{shown(str(parsed.path))} (sha256 {parsed.sha256[:16]}...): {summary.battles} valid battles",
         "votes: " + ", ".join(f"{k} {v}" for k, v in summary.by_vote.items()),
         f"multi-turn: {summary.multi_turn} ({summary.multi_turn_share:.1%})",
         f"own answer chars: {q(summary.own_chars)}",
         f"other answer chars: {q(summary.other_chars)}",
         f"duplicate ids: {summary.duplicate_ids}, duplicate prompts: {summary.duplicate_prompts}",
     ]
-    for key, values in summary.by_meta.items():
-        lines.append(f"meta.{key}: " + ", ".join(f"{v} {c}" for v, c in values.items()))
-    return "\n".join(lines)
+    # Meta keys and values are someone else's text (an ESC sequence, a newline forging a line), and there may be
+    # thousands of them: escaped, and the first MAX_LISTED of each listed with a count of the rest.
+    metas = [f"meta.{shown(key, limit=100)}: " + ", ".join(bounded([f"{shown(v, limit=100)} {c}" for v, c in values.items()],
+                                                                    MAX_LISTED))
+             for key, values in summary.by_meta.items()]
+    return "\n".join(lines + bounded(metas, MAX_LISTED))
 
 
 def check_feedback_command(path: Path) -> int:
@@ -320,10 +368,11 @@ def check_feedback_command(path: Path) -> int:
         return 2
     print(render_summary(parsed, summarize(parsed)))
     if parsed.problems:
-        print(f"{path}: {len(parsed.problems)} problem(s); a lab would ingest nothing from this file:", file=sys.stderr)
+        print(f"{shown(str(path))}: {len(parsed.problems)} problem(s); a lab would ingest nothing from this file:",
+              file=sys.stderr)
         print(render_problems(parsed.problems, parsed.unit), file=sys.stderr)
         return 1
     if not parsed.battles:
-        print(f"{path}: the file holds no battles", file=sys.stderr)
+        print(f"{shown(str(path))}: the file holds no battles", file=sys.stderr)
         return 1
     return 0

@@ -15,7 +15,9 @@ A bundle holds:
 - weights: a full model as sharded safetensors (`model-0000K-of-0000N.safetensors`, at most
   `shard_bytes` each) with `model.safetensors.index.json`, plus `config.json`; or a PEFT adapter
   (`adapter_config.json`, `adapter_model.safetensors`) over a base directory recorded with its
-  weights hash as the revision. Every weight file's size and sha256 are in `serving_config.json`;
+  weights hash as the revision. Every weight file's size and sha256 are in `serving_config.json`, and so
+  (format 2) are those of every other file a server reads (`ServingConfig.files`: tokenizer, templates,
+  configs, system prompt), so an edited tokenizer.json fails check-bundle;
 - the tokenizer, with `chat_template.jinja` = `core.chat.serving_template(tokenizer, served system prompt)`
   (the model's own template, or ChatML for a model that had none, behind a preamble that applies the
   served system prompt the way the template handles system turns; also written into

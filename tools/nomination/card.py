@@ -41,6 +41,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from scipy import stats as sps
 
+from core.display import shown
 from memory.notebook import Artifact, ChatTemplateRef, Decision, EvalRecord, JobRecord, Notebook
 from memory.records import BundleRefusal, CompareRefusal, IncumbentPayload
 from memory.report import family
@@ -85,8 +86,9 @@ def num(value: float | int, reference: str, digits: int = 4) -> str:
 
 
 def code(text: Any) -> str:
-    """An identifier as a code span; backticks and table pipes cannot break out of it."""
-    return "`" + str(text).replace("`", "'").replace("|", "/").replace("\n", " ") + "`"
+    """An identifier as a code span; backticks and table pipes cannot break out of it, and control characters and
+    bidi overrides (someone else's text in a name) are shown as escapes."""
+    return "`" + shown(str(text)).replace("`", "'").replace("|", "/") + "`"
 
 
 def mean_ci(values: list[float], level: float = 0.95) -> tuple[float, float]:

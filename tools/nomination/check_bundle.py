@@ -7,8 +7,19 @@ Command (exit 0 when every check passes, 1 when any fails, 2 when DIR is not a d
 
     python run_agent.py check-bundle DIR [--lab LAB]
 
+A bundle is someone else's data, never code: before anything is read, `files` refuses a symbolic link leading
+out of the bundle, Python files, an `auto_map`, pickled weights, oversized tokenizer files and malformed
+safetensors headers (core/loading.py), and every name in serving_config.json and the shard index must be a
+plain file name of the bundle; every load pins trust_remote_code=False and reads safetensors only. Every check
+is bounded: the ones that render the template run in a child process under a time and memory limit, after
+`template_bounds` streamed each rendering under TEMPLATE_OUTPUT_LIMIT; the reload runs in a child under a
+timeout, at most RELOAD_MAX_NEW_TOKENS tokens and RELOAD_SECONDS_PER_ANSWER seconds an answer. Messages are
+printed escaped and bounded (core/display.py).
+
 Checks, each reported with what was expected:
-- files: every file a server reads is present;
+- files: every file a server reads is present, and the bundle is confined (above);
+- integrity: every file a server reads besides the weights has the size and sha256 serving_config.json
+  records (`files`, format 2), and no other file lies in the bundle;
 - serving_config: `serving_config.json` parses (tools.nomination.bundle.ServingConfig);
 - template_compiles: `chat_template.jinja` compiles in the Jinja environment transformers itself
   builds (`transformers.utils.chat_template_utils.render_jinja_template`: sandboxed, with its
@@ -720,11 +731,12 @@ def template_checks(b: _Bundle) -> list[CheckResult]:
     bounds = _run("template_bounds", check_template_bounds, b)
     if bounds.status == "failed":  # rendering it again in the checks below would only meet the limit again
         return [bounds, *(_skipped(n, "the template does not render in bounds") for n in TEMPLATE_CHECKS[1:])]
-    results = [bounds, _run("template_compiles", check_template_compiles, b)]
-    results.append(_run("template_matches_renderer", check_template_matches, b) if results[0].status == "passed"
-                   else _skipped("template_matches_renderer", "the template does not compile"))
-    return results + [_run("tokenizer_template", check_tokenizer_template, b), _run("stop_ids", check_stop_ids, b),
-                      _run("served_prompts", check_served_prompts, b)]
+    compiles = _run("template_compiles", check_template_compiles, b)
+    rendering = [("template_matches_renderer", check_template_matches), ("stop_ids", check_stop_ids),
+                 ("served_prompts", check_served_prompts)]  # each renders the template: moot when it does not compile
+    rendered = [_run(n, fn, b) if compiles.status == "passed" else _skipped(n, "the template does not compile")
+                for n, fn in rendering]
+    return [bounds, compiles, rendered[0], _run("tokenizer_template", check_tokenizer_template, b), *rendered[1:]]
 
 
 def _bounded_template_checks(path: Path) -> list[CheckResult]:
