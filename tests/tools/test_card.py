@@ -33,7 +33,7 @@ def test_non_numbers_are_refused_and_infinities_are_code():
 
 
 def test_code_spans_cannot_break_out_of_a_table_cell():
-    assert card.code("a|b`c\nd") == "`a/b'c d`"
+    assert card.code("a|b`c\nd") == "`a/b'c\\nd`"  # a newline is shown as its escape (issue 34, section 6)
     assert card.code(12) == "`12`"
 
 
