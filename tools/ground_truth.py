@@ -53,10 +53,13 @@ class TruthJob(BaseModel):
     n: int = Field(description="Prompts of the sample.")
     seed: int = Field(description="Sample seed.")
     device: str = Field("cpu", description="torch device, as the eval jobs use.")
+    # Left out of the dump at its default, so truth jobs recorded before it keep their keys.
+    dtype: str = Field("float32", exclude_if=lambda v: v == "float32",
+                       description="Weights dtype: the lab's gpu_dtype on a GPU, float32 on the CPU.")
 
 
 def truth_job(cfg: TruthJob) -> TruthResult:
-    return truth(cfg.lab, cfg.checkpoint, str(cfg.other), n=cfg.n, seed=cfg.seed, device=cfg.device)
+    return truth(cfg.lab, cfg.checkpoint, str(cfg.other), n=cfg.n, seed=cfg.seed, device=cfg.device, dtype=cfg.dtype)
 
 
 def scorer_problem(kind: str, lab_dir: Path) -> str | None:
@@ -69,7 +72,7 @@ def scorer_problem(kind: str, lab_dir: Path) -> str | None:
 
 def payload(result: TruthResult, artifact_id: int, parent_id: int, kind: str, job_key: str) -> TruthPayload:
     """The `truth` decision of a result (the checkpoint paths are in the two artifacts' rows)."""
-    kept = result.model_dump(exclude={"checkpoint", "other"})
+    kept = result.model_dump(exclude={"checkpoint", "other", "placement"})
     return TruthPayload(artifact_id=artifact_id, parent=parent_id, scorer=kind, job_key=job_key, **kept)
 
 
@@ -80,7 +83,7 @@ def _body(ctx: ToolContext, args: Args) -> ToolOutcome:
                            "measured for the session's nominee against its parent, when the lab declares [truth]")
     cfg = TruthJob(kind=spec.kind, lab=ctx.paths.root, checkpoint=Path(ctx.nb.artifact(args.artifact).path),
                    other=Path(ctx.nb.artifact(parent).path), n=spec.n, seed=spec.seed,
-                   device=ctx.placement(JOB_KIND)[0])
+                   device=ctx.placement(JOB_KIND)[0], dtype=ctx.placement(JOB_KIND)[1])
     result, key = ctx.wait(JOB_KIND, truth_job, cfg, nomination=True)
     found = payload(result, args.artifact, parent, spec.kind, key)
     summary = (f"ground truth of {ctx.nb.artifact(args.artifact).name} vs the parent ({spec.kind}, n = {found.n}): "

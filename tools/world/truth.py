@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from pathlib import Path
 
 from pydantic import Field
 
+from core.placement import Placement, measured
 from memory.records import TruthFamily, TruthFigures
 from tools.data.leak import DEFAULT_NGRAM, Reference, ReferenceIndex, audit, prompt_text
 from tools.world import opponent, oracle
@@ -49,6 +51,8 @@ class TruthResult(TruthFigures):
 
     checkpoint: str = Field(description="The checkpoint measured.")
     other: str = Field(description="What it was measured against: a checkpoint path or 'opponent'.")
+    placement: Placement | None = Field(None, description="Where the answers were generated: device, dtype, device "
+                                        "name and tokens/s over both models' answers.")
 
 
 def world_references(lab: Path) -> list[Reference]:
@@ -73,12 +77,18 @@ def draw_sample(lab: Path, n: int, seed: int) -> tuple[list[WorldTask], list[Ref
     return draw_mix(n, hash_seed(spec.seed, "truth", seed), index, "truth"), refs
 
 
-def _answers(path: Path, items, decoding, seed: int, device: str) -> list[str]:
+def _answers(path: Path, items, decoding, seed: int, device: str, dtype: str = "float32",
+             stats: dict | None = None) -> list[str]:
     from evals.generate import generate, load
 
     with one_thread():  # see tools.world.build.one_thread
-        loaded = load(path, device=device)
-        return [c.text for c in generate(loaded, items, decoding, seed=seed, batch_size=64 if device == "cpu" else 512)]
+        loaded = load(path, device=device, dtype=dtype)
+        start = time.perf_counter()
+        comps = generate(loaded, items, decoding, seed=seed, batch_size=64 if device == "cpu" else 512)
+    if stats is not None:  # generated tokens and seconds, for the job's placement
+        stats["tokens"] = stats.get("tokens", 0) + sum(c.n_tokens for c in comps)
+        stats["seconds"] = stats.get("seconds", 0.0) + time.perf_counter() - start
+    return [c.text for c in comps]
 
 
 def _outcome(prompt: str, mine: str, theirs: str) -> str:
@@ -95,7 +105,7 @@ def _ci(points: list[float]) -> tuple[float, float, float]:
 
 
 def truth(lab: Path, checkpoint: Path, other: str | None = None, n: int = 2000, seed: int = 0,
-          device: str = "cpu") -> TruthResult:
+          device: str = "cpu", dtype: str = "float32") -> TruthResult:
     """The checkpoint's true win rate against `other` (a checkpoint path, 'opponent', or None = the parent)."""
     from evals.judge import judged_prompt
 
@@ -107,11 +117,12 @@ def truth(lab: Path, checkpoint: Path, other: str | None = None, n: int = 2000, 
     prompts = [judged_prompt(i) for i in items]
     decoding = served_decoding(lab / TOKENIZER, load_spec(lab).sizes)
     other_name = other or str(lab / PARENT)
-    mine = _answers(checkpoint, items, decoding, hash_seed(seed, "truth-a") % 2**31, device)
+    stats: dict = {}
+    mine = _answers(checkpoint, items, decoding, hash_seed(seed, "truth-a") % 2**31, device, dtype, stats)
     if other_name == OPPONENT:
         theirs = [opponent.answer(p) for p in prompts]
     else:
-        theirs = _answers(Path(other_name), items, decoding, hash_seed(seed, "truth-b") % 2**31, device)
+        theirs = _answers(Path(other_name), items, decoding, hash_seed(seed, "truth-b") % 2**31, device, dtype, stats)
     outcomes = [_outcome(p, a, b) for p, a, b in zip(prompts, mine, theirs, strict=True)]
     solved = [solve(p) for p in prompts]
     right = [is_correct(s, a) for s, a in zip(solved, mine, strict=True)]
@@ -130,7 +141,8 @@ def truth(lab: Path, checkpoint: Path, other: str | None = None, n: int = 2000, 
         checkpoint=str(checkpoint), other=other_name, n=len(tasks), seed=seed, win_rate=win_rate, ci_low=low,
         ci_high=high, outcomes={o: outcomes.count(o) for o in _POINTS}, accuracy=sum(right) / len(right),
         other_accuracy=sum(other_right) / len(other_right), per_family=per_family, audit_passed=result.passed,
-        audit_sha256=result.sha256(), audit_references=result.references)
+        audit_sha256=result.sha256(), audit_references=result.references,
+        placement=measured(device, dtype, stats.get("tokens", 0), stats.get("seconds", 0.0)))
 
 
 def render(result: TruthResult) -> str:
