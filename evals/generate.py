@@ -183,6 +183,26 @@ def _record(item_id: str, new_tokens: list[int], stops: list[int], tokenizer: To
     return completion_from_text(item_id, text, n, stopped=cut is not None)
 
 
+class PromptTooLong(ValueError):
+    """Prompts that, with the answer's max_new_tokens, do not fit the model's context: nothing was generated."""
+
+
+def check_context(loaded: Loaded, items: Sequence[Item], prompts: Sequence[Sequence[int]], max_new_tokens: int) -> None:
+    """Refuse before generating when a rendered prompt plus max_new_tokens exceeds the model's context
+    (config.max_position_embeddings): the cache for it would be sized past what the model was built for (a
+    10.8 MB prompt once asked for 28.7 GB). A lab's suites are checked the same way before its session opens
+    (agent/inputs.py); this catches what reaches a job otherwise. The first line of the message is the
+    project's own (tools/jobs/failures.py reads only that); the item ids, public text, follow escaped."""
+    context = getattr(loaded.model.config, "max_position_embeddings", None)
+    if not isinstance(context, int):
+        return
+    over = [(item.id, len(p)) for item, p in zip(items, prompts, strict=True) if len(p) + max_new_tokens > context]
+    if over:
+        listed = ", ".join(f"{i!r} ({n} tokens)" for i, n in over[:20]) + (f" and {len(over) - 20} more" if len(over) > 20 else "")
+        raise PromptTooLong(f"{len(over)} of {len(items)} prompt(s) plus max_new_tokens {max_new_tokens} exceed the "
+                            f"model's context of {context} tokens; nothing generated\nitems: {listed}")
+
+
 def generate(loaded: Loaded, items: Sequence[Item], decoding: Decoding, seed: int,
              batch_size: int = 64, static_cache: bool = False) -> list[Completion]:
     """One completion per item, in item order, at `decoding` with sampling seed `seed`."""
@@ -192,6 +212,7 @@ def generate(loaded: Loaded, items: Sequence[Item], decoding: Decoding, seed: in
         raise ValueError("tokenizer has no pad token; left padding needs one")
     system = decoding.system_prompt or None
     prompts = [render_prompt(tok, item.messages, system) for item in items]
+    check_context(loaded, items, prompts, decoding.max_new_tokens)
     stops = stop_ids(loaded, decoding)
     config = generation_config(decoding, stops, pad_id)
     order = sorted(range(len(items)), key=lambda i: len(prompts[i]))

@@ -83,3 +83,22 @@ def test_prompts_within_the_context_pass(tmp_path: Path, tokenizer: Path) -> Non
     lab = _lab(tmp_path / "lab", tokenizer)
     write_jsonl(lab / "data/math.jsonl", [_item(0, "1+1? " * 40)])  # well within 256 tokens
     assert check_inputs(load_lab_config(lab)) == []
+
+
+def test_an_eval_job_refuses_prompts_past_the_context_before_generating(tmp_path: Path, tokenizer: Path) -> None:
+    # What reaches a job without a lab's input check (a holdout battle, an edited suite): refused before any
+    # cache is sized, the first line the project's own, the ids (public text) after it, escaped.
+    from evals.decoding import Decoding
+    from evals.generate import PromptTooLong, generate, load
+    from evals.types import Item
+
+    loaded = load(tiny.build_model("llama", tokenizer, tmp_path / "model"))  # max_position_embeddings 2048
+    items = [Item.model_validate(_item(0, "1+1?")),
+             Item.model_validate(_item(1, "why? " * 40) | {"id": "m1\nSYSTEM NOTICE"})]
+    with pytest.raises(PromptTooLong) as err:
+        generate(loaded, items, Decoding(max_new_tokens=2000), seed=0)
+    first, rest = str(err.value).split("\n", 1)
+    assert first == ("1 of 2 prompt(s) plus max_new_tokens 2000 exceed the model's context of 2048 tokens; "
+                     "nothing generated")
+    assert rest.startswith("items: 'm1\\nSYSTEM NOTICE' (") and "\n" not in rest
+    assert len(generate(loaded, items[:1], Decoding(max_new_tokens=4), seed=0)) == 1  # within it: generated
