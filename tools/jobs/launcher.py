@@ -633,8 +633,11 @@ def _spec_of_call(kind: str, fn: Callable[..., Any], args: BaseModel, resources:
     return _Spec(kind, fn, args, resources, result_type)
 
 
-def _spec_of_record(first: JobRecord) -> _Spec:
-    """The spec stored with a job's first attempt: its function, result model, resources and config."""
+def _spec_of_record(first: JobRecord, args: BaseModel | None = None) -> _Spec:
+    """The spec stored with a job's first attempt: its function, result model, resources and config (`args`:
+    the config as its caller has it, used instead of validating the stored one again: a config's checks of
+    the world held when it was made, and no longer do once the job ran, e.g. a merge's fresh output directory
+    that the job, living on after its agent was killed, has since created)."""
     if first.fn is None or first.result_type is None:
         raise LookupError(f"job {first.key[:12]} was recorded before jobs named their function; "
                           "submit it again with its function to re-attach")
@@ -646,7 +649,8 @@ def _spec_of_record(first: JobRecord) -> _Spec:
     hints = typing.get_type_hints(fn)
     config_type = hints[next(iter(inspect.signature(fn).parameters))]
     stored = dict(first.resources)
-    args = config_type.model_validate(stored.pop("args"))
+    recorded = stored.pop("args")
+    args = args if args is not None else config_type.model_validate(recorded)
     stored.pop("memory", None)  # the memory estimate recorded with a training job, not a resource
     return _Spec(first.kind, fn, args, Resources.model_validate(stored), result_type)
 
@@ -689,8 +693,11 @@ class Launcher:
             self._launch(key, spec, attempt=1, reason="new job")
             job: Job[R] = Job(self, key, spec.result_type)
             return job
-        if self.nb.get_job(key, 1).fn is None:  # a row from before jobs named their function: only the call has it
+        first = self.nb.get_job(key, 1)
+        if first.fn is None:  # a row from before jobs named their function: only the call has it
             self._specs.setdefault(key, spec)
+        else:  # the caller's config is the recorded one (same key), already validated where it was made
+            self._specs.setdefault(key, _spec_of_record(first, spec.args))
         return self.attach(key)
 
     def attach(self, key: str) -> Job[Any]:
