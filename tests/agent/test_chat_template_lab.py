@@ -70,4 +70,4 @@ def test_a_tokenizer_with_its_own_template_is_recorded_as_such(tmp_path):
     ref = chat_template_ref(lab / "tokenizer")
     assert ref.source == "model" and ref.stop_token_ids == [3]
     line = card._chat_template_line(ref)
-    assert "its base's own chat template" in line and "im_end" in line
+    assert "its base's own chat template" in line and "`<|im_end|>`, token id 3" in line

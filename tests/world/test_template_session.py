@@ -60,4 +60,5 @@ def test_the_session_nominates_a_checked_bundle_that_ships_the_llama3_template(l
     assert text.endswith("<|start_header_id|>assistant<|end_header_id|>\n\n")
     report = check_bundle(bundle_dir, notebook_path=llama3_session / "notebook.db")
     assert report.ok, report.failures()
-    assert "its base's own chat template" in (bundle_dir / "README.md").read_text()
+    card = (bundle_dir / "README.md").read_text()
+    assert "its base's own chat template" in card and "end of turn `<|eot_id|>`" in card

@@ -226,8 +226,12 @@ def _chat_template_line(chat_ref: ChatTemplateRef) -> str:
              "ChatML, because its base tokenizer has no chat template of its own")
     system = ("system turns rendered by the template" if chat_ref.system_turns == "native" else
               "no system role in the template, so the system prompt is folded into the first user turn")
+    # Not code(): it turns table pipes into slashes, and end-of-turn tokens are spelled with pipes (<|eot_id|>);
+    # this line is no table row, so only a backtick could break out of the span.
+    eot = "`" + shown(chat_ref.eot_token).replace("`", "'") + "`"
     return (f"It was trained, evaluated and is served in {which} (sha256 {code(chat_ref.sha256)}; end of turn "
-            f"{code(chat_ref.eot_token)}; {system}): {code('training_chat_template.jinja')} is that template, and "
+            f"{eot}, token id {chat_ref.stop_token_ids[0]}; {system}): {code('training_chat_template.jinja')} is that "
+            "template, and "
             f"{code('chat_template.jinja')} is it behind the served system prompt.")
 
 

@@ -318,11 +318,17 @@ def check_stop_ids(b: _Bundle) -> list[str]:
     stops = list(b.serving.decoding.stop_token_ids)
     problems = [f"stop id {s} is not in the vocabulary (ids 0..{vocab - 1}); expected ids of real tokens"
                 for s in stops if not 0 <= s < vocab]
+    # The end of turn the model was trained to emit: derived from the template training rendered rows with, so a
+    # broken or swapped shipped template is template_compiles' and template_matches_renderer's to report, not this.
     try:
-        fmt = chat.chat_format(tokenizer)
+        _, training = _tokenizers(b)
+    except ValueError:
+        return problems  # no training template: template_matches_renderer names it
+    try:
+        fmt = chat.chat_format(training)
     except chat.ChatTemplateError as err:
-        return [*problems, f"{b.serving.chat_template_file}: {err}; expected a template that closes assistant turns "
-                "with an end-of-turn token"]
+        return [*problems, f"{b.serving.training_template_file}: {err}; expected a template that closes assistant "
+                "turns with an end-of-turn token"]
     if fmt.eot_id not in stops:
         problems.append(f"the end-of-turn token {fmt.eot_token} (id {fmt.eot_id}, from the chat template) is not a stop "
                         f"id {stops}; expected it among them, or answers run past the end of the turn")
