@@ -114,8 +114,14 @@ def cmd_resume(args: argparse.Namespace) -> int:
     from agent.runner import resume
     from tools.paths import LabPaths
 
-    if not (args.lab / NOTEBOOK_FILE).is_file():  # before the lock, which would create the lab directory
-        raise UsageError(f"{args.lab / NOTEBOOK_FILE}: no notebook here (pass --lab DIR)")
+    path = args.lab / NOTEBOOK_FILE
+    if not path.exists():  # before the lock, which would create the lab directory
+        raise UsageError(f"{path}: no notebook here (pass --lab DIR)")
+    from memory.schema import file_problem
+
+    problem = file_problem(path)  # a directory or a damaged file says what it is, as every other command does
+    if problem:
+        raise UsageError(f"{path}: {problem}")
     with LabPaths(root=args.lab).writer(f"resume {args.session}"):
         return resume(args.lab, args.session, args.quiet)
 

@@ -25,8 +25,8 @@ from tools.data.datasets import ReplaySource, VerifiedSource
 from tools.jobs.executor import SINGLE_PROCESS_KINDS, KindResources, job_family
 from tools.jobs.launcher import BudgetRefused, JobFailed, Resources
 from tools.paths import LabPaths
-from trainers.recipe import TrainRecipe
 from tools.session import ledger
+from trainers.recipe import TrainRecipe
 
 A = TypeVar("A", bound=BaseModel)
 R = TypeVar("R", bound=BaseModel)
