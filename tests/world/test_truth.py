@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 def test_the_truth_sample_shares_no_prompt_with_any_split_suite_or_data(toy_world):
     tasks, refs = draw_sample(toy_world, 600, seed=0)
     sources = {r.source for r in refs}
-    assert sources == {"feedback", "eval:synthetic", "eval:loops", "data:stage1"}
+    assert sources == {"feedback", "eval:synthetic", "eval:loops", "data:stage1", "data:verified"}
     assert audit([t.prompt() for t in tasks], world_references(toy_world)).passed
     again, _ = draw_sample(toy_world, 600, seed=0)
     assert [t.id for t in again] == [t.id for t in tasks]  # reproducible from its seed
