@@ -68,7 +68,7 @@ def test_slurm_defaults_per_kind() -> None:
                               resources={"train": {"nodes": 4, "time_limit_min": 600}, "merge": {"mem_gb": 512}})
     got = {k: section.kind_resources(k, local_gpus=0) for k in ResourcesSection.model_fields}
     assert {k: r.gpus for k, r in got.items()} == {"train": 8, "eval": 1, "reference": 1, "merge": 0, "data": 0,
-                                                   "bundle": 0, "truth": 1}
+                                                   "bundle": 1, "truth": 1}
     assert (got["train"].nodes, got["train"].time_limit_min, got["eval"].time_limit_min) == (4, 600, 30)
     assert (got["merge"].mem_gb, got["eval"].mem_gb, got["eval"].cpus) == (512, 64, 8)
 

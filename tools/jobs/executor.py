@@ -22,7 +22,7 @@ class SlurmSection(_Settings):
     account: str | None = Field(None, description="Slurm account to charge.")
     qos: str | None = Field(None, description="Slurm quality of service.")
     gpus_per_node: int = Field(1, ge=0, description="GPUs of one node: a training job's default (one task per GPU); "
-                               "eval, reference and truth jobs default to 1 of them, merge, data and bundle jobs to 0.")
+                               "eval, reference, truth and bundle jobs default to 1 of them, merge and data jobs to 0.")
     cpus_per_task: int = Field(8, ge=1, description="CPUs per job.")
     mem_gb: int = Field(64, ge=1, description="Memory per job in GB.")
     extra_sbatch: list[str] = Field(default_factory=list, description="Extra `#SBATCH` lines, verbatim.")
@@ -35,11 +35,11 @@ class SlurmSection(_Settings):
 
 
 JobKind = Literal["train", "eval", "reference", "merge", "data", "bundle", "truth"]
-# Kinds whose default is one GPU (a model generates); merges and data jobs default to none; training to a node's.
-# The bundle job defaults to none too: check-bundle's reload (tools/nomination/check_bundle.py) generates on the
-# CPU in float32 whatever the job holds, so a GPU given to it would sit idle.
-ONE_GPU_KINDS: frozenset[str] = frozenset({"eval", "reference", "truth"})
-CPU_KINDS: frozenset[str] = frozenset({"merge", "data", "bundle"})
+# Kinds whose default is one GPU (a model generates: evals, reference answers, the truth scorer, and the bundle job,
+# whose check-bundle reload serves the bundle on its GPU in bfloat16); merges and data jobs default to none;
+# training to a node's.
+ONE_GPU_KINDS: frozenset[str] = frozenset({"eval", "reference", "truth", "bundle"})
+CPU_KINDS: frozenset[str] = frozenset({"merge", "data"})
 
 
 class KindResources(_Settings):
@@ -48,7 +48,7 @@ class KindResources(_Settings):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)  # lab.toml's `gpus = "2"` is an error
 
     gpus: int | None = Field(
-        None, ge=0, description="GPUs per node. Default: eval, reference and truth 1; merge, data and bundle 0; train "
+        None, ge=0, description="GPUs per node. Default: eval, reference, truth and bundle 1; merge and data 0; train "
         "executor.slurm.gpus_per_node on Slurm. On the local executor the GPU defaults are capped at the GPUs this "
         "host has (0 on a host without one).")
     nodes: int = Field(1, ge=1, description="Nodes (Slurm; more than 1 only for train: one task per GPU on each, "

@@ -537,11 +537,22 @@ def _name_problems(serving: ServingConfig) -> list[str]:
 # ---- reload ----------------------------------------------------------------------------------------
 
 
-def _load_model(b: _Bundle):
+def reload_device() -> tuple[str, str]:
+    """Where the reload serves the bundle: on this process's GPU in bfloat16 when it has one (the bundle job given a
+    GPU, check-bundle on a GPU host), as a server would; else on the CPU in float32."""
+    import torch
+
+    return ("cuda", "bfloat16") if torch.cuda.is_available() else ("cpu", "float32")
+
+
+def _load_model(b: _Bundle, device: str, dtype: str):
+    import torch
+
+    kwargs = {"dtype": getattr(torch, dtype)}
     if b.serving.weights.kind == "full":
-        return loading.load_causal_lm(b.path).eval()
-    base = loading.load_causal_lm(b.serving.weights.base.path)
-    return loading.load_adapter(base, b.path).eval()
+        return loading.load_causal_lm(b.path, **kwargs).to(device).eval()
+    base = loading.load_causal_lm(b.serving.weights.base.path, **kwargs)
+    return loading.load_adapter(base, b.path).to(device).eval()
 
 
 def _reload_generation(b: _Bundle):
@@ -565,14 +576,16 @@ def reload_answers(b: _Bundle) -> list[Answer]:
     import torch
 
     tokenizer = loading.load_tokenizer(b.path)
-    model = _load_model(b)
+    device, dtype = reload_device()
+    model = _load_model(b, device, dtype)
     generation = _reload_generation(b)
     stops = set(b.serving.decoding.stop_token_ids)
     torch.manual_seed(0)  # sampled decoding: the same bundle gives the same answers
     answers = []
     for prompt in PROMPTS:
         inputs = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], return_tensors="pt",
-                                               add_generation_prompt=b.serving.add_generation_prompt, return_dict=True)
+                                               add_generation_prompt=b.serving.add_generation_prompt,
+                                               return_dict=True).to(device)
         if inputs["input_ids"].shape[1] > b.serving.max_input_tokens:
             raise ValueError(f"prompt {prompt!r} renders to {inputs['input_ids'].shape[1]} tokens, over "
                              f"max_input_tokens {b.serving.max_input_tokens}")
@@ -809,8 +822,9 @@ def check_reload(b: _Bundle, notebook_path: Path | None) -> tuple[list[Answer], 
         return [], CheckResult(name="reload", status="failed", messages=[
             f"the bundle does not load and generate as a server would: {type(err).__name__}: {err}"])
     problems, tolerated = answer_problems(answers, reload_max_new_tokens(b), measured)
+    device, dtype = reload_device()
     return answers, CheckResult(name="reload", status="failed" if problems else "passed",
-                                messages=problems or tolerated)
+                                messages=problems or [*tolerated, f"served on {device} in {dtype}"])
 
 
 def print_report(report: BundleReport) -> None:
