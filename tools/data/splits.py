@@ -48,8 +48,12 @@ SPLITS: tuple[SplitName, ...] = ("train", "dev", "sealed")
 # one by one; the leak audit of every dataset then drops a training row that overlaps a holdout.
 MAX_UNIT = 20
 MAX_UNIT_SHARE = 0.01
-# A split whose share of the battles is off its target by more than this share of the target is refused.
+# A split whose share of the battles is off its target by more than this share of the target, and by more than
+# SKEW_SD binomial standard deviations of its count, is refused. The second bound keeps small honest files usable: a
+# hash split of n battles (stratified, so if anything steadier) varies by about sqrt(n p (1 - p)) battles, and 64
+# battles with a 10% sealed target give 3 where 6.4 are expected often enough.
 SKEW = 0.5
+SKEW_SD = 2.0
 
 
 class SplitConfig(BaseModel):
@@ -148,7 +152,7 @@ def oversized_groups(battles: list[Battle], n: int = DEFAULT_NGRAM) -> list[tupl
 
 def split_problems(split: Split) -> list[str]:
     """Why a split cannot be used: an empty split, or one whose share of the battles is off its target by
-    more than SKEW of that target (a group of colliding prompts the bound let through, or a stratum too
+    more than SKEW of that target and more than SKEW_SD binomial standard deviations (a group of colliding prompts the bound let through, or a stratum too
     small to split). Each names the split, its share and its target."""
     total = sum(sum(c.values()) for c in split.counts.values())
     targets = {"dev": split.config.dev_fraction, "sealed": split.config.sealed_fraction,
@@ -160,7 +164,8 @@ def split_problems(split: Split) -> list[str]:
         if got == 0:
             problems.append(f"split {name!r} would be empty ({total} battle(s); target share {targets[name]:.0%}): "
                             "add battles or raise its fraction")
-        elif abs(share - targets[name]) > SKEW * targets[name]:
+        elif abs(got - targets[name] * total) > max(SKEW * targets[name] * total,
+                                                    SKEW_SD * math.sqrt(total * targets[name] * (1 - targets[name]))):
             problems.append(f"split {name!r} would hold {got} of {total} battles ({share:.0%}), off its target share "
                             f"{targets[name]:.0%} by more than {SKEW:.0%} of it: prompts that collide (copies, shared "
                             f"{split.config.ngram}-word runs) keep battles together; see the groups named above, or add battles")
