@@ -34,7 +34,7 @@ from agent.graph import Runtime, drive
 from agent.live import Silent
 from agent.planners.playbook import Playbook, PlaybookSettings
 from evals import bars as bars_file
-from memory.notebook import Decision, JobRecord, Notebook, NotebookError
+from memory.notebook import Artifact, Decision, JobRecord, Notebook, NotebookError, now
 from tools.context import ToolContext, WouldLaunch
 from tools.jobs.launcher import JobFailed, Launcher, Resources
 from tools.paths import LabPaths
@@ -45,6 +45,29 @@ _ARTIFACT_LISTS = {"models", "parents"}
 _ROW_IDS = {"comparison_id", "bars_id", "eval_ids", "noise_floor_ids", "split_id", "plan_seq", "sha256",
             "config_sha256", "session_sha256"}
 _COPIED = ("start_job", "update_job")
+
+
+class ScratchNotebook(Notebook):
+    """The replay's notebook. An artifact a tool records again gets the id the session's own record of it has
+    (same session, kind, name and sha256), so a config that names artifacts by row id (the bundle job's) is
+    the recorded one even when other sessions' artifacts came first in the lab; anything new is numbered on."""
+
+    original: Notebook | None = None
+
+    def add_artifact(self, *, kind: str, name: str, path: str, sha256: str, parents: list[int] | None = None,
+                     recipe: dict[str, Any] | None = None, job_key: str | None = None,
+                     session: str | None = None) -> Artifact:
+        recorded = [a.id for a in (self.original.artifacts(session=session, sha256=sha256) if self.original else [])
+                    if (a.kind, a.name) == (kind, name)]
+        free = [i for i in recorded if not self.db.execute("SELECT 1 FROM artifact WHERE id = ?", [i]).fetchone()]
+        if session is None or not free:
+            return super().add_artifact(kind=kind, name=name, path=path, sha256=sha256, parents=parents,
+                                        recipe=recipe, job_key=job_key, session=session)
+        with self.transaction():
+            self._insert("artifact", {"id": free[0], "session": session, "kind": kind, "name": name, "path": path,
+                                      "sha256": sha256, "parents": parents or [], "recipe": recipe or {},
+                                      "job_key": job_key, "created_at": now()})
+        return self.artifact(free[0])
 
 
 class ServedJob:
@@ -174,7 +197,8 @@ def replay(lab_dir: Path, session: str, *, bars: Path | None = None, planner: st
             raise SessionError(str(exc)) from None
         settings = (PlaybookSettings.recorded(s.config["playbook"], session) if protocol is None
                     else PlaybookSettings.named(protocol))
-        with Notebook.open(Path(tmp) / "notebook.db") as scratch:
+        with ScratchNotebook.open(Path(tmp) / "notebook.db") as scratch:
+            scratch.original = original
             scratch.open_session(session, lab=s.lab, budget_gpuh=s.budget_gpuh, reserve_gpuh=s.reserve_gpuh,
                                  planner=planner or s.planner, executor=s.executor, config=s.config)
             lab = lab_spec(config)

@@ -54,6 +54,16 @@ class Args(BaseModel):
     seed: int = Field(0, ge=0, description="Sampling / generation seed.")
 
 
+def _by_content(ctx: ToolContext, args: Args) -> dict[str, Any]:
+    """The arguments as an output's name hashes them: artifacts by their sha256, never by notebook row ids
+    (another session in the lab, or a replay's scratch notebook, numbers the same artifacts differently)."""
+    out = args.model_dump(mode="json")
+    out["parts"] = [p | {"dataset": ctx.nb.artifact(p["dataset"]).sha256} for p in out["parts"]]
+    if args.model is not None:
+        out["model"] = ctx.nb.artifact(args.model).sha256
+    return out
+
+
 class BuildJob(BaseModel):
     """Config of the build job: one builder and its full config."""
 
@@ -130,7 +140,7 @@ def _body(ctx: ToolContext, args: Args) -> ToolOutcome:
     problem = _problem(ctx, args)
     if problem:
         return ToolOutcome(tool=NAME, status="failed", summary=problem)
-    name = content_name(args.builder, {"args": args.model_dump(mode="json"), "split": split.sha256})
+    name = content_name(args.builder, {"args": _by_content(ctx, args), "split": split.sha256})
     cfg = BuildJob(builder=args.builder, config=_config(ctx, args, ctx.paths.dataset(name), ingest.split_path(ctx, split.sha256)))
     if args.builder in GENERATING:  # a model generates: a job on the device the lab gives reference answers
         manifest, key = ctx.wait("reference", build_job, cfg)

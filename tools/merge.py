@@ -75,7 +75,9 @@ def _body(ctx: ToolContext, args: Args) -> ToolOutcome:
     if [a.kind for a in inputs] != kinds:
         return ToolOutcome(tool=NAME, status="failed", summary=f"{args.method} takes {', '.join(kinds)} artifacts "
                            f"(got {', '.join(a.kind for a in inputs)})")
-    name = content_name(args.method, {"args": args.model_dump(mode="json"), "inputs": [a.sha256 for a in inputs]})
+    # The inputs by their sha256, never by notebook row ids (which another session or a replay numbers differently).
+    name = content_name(args.method, {"args": args.model_dump(mode="json", exclude={"models"}),
+                                      "inputs": [a.sha256 for a in inputs]})
     out = ctx.paths.merged(name)
     fn, cfg = _job(args, [Path(a.path) for a in inputs], out)
     result, key = ctx.wait("merge", fn, cfg)

@@ -225,8 +225,11 @@ def _body(ctx: ToolContext, args: Args) -> ToolOutcome:
     problem = _snapshot_problem(snapshot_steps(args, arm.steps), arm.steps)
     if problem:
         return ToolOutcome(tool=NAME, status="failed", summary=problem)
-    name = content_name(args.trainer, {"args": args.model_dump(mode="json"), "settings": arm.model_dump(mode="json"),
-                                       "parent": parent.sha256, "data": data.sha256})
+    # Named by content: the parent and data by their sha256, never by notebook row ids (another session in the
+    # lab, or a replay's scratch notebook, numbers the same artifacts differently).
+    name = content_name(args.trainer, {"args": args.model_dump(mode="json", exclude={"parent", "dataset"}),
+                                       "settings": arm.model_dump(mode="json"), "parent": parent.sha256,
+                                       "data": data.sha256})
     fn, cfg = _config(ctx, args, arm, ctx.paths.run(name))
     result, key = ctx.wait(args.trainer, fn, cfg, **sizing(ctx, args, arm))
     train = result.train if args.trainer == "rft" else result
