@@ -127,7 +127,7 @@ def measure(config, name: str, lora, micro: int, seq_len: int, steps: int, dtype
     out = {"config": name, "lora": lora.model_dump() if lora else None, "micro_batch_size": micro, "seq_len": seq_len,
            "total_params": shape.total_params, "trainable_params": shape.trainable_params,
            "estimate_gib": {k: v / GIB for k, v in est.model_dump().items() if k != "world_size"} | {
-               "total": est.total / GIB}}
+               "total": est.total / GIB, "allocated": (est.total - est.reserve) / GIB}}
     phases: dict = {}
     try:
         out |= _steps(config, lora, micro, seq_len, steps, dtype, env, chunk, phases)
@@ -212,6 +212,32 @@ def write_extrapolation(args) -> None:
               + "  ".join(f"{k} {v:.1f}" for k, v in r["parts_gib"].items()))
 
 
+def summarize(out: Path, inputs: list[Path]) -> None:
+    """Issue 32's summary of measured runs (`{"runs": [{"micro_batch_size", "status", "tokens_per_s",
+    "peak_allocated_gib", "estimate_gib": {"total"}}]}`), each with today's `trainers.memory.estimate` for its shape
+    and configuration (the run files keep the estimate of the code that ran)."""
+    runs = []
+    for path in inputs:
+        report = json.loads(path.read_text())
+        config = nemotron_h(report["shape"])
+        for r in report["runs"]:
+            lora = LoRASettings(**r["lora"]) if r["lora"] else None
+            est = estimate(shape_of(config, lora), world_size=report["world_size"], micro_batch_size=r["micro_batch_size"],
+                           seq_len=r["seq_len"], compute_bytes=2, activation_checkpointing=True, loss_chunk_tokens=1024)
+            runs.append({"micro_batch_size": r["micro_batch_size"], "status": r["status"],
+                         "tokens_per_s": r.get("tokens_per_s"), "peak_allocated_gib": r.get("peak_allocated_gib"),
+                         "peak_reserved_gib": r.get("peak_reserved_gib"), "config": r["config"], "seq_len": r["seq_len"],
+                         "step_s": r.get("step_s"), "losses": r.get("losses"),
+                         "estimate_gib": {"total": est.total / GIB, "allocated": (est.total - est.reserve) / GIB},
+                         "source": {"file": path.name, "command": report["command"], "date": report["date"],
+                                    "hardware": report["hardware"]}})
+    out.write_text(json.dumps({"command": " ".join(sys.argv), "shape": "30b-a3b", "runs": runs}, indent=2) + "\n")
+    for r in runs:
+        print(f"micro {r['micro_batch_size']}: {r['status']} {r['tokens_per_s']:.0f} tok/s, peak {r['peak_allocated_gib']:.1f} "
+              f"GiB allocated / {r['peak_reserved_gib']:.1f} reserved, estimate {r['estimate_gib']['allocated']:.1f} / "
+              f"{r['estimate_gib']['total']:.1f} GiB")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shape", default="bench-3b", choices=["bench-3b", "30b-a3b", "tiny"])
@@ -223,7 +249,12 @@ def main() -> None:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--extrapolate-only", action="store_true",
                    help="write only the 30B-A3B estimate on 1, 4 and 8 GPUs (CPU, no process group, no training)")
+    p.add_argument("--summarize", type=Path, nargs="+", default=None,
+                   help="write issue 32's summary of these run files to --out (no GPU, no training)")
     args = p.parse_args()
+    if args.summarize:
+        summarize(args.out, args.summarize)
+        return
     if args.extrapolate_only:
         write_extrapolation(args)
         return

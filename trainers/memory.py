@@ -5,8 +5,8 @@ Per rank, under FSDP2 over `world` ranks (the single-process case is world = 1 w
 
 - weights: trainable parameters as float32 master copies, frozen ones in the compute dtype, both / world;
 - gradients and AdamW: float32, 4 + 8 bytes per trainable parameter, / world;
-- gathered blocks: the largest decoder block unsharded in the compute dtype, twice (FSDP2 prefetches the next
-  block while one computes), plus the root's embeddings and head;
+- gathered blocks: the largest decoder block unsharded in the compute dtype (the one running backward), and the
+  root's embeddings and head;
 - activations: per token per layer ~34 * hidden bytes in 16-bit (Korthikanti et al. 2022, "Reducing Activation
   Recomputation in Large Transformer Models", eq. 2, with flash/SDPA attention so no s^2 term); with activation
   checkpointing only each block's input (2 * hidden bytes) is kept per layer, plus one block recomputed;
@@ -16,6 +16,15 @@ Per rank, under FSDP2 over `world` ranks (the single-process case is world = 1 w
 
 The activation constant is for dense attention blocks; Mamba and MoE blocks differ, which is why the GPU
 benchmark (bench/train_memory.py) records the measured peak next to this estimate for each configuration.
+
+The parts do not all live at once: the total is what lives through the step (weights, gradients and AdamW state,
+a separate parent, the reserve) plus the larger of the step's two peaks, backward (the gathered root, the
+activations, and either the loss chunk or one block's backward: its gathered weights and, with LoRA on routed
+experts, the folded W + s * B @ A of trainers.lora_experts) or the update (AdamW's foreach temporaries, one float32
+copy of the second moments). Measured on one H200 (bench/README.md, issue 32): the total without the reserve is
+within 0-6% of the allocated peak, and with it within 6.4% of the allocator's reserved peak, for the 3.2B bench
+hybrid (full and LoRA r64 + FP32 head, micro-batch 1 and 2 x 4096) and the 30B-A3B LoRA r64 + FP32 head (98.3 and
+99.0 GiB allocated, estimate 98.6 and 100.0 without the reserve).
 """
 
 from __future__ import annotations
@@ -44,6 +53,8 @@ class ModelShape(BaseModel):
     hidden_size: int = Field(description="Model width.")
     num_layers: int = Field(description="Decoder blocks.")
     vocab_size: int = Field(description="Vocabulary (the head's output width).")
+    folded_expert_params: int = Field(0, description="Routed-expert weights of the largest block that LoRA adapts "
+                                      "(trainers.lora_experts folds W + s * B @ A for them at every call); 0 without.")
 
 
 class MemoryEstimate(BaseModel):
@@ -52,16 +63,28 @@ class MemoryEstimate(BaseModel):
     world_size: int = Field(description="Ranks the job runs on (one GPU each).")
     weights: float = Field(description="Sharded weights: float32 trainable + compute-dtype frozen.")
     grads_and_optimizer: float = Field(description="Sharded float32 gradients and AdamW moments.")
-    gathered_blocks: float = Field(description="Unsharded blocks in flight (2 x largest block) and the root.")
+    gathered_blocks: float = Field(description="The largest decoder block unsharded in the compute dtype (the one "
+                                   "running backward).")
+    gathered_root: float = Field(0.0, description="The root (embeddings, final norm, head) unsharded in the compute "
+                                 "dtype: held through forward and backward.")
     activations: float = Field(description="Stored activations at the configured micro-batch and length.")
     head_and_loss: float = Field(description="Float32 logits of one loss chunk (x3), and the parent's for KL.")
     frozen_models: float = Field(description="A separate parent/reference model's sharded weights.")
     reserve: float = Field(description="CUDA context and allocator reserve.")
+    optimizer_step: float = Field(0.0, description="AdamW's foreach temporaries at the update (one float32 copy of "
+                                  "the second moments); the step's other peak, after the activations are freed.")
+    expert_folds: float = Field(0.0, description="LoRA's folded expert weights of one MoE block and their gradient, "
+                                "in the compute dtype, while that block runs backward.")
 
     @property
     def total(self) -> float:
-        return (self.weights + self.grads_and_optimizer + self.gathered_blocks + self.activations
-                + self.head_and_loss + self.frozen_models + self.reserve)
+        """What lives through the step, plus the larger of its two peaks: backward (the gathered root and the
+        activations, with either the loss chunk or one block's backward: its gathered weights and folded experts)
+        or the optimizer's update. Without `reserve` this is the allocated peak, with it the allocator's."""
+        backward = self.gathered_root + self.activations + max(self.head_and_loss,
+                                                               self.gathered_blocks + self.expert_folds)
+        return (self.weights + self.grads_and_optimizer + self.frozen_models + self.reserve
+                + max(backward, self.optimizer_step))
 
 
 def model_shape(model_path: Path | str, lora: LoRASettings | None) -> ModelShape:
@@ -79,11 +102,13 @@ def shape_of(config, lora: LoRASettings | None) -> ModelShape:
     blocks = decoder_blocks(model)
     in_blocks = sum(p.numel() for b in blocks for p in b.parameters())
     total = sum(p.numel() for p in model.parameters())
+    adapted = any("lora_" in n and "experts" in n for n, _ in model.named_parameters())
+    folded = max(sum(p.numel() for p in b.parameters() if p.ndim == 3 and not p.requires_grad) for b in blocks)
     return ModelShape(
         total_params=total, trainable_params=sum(p.numel() for p in model.parameters() if p.requires_grad),
         largest_block_params=max(sum(p.numel() for p in b.parameters()) for b in blocks),
         root_params=total - in_blocks, hidden_size=config.hidden_size, num_layers=len(blocks),
-        vocab_size=config.vocab_size)
+        vocab_size=config.vocab_size, folded_expert_params=folded if adapted else 0)
 
 
 def estimate(shape: ModelShape, *, world_size: int, micro_batch_size: int, seq_len: int, compute_bytes: int,
@@ -102,11 +127,14 @@ def estimate(shape: ModelShape, *, world_size: int, micro_batch_size: int, seq_l
         world_size=world_size,
         weights=(4 * trainable + compute_bytes * frozen) / world_size,
         grads_and_optimizer=12 * trainable / world_size,
-        gathered_blocks=compute_bytes * (2 * shape.largest_block_params + shape.root_params),
+        gathered_blocks=compute_bytes * shape.largest_block_params,
+        gathered_root=compute_bytes * shape.root_params,
         activations=activations,
         head_and_loss=3 * chunk_logits + (chunk_logits if kl else 0),
         frozen_models=compute_bytes * parent_params / world_size,
         reserve=CUDA_RESERVE_BYTES,
+        optimizer_step=4 * trainable / world_size,
+        expert_folds=compute_bytes * shape.folded_expert_params,
     )
 
 
