@@ -74,10 +74,10 @@ def test_stops_and_reused_shapes_equal_generate(hybrid, item):
     assert generate(hybrid, items, dec, seed=0, batch_size=2, static_cache=True) == first  # captured shapes reused
 
 
-def test_cpu_default_stays_on_generate(hybrid, item, monkeypatch):
+def test_default_stays_on_generate(hybrid, item, monkeypatch):
     calls = _decoded_by_engine(monkeypatch)
     generate(hybrid, _items(item, 2), Decoding(max_new_tokens=3), seed=0)
-    assert calls == []  # on CUDA a hybrid takes the static loop by default; on the CPU only when asked
+    assert calls == []  # the static loop only when asked (its GPU check is open: evals/decode_hybrid.py)
 
 
 def test_without_a_static_hybrid_cache_generate_serves_and_says_so_once(hybrid, item, monkeypatch, caplog):
@@ -114,15 +114,15 @@ def _raise_import_error(*names):
     raise ImportError("mamba_ssm is not installed")
 
 
-def test_grouped_experts_decode_the_same_tokens(hybrid, item):
-    # The MoE layers' grouped-matmul experts (what the CUDA step captures) against the model's own loop.
+def test_capturable_experts_decode_the_same_tokens(hybrid, item):
+    # The MoE layers' capturable experts (what the CUDA step captures) against the model's own loop.
     model = hybrid.model
     items, dec = _items(item, 4), Decoding(max_new_tokens=8)
     model.set_experts_implementation("eager")
     try:
         reference = generate(hybrid, items, dec, seed=0, batch_size=4)
-        with decode_hybrid.use_grouped_experts(model):
-            assert model.config._experts_implementation == "grouped_mm"
+        with decode_hybrid.use_capturable_experts(model):
+            assert model.config._experts_implementation == "batched_mm"  # float32
             grouped = generate(hybrid, items, dec, seed=0, batch_size=4)
         assert model.config._experts_implementation == "eager"
     finally:
@@ -172,7 +172,7 @@ def test_triton_state_update_equals_pytorch():
 
 @pytest.mark.skipif(not CUDA, reason="needs a GPU")
 def test_gpu_engine_equals_generate_in_float32(tiny_models, item, monkeypatch):
-    # On CUDA a hybrid takes the engine by default (static cache, graph replays, grouped experts); here on
+    # On CUDA the engine (static cache, graph replays, capturable experts); here on
     # PyTorch's Mamba functions, so float32 tokens must be `generate`'s exactly (the Triton kernels' own check is
     # the next test: their tf32 products move logits by ~1e-4, enough to flip a random model's near-ties).
     monkeypatch.setattr(decode_hybrid, "kernels_for", lambda device: decode_hybrid.torch_kernels())
@@ -180,9 +180,8 @@ def test_gpu_engine_equals_generate_in_float32(tiny_models, item, monkeypatch):
     items = _items(item)
     decodings = (Decoding(max_new_tokens=12), Decoding(max_new_tokens=12, repetition_penalty=1.2))
     calls = _decoded_by_engine(monkeypatch)
-    fast = [generate(loaded, items, dec, seed=0, batch_size=4) for dec in decodings]
+    fast = [generate(loaded, items, dec, seed=0, batch_size=4, static_cache=True) for dec in decodings]
     assert len(calls) == 4
-    monkeypatch.setattr(engine, "uses_own_loop", lambda model, static_cache: False)
     assert fast == [generate(loaded, items, dec, seed=0, batch_size=4) for dec in decodings]
 
 
