@@ -242,7 +242,8 @@ def _prefill(mixer, hidden_states: torch.Tensor, cache, attention_mask: torch.Te
     k = mixer.conv_kernel_size
     conv = F.conv1d(window.to(mixer.conv1d.weight.dtype), mixer.conv1d.weight, mixer.conv1d.bias, padding=k - 1,
                     groups=mixer.conv_dim)[..., : window.shape[-1]][..., -t:]
-    xbc = _masked(mixer.act(conv).transpose(1, 2).to(hidden_states.dtype), attention_mask)
+    # Channels last and contiguous, the layout the trainers' Triton path feeds the same scan (checked on the GPU).
+    xbc = _masked(mixer.act(conv).transpose(1, 2).to(hidden_states.dtype).contiguous(), attention_mask)
     x, B, C = xbc.split([mixer.intermediate_size, g * n, g * n], dim=-1)
     y, final = kernels.scan(x.reshape(b, t, heads, p), dt, -torch.exp(mixer.A_log.float()), B.reshape(b, t, g, n),
                             C.reshape(b, t, g, n), chunk_size=mixer.chunk_size, D=mixer.D, z=None,
