@@ -218,3 +218,33 @@ def test_own_prefill_and_step_equal_generate(hybrid, item, monkeypatch):
     monkeypatch.setattr(decode_hybrid, "_step", lambda *a: seen.append("step") or real_step(*a))
     assert generate(hybrid, items, dec, seed=0, batch_size=4, static_cache=True) == reference
     assert {"prefill", "step"} <= set(seen)
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a GPU")
+def test_gpu_triton_prefill_and_step_equal_pytorch(tiny_models, item):
+    # One prefill and three steps through the model on the Triton kernels and on PyTorch's, each on a fresh static
+    # cache, no graphs: logits and every Mamba state buffer close (tf32 products in the SSD scan).
+    from transformers import StaticCache
+
+    triton_kernels = _triton_or_skip()
+    loaded = load(tiny_models["nemotron_h"], device="cuda")
+    model, tok = loaded.model, loaded.tokenizer
+    ids, mask = engine._left_pad([render_prompt(tok, i.messages) for i in _items(item, 4)], tok.pad_token_id,
+                                 loaded.device, engine.WIDTH_BUCKET)
+    steps = torch.randint(4, 1000, (4, 3), device="cuda")
+    runs = []
+    for kernels in (triton_kernels, decode_hybrid.torch_kernels()):
+        cache = StaticCache(config=model.config, max_cache_len=ids.shape[1] + 3)
+        with torch.inference_mode(), decode_hybrid.bind(model, kernels):
+            logits = [model(input_ids=ids, attention_mask=mask, past_key_values=cache, use_cache=True).logits[:, -1]]
+            full = torch.cat([mask, torch.ones_like(steps)], 1)
+            for t in range(3):
+                logits.append(model(input_ids=steps[:, t:t + 1], attention_mask=full[:, : ids.shape[1] + t + 1],
+                                    past_key_values=cache, use_cache=True).logits[:, -1])
+        states = [s for layer in cache.layers if hasattr(layer, "recurrent_states")
+                  for s in (layer.conv_states[0], layer.recurrent_states[0])]
+        runs.append((torch.stack(logits, 1).float(), [s.float() for s in states]))
+    (got, got_states), (ref, ref_states) = runs
+    assert float((got - ref).norm() / ref.norm()) < 5e-3
+    for a, b in zip(got_states, ref_states, strict=True):
+        assert float((a - b).norm() / b.norm()) < 5e-3
