@@ -296,8 +296,11 @@ def drive(rt: Runtime, checkpointer: Any) -> AgentState:
     snapshot = graph.get_state(config)
     if "act" in snapshot.next:
         _regate(rt, graph, config, snapshot.values)
+    # "sync": each step's checkpoint is written before the next step starts, so an agent killed while it acts
+    # has its gated proposal on disk, and resume gates that proposal again (an asynchronous write could still
+    # be in flight when the job launches, and the step would be planned anew).
     if snapshot.next:
-        return graph.invoke(None, config)
+        return graph.invoke(None, config, durability="sync")
     if snapshot.values.get("finished"):
         return snapshot.values
-    return graph.invoke(initial_state(rt.ctx.session), config)
+    return graph.invoke(initial_state(rt.ctx.session), config, durability="sync")

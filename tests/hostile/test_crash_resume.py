@@ -6,6 +6,7 @@ launched twice. The classification itself is checked on its own first (cheap); t
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -18,6 +19,7 @@ from pathlib import Path
 import pytest
 from labkit import make_lab
 
+from evals import synthetic
 from memory.notebook import Notebook, NotebookError
 from tools.jobs.failures import classify, decide
 
@@ -77,10 +79,21 @@ def _group_alive(pgid: int) -> bool:
     return True
 
 
+def _slow_evals(lab: Path) -> Path:
+    """The open suite made long enough (300 items) that a calibration eval runs for seconds, not the fraction of
+    a second 8 items take: the kill lands while it runs."""
+    taken = {json.loads(line)["messages"][-1]["content"]
+             for name in ("feedback.jsonl", "confirm.jsonl") for line in (lab / name).read_text().splitlines()}
+    items = [t.item for t in synthetic.generate("digit_sum", 300, seed=12,
+                                                exclude=lambda it: it.messages[-1].content in taken)]
+    (lab / "digits.jsonl").write_text("".join(i.model_dump_json() + "\n" for i in items))
+    return lab
+
+
 @pytest.fixture(scope="module")
 def crash(tmp_path_factory: pytest.TempPathFactory) -> Crash:
     root = tmp_path_factory.mktemp("crash")
-    lab = make_lab(root / "lab")
+    lab = _slow_evals(make_lab(root / "lab"))
     with open(root / "run.log", "w") as out:  # its own process group, as a terminal gives one
         agent = subprocess.Popen([sys.executable, str(REPO / "run_agent.py"), "--budget", BUDGET, "--lab", str(lab),
                                   "--session", "s1", "--protocol", "test", "--quiet"], cwd=REPO, stdout=out,
@@ -89,7 +102,7 @@ def crash(tmp_path_factory: pytest.TempPathFactory) -> Crash:
     while (key := _eval_in_flight(lab)) is None:
         assert agent.poll() is None, (root / "run.log").read_text()
         assert time.monotonic() < deadline
-        time.sleep(0.3)
+        time.sleep(0.1)
     os.killpg(agent.pid, signal.SIGKILL)  # the whole group: the agent, its job controllers and their clients
     agent.wait()
     while _group_alive(agent.pid) and time.monotonic() < deadline:
