@@ -79,18 +79,27 @@ def nemotron_h(shape: str) -> NemotronHConfig:
 def random_init_(model: torch.nn.Module, std: float = 0.02, seed: int = 0) -> None:
     """Random weights in place (materialised meta models, FSDP shards included): matrices ~ N(0, std), norms 1,
     biases 0, LoRA B 0 (peft's start), Mamba A_log = log(1..heads), D and dt_bias 1 (transformers' init)."""
-    torch.manual_seed(seed)
-    for name, param in model.named_parameters():
-        t = param.to_local() if hasattr(param, "to_local") else param
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    for i, (name, param) in enumerate(model.named_parameters()):
         leaf = name.rsplit(".", 1)[-1]
+        # The whole tensor from one generator per parameter, then this rank's shard of it: the model is the same
+        # whatever the number of ranks (a per-rank seed on the local shards made 2 ranks train another model than 1).
+        full = torch.empty(param.shape, dtype=param.dtype, device=param.device)
         if leaf == "A_log":
-            t.copy_(torch.log(torch.arange(1, t.numel() + 1, device=t.device, dtype=torch.float32)))
-        elif leaf in ("D", "dt_bias") or (t.ndim == 1 and "norm" in name):
-            t.fill_(1.0)
-        elif t.ndim == 1 or "lora_B" in name:
-            t.zero_()
+            full.copy_(torch.log(torch.arange(1, full.numel() + 1, device=full.device, dtype=torch.float32)).view(full.shape))
+        elif leaf in ("D", "dt_bias") or (full.ndim == 1 and "norm" in name):
+            full.fill_(1.0)
+        elif full.ndim == 1 or "lora_B" in name:
+            full.zero_()
         else:
-            t.normal_(0.0, std)
+            full.normal_(0.0, std, generator=torch.Generator(device=full.device).manual_seed(seed * 1_000_003 + i))
+        if isinstance(param, DTensor):
+            param.to_local().copy_(distribute_tensor(full, param.device_mesh, param.placements,
+                                                     src_data_rank=None).to_local())
+        else:
+            param.copy_(full)
+        del full
     for buf in model.buffers():
         if buf.is_floating_point():
             buf.zero_()  # the router's score-correction bias
@@ -114,7 +123,7 @@ def build(config: NemotronHConfig, lora: LoRASettings | None, dtype: torch.dtype
         model = make_trainable(AutoModelForCausalLM.from_config(config, dtype=storage), None, lora, 0, True)
     distributed.shard(model, compute)
     model.to_empty(device=distributed.device(env))
-    random_init_(model, seed=env.rank)
+    random_init_(model, seed=0)
     return model.train()
 
 
