@@ -7,9 +7,11 @@ before it connects, and `zygote serve` refuses with exit 2 naming the directory.
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 
@@ -128,7 +130,10 @@ def test_a_client_sends_nothing_to_a_squatters_socket(tmp_path: Path, case: str)
 def test_a_private_directory_is_created_0700_and_used(tmp_path: Path) -> None:
     # The control: the same calls with a directory of its own do start a zygote (so the refusals above
     # are about the directory, not about anything else in these calls).
-    folder = tmp_path / "fresh" / "zy"
+    # A short base: under an xdist worker's longer temporary path the socket's would pass MAX_SOCKET_PATH, and
+    # the zygote is (rightly) not used there.
+    base = Path(tempfile.mkdtemp(prefix="zy-", dir="/tmp"))
+    folder = base / "fresh" / "zy"
     handle = zy.Zygote(folder, preload=("json",), idle_s=5)
     try:
         handle.wait(os.environ, timeout_s=60)
@@ -137,3 +142,4 @@ def test_a_private_directory_is_created_0700_and_used(tmp_path: Path) -> None:
     finally:
         zy.stop(folder)
     assert zy.running(folder) == []
+    shutil.rmtree(base, ignore_errors=True)
