@@ -3,6 +3,21 @@
     .venv/bin/python bench/decision_quality.py [--seeds 10] [--first-seed 1] [--size test|demo] [--budget 60gpuh]
         [--protocol short|test|full] [--world-seed 0 | --world-per-seed] [--truth-n 2000] [--work DIR] [--parallel 1]
         [--out bench/results/decision_quality.json]
+    .venv/bin/python bench/decision_quality.py --variants noisy-judge,small-holdout,harmful-arms,strong-parent,misleading-screens
+        [--seeds 10] [--first-seed 201] [--size test] ... [--out bench/results/decision_quality-variants.json]
+
+`--variants` runs `--seeds` judged sessions per world variant (tools/world/variants.py), each on its own world:
+the seed's default world is built once in WORK/world-SEED and each variant of it in WORK/VARIANT/world-SEED,
+sharing the default's trained parts where the variant keeps them (`build(..., reuse=)`, the same bytes as a build
+of its own). A variant world whose feedback the agent's input checks refuse (a test-size file of 64 battles whose
+split is too skewed, most often) opens no session: it is recorded under `refused` and the next seed is taken
+(at most 3 x `--seeds` seeds). The result is `{"variants": {NAME: {"summary": {policy: {...}}, "goals": [...],
+"truth_table": {...}, "sessions": [...], "refused": [...]}}}`; the issue 33 figures per policy are
+`sessions`, `nominee_truly_worse_sessions`, `false_promotion_share`, `truly_better_share_where_oracle_better`,
+`oracle_gain_capture` (mean nominee gain / oracle-best gain where the oracle-best is truly better) and
+`parent_kept_share`, each share with its 95% Wilson interval over sessions, beside the truth sample's
+resolution (`truth_resolution`: the mean and largest 95% CI half-width of the nominee-vs-parent comparisons,
+and the smallest true gain the sample detects with 80% power, 2.8 standard errors).
 
 The world (seed `--world-seed`) is built once, in WORK/world. Each session seed gets its own copy of it
 with the feedback drawn afresh (WORK/lab-SEED, tools/world/decision_quality.redraw_feedback: new battle
@@ -49,6 +64,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import platform
 import re
 import shutil
@@ -62,15 +78,17 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from agent.config import load_lab_config, parse_budget  # noqa: E402
+from agent.inputs import check_inputs  # noqa: E402
 from agent.planners.playbook import PROTOCOLS, PlaybookSettings  # noqa: E402
 from agent.runner import lab_spec  # noqa: E402
 from agent.summary import summarize  # noqa: E402
-from core.util import sha256_text  # noqa: E402
+from core.util import file_sha256  # noqa: E402
 from evals.decoding import Decoding  # noqa: E402
 from memory.notebook import Notebook  # noqa: E402
 from tools.session import parent_of  # noqa: E402
 from tools.world.build import build  # noqa: E402
 from tools.world.decision_quality import PairTruth, TruthBank, answer_key, redraw_feedback  # noqa: E402
+from tools.world.variants import VARIANT_NAMES  # noqa: E402
 
 SESSION = "dq"
 POLICIES = ("playbook", "greedy", "last_arm", "oracle_best")
@@ -329,7 +347,7 @@ def summarize_policy(sessions: list[dict[str, Any]], name: str) -> dict[str, Any
     promotions = sum(p["n_promotions"] for p in ps)
     false = sum(p["n_false"] for p in ps)
     gpuh = sum(p["gpuh"] for p in ps)
-    return {
+    return {**_hard_world_figures(sessions, name),
         "sessions": len(ps), "nominee_truly_worse_sessions": sum(p["nominee_truly_worse"] for p in ps),
         "nominee_truly_better_share": sum(p["nominee_truly_better"] for p in ps) / len(ps),
         "promotions": promotions, "false_promotions": false,
@@ -381,6 +399,197 @@ def _signed(value: float | None) -> str:
     return "-" if value is None else f"{value:+.4f}"
 
 
+# ---- issue 33: the figures that must hold when the world is hard -----------------------------------
+
+# The goals of issue 33, in every variant (the parent-kept goal in strong-parent only).
+VARIANT_GOALS = {
+    "nominee_truly_worse_sessions": "== 0",
+    "false_promotion_share": "<= 0.05",
+    "truly_better_share_where_oracle_better": ">= 0.90",
+    "oracle_gain_capture": ">= 0.85",
+}
+STRONG_PARENT_GOALS = {"parent_kept_share": ">= 0.90", "false_promotions": "== 0"}
+Z80 = 2.8  # standard errors a true gain must span to be detected at 95% two-sided with 80% power (1.96 + 0.84)
+
+
+def wilson(k: int, n: int) -> list[float] | None:
+    """The 95% Wilson interval of a share of k in n sessions (None without sessions): the rate's own resolution."""
+    if n == 0:
+        return None
+    z, p = 1.96, k / n
+    mid, half = (p + z * z / (2 * n)) / (1 + z * z / n), z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return [round(max(0.0, mid - half), 4), round(min(1.0, mid + half), 4)]
+
+
+def _hard_world_figures(sessions: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    """A policy's issue-33 figures over sessions: nominee never truly worse, false promotions, the share truly better
+    and the gain captured where the oracle-best is truly better, the parent kept; shares with their Wilson interval."""
+    ps = [s["policies"][name] for s in sessions]
+    better = [(s["policies"][name], s["policies"]["oracle_best"]) for s in sessions
+              if s["policies"]["oracle_best"]["nominee_truly_better"]]
+    kept = sum(p["nominee"] == s["parent"] for p, s in zip(ps, sessions, strict=True))
+    worse = sum(p["nominee_truly_worse"] for p in ps)
+    hit = sum(p["nominee_truly_better"] for p, _ in better)
+    capture = [p["true_improvement"] / o["true_improvement"] for p, o in better]
+    return {
+        "nominee_truly_worse_share_ci": wilson(worse, len(ps)),
+        "oracle_better_sessions": len(better),
+        "truly_better_share_where_oracle_better": hit / len(better) if better else None,
+        "truly_better_share_where_oracle_better_ci": wilson(hit, len(better)),
+        "oracle_gain_capture": sum(capture) / len(capture) if capture else None,
+        "oracle_gain_capture_per_session": capture,
+        "parent_kept_share": kept / len(ps), "parent_kept_share_ci": wilson(kept, len(ps)),
+        "truth_resolution": truth_resolution(sessions),
+    }
+
+
+def truth_resolution(sessions: list[dict[str, Any]]) -> dict[str, float | int | None]:
+    """How fine the truth sample resolves a gain: the 95% CI half-widths of every candidate against its parent
+    (a candidate of the parent's own answers has none) and the smallest gain it detects with 80% power."""
+    halves = [(c["vs_parent"]["ci_high"] - c["vs_parent"]["ci_low"]) / 2 for s in sessions for c in s["candidates"]
+              if c["id"] != s["parent"] and c["vs_parent"]["ci_high"] > c["vs_parent"]["ci_low"]]
+    if not halves:
+        return {"truth_n": None, "ci_half_width_mean": None, "ci_half_width_max": None, "min_detectable_gain_80": None}
+    return {"truth_n": sessions[0]["truth_n"] if "truth_n" in sessions[0] else None,
+            "ci_half_width_mean": sum(halves) / len(halves), "ci_half_width_max": max(halves),
+            "min_detectable_gain_80": max(halves) * Z80 / 1.96}
+
+
+def check_variant_goals(variant: str, summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """Issue 33's goals for the playbook in one variant; a goal with nothing to measure (no session where the
+    oracle-best is truly better) is `met: None`."""
+    play = summary["playbook"]
+    goals = VARIANT_GOALS | (STRONG_PARENT_GOALS if variant == "strong-parent" else {})
+    out = []
+    for goal, rule in goals.items():
+        op, target = rule.split()
+        value = play[goal]
+        met = None if value is None else {"==": value == float(target), ">=": value >= float(target),
+                                          "<=": value <= float(target)}[op]
+        out.append({"goal": goal, "target": rule, "measured": value, "met": met})
+    return out
+
+
+def truth_table(sessions: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the variant's world is, measured with the oracle over its sessions: every candidate kind's true win rate
+    against the parent (mean, truly better / worse counts), the largest true gain any candidate had, the noise of
+    the feedback's votes against the true verdicts, the dev holdout's size, and how often the verified screen
+    ranks two candidates the way the truth does."""
+    kinds: dict[str, list[dict[str, Any]]] = {}
+    for s in sessions:
+        for c in s["candidates"]:
+            if c["id"] != s["parent"]:
+                kinds.setdefault(c["origin"].split("-")[0], []).append(c["vs_parent"])
+    table = {kind: {"n": len(v), "mean_win_rate": sum(x["win_rate"] for x in v) / len(v),
+                    "truly_better": sum(x["ci_low"] > 0.5 for x in v), "truly_worse": sum(x["ci_high"] < 0.5 for x in v)}
+             for kind, v in sorted(kinds.items())}
+    gains = [c["vs_parent"]["win_rate"] - 0.5 for s in sessions for c in s["candidates"] if c["id"] != s["parent"]]
+    facts = [s["world_facts"] for s in sessions if "world_facts" in s]
+    agree = [a for f in facts for a in f["screen_agrees"]]
+    return {"candidates": table, "max_true_gain": max(gains) if gains else None,
+            "vote_wrong_share": _pooled(facts, "decisive", "wrong"), "vote_tie_share": _pooled(facts, "battles", "tie"),
+            "dev_battles_max": max((f["dev_battles"] for f in facts), default=None),
+            "dev_battles_mean": sum(f["dev_battles"] for f in facts) / len(facts) if facts else None,
+            "screen_truth_pairs": len(agree), "screen_agrees_with_truth_share": sum(agree) / len(agree) if agree else None}
+
+
+def _pooled(facts: list[dict[str, Any]], total: str, part: str) -> float | None:
+    n = sum(f["votes"][total] for f in facts)
+    return sum(f["votes"][part] for f in facts) / n if n else None
+
+
+def world_facts(lab: Path, session: dict[str, Any]) -> dict[str, Any]:
+    """A session's world as the oracle sees it: the feedback's votes against the true verdicts (wrong sides among
+    the decisive ones, ties among all), the dev holdout's size, and, for every pair of candidates the verified screen
+    scored apart and the truth sample ranks apart, whether the screen ranks them the same way."""
+    from evals.judge import judged_prompt
+    from evals.types import Item
+    from tools.world import oracle
+
+    votes = {"battles": 0, "decisive": 0, "wrong": 0, "tie": 0}
+    for line in (lab / "world/feedback/battles.jsonl").read_text(encoding="utf-8").splitlines():
+        row = json.loads(line)
+        prompt = judged_prompt(Item(id=row["id"], messages=row["messages"]))
+        true, _ = oracle.true_verdict(prompt, row["own"], row["other"])
+        votes["battles"] += 1
+        votes["tie"] += row["vote"] == "tie"
+        if true in ("A", "B"):
+            votes["decisive"] += 1
+            votes["wrong"] += row["vote"] == ("other" if true == "A" else "own")
+    with Notebook.open(lab / "notebook.db", readonly=True) as nb:
+        split = nb.latest_split()
+        dev = sum(split.counts.get("dev", {}).values()) if split is not None else 0
+        screen = {}
+        for c in session["candidates"]:
+            looks = [e for e in nb.evals(artifact_id=c["id"], suite="synthetic", session=SESSION)
+                     if e.served and e.replicate == 0]
+            if looks:
+                screen[c["id"]] = looks[0].metrics["correct"]
+    truth = {c["id"]: c["vs_parent"]["win_rate"] for c in session["candidates"]}
+    ids = sorted(screen)
+    agrees = [(screen[a] - screen[b]) * (truth[a] - truth[b]) > 0 for i, a in enumerate(ids) for b in ids[i + 1:]
+              if screen[a] != screen[b] and truth[a] != truth[b]]
+    return {"votes": votes, "dev_battles": dev, "screen_agrees": agrees}
+
+
+def run_variant(args: argparse.Namespace, name: str) -> dict[str, Any]:
+    """`--seeds` judged sessions on `name`'s worlds, one world per seed from `--first-seed` (or `--seed-list`) on;
+    a world whose inputs the agent refuses is recorded and the next seed taken."""
+    vargs = argparse.Namespace(**vars(args) | {"work": args.work / name, "variant": name, "world_per_seed": True,
+                                               "default_worlds": args.work})
+    vargs.work.mkdir(parents=True, exist_ok=True)
+    wanted = len(args.seed_list) if args.seed_list else args.seeds
+    seeds = args.seed_list or list(range(args.first_seed, args.first_seed + 3 * args.seeds))
+    rows, refused = [], []
+    for seed in seeds:
+        if len(rows) == wanted:
+            break
+        done = vargs.work / f"seed-{seed}.json"
+        if args.reuse_rows and done.is_file():
+            rows.append(json.loads(done.read_text()))
+            continue
+        prepared = prepare(vargs, seed)
+        if "refused" in prepared:
+            refused.append({"seed": seed, "problems": prepared["refused"]})
+            print(f"{name} seed {seed}: refused ({prepared['refused'][0][:160]})", flush=True)
+            continue
+        walls = run_sessions({seed: prepared["lab"]}, args.budget, args.protocol, vargs.work, 1)
+        row = finish(vargs, seed, prepared, walls[seed])
+        row |= {"truth_n": args.truth_n, "world_facts": world_facts(prepared["lab"], row)}
+        done.write_text(json.dumps(row, indent=1) + "\n")
+        rows.append(row)
+    summary = {policy: summarize_policy(rows, policy) for policy in POLICIES} if rows else {}
+    return {"summary": summary, "goals": check_variant_goals(name, summary) if rows else [],
+            "truth_table": truth_table(rows), "seeds": [r["seed"] for r in rows], "refused": refused,
+            "table": table(summary) if rows else "", "sessions": rows}
+
+
+def _variant_list(text: str) -> list[str]:
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    unknown = [n for n in names if n not in VARIANT_NAMES]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated world variants of "
+                                         f"{', '.join(VARIANT_NAMES)}")
+    return names
+
+
+def main_variants(args: argparse.Namespace, argv: list[str] | None) -> int:
+    start = time.monotonic()
+    result = {"command": "python bench/decision_quality.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+              "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+              "host": {"machine": platform.machine(), "python": platform.python_version()}, "variants": {}}
+    for name in args.variants:
+        result["variants"][name] = run_variant(args, name)
+        result["wall_s"] = time.monotonic() - start
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=1) + "\n")  # each variant as it finishes
+        print(f"== {name}\n{result['variants'][name]['table']}")
+        for g in result["variants"][name]["goals"]:
+            verdict = "not measurable" if g["met"] is None else "met" if g["met"] else "NOT met"
+            print(f"goal {g['goal']} {g['target']}: measured {g['measured']} -> {verdict}", flush=True)
+    return 0
+
+
 # ---- main -----------------------------------------------------------------------------------------
 
 
@@ -403,10 +612,18 @@ def prepare(args: argparse.Namespace, seed: int) -> dict[str, Any]:
     fresh = not (lab / "notebook.db").exists()
     if args.world_per_seed:
         world = args.work / f"world-{seed}"
-        manifest, _ = build(world, seed=seed, size=args.size)
+        variant, reuse = getattr(args, "variant", "default"), None
+        if variant != "default":  # the seed's default world first: the variant copies what it keeps of it
+            reuse = args.default_worlds / f"world-{seed}"
+            build(reuse, seed=seed, size=args.size)
+        build(world, seed=seed, size=args.size, variant=variant, reuse=reuse)
+        problems = check_inputs(load_lab_config(world))
+        if problems and not lab.exists():  # no session can open on it: the next seed is taken (run_variant)
+            return {"refused": problems, "redraw_s": time.monotonic() - t0}
         if not lab.exists():
             shutil.copytree(world, lab, symlinks=True)
-        feedback = {"world_seed": seed, "world_manifest_sha256": sha256_text(manifest.model_dump_json(indent=2) + "\n")}
+        feedback = {"world_seed": seed, "variant": variant,
+                    "world_manifest_sha256": file_sha256(world / "world/manifest.json")}
     else:
         feedback = redraw_feedback(args.work / "world", lab, seed).model_dump()
     family = register_family(lab, args.protocol) if fresh else None
@@ -471,12 +688,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--parallel", type=int, default=1, help="sessions run at the same time")
     p.add_argument("--reuse-rows", action="store_true", help="take a seed's row from WORK/seed-SEED.json when there")
     p.add_argument("--one-seed", type=int, help="redraw, run and judge this one seed only (WORK/world built)")
-    p.add_argument("--out", type=Path, default=REPO / "bench/results/decision_quality.json")
+    p.add_argument("--variants", type=_variant_list,
+                   help="comma-separated world variants (tools/world/variants.py): --seeds judged sessions on each, one "
+                        "world per seed (written to --out, default bench/results/decision_quality-variants.json)")
+    p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
+    if args.out is None:
+        args.out = REPO / ("bench/results/decision_quality-variants.json" if args.variants else
+                           "bench/results/decision_quality.json")
     try:
         parse_budget(args.budget)
     except ValueError as exc:
         p.error(f"--budget {args.budget}: {exc}")
+    if args.variants:
+        return main_variants(args, argv)
     start = time.monotonic()
     seeds = args.seed_list or list(range(args.first_seed, args.first_seed + args.seeds))
     if args.one_seed is not None:

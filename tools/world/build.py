@@ -1,6 +1,9 @@
 """The world builder: a complete miniature lab, generated offline and deterministically from a seed.
 
     python run_agent.py world build [--lab DIR] [--seed N] [--size demo|test] [--template chatml|llama3|gemma]
+                                    [--variant default|noisy-judge|small-holdout|harmful-arms|strong-parent|misleading-screens]
+
+A variant (tools/world/variants.py) makes the world hard in one named way; `default` is the world itself.
 
 What lands in the lab directory (every path relative to it):
 
@@ -19,7 +22,7 @@ What lands in the lab directory (every path relative to it):
     world/manifest.json               sha256 of every file above; world/manifest.sha256 commits the build
 
 Caching: a build is skipped when world/manifest.sha256 holds the sha256 of manifest.json, the manifest
-was made for the same seed, size and builder version, and every listed file still has its sha256. A
+was made for the same seed, size, template, variant and builder version, and every listed file still has its sha256. A
 missing, partial or edited cache fails that check and is rebuilt from scratch in a staging directory,
 then moved into place (manifest.sha256 last, so a killed build is never taken for a finished one). A
 lab.toml that no world manifest vouches for belongs to a real lab and is never overwritten.
@@ -34,6 +37,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -46,8 +50,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from core.chat import Message
 from core.util import file_sha256, sha256_text, write_atomic, write_json_atomic
 from tools.data.leak import DEFAULT_NGRAM, ReferenceIndex
-from tools.world import cost, opponent, oracle, parts, tokenizer
+from tools.world import cost, opponent, oracle, parts, tokenizer, variants
 from tools.world.tasks import WORLD_FAMILIES, WorldTask, draw, draw_mix, hash_seed
+from tools.world.variants import Variant, VariantName
 
 Size = Literal["demo", "test"]
 # The chat templates a world can be built on (`world build --template`); a session on it trains, evaluates
@@ -137,7 +142,9 @@ class WorldSpec(BaseModel):
     seed: int = Field(description="The world seed.")
     size: Size = Field(description="Size preset.")
     template: WorldTemplate = Field("chatml", description="Chat-template family of the tokenizer and models.")
-    sizes: SizeSpec = Field(description="The preset's values.")
+    variant: VariantName = Field("default", description="The world variant (tools/world/variants.py); written only "
+                                                        "when not the default, so a default build's bytes never moved.")
+    sizes: SizeSpec = Field(description="The preset's values (stage 1 as the variant trained the parent).")
     system_prompt: str = Field(description="Served system prompt.")
     oracle_noise: oracle.OracleNoise = Field(description="The judge's stated vote noise.")
     opponent_error_rate: dict[str, float] = Field(description="The opponent's chance of a wrong answer, per family.")
@@ -158,13 +165,21 @@ class Manifest(BaseModel):
     seed: int = Field(description="The world seed.")
     size: Size = Field(description="Size preset.")
     template: WorldTemplate = Field("chatml", description="Chat-template family of the tokenizer and models.")
+    variant: VariantName = Field("default", description="The world variant; written only when not the default.")
     files: dict[str, str] = Field(description="Lab-relative path -> sha256, for every file of the world.")
 
 
 # ---- cache -------------------------------------------------------------------------------------------
 
-def cached(lab: Path, seed: int, size: Size, template: WorldTemplate = "chatml") -> Manifest | None:
-    """The manifest of a complete, untouched world of this seed, size and template in `lab`, else None."""
+def _dumped(model: BaseModel, **kwargs) -> str:
+    """A manifest or world spec as JSON, without its variant when that is the default (a default build's bytes
+    are those of the builds made before variants)."""
+    return model.model_dump_json(exclude={"variant"} if model.variant == "default" else None, **kwargs)
+
+
+def cached(lab: Path, seed: int, size: Size, template: WorldTemplate = "chatml",
+           variant: VariantName = "default") -> Manifest | None:
+    """The manifest of a complete, untouched world of this seed, size, template and variant in `lab`, else None."""
     world = lab / WORLD_DIR
     try:
         text = (world / MANIFEST).read_text(encoding="utf-8")
@@ -172,8 +187,8 @@ def cached(lab: Path, seed: int, size: Size, template: WorldTemplate = "chatml")
         manifest = Manifest.model_validate_json(text)
     except (OSError, UnicodeDecodeError, ValueError):
         return None
-    if committed != sha256_text(text) or ((manifest.version, manifest.seed, manifest.size, manifest.template)
-                                          != (WORLD_VERSION, seed, size, template)):
+    if committed != sha256_text(text) or ((manifest.version, manifest.seed, manifest.size, manifest.template,
+                                           manifest.variant) != (WORLD_VERSION, seed, size, template, variant)):
         return None
     for rel, digest in manifest.files.items():
         path = lab / rel
@@ -227,10 +242,11 @@ def check_target(lab: Path) -> None:
                          "refusing to rebuild the world under them (build into a new --lab directory)")
 
 
-def check_build(lab: Path, seed: int, size: Size, template: WorldTemplate = "chatml") -> None:
+def check_build(lab: Path, seed: int, size: Size, template: WorldTemplate = "chatml",
+                variant: VariantName = "default") -> None:
     """What `build` refuses, checked before anything is written (even the lab's lock): an intact cache of
     this world is always fine; anything else needs a target `check_target` accepts."""
-    if cached(lab, seed, size, template) is None:
+    if cached(lab, seed, size, template, variant) is None:
         check_target(lab)
 
 
@@ -353,23 +369,26 @@ def served_decoding(tokenizer_dir: Path, spec: SizeSpec):
                     max_new_tokens=spec.max_new_tokens, stop_token_ids=stops)
 
 
+# The default world's voters: the oracle's stated noise.
+STATED_NOISE = oracle.OracleNoise()
 _VOTE = {"A": "own", "B": "other", "tie": "tie", "both_bad": "both_bad"}
 
 
-def vote(prompt: str, own: str, other: str, own_first: bool) -> str:
-    """The noisy oracle's vote on one battle, mapped from positions to own/other."""
+def vote(prompt: str, own: str, other: str, own_first: bool, noise: oracle.OracleNoise = STATED_NOISE) -> str:
+    """The noisy oracle's vote on one battle (at the voters' `noise`), mapped from positions to own/other."""
     from evals.judge import parse_verdict
 
     a, b = (own, other) if own_first else (other, own)
-    verdict = parse_verdict(oracle.judge(prompt, a, b))
+    verdict = parse_verdict(oracle.judge_with(prompt, a, b, noise))
     if verdict in ("A", "B") and not own_first:
         verdict = "B" if verdict == "A" else "A"
     return _VOTE[verdict]
 
 
-def battles(parent: Path, tasks: list[WorldTask], decoding, seed: int) -> tuple[list[dict], int]:
-    """Parent vs opponent on every battle prompt, voted by the oracle; battles with an empty parent answer
-    are dropped (the feedback format requires both answers) and counted."""
+def battles(parent: Path, tasks: list[WorldTask], decoding, seed: int,
+            noise: oracle.OracleNoise = STATED_NOISE) -> tuple[list[dict], int]:
+    """Parent vs opponent on every battle prompt, voted by the oracle at the voters' `noise`; battles with an
+    empty parent answer are dropped (the feedback format requires both answers) and counted."""
     from evals.generate import generate, load
     from evals.judge import judged_prompt
     from trainers.common import device
@@ -386,7 +405,7 @@ def battles(parent: Path, tasks: list[WorldTask], decoding, seed: int) -> tuple[
         prompt = judged_prompt(item)
         other = opponent.answer(prompt)
         rows.append({"id": f"b-{task.id.replace('/', '-')}", "messages": [m.model_dump() for m in task.messages],
-                     "own": own.text, "other": other, "vote": vote(prompt, own.text, other, own_first),
+                     "own": own.text, "other": other, "vote": vote(prompt, own.text, other, own_first, noise),
                      "meta": {"family": task.family, "turns": sum(m.role == "user" for m in task.messages)}})
     return rows, dropped
 
@@ -557,6 +576,32 @@ max_new_tokens = {spec.max_new_tokens}
 """
 
 
+def variant_lab_toml(text: str, v: Variant, battles: int) -> str:
+    """The default lab.toml as variant `v` states it: the dev share it cuts (small-holdout), the learning rates it
+    sets per family (harmful-arms), and a header line naming the variant."""
+    if v.name == "default":
+        return text
+    text = _edited(text, "\nbars = ", f"\n# World variant: {v.name} (tools/world/variants.py).\nbars = ")
+    stated = 0.3
+    share = variants.dev_fraction(v, battles, stated)
+    if share != stated:
+        text = _edited(text, f"dev_fraction = {stated}\n", f"dev_fraction = {share}  # at most {v.max_dev_battles} "
+                                                              "dev battles (small-holdout)\n")
+    for family, lr in sorted(v.train_lr.items()):
+        head = f"[train.{family}]\n"
+        old = re.search(rf"(?m)^\[train\.{family}\]\n(lr = .*\n)?", text)
+        if old is None:
+            raise ValueError(f"lab.toml has no [train.{family}] table for variant {v.name}")
+        text = text[:old.start()] + head + f"lr = {lr:g}  # too high: this family's arms hurt ({v.name})\n" + text[old.end():]
+    return text
+
+
+def _edited(text: str, old: str, new: str) -> str:
+    if text.count(old) != 1:
+        raise ValueError(f"lab.toml: expected one {old.strip()!r}, found {text.count(old)}")
+    return text.replace(old, new)
+
+
 # ---- the build ---------------------------------------------------------------------------------------
 
 def _write_pools(world: Path, pools: Pools, spec: SizeSpec) -> None:
@@ -575,17 +620,23 @@ def _pretrain_row(task: WorldTask, template: WorldTemplate) -> dict:
     return {"messages": [*opening, {"role": "assistant", "content": _document(task)}]}
 
 
-def _train(world: Path, scratch: Path, pools: Pools, spec: SizeSpec, seed: int, template: WorldTemplate) -> int:
-    """Tokenizer, base (pretraining) and parent (stage-1 SFT); returns the parameter count."""
-    docs = [_document(t) for t in pools.pretrain + pools.stage1] + [SYSTEM_PROMPT]
+def _train(world: Path, scratch: Path, pools: Pools, spec: SizeSpec, seed: int, template: WorldTemplate,
+           reuse: Path | None = None, reuse_parent: bool = False) -> int:
+    """Tokenizer, base (pretraining) and parent (stage-1 SFT); returns the parameter count. `reuse`: a finished
+    default build of the same seed, size and template, whose tokenizer and base (and parent, `reuse_parent`) are
+    copied rather than trained again: the same bytes, since every step is seeded and runs on one thread."""
     root = world.parent
-    tok_dir = tokenizer.build(root / TOKENIZER, corpus=docs, vocab_size=spec.vocab, template=template)
-    params = init_model(tok_dir, scratch / "init", spec, hash_seed(seed, "init") % 2**31)
-    pretrain = scratch / "pretrain.jsonl"
-    _jsonl(pretrain, [_pretrain_row(t, template) for t in pools.pretrain])
     (world / "models").mkdir(parents=True, exist_ok=True)
-    sft(scratch / "init", pretrain, scratch / "run-pretrain", root / BASE, spec.pretrain_steps,
-        spec.pretrain_lr, spec, None, hash_seed(seed, "pretrain-run") % 2**31)
+    scratch.mkdir(parents=True, exist_ok=True)
+    if reuse is not None:
+        shutil.copytree(reuse / TOKENIZER, root / TOKENIZER)
+        shutil.copytree(reuse / BASE, root / BASE)
+        params = load_spec(reuse).params
+        if reuse_parent:
+            shutil.copytree(reuse / PARENT, root / PARENT)
+            return params
+    else:
+        params = _pretrain(root, scratch, pools, spec, seed, template)
     # Train from a scratch copy: the trainer may keep a token cache beside its data file, and the world's
     # files must be only the world's.
     stage1 = shutil.copy(root / STAGE1_DATA, scratch / "stage1.jsonl")
@@ -594,30 +645,81 @@ def _train(world: Path, scratch: Path, pools: Pools, spec: SizeSpec, seed: int, 
     return params
 
 
-def _build_into(stage: Path, seed: int, size: Size, template: WorldTemplate) -> None:
-    spec = SIZES[size]
+def _pretrain(root: Path, scratch: Path, pools: Pools, spec: SizeSpec, seed: int, template: WorldTemplate) -> int:
+    """The tokenizer and the base model; returns the parameter count."""
+    docs = [_document(t) for t in pools.pretrain + pools.stage1] + [SYSTEM_PROMPT]
+    tok_dir = tokenizer.build(root / TOKENIZER, corpus=docs, vocab_size=spec.vocab, template=template)
+    params = init_model(tok_dir, scratch / "init", spec, hash_seed(seed, "init") % 2**31)
+    pretrain = scratch / "pretrain.jsonl"
+    _jsonl(pretrain, [_pretrain_row(t, template) for t in pools.pretrain])
+    sft(scratch / "init", pretrain, scratch / "run-pretrain", root / BASE, spec.pretrain_steps,
+        spec.pretrain_lr, spec, None, hash_seed(seed, "pretrain-run") % 2**31)
+    return params
+
+
+def _parent_labels(stage: Path, tasks: list[WorldTask], decoding, seed: int) -> None:
+    """misleading-screens: the verified suite rewritten with the parent's own served answers as its expected ones
+    (the gold where the parent's answer has none the checker can read)."""
+    from evals.generate import generate, load
+    from evals.synthetic import extract, family_of
+    from trainers.common import device
+
+    items = [t.item("synthetic") for t in tasks]
+    answers = generate(load(stage / PARENT, device=str(device())), items, decoding, seed=seed)
+    rows = []
+    for item, answer in zip(items, answers, strict=True):
+        given = extract(family_of(item.id), answer.text)
+        rows.append(json.loads(item.model_copy(update={"gold": given if given else item.gold}).model_dump_json()))
+    _jsonl(stage / SYNTHETIC_SUITE, rows)
+
+
+def _build_into(stage: Path, seed: int, size: Size, template: WorldTemplate, v: Variant,
+                reuse: Path | None = None) -> None:
+    pools = draw_pools(seed, SIZES[size])  # a variant's pools are its seed's default pools
+    spec = variants.sizes(v, SIZES[size])
     world = stage / WORLD_DIR
-    pools = draw_pools(seed, spec)
     _write_pools(world, pools, spec)
-    params = _train(world, stage / "scratch", pools, spec, seed, template)
+    params = _train(world, stage / "scratch", pools, spec, seed, template, reuse, not variants.changes_parent(v))
     decoding = served_decoding(stage / TOKENIZER, spec)
-    rows, dropped = battles(stage / PARENT, pools.battles, decoding, hash_seed(seed, "battles-gen") % 2**31)
-    _jsonl(stage / FEEDBACK, rows)
+    if v.screen_labels == "parent":
+        _parent_labels(stage, pools.synthetic, decoding, hash_seed(seed, "screen-labels") % 2**31)
+    same_feedback = reuse is not None and not variants.changes_parent(v) and v.oracle_noise == STATED_NOISE
+    rows, dropped, reward = (_feedback_of(reuse, stage) if same_feedback else
+                             _feedback(stage, pools, decoding, seed, v.oracle_noise))
     taken = pools.synthetic + pools.loops + pools.battles + pools.stage1 + pools.pretrain
     # Ids as the synthetic suite's ("synthetic/<family>/<hash>"): its scorer, the pool's verifier, reads the family there.
     _jsonl(stage / parts.VERIFIED_POOL, [json.loads(t.item("synthetic").model_dump_json())
                                          for t in parts.verified_pool(seed, VERIFIED_ITEMS[size], taken)])
-    reward = parts.train_reward_model(stage / TOKENIZER, stage / parts.REWARD_MODEL, rows, hash_seed(seed, "reward"))
     write_atomic(world / "bars.toml", BARS)
     write_atomic(world / "serving" / "system_prompt.txt", SYSTEM_PROMPT + "\n")
-    write_atomic(stage / "lab.toml", lab_toml(seed, size, spec, len(pools.stage1)))
+    write_atomic(stage / "lab.toml", variant_lab_toml(lab_toml(seed, size, spec, len(pools.stage1)), v, len(rows)))
     shutil.rmtree(stage / "scratch")
-    votes = {v: sum(r["vote"] == v for r in rows) for v in ("own", "other", "tie", "both_bad")}
-    info = WorldSpec(version=WORLD_VERSION, seed=seed, size=size, template=template, sizes=spec, system_prompt=SYSTEM_PROMPT,
-                     oracle_noise=oracle.OracleNoise(), opponent_error_rate=dict(opponent.ERROR_RATE),
+    votes = {name: sum(r["vote"] == name for r in rows) for name in ("own", "other", "tie", "both_bad")}
+    info = WorldSpec(version=WORLD_VERSION, seed=seed, size=size, template=template, variant=v.name, sizes=spec,
+                     system_prompt=SYSTEM_PROMPT, oracle_noise=v.oracle_noise, opponent_error_rate=dict(opponent.ERROR_RATE),
                      gpuh_per_device_s=cost.GPUH_PER_DEVICE_S, battles_dropped=dropped, votes=votes, params=params,
                      reward_model=reward)
-    write_json_atomic(world / "world.json", json.loads(info.model_dump_json()))
+    write_json_atomic(world / "world.json", json.loads(_dumped(info)))
+
+
+def _feedback(stage: Path, pools: Pools, decoding, seed: int,
+              noise: oracle.OracleNoise) -> tuple[list[dict], int, dict[str, float]]:
+    """The battles voted at `noise`, written, and the reward model trained on them: (rows, dropped, its fit)."""
+    rows, dropped = battles(stage / PARENT, pools.battles, decoding, hash_seed(seed, "battles-gen") % 2**31, noise)
+    _jsonl(stage / FEEDBACK, rows)
+    reward = parts.train_reward_model(stage / TOKENIZER, stage / parts.REWARD_MODEL, rows, hash_seed(seed, "reward"))
+    return rows, dropped, reward
+
+
+def _feedback_of(reuse: Path, stage: Path) -> tuple[list[dict], int, dict[str, float]]:
+    """A variant with the default's parent and voters has the default's battles and reward model: copied from the
+    default build `reuse` (what `_feedback` would make again, byte for byte)."""
+    (stage / FEEDBACK).parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(reuse / FEEDBACK, stage / FEEDBACK)
+    shutil.copytree(reuse / parts.REWARD_MODEL, stage / parts.REWARD_MODEL)
+    spec = load_spec(reuse)
+    rows = [json.loads(line) for line in (stage / FEEDBACK).read_text(encoding="utf-8").splitlines() if line.strip()]
+    return rows, spec.battles_dropped, spec.reward_model
 
 
 @contextmanager
@@ -644,22 +746,29 @@ def _files(root: Path) -> dict[str, str]:
     return {p.relative_to(root).as_posix(): file_sha256(p) for p in paths}
 
 
-def build(lab: Path, seed: int = 0, size: Size = "demo", template: WorldTemplate = "chatml") -> tuple[Manifest, bool]:
-    """Builds the world into `lab` on the `template` chat-template family unless an intact cache of it is
-    there; returns (manifest, rebuilt)."""
+def build(lab: Path, seed: int = 0, size: Size = "demo", template: WorldTemplate = "chatml",
+          variant: VariantName = "default", reuse: Path | None = None) -> tuple[Manifest, bool]:
+    """Builds the world (its `variant`, tools/world/variants.py) into `lab` on the `template` chat-template family
+    unless an intact cache of it is there; returns (manifest, rebuilt). `reuse`: a lab holding the finished default
+    build of the same seed, size and template, whose trained parts the variant shares are copied from it (the
+    benchmark builds five variants of one seed at the cost of about one)."""
+    v = variants.variant(variant)
     if lab.is_dir():
         _clean_stale_stages(lab)
-    found = cached(lab, seed, size, template)
+    found = cached(lab, seed, size, template, v.name)
     if found is not None:
         return found, False
+    if reuse is not None and cached(reuse, seed, size, template) is None:
+        raise WorldError(f"{reuse}: not a finished default world of seed {seed}, size {size}, template {template}")
     check_target(lab)
     lab.mkdir(parents=True, exist_ok=True)
     stage = Path(tempfile.mkdtemp(prefix=f"{STAGE_PREFIX}{os.getpid()}-", dir=lab))
     try:
         with one_thread():
-            _build_into(stage, seed, size, template)
-        manifest = Manifest(version=WORLD_VERSION, seed=seed, size=size, template=template, files=_files(stage))
-        text = manifest.model_dump_json(indent=2) + "\n"
+            _build_into(stage, seed, size, template, v, reuse)
+        manifest = Manifest(version=WORLD_VERSION, seed=seed, size=size, template=template, variant=v.name,
+                            files=_files(stage))
+        text = _dumped(manifest, indent=2) + "\n"
         write_atomic(stage / WORLD_DIR / MANIFEST, text)
         _swap_in(stage, lab)
         write_atomic(lab / WORLD_DIR / COMMIT, sha256_text(text) + "\n")

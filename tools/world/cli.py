@@ -1,6 +1,7 @@
 """`python run_agent.py world ...`: build the toy world, or measure a checkpoint's ground truth in it.
 
     python run_agent.py world build [--lab DIR] [--seed N] [--size demo|test] [--template chatml|llama3|gemma]
+                                    [--variant default|noisy-judge|small-holdout|harmful-arms|strong-parent|misleading-screens]
     python run_agent.py world truth CHECKPOINT [--lab DIR] [--vs OTHER|opponent] [--n 2000] [--seed S] [--json FILE]
                                                [--device cpu|cuda]
 
@@ -18,6 +19,7 @@ from core.display import shown
 from core.loading import UnsafeModelError, model_problems
 from core.util import write_json_atomic
 from memory.records import TRUTH_N_MAX, TRUTH_N_MIN
+from tools.world.variants import VARIANT_NAMES
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -29,6 +31,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     b.add_argument("--template", choices=["chatml", "llama3", "gemma"], default="chatml",
                    help="chat-template family of the world's tokenizer and models (a session on it trains, evaluates "
                         "and ships in that template)")
+    b.add_argument("--variant", default="default", metavar="NAME",
+                   help="world variant (tools/world/variants.py): " + ", ".join(VARIANT_NAMES) + " (default: the world "
+                        "as it is)")
     t = sub.add_parser("truth", help="true win rate of a checkpoint on a fresh sample (noise-free oracle)")
     t.add_argument("checkpoint", type=Path, help="checkpoint directory to measure")
     t.add_argument("--lab", type=Path, default=Path("lab"), help="the toy world's lab directory")
@@ -44,12 +49,17 @@ def _build(args: argparse.Namespace) -> int:
     from tools.world.build import build, check_build
 
     t0 = time.perf_counter()
-    check_build(args.lab, args.seed, args.size, args.template)  # before the lock file: a refused build leaves nothing behind
+    if args.variant not in VARIANT_NAMES:  # before anything is written
+        print(f"error: --variant {shown(args.variant)}: unknown world variant; expected one of {', '.join(VARIANT_NAMES)}",
+              file=sys.stderr)
+        return 2
+    check_build(args.lab, args.seed, args.size, args.template, args.variant)  # before the lock file: a refused build leaves nothing behind
     with LabPaths(root=args.lab).writer("world build"):  # never under a running session, nor two builds at once
-        manifest, rebuilt = build(args.lab, seed=args.seed, size=args.size, template=args.template)
+        manifest, rebuilt = build(args.lab, seed=args.seed, size=args.size, template=args.template, variant=args.variant)
     what = "built" if rebuilt else "cached (manifest sha256 matches; nothing rebuilt)"
-    print(f"toy world {args.size} seed {args.seed} template {args.template} in {args.lab}: {what}, {len(manifest.files)} files, "
-          f"{time.perf_counter() - t0:.1f} s")
+    variant = "" if args.variant == "default" else f" variant {args.variant}"
+    print(f"toy world {args.size} seed {args.seed} template {args.template}{variant} in {args.lab}: {what}, "
+          f"{len(manifest.files)} files, {time.perf_counter() - t0:.1f} s")
     return 0
 
 

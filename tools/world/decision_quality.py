@@ -202,7 +202,8 @@ def _redraw_into(stage: Path, feedback_seed: int, manifest_sha256: str) -> Redra
     tasks = draw_mix(spec.sizes.battles, hash_seed(spec.seed, "feedback-redraw", feedback_seed), index, "battles")
     decoding = served_decoding(stage / TOKENIZER, spec.sizes)
     with one_thread():  # see tools.world.build.one_thread
-        rows, dropped = battles(stage / PARENT, tasks, decoding, hash_seed(feedback_seed, "redraw-gen") % 2**31)
+        rows, dropped = battles(stage / PARENT, tasks, decoding, hash_seed(feedback_seed, "redraw-gen") % 2**31,
+                                spec.oracle_noise)  # a variant's voters vote its redraws too
     write_atomic(stage / FEEDBACK, "".join(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n" for r in rows))
     votes = {v: sum(r["vote"] == v for r in rows) for v in ("own", "other", "tie", "both_bad")}
     write_json_atomic(stage / WORLD_DIR / "world.json",

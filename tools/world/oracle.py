@@ -135,8 +135,14 @@ def truth_judge(prompt: str, answer_a: str, answer_b: str) -> str:
 
 def judge(prompt: str, answer_a: str, answer_b: str) -> str:
     """The oracle with its stated noise: the toy world's judge."""
+    return judge_with(prompt, answer_a, answer_b, OracleNoise())
+
+
+def judge_with(prompt: str, answer_a: str, answer_b: str, noise: OracleNoise) -> str:
+    """The oracle with the given noise (a world variant's voters, tools/world/variants.py); the same call draws the
+    same number whatever the noise, so only the rates decide how often a vote is changed."""
     found = true_verdict(prompt, answer_a, answer_b)
     if found is None:
         return "not a toy-world prompt: no verdict"
     verdict, reason = found
-    return _reply(noisy(verdict, _rng(prompt, answer_a, answer_b), OracleNoise()), reason)
+    return _reply(noisy(verdict, _rng(prompt, answer_a, answer_b), noise), reason)
