@@ -532,7 +532,7 @@ def world_facts(lab: Path, session: dict[str, Any]) -> dict[str, Any]:
     return {"votes": votes, "dev_battles": dev, "screen_agrees": agrees}
 
 
-def run_variant(args: argparse.Namespace, name: str) -> dict[str, Any]:
+def run_variant(args: argparse.Namespace, name: str, progress=None) -> dict[str, Any]:
     """`--seeds` judged sessions on `name`'s worlds, one world per seed from `--first-seed` (or `--seed-list`) on;
     a world whose inputs the agent refuses is recorded and the next seed taken."""
     vargs = argparse.Namespace(**vars(args) | {"work": args.work / name, "variant": name, "world_per_seed": True,
@@ -558,6 +558,12 @@ def run_variant(args: argparse.Namespace, name: str) -> dict[str, Any]:
         row |= {"truth_n": args.truth_n, "world_facts": world_facts(prepared["lab"], row)}
         done.write_text(json.dumps(row, indent=1) + "\n")
         rows.append(row)
+        if progress is not None:
+            progress(rows, refused)
+    return variant_result(name, rows, refused)
+
+
+def variant_result(name: str, rows: list[dict[str, Any]], refused: list[dict[str, Any]]) -> dict[str, Any]:
     summary = {policy: summarize_policy(rows, policy) for policy in POLICIES} if rows else {}
     return {"summary": summary, "goals": check_variant_goals(name, summary) if rows else [],
             "truth_table": truth_table(rows), "seeds": [r["seed"] for r in rows], "refused": refused,
@@ -578,11 +584,17 @@ def main_variants(args: argparse.Namespace, argv: list[str] | None) -> int:
     result = {"command": "python bench/decision_quality.py " + " ".join(argv if argv is not None else sys.argv[1:]),
               "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
               "host": {"machine": platform.machine(), "python": platform.python_version()}, "variants": {}}
-    for name in args.variants:
-        result["variants"][name] = run_variant(args, name)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+
+    def write(name: str, rows: list[dict[str, Any]], refused: list[dict[str, Any]] | None = None) -> None:
+        """The result so far (after every session: a run stopped midway keeps what it measured)."""
+        result["variants"][name] = variant_result(name, rows, refused or [])
         result["wall_s"] = time.monotonic() - start
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=1) + "\n")  # each variant as it finishes
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
+
+    for name in args.variants:
+        done = run_variant(args, name, lambda rows, refused, name=name: write(name, rows, refused))
+        write(name, done["sessions"], done["refused"])
         print(f"== {name}\n{result['variants'][name]['table']}")
         for g in result["variants"][name]["goals"]:
             verdict = "not measurable" if g["met"] is None else "met" if g["met"] else "NOT met"

@@ -592,7 +592,8 @@ def variant_lab_toml(text: str, v: Variant, battles: int) -> str:
         old = re.search(rf"(?m)^\[train\.{family}\]\n(lr = .*\n)?", text)
         if old is None:
             raise ValueError(f"lab.toml has no [train.{family}] table for variant {v.name}")
-        text = text[:old.start()] + head + f"lr = {lr:g}  # too high: this family's arms hurt ({v.name})\n" + text[old.end():]
+        text = (text[:old.start()] + head + f"lr = {lr:g}  # too high: this family's arms hurt ({v.name})\n"
+                f"lr_range = [1e-05, {lr:g}]\n" + text[old.end():])
     return text
 
 

@@ -12,8 +12,9 @@ the same tokenizer and the same base model as the default world of its seed; wha
 - `small-holdout`: the dev holdout (what selection reads) has at most `max_dev_battles` battles: lab.toml's
   dev_fraction is cut to fit the feedback file (the test size's 64 battles already give 19).
 - `harmful-arms`: the lab's recipe ([train] in its lab.toml) holds settings that truly hurt: DPO and the
-  KL-leashed CE at a learning rate of 1e-2, 50x and 10x what helps, so half of the full playbook's first arms
-  (dpo, klce of sft, dpo, klce, rft; dpo of the short protocol's sft, dpo) destroy the model they train.
+  KL-leashed CE at a learning rate of 0.1, 500x and 100x the lab's others (at the test size a DPO arm of 16
+  steps at 0.1 won 33% against its parent, at 0.03 44%, at 0.01 49%), so half of the full playbook's first arms
+  (dpo, klce of sft, dpo, klce, rft; dpo of the short protocol's sft, dpo) damage the model they train.
 - `strong-parent`: the parent has been trained to the end of what this model can learn from such data (stage 1
   runs `stage1_steps_factor` times as long, on the worked references with no answer running on), so no arm can
   truly beat it by more than 2 points; the right call is to keep it.
@@ -57,7 +58,7 @@ VARIANTS: dict[str, Variant] = {
     "default": Variant(name="default"),
     "noisy-judge": Variant(name="noisy-judge", oracle_noise=OracleNoise(tie_rate=0.10, both_bad_rate=0.0, wrong_rate=0.30)),
     "small-holdout": Variant(name="small-holdout", max_dev_battles=60),
-    "harmful-arms": Variant(name="harmful-arms", train_lr={"dpo": 1e-2, "klce": 1e-2}),
+    "harmful-arms": Variant(name="harmful-arms", train_lr={"dpo": 0.1, "klce": 0.1}),
     "strong-parent": Variant(name="strong-parent", stage1_steps_factor=6, stage1_clean=True),
     "misleading-screens": Variant(name="misleading-screens", screen_labels="parent"),
 }
