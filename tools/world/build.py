@@ -587,6 +587,9 @@ def variant_lab_toml(text: str, v: Variant, battles: int) -> str:
     if share != stated:
         text = _edited(text, f"dev_fraction = {stated}\n", f"dev_fraction = {share}  # at most {v.max_dev_battles} "
                                                               "dev battles (small-holdout)\n")
+    if not v.stratify_by_family:
+        text = _edited(text, 'stratify_by = "family"\n', '# stratify_by = "family": not with votes this noisy (see '
+                                                           'tools/world/variants.py)\n')
     for family, lr in sorted(v.train_lr.items()):
         head = f"[train.{family}]\n"
         old = re.search(rf"(?m)^\[train\.{family}\]\n(lr = .*\n)?", text)
@@ -659,14 +662,15 @@ def _pretrain(root: Path, scratch: Path, pools: Pools, spec: SizeSpec, seed: int
 
 
 def _parent_labels(stage: Path, tasks: list[WorldTask], decoding, seed: int) -> None:
-    """misleading-screens: the verified suite rewritten with the parent's own served answers as its expected ones
-    (the gold where the parent's answer has none the checker can read)."""
+    """misleading-screens: the verified suite rewritten with the parent's own answers at greedy decoding (its most
+    likely answer) as the expected ones, the gold where the checker can read none in it."""
     from evals.generate import generate, load
     from evals.synthetic import extract, family_of
     from trainers.common import device
 
     items = [t.item("synthetic") for t in tasks]
-    answers = generate(load(stage / PARENT, device=str(device())), items, decoding, seed=seed)
+    greedy = decoding.model_copy(update={"temperature": 0.0, "top_p": 1.0})
+    answers = generate(load(stage / PARENT, device=str(device())), items, greedy, seed=seed)
     rows = []
     for item, answer in zip(items, answers, strict=True):
         given = extract(family_of(item.id), answer.text)
