@@ -7,6 +7,7 @@
 #     bash ../shared/gpu/wheels.sh .whl                                   # here, once
 #     run(command="bash bench/gpu_session.sh", carry=[".whl"], timeout_s=600)
 #
+# PROTOCOL=test (or short) runs the playbook at that size (run_agent.py --protocol), for a call of a few minutes.
 # Steps: install the wheels into /tmp/site; run the GPU-only tests (tests/evals/test_gpu_jobs.py); build the demo world (`world build --size demo`) in /tmp/gpu-lab; run
 # `run_agent.py --budget 60gpuh` on it (the local executor sees the GPU: evals, reference answers, the truth scorer
 # and training default to it, merges and data jobs stay on the CPU); check the nominee's bundle; write
@@ -41,9 +42,12 @@ cat "$OUTDIR/env.txt"
 
 left() { echo $(( BUDGET_S - ($(date +%s) - START) )); }
 # The GPU-only tests first (an eval and a training job on the GPU record cuda and bf16): a minute.
-timeout 120 python3 -m pytest -q -p no:cacheprovider --confcutdir=tests/evals tests/evals/test_gpu_jobs.py \
+[ "${GPU_TESTS:-1}" = 1 ] && timeout 120 python3 -m pytest -q -p no:cacheprovider --confcutdir=tests/evals tests/evals/test_gpu_jobs.py \
   > "$OUTDIR/gpu_tests.log" 2>&1; echo "gpu tests: exit $? ($(tail -1 "$OUTDIR/gpu_tests.log"))"
 rm -rf "$LAB"
+# A world built elsewhere (the same seed and size build the same files) may travel as .gpu-lab: the build below
+# then finds it cached (its manifest's sha256 matches) and the session gets the call's minutes.
+[ -d .gpu-lab ] && cp -r .gpu-lab "$LAB"
 timeout "$(left)" python3 run_agent.py world build --lab "$LAB" --size demo > "$OUTDIR/world.log" 2>&1 \
   || { tail -20 "$OUTDIR/world.log"; echo "world build failed or ran out of time" >&2; }
 # GPU memory sampled through the session: an idle GPU is what this script exists to catch.
@@ -51,7 +55,7 @@ timeout "$(left)" python3 run_agent.py world build --lab "$LAB" --size demo > "$
   > "$OUTDIR/gpu_samples.csv" 2>/dev/null &
 SAMPLER=$!
 SESSION_START=$(date +%s)
-timeout "$(left)" python3 run_agent.py --budget 60gpuh --lab "$LAB" --session gpu1 --quiet > "$OUTDIR/session.log" 2>&1
+timeout "$(left)" python3 run_agent.py --budget 60gpuh ${PROTOCOL:+--protocol "$PROTOCOL"} --lab "$LAB" --session gpu1 --quiet > "$OUTDIR/session.log" 2>&1
 RC=$?
 kill "$SAMPLER" 2>/dev/null
 SESSION_S=$(( $(date +%s) - SESSION_START ))
@@ -61,6 +65,7 @@ python3 run_agent.py report --lab "$LAB" -o "$OUTDIR/report.html" > /dev/null 2>
 python3 - "$LAB" "$RESULT" "$RC" "$SESSION_S" "$OUTDIR" <<'EOF'
 """Collect the session's jobs (where each ran, from its recorded result) and its outcome into the result file."""
 import json
+import os
 import subprocess
 import sys
 from datetime import datetime
@@ -106,7 +111,8 @@ out = {"jobs": jobs, "session": session | {"exit_status": rc, "wall_s": session_
        "every_model_job_on_cuda_bf16": bool(model_jobs) and all(
            (j["device"], j["dtype"]) == ("cuda", "bfloat16") for j in model_jobs),
        "hardware": env[0] if env else None, "software": env[2] if len(env) > 2 else None,
-       "command": "bash bench/gpu_session.sh (world build --size demo; run_agent.py --budget 60gpuh)",
+       "command": "bash bench/gpu_session.sh (world build --size demo; run_agent.py --budget 60gpuh"
+                  + (f" --protocol {os.environ['PROTOCOL']}" if os.environ.get("PROTOCOL") else "") + ")",
        "measured_at": datetime.now().isoformat(timespec="seconds")}
 result.write_text(json.dumps(out, indent=2) + "\n")
 (outdir / "gpu_session.json").write_text(json.dumps(out, indent=2) + "\n")

@@ -34,6 +34,11 @@ DENSE_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_p
 # Above this many parameters activation checkpointing is on by default: at 4096 tokens a 1B model's stored
 # activations (~34 bytes x hidden x layers per token in bf16) already rival its weights and AdamW state.
 ACTIVATION_CHECKPOINTING_ABOVE = 1_000_000_000
+# Compiling the blocks (and graphing the Mamba mixers) pays back only where a step is long enough: on the H200 a
+# tiny world's job spent 60-100 s compiling for 30 steps of a 1M-parameter model that trains in seconds eagerly
+# (bench/results/gpu_session.json, sft 115.7 s against klce's 25.0 s once the compile cache was warm). Below this
+# size `compile_blocks = None` stays eager.
+COMPILE_BLOCKS_ABOVE = 100_000_000
 RECURRENT_MODEL_TYPES = {"nemotron_h", "mamba", "mamba2", "jamba", "zamba", "zamba2", "falcon_h1", "bamba"}
 
 
@@ -114,7 +119,8 @@ class TrainConfig(BaseModel):
         1024, gt=0, description="Supervised positions per chunk of the head + loss (bounds float32 logits memory).")
     compile_blocks: bool | None = Field(
         None, description="torch.compile each decoder block in place (fuses the norms, rotary, activation and "
-        "residual passes between the matmuls); None = on for one-process CUDA training. Not applied under FSDP2 or "
+        "residual passes between the matmuls); None = on for one-process CUDA training of models above 1e8 "
+        "parameters (COMPILE_BLOCKS_ABOVE). Not applied under FSDP2 or "
         "to Mamba blocks; with it, a hybrid's Mamba mixers replay their training forward and backward from CUDA "
         "graphs (trainers/step_graphs.py; not with activation checkpointing).")
     allow_slow_mamba: bool = Field(
@@ -409,13 +415,18 @@ def load_frozen(model_path: Path, dtype: str) -> PreTrainedModel:
         None, env).eval()
 
 
+def compiles_by_default(device_type: str, n_params: int) -> bool:
+    """`compile_blocks = None`'s choice: compiled blocks on CUDA for models above COMPILE_BLOCKS_ABOVE parameters."""
+    return device_type == "cuda" and n_params > COMPILE_BLOCKS_ABOVE
+
+
 def load_policy(model_path: Path, dtype: str, lora: LoRASettings | None, seed: int,
                 activation_checkpointing: bool | None = None, compile_blocks: bool | None = None) -> PreTrainedModel:
     """The trainable model: all weights (lora None) or a peft LoRA adapter over frozen weights.
 
     Distributed, it is FSDP2-sharded; full fine-tuning then keeps float32 master weights and computes in
     `dtype` through the mixed-precision policy, LoRA stores its frozen base in `dtype`. On one process the decoder
-    blocks are compiled where `compile_blocks` says so (None: on CUDA). Measured on an H200: the dense 1B step
+    blocks are compiled where `compile_blocks` says so (None: on CUDA, above COMPILE_BLOCKS_ABOVE parameters). Measured on an H200: the dense 1B step
     (4 x 4096) 304.6 -> 243.9 ms compiled (bench/train_step_variants.py); the Nemotron-H 0.9B LoRA step (2 x 4096; its
     attention and MoE blocks compiled, trainers/lora_experts.py) 170.0 -> 98.5 ms, against full fine-tuning's 107.8 ms
     compiled in the same call (bench/README.md, hybrid LoRA: that step is host-bound, and varies by machine); its
@@ -430,9 +441,9 @@ def load_policy(model_path: Path, dtype: str, lora: LoRASettings | None, seed: i
         return make_trainable(model, model_path, lora, seed, activation_checkpointing, compiled)
 
     if not env.distributed:
-        if compile_blocks is None:
-            compile_blocks = device().type == "cuda"
         model = loading.load_causal_lm(model_path, dtype=storage).to(device())
+        if compile_blocks is None:
+            compile_blocks = compiles_by_default(device().type, model.num_parameters())
         return _adapters_in(policy(model, compile_blocks), storage)
     compute = getattr(torch, dtype) if dtype != "float32" else None
     return distributed.load_sharded(

@@ -116,3 +116,11 @@ def test_a_stale_backward_over_a_replayed_graph_raises(model_dirs):
 def test_no_graphs_with_activation_checkpointing(model_dirs):
     *_, n = _pair(model_dirs["nemotron_h"], None, activation_checkpointing=True)
     assert n == 0
+
+
+def test_blocks_compile_by_default_only_on_cuda_for_models_worth_the_compile():
+    from trainers.common import COMPILE_BLOCKS_ABOVE, compiles_by_default
+
+    assert compiles_by_default("cuda", 8_000_000_000) and compiles_by_default("cuda", COMPILE_BLOCKS_ABOVE + 1)
+    assert not compiles_by_default("cuda", 1_000_000)  # a toy world's model: eager, no minutes of compiling
+    assert not compiles_by_default("cpu", 8_000_000_000)
