@@ -441,7 +441,9 @@ class _Decoder:
         """Without a sampler: the forward of `token` at the next slot; returns its logits (float32)."""
         self._next_inputs(token)
         self.advance()
-        return self.logits[:, -1].float()
+        # A copy: the graph writes its output in place at every replay, and `.float()` of float32 logits (the
+        # hybrid upcasts its logits) would return a view of that one buffer.
+        return self.logits[:, -1].to(dtype=torch.float32, copy=True)
 
 
 def _decode_static(model: PreTrainedModel, ids: torch.Tensor, mask: torch.Tensor, config: GenerationConfig,

@@ -248,3 +248,17 @@ def test_gpu_triton_prefill_and_step_equal_pytorch(tiny_models, item):
     assert float((got - ref).norm() / ref.norm()) < 5e-3
     for a, b in zip(got_states, ref_states, strict=True):
         assert float((a - b).norm() / b.norm()) < 5e-3
+
+
+def test_fed_logits_are_copies_not_views_of_the_step_output(hybrid, item):
+    # On CUDA the step's output is one buffer the graph rewrites at every replay; the hybrid's logits are already
+    # float32, so a `.float()` view of it made every fed step read the last one (the H200 check's 1.2 "error").
+    tok = hybrid.tokenizer
+    ids, mask = engine._left_pad([render_prompt(tok, i.messages) for i in _items(item, 2)], tok.pad_token_id,
+                                 hybrid.device, engine.WIDTH_BUCKET)
+    with torch.inference_mode():
+        decoder = engine._Decoder(hybrid.model, 2, ids.shape[1], 3)
+        decoder.prefill(ids, mask)
+        fed = decoder.feed(torch.tensor([5, 6]))
+        assert fed.dtype == torch.float32
+        assert fed.untyped_storage().data_ptr() != decoder.logits.untyped_storage().data_ptr()
