@@ -10,7 +10,9 @@ attempts, result and launch/fail decisions into the scratch notebook. A job the 
 is not launched: its tool reports "would launch: <kind> <key>" and the loop goes on without it.
 
 The lab's latest feedback split from before the session is carried into the scratch notebook (a
-re-ingestion keeps its assignments). The recorded and replayed decision sequences are compared kind by kind, payloads normalised (row
+re-ingestion keeps its assignments). Without `--bars` the session's own registered bars are registered again,
+read back from the notebook (`Bars.from_canonical`), not the lab's bars file as read today: a session registered
+before `floor_unit` existed used the replicates' floor, which its unchanged file now reads as `resolvable`. The recorded and replayed decision sequences are compared kind by kind, payloads normalised (row
 ids that differ between notebooks are dropped, artifact ids become artifact names, the bars' hash is
 left out since other bars are the point of `--bars`). Identical: exit 0. Otherwise the first decision
 that differs and everything after it are printed side by side, each replayed step that would have
@@ -35,7 +37,7 @@ from agent.live import Silent
 from agent.planners.playbook import Playbook, PlaybookSettings
 from evals import bars as bars_file
 from memory.notebook import Artifact, Decision, JobRecord, Notebook, NotebookError, now
-from tools.context import ToolContext, WouldLaunch
+from tools.context import LabSpec, ToolContext, WouldLaunch
 from tools.jobs.launcher import JobFailed, Launcher, Resources
 from tools.paths import LabPaths
 from tools.promote import start_incumbent
@@ -176,6 +178,7 @@ class ReplayResult(BaseModel):
     first_difference: int | None
     lines: list[str]
     would_launch: list[str]
+    bars_spec: dict[str, Any] | None = None  # the bars the replay registered (canonical spec), None when it registered none
 
 
 def replay(lab_dir: Path, session: str, *, bars: Path | None = None, planner: str | None = None,
@@ -204,6 +207,8 @@ def replay(lab_dir: Path, session: str, *, bars: Path | None = None, planner: st
             lab = lab_spec(config)
             if bars is not None:
                 lab = lab.model_copy(update={"bars": bars.resolve()})
+            else:  # the bars the session registered, as it read them (its floor unit too), not the file's reading today
+                lab = _recorded_bars(original, session, lab, Path(tmp))
             section = config.executor.model_copy(update={"kind": s.executor})
             forecaster = Launcher.from_section(scratch, session, section, Path(tmp) / "jobs",
                                                lab_roots=paths.spellings(s.lab))
@@ -217,6 +222,20 @@ def replay(lab_dir: Path, session: str, *, bars: Path | None = None, planner: st
             start_incumbent(ctx)
             drive(rt, InMemorySaver())
             return _compare(original, scratch, session)
+
+
+def _recorded_bars(original: Notebook, session: str, lab: LabSpec, tmp: Path) -> LabSpec:
+    """The lab spec with its bars file replaced by the session's first registered bars, written out from the
+    notebook's record. A session registered before `floor_unit` existed recorded no such key and reads back as
+    `replicates`, while its lab's bars file, read today, would give the `resolvable` floor: replaying from the file
+    would judge it by a floor it never used."""
+    registered = original.decisions(session, kind="register_bars")
+    if not registered:
+        return lab
+    spec = original.bars(registered[0].payload.bars_id).spec
+    path = tmp / "recorded-bars.toml"
+    path.write_text(bars_file.Bars.from_canonical(spec).toml(), encoding="utf-8")
+    return lab.model_copy(update={"bars": path})
 
 
 def _check_bars(path: Path, config: LabConfig) -> None:
@@ -250,8 +269,10 @@ def _compare(original: Notebook, scratch: Notebook, session: str) -> ReplayResul
         first = min(len(a), len(b))
     launches = _would_launch(scratch, session)
     lines = [] if first is None else side_by_side(recorded, replayed, first, launches)
+    registered = scratch.decisions(session, kind="register_bars")
     return ReplayResult(same=first is None, recorded=len(recorded), replayed=len(replayed), first_difference=first,
-                        lines=lines, would_launch=sorted(launches.values()))
+                        lines=lines, would_launch=sorted(launches.values()),
+                        bars_spec=scratch.bars(registered[0].payload.bars_id).spec if registered else None)
 
 
 def replay_command(lab_dir: Path, session: str, *, bars: Path | None, planner: str | None, protocol: str | None) -> int:

@@ -52,6 +52,7 @@ its scorer does not produce (SCORER_METRICS).
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import tomllib
@@ -215,6 +216,16 @@ class Bars(BaseModel):
     def rules(spec: dict[str, Any]) -> tuple[Rule, ...]:
         """The parsed bars of a stored canonical spec, in the bars file's order."""
         return tuple(Rule.model_validate(c) for c in spec["bars"])
+
+    def toml(self) -> str:
+        """These bars as a bars file that `load` reads back to the same canonical spec (floor unit and replicates
+        always written): what replay registers when it re-derives a session under the bars that session registered."""
+        head = ([f"p_family = {self.p_family}"] if self.p_family is not None else []) + [
+            f"replicates = {self.replicates}", f"floor_unit = {json.dumps(self.floor_unit)}"]
+        tables = [f"[[bar]]\nsuite = {json.dumps(b.suite)}\nmetric = {json.dumps(b.metric)}\nrule = {json.dumps(b.rule)}\n"
+                  + (f"test = {json.dumps(b.test)}\n" if b.test is not None else "") + f"confidence = {b.confidence!r}\n"
+                  for b in self.bar]
+        return "\n".join(head) + "\n\n" + "\n".join(tables)
 
     @classmethod
     def from_canonical(cls, spec: dict[str, Any]) -> Bars:

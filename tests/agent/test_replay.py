@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from agent.replay import replay
+from evals import bars as bars_file
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
@@ -45,3 +46,32 @@ def test_stricter_bars_diverge_at_the_first_promotion(finished, tmp_path):
     cli = subprocess.run([sys.executable, str(REPO / "run_agent.py"), "replay", finished.session, "--lab",
                           str(finished.lab), "--bars", str(strict)], cwd=REPO, capture_output=True, text=True, timeout=900)
     assert cli.returncode == 1 and "would launch: " in cli.stdout
+
+
+def test_replay_registers_the_bars_the_session_recorded_not_the_files_reading_today(finished):
+    """A session recorded under one floor unit replays under it whatever its lab's bars file says now. Here the file
+    is made to read `replicates` while the session registered `resolvable`; an old session is the mirror case (its
+    record has no floor_unit key, so `replicates`, and its unchanged file now reads `resolvable`)."""
+    from memory.notebook import Notebook
+
+    with Notebook.open(finished.lab / "notebook.db", readonly=True) as nb:
+        first = nb.decisions(finished.session, kind="register_bars")[0]
+        recorded = nb.bars(first.payload.bars_id).spec
+    path = finished.lab / "bars.toml"
+    text = path.read_text()
+    assert bars_file.load(path).canonical() == recorded  # the file as the session read it
+    try:
+        path.write_text('floor_unit = "replicates"\n' + text)
+        assert bars_file.load(path).canonical() != recorded
+        result = replay(finished.lab, finished.session)
+    finally:
+        path.write_text(text)
+    assert result.same and result.bars_spec == recorded
+    # The record of a session from before the key (no floor_unit) registers again as exactly that: the replicates' floor.
+    old = {k: v for k, v in recorded.items() if k != "floor_unit"}
+    written = bars_file.Bars.from_canonical(old)
+    assert written.floor_unit == "replicates" and written.canonical() == old
+    again = finished.lab.parent / "old-bars.toml"
+    again.write_text(written.toml())
+    assert bars_file.load(again).canonical() == old
+    again.unlink()
