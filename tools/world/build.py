@@ -77,6 +77,8 @@ AUDITED_FILES = (("eval:synthetic", SYNTHETIC_SUITE), ("eval:loops", LOOPS_SUITE
                  ("data:verified", parts.VERIFIED_POOL))
 # Items of the verified pool ([[data]] kind = "verified"), per size preset.
 VERIFIED_ITEMS = {"test": 32, "demo": 120}
+# Share of the feedback lab.toml holds out for selection (small-holdout cuts it to fit its cap).
+DEV_FRACTION = 0.3
 # Served sampling (lab.toml [serving.decoding]); max_new_tokens comes from the size preset.
 TEMPERATURE = 0.7
 TOP_P = 0.95
@@ -464,7 +466,7 @@ n = {300 if size == "demo" else 40}
 
 [feedback]
 file = "{FEEDBACK}"
-dev_fraction = 0.3
+dev_fraction = {DEV_FRACTION}
 sealed_fraction = 0.1
 stratify_by = "family"
 
@@ -576,16 +578,15 @@ max_new_tokens = {spec.max_new_tokens}
 """
 
 
-def variant_lab_toml(text: str, v: Variant, battles: int) -> str:
+def variant_lab_toml(text: str, v: Variant, n_battles: int) -> str:
     """The default lab.toml as variant `v` states it: the dev share it cuts (small-holdout), the learning rates it
     sets per family (harmful-arms), and a header line naming the variant."""
     if v.name == "default":
         return text
     text = _edited(text, "\nbars = ", f"\n# World variant: {v.name} (tools/world/variants.py).\nbars = ")
-    stated = 0.3
-    share = variants.dev_fraction(v, battles, stated)
-    if share != stated:
-        text = _edited(text, f"dev_fraction = {stated}\n", f"dev_fraction = {share}  # at most {v.max_dev_battles} "
+    share = variants.dev_fraction(v, n_battles, DEV_FRACTION)
+    if share != DEV_FRACTION:
+        text = _edited(text, f"dev_fraction = {DEV_FRACTION}\n", f"dev_fraction = {share}  # at most {v.max_dev_battles} "
                                                               "dev battles (small-holdout)\n")
     if not v.stratify_by_family:
         text = _edited(text, 'stratify_by = "family"\n', '# stratify_by = "family": not with votes this noisy (see '
