@@ -26,8 +26,8 @@ no host work between steps; on the CPU the same step runs eagerly and its tokens
 seed (tests/evals/test_engine_job.py). On CUDA the graph's random numbers come from the same seeded generator,
 at other offsets than `generate`'s, so the draws differ from `generate`'s but keep its distribution.
 
-Nemotron-H hybrids take the same loop with `static_cache=True` (on CUDA not yet by default: its GPU check is open,
-see `evals.decode_hybrid`): `evals.decode_hybrid` keeps their Mamba-2 convolution and SSM states in the
+Nemotron-H hybrids take the same loop with `static_cache=True` (what an eval job on CUDA sets; checked on an H200
+against one full forward, bench/decode_hybrid_check.py): `evals.decode_hybrid` keeps their Mamba-2 convolution and SSM states in the
 static cache beside the attention layers' KV cache, steps them with mamba-ssm's Triton decode kernels, and routes
 the MoE layers through grouped-matmul experts, so a hybrid's step is one graph replay too. Where a kernel is missing
 the Mamba layers fall back to transformers' PyTorch functions (said once); where the installed transformers has no
@@ -145,15 +145,7 @@ def uses_own_loop(model: PreTrainedModel, static_cache: bool) -> bool:
     if not decode_hybrid.supported(model):
         _no_hybrid_loop(transformers.__version__)
         return False
-    if model.device.type == "cuda":
-        _unchecked_on_gpu()
     return True
-
-
-@functools.cache
-def _unchecked_on_gpu() -> None:
-    _log.warning("hybrid decode on CUDA: the static loop has not passed its check against a full forward on the "
-                 "GPU yet (evals/decode_hybrid.py); compare with model.generate before trusting its scores")
 
 
 @functools.cache

@@ -130,6 +130,23 @@ def _served_cache_settings(model):
             c.use_cache = value
 
 
+def stored_dtype(model_dir: Path, default: torch.dtype) -> torch.dtype:
+    """The floating dtype a checkpoint's weights are stored in (its first floating tensor's, from the safetensors
+    headers), else `default`. A trained arm is saved in its parent's: one GPU trains in bfloat16, and an arm of a
+    float32 parent saved in bfloat16 could not be merged with it (the H200 session's dose merge refused the pair,
+    trainers.merge.check_compatible), nor served as its parent is."""
+    from safetensors import safe_open
+
+    names = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
+    for shard in sorted(Path(model_dir).glob("*.safetensors")):
+        with safe_open(shard, framework="pt") as f:
+            for key in f.keys():
+                found = names.get(f.get_slice(key).get_dtype())
+                if found is not None:
+                    return found
+    return default
+
+
 def save_final(model, tokenizer, out_dir: Path, save_dtype: torch.dtype) -> None:
     """Collective: the consolidated model (full weights in `save_dtype`, or the peft adapter) on rank 0."""
     with _served_cache_settings(model):
@@ -141,7 +158,11 @@ def _save_final(model, tokenizer, out_dir: Path, save_dtype: torch.dtype) -> Non
 
     env = distributed.setup()
     if not env.distributed:
-        model.save_pretrained(out_dir, max_shard_size=MAX_SHARD_SIZE)
+        state = None
+        if not isinstance(model, PeftModel) and any(p.is_floating_point() and p.dtype != save_dtype
+                                                    for p in model.parameters()):
+            state = {k: v.to(save_dtype) if v.is_floating_point() else v for k, v in model.state_dict().items()}
+        model.save_pretrained(out_dir, state_dict=state, max_shard_size=MAX_SHARD_SIZE)
         tokenizer.save_pretrained(out_dir)
         write_weights_manifest(out_dir)
         return

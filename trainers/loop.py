@@ -222,12 +222,17 @@ def _grad_norm(model, clip: float) -> float:
     return float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
 
 
+def save_dtype(config: TrainConfig) -> torch.dtype:
+    """Full weights are saved in the starting model's stored dtype (checkpoint.stored_dtype)."""
+    return checkpoint.stored_dtype(config.model_path, getattr(torch, config.compute_dtype))
+
+
 def save_snapshot(paths: RunPaths, model, tokenizer, config: TrainConfig, state: LoopState, lr: float) -> None:
     """Collective: the model after step `state.step`, whole (trainers/checkpoint.py), with its step, learning rate
     so far and loss. Written before that step's resume save, so resume state at or past a snapshot step always
     has its snapshot on disk, and state from before it re-runs the step and writes it again."""
     info = {"step": state.step, "lr": lr, "lr_sum": state.lr_sum, "loss": state.last_loss, "tokens_seen": state.tokens}
-    checkpoint.save_snapshot(model, tokenizer, paths.snapshot(state.step), getattr(torch, config.compute_dtype), info)
+    checkpoint.save_snapshot(model, tokenizer, paths.snapshot(state.step), save_dtype(config), info)
 
 
 def read_snapshot(paths: RunPaths, step: int) -> Snapshot:
@@ -325,7 +330,7 @@ def run_job(
                "estimated_peak_gib": estimate.total / memory.GIB}
     if torch.cuda.is_available():
         metrics["peak_gpu_gib"] = torch.cuda.max_memory_allocated() / memory.GIB
-    checkpoint.save_final(model, tokenizer, paths.model, getattr(torch, config.compute_dtype))
+    checkpoint.save_final(model, tokenizer, paths.model, save_dtype(config))
     result = TrainResult(
         run_dir=paths.root, model_dir=paths.model, adapter=config.lora is not None, base_model_path=config.model_path,
         steps=state.step, tokens_seen=state.tokens, supervised_tokens=state.supervised, truncated_rows=truncated_rows,

@@ -207,3 +207,18 @@ def test_command_line_entry_point(model_dirs, sft_data, tmp_path):
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["steps"] == 2 and (tmp_path / "run" / "result.json").is_file()
+
+
+def test_an_arm_trained_in_bf16_is_saved_in_its_float32_parents_dtype_and_merges_with_it(model_dirs, sft_data,
+                                                                                          tmp_path):
+    # One GPU trains in bfloat16; the toy world's parent is float32. Saved in bf16, the arm and its parent could
+    # not be merged (the H200 session's dose merge failed): the arm keeps its parent's stored dtype.
+    from trainers.merge import check_compatible
+
+    parent = model_dirs["nemotron_h"]
+    result = train(_config(parent, sft_data, tmp_path / "run", steps=2, dtype="bfloat16",
+                           snapshot_steps=[1]))
+    for saved in (result.model_dir, tmp_path / "run" / "snapshots" / "step-1"):
+        assert {t.dtype for t in load_file(next(saved.glob("*.safetensors"))).values()
+                if t.is_floating_point()} == {torch.float32}
+    check_compatible([parent, result.model_dir])  # raises MergeError on a dtype mismatch

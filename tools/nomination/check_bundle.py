@@ -120,7 +120,7 @@ LOAD_ERRORS = (OSError, ValueError, RuntimeError, KeyError, TypeError, jinja2.Te
 # loads the weights, runs in one under a timeout, and generates at most RELOAD_MAX_NEW_TOKENS per answer within
 # RELOAD_SECONDS_PER_ANSWER whatever generation_config.json says (one hostile bundle ran 198 s on 5 prompts).
 TEMPLATE_SECONDS = 60
-TEMPLATE_MEMORY = 3 * 1024**3  # loading a tokenizer takes about 1.5 GiB of address space
+TEMPLATE_MEMORY = 3 * 1024**3  # beyond the child's libraries: loading a tokenizer takes about 1.5 GiB
 RELOAD_SECONDS = 600
 RELOAD_MAX_NEW_TOKENS = 256
 RELOAD_SECONDS_PER_ANSWER = 60
@@ -778,21 +778,19 @@ def _bounded_reload(path: Path, notebook_path: Path | None) -> tuple[list[Answer
 def _in_child(group: str, path: Path, notebook_path: Path | None, seconds: int, memory: int | None) -> dict | str:
     """Runs one group of checks in `python -m tools.nomination.check_bundle --child GROUP BUNDLE [NOTEBOOK]` under
     a timeout, a CPU limit and (when given) an address-space limit; its JSON result, or why there is none."""
-    def limits() -> None:  # in the child, before exec
+    def limits() -> None:  # in the child, before exec; the memory bound the child sets itself (_bound_memory)
         resource.setrlimit(resource.RLIMIT_CPU, (seconds, seconds))
-        if memory is not None:
-            resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
 
     repo = Path(__file__).resolve().parents[2]
-    command = [sys.executable, "-m", "tools.nomination.check_bundle", "--child", group, str(path.resolve()),
-               *([str(notebook_path.resolve())] if notebook_path is not None else [])]
+    command = [sys.executable, "-m", "tools.nomination.check_bundle", "--child", group, str(memory or 0),
+               str(path.resolve()), *([str(notebook_path.resolve())] if notebook_path is not None else [])]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=seconds, preexec_fn=limits, cwd=repo)
     except subprocess.TimeoutExpired:
         return f"stopped after {seconds} s"
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:
-        limit = f"{memory // 1024**2} MiB of memory or " if memory is not None else ""
+        limit = f"{memory // 1024**2} MiB of memory beyond its libraries or " if memory is not None else ""
         return f"stopped by its limits ({limit}{seconds} s of CPU)"
     return json.loads(lines[-1])
 
@@ -859,6 +857,29 @@ def check_bundle_command(bundle: Path, lab: Path | None) -> int:
     return 0 if report.ok else 1
 
 
-if __name__ == "__main__":  # the bounded child of _in_child: `--child GROUP BUNDLE [NOTEBOOK]`
-    _, _, _group, _bundle, *_notebook = sys.argv
+def _address_space() -> int:
+    """Bytes of virtual address space this process maps now (VmSize)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmSize:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("/proc/self/status has no VmSize line")
+
+
+def _bound_memory(memory: int) -> None:
+    """In the child: at most `memory` bytes of address space beyond what its libraries map. The libraries are
+    imported first, since what they map differs by host: a CUDA build of torch maps several GiB of address space
+    on import (a 3 GiB limit set before exec stopped every template check of the H200's GPU session), a CPU build
+    a few hundred MiB; the bound is for what the bundle's template makes the check allocate."""
+    if not memory:
+        return
+    import jinja2  # noqa: F401 - mapped before the bound is taken
+    import transformers  # noqa: F401
+
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    resource.setrlimit(resource.RLIMIT_AS, (_address_space() + memory, hard))
+
+
+if __name__ == "__main__":  # the bounded child of _in_child: `--child GROUP MEMORY BUNDLE [NOTEBOOK]`
+    _, _, _group, _memory, _bundle, *_notebook = sys.argv
+    _bound_memory(int(_memory))
     print(json.dumps(_child(_group, Path(_bundle), Path(_notebook[0]) if _notebook else None)))
