@@ -171,3 +171,16 @@ def test_a_two_task_eval_shares_its_items_and_merges_as_one_process(
     logs = "".join(p.read_text() for p in Path(outputs[2][1].folder).glob("*_log.err"))
     shares = [int(line.split("generated ")[1].split()[0]) for line in logs.splitlines() if " of 2: generated " in line]
     assert len(shares) == 2 and all(shares) and sum(shares) == (40 if decoding.temperature else 20)
+
+
+def test_a_cpu_job_on_a_gpu_host_holds_and_is_charged_no_device() -> None:
+    # On a host without GPUs the CPU processes are the devices (the toy world's cost model); on a GPU host a merge
+    # or a dataset build holds none: its forecast bound and its charge are zero, as on Slurm (the H200 session's
+    # merge was forecast 41.75 simulated GPU-h against a 60 GPU-h budget).
+    from tools.jobs.launcher import LocalBackend
+
+    merge = Resources(time_limit_min=240, gpus=0)
+    train = Resources(time_limit_min=240, gpus=1)
+    gpu_host, cpu_host = LocalBackend(host_gpus=1), LocalBackend(host_gpus=0)
+    assert (gpu_host.devices(merge), gpu_host.devices(train)) == (0, 1)
+    assert (cpu_host.devices(merge), cpu_host.devices(train)) == (1, 1)

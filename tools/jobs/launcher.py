@@ -69,7 +69,7 @@ from submitit.core.utils import FailedJobError, JobPaths, UncompletedJobError
 from memory.notebook import JobRecord, Notebook, now, tool_call_key
 from memory.records import BudgetRefusal, FailPayload, LaunchPayload, MemoryRefusal
 from tools.jobs import forecast
-from tools.jobs.executor import ExecutorSection, SlurmSection
+from tools.jobs.executor import ExecutorSection, SlurmSection, local_gpus
 from tools.jobs.failures import Failure, classify, decide, smaller_batch_config
 from tools.jobs.forecast import fitting_alternatives
 from tools.jobs.jobrun import Resumable, RunPaths, near_time_limit, read_events
@@ -247,9 +247,11 @@ class LocalBackend:
 
     name: Literal["local"] = "local"
 
-    def __init__(self, simulated_gpuh_per_device_s: float | None = None, zygote: Zygote | None = None) -> None:
+    def __init__(self, simulated_gpuh_per_device_s: float | None = None, zygote: Zygote | None = None,
+                 host_gpus: int = 0) -> None:
         self.simulated_gpuh_per_device_s = simulated_gpuh_per_device_s
         self.zygote = zygote
+        self.host_gpus = host_gpus
         # Jobs this process submitted: their controllers are our children, polled (and reaped) through
         # submitit's LocalJob; a resumed agent reads the others' liveness from /proc.
         self._submitted: dict[str, submitit.local.local.LocalJob[Any]] = {}
@@ -294,8 +296,11 @@ class LocalBackend:
         return self.tasks(resources)  # one node: a lab config with nodes > 1 is Slurm's only
 
     def devices(self, resources: Resources) -> int:
-        # The local machine's CPU processes are its devices when it has no GPU (the toy world's cost model).
-        return resources.gpus or self.tasks(resources)
+        # The local machine's CPU processes are its devices when it has no GPU (the toy world's cost model); on a
+        # host with GPUs a CPU job (a merge, a dataset build) holds none and is charged none, as on Slurm.
+        if resources.gpus:
+            return resources.gpus
+        return 0 if self.host_gpus else self.tasks(resources)
 
     def charge(self, device_seconds: float) -> Charge:
         if self.simulated_gpuh_per_device_s is None:
@@ -561,7 +566,8 @@ def make_backend(section: ExecutorSection) -> Backend:
         assert section.slurm is not None, "ExecutorSection validates that kind = 'slurm' has a slurm section"
         on = section.slurm.zygote and env_allows_zygote(os.environ)
         return SlurmBackend.from_section(section.slurm, zygote=Zygote(zygote_dir(os.environ)) if on else None)
-    return LocalBackend(section.simulated_gpuh_per_device_s, zygote=local_zygote(section, os.environ))
+    return LocalBackend(section.simulated_gpuh_per_device_s, zygote=local_zygote(section, os.environ),
+                        host_gpus=local_gpus(os.environ))
 
 
 def local_zygote(section: ExecutorSection, env: typing.Mapping[str, str]) -> Zygote | None:
