@@ -46,3 +46,11 @@ def write_atomic(path: str | Path, data: bytes | str) -> Path:
 def write_json_atomic(path: str | Path, payload: Any) -> Path:
     """Pretty JSON (sorted keys) written atomically."""
     return write_atomic(path, json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def address_space() -> int:
+    """Bytes of virtual address space this process maps now (VmSize, Linux)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmSize:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("/proc/self/status has no VmSize line")

@@ -22,7 +22,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from core.util import write_atomic
+from core.util import address_space, write_atomic
 
 
 class _Model(BaseModel):
@@ -135,7 +135,7 @@ def _allocate(mb: int, limit_mb: int | None) -> None:
         return
     soft, hard = resource.getrlimit(resource.RLIMIT_AS)
     if limit_mb is not None:
-        resource.setrlimit(resource.RLIMIT_AS, (_address_space() + limit_mb * 2**20, hard))
+        resource.setrlimit(resource.RLIMIT_AS, (address_space() + limit_mb * 2**20, hard))
     try:
         block = bytearray(mb * 2**20)
         del block
@@ -143,12 +143,6 @@ def _allocate(mb: int, limit_mb: int | None) -> None:
         resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 
-def _address_space() -> int:
-    """Bytes of virtual address space this process maps now (VmSize)."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmSize:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError("/proc/self/status has no VmSize line")
 
 
 class AllReduceConfig(_Model):

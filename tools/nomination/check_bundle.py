@@ -73,7 +73,7 @@ from safetensors import SafetensorError
 
 from core import chat, loading
 from core.display import bounded, shown
-from core.util import file_sha256
+from core.util import address_space, file_sha256
 from memory.notebook import Notebook, NotebookError
 from tools.nomination.bundle import (
     ADAPTER_CONFIG,
@@ -860,14 +860,6 @@ def check_bundle_command(bundle: Path, lab: Path | None) -> int:
     return 0 if report.ok else 1
 
 
-def _address_space() -> int:
-    """Bytes of virtual address space this process maps now (VmSize)."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmSize:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError("/proc/self/status has no VmSize line")
-
-
 def _bound_memory(memory: int) -> None:
     """In the child: at most `memory` bytes of address space beyond what its libraries map. The libraries are
     imported first, since what they map differs by host: a CUDA build of torch maps several GiB of address space
@@ -879,7 +871,7 @@ def _bound_memory(memory: int) -> None:
     import transformers  # noqa: F401
 
     _, hard = resource.getrlimit(resource.RLIMIT_AS)
-    resource.setrlimit(resource.RLIMIT_AS, (_address_space() + memory, hard))
+    resource.setrlimit(resource.RLIMIT_AS, (address_space() + memory, hard))
 
 
 if __name__ == "__main__":  # the bounded child of _in_child: `--child GROUP MEMORY BUNDLE [NOTEBOOK]`
