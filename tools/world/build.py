@@ -679,10 +679,20 @@ def _parent_labels(stage: Path, tasks: list[WorldTask], decoding, seed: int) -> 
     _jsonl(stage / SYNTHETIC_SUITE, rows)
 
 
+def variant_sizes(v: Variant, spec: SizeSpec) -> SizeSpec:
+    """The preset's values as this variant trains its parent (the pools are always the preset's)."""
+    if v.stage1_steps_factor == 1 and not v.stage1_clean:
+        return spec
+    update: dict = {"sft_steps": spec.sft_steps * v.stage1_steps_factor}
+    if v.stage1_clean:
+        update |= {"stage1_worked": True, "stage1_loop_share": 0.0}
+    return spec.model_copy(update=update)
+
+
 def _build_into(stage: Path, seed: int, size: Size, template: WorldTemplate, v: Variant,
                 reuse: Path | None = None) -> None:
     pools = draw_pools(seed, SIZES[size])  # a variant's pools are its seed's default pools
-    spec = variants.sizes(v, SIZES[size])
+    spec = variant_sizes(v, SIZES[size])
     world = stage / WORLD_DIR
     _write_pools(world, pools, spec)
     params = _train(world, stage / "scratch", pools, spec, seed, template, reuse, not variants.changes_parent(v))

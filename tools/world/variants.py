@@ -28,14 +28,11 @@ the same tokenizer and the same base model as the default world of its seed; wha
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from tools.world.oracle import OracleNoise
-
-if TYPE_CHECKING:
-    from tools.world.build import SizeSpec
 
 VariantName = Literal["default", "noisy-judge", "small-holdout", "harmful-arms", "strong-parent", "misleading-screens"]
 VARIANT_NAMES: tuple[VariantName, ...] = ("default", "noisy-judge", "small-holdout", "harmful-arms", "strong-parent",
@@ -79,16 +76,6 @@ def variant(name: str) -> Variant:
     if name not in VARIANTS:
         raise UnknownVariant(f"unknown world variant {name!r}; expected one of {', '.join(VARIANT_NAMES)}")
     return VARIANTS[name]
-
-
-def sizes(v: Variant, spec: SizeSpec) -> SizeSpec:
-    """The preset's values as this variant trains its parent (the pools are always the preset's)."""
-    if v.stage1_steps_factor == 1 and not v.stage1_clean:
-        return spec
-    update: dict = {"sft_steps": spec.sft_steps * v.stage1_steps_factor}
-    if v.stage1_clean:
-        update |= {"stage1_worked": True, "stage1_loop_share": 0.0}
-    return spec.model_copy(update=update)
 
 
 def changes_parent(v: Variant) -> bool:
