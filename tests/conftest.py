@@ -42,12 +42,13 @@ FINISHED_FILES = {"tests/agent/test_session.py", "tests/agent/test_replay.py", "
 WORLD_FILES = {"tests/test_decision_quality.py"}  # besides tests/world/: modules that call session_world()
 # Files of whole sessions on the test world that form units of their own: each builds the world once more on its
 # worker (about a minute) rather than make the toy_world unit longer than the rest of the suite.
-OWN_WORLD_FILES = {"tests/world/test_recipes.py": "recipes", "tests/world/test_template_session.py": "template"}
+OWN_WORLD_FILES = {"tests/world/test_recipes.py": "recipes", "tests/world/test_template_session.py": "template",
+                   "tests/world/test_variants.py": "variants"}
 # Longest units first (longest processing time first): the two workers then end on short units and finish
 # together. The three shared units lead; the files after them took 40-130 s each in a clean-clone run at
 # load 4-8 (tests ran in collection order before, and test_distributed.py's ~110 s came last). A unit not
 # named here keeps its collection order after these.
-HEAVY_FIRST = ("finished", "slurm", "toy_world", "recipes", "template", "tests/trainers/test_distributed.py", "tests/test_bench_scaling.py",
+HEAVY_FIRST = ("finished", "slurm", "toy_world", "recipes", "variants", "template", "tests/trainers/test_distributed.py", "tests/test_bench_scaling.py",
                "tests/tools/test_bundle.py", "tests/tools/test_launcher.py", "tests/test_entry_points.py",
                "tests/agent/test_failures_session.py", "tests/tools/test_launcher_attach.py", "tests/test_pipeline.py",
                "tests/tools/test_builders.py", "tests/agent/test_llm_planner.py")
