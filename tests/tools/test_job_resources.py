@@ -184,3 +184,23 @@ def test_a_cpu_job_on_a_gpu_host_holds_and_is_charged_no_device() -> None:
     gpu_host, cpu_host = LocalBackend(host_gpus=1), LocalBackend(host_gpus=0)
     assert (gpu_host.devices(merge), gpu_host.devices(train)) == (0, 1)
     assert (cpu_host.devices(merge), cpu_host.devices(train)) == (1, 1)
+
+
+def test_a_failed_task_ends_the_other_tasks_of_its_slurm_job(slurm_cluster: None, notebook: Notebook,
+                                                             tmp_path: Path) -> None:
+    # srun --kill-on-bad-exit: rank 0 fails at once and rank 1, which would sleep 240 s (as a rank waiting in a
+    # collective or the rendezvous for one that died), is ended with it, long before the job's time limit.
+    from tools.jobs.jobrun import RENDEZVOUS_PORTS, rendezvous_port
+
+    launcher = Launcher.from_section(notebook, SESSION, SLURM2, tmp_path / "jobs", poll_s=0.5)
+    job = launcher.submit("probe", calls, CallsConfig(output_dir=tmp_path / "c", fail_rank=0, others_sleep_s=240),
+                          Resources(time_limit_min=5, gpus=2, device=None))
+    with pytest.raises(JobFailed):
+        job.result(timeout_s=200)
+    assert "--kill-on-bad-exit=1" in next(Path(job.record.folder).glob("*_submission.sh")).read_text()
+    elapsed = subprocess.run(["sacct", "-j", job.record.external_id, "-X", "-P", "-n", "-o", "ElapsedRaw"],
+                             check=True, capture_output=True, text=True).stdout.split()
+    assert elapsed and int(elapsed[0]) < 120
+    assert sorted(int(line.split()[0]) for line in (tmp_path / "c" / "calls.txt").read_text().splitlines()) == [0, 1]
+    # The rendezvous port is the job's, the same on every rank, below the ephemeral range.
+    assert rendezvous_port("321") == rendezvous_port("321") and RENDEZVOUS_PORTS[0] <= rendezvous_port("321") <= 32767

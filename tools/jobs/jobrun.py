@@ -26,6 +26,7 @@ data, bundle jobs) runs on rank 0 only, the other ranks return at once.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import threading
@@ -130,17 +131,30 @@ class Resumable(submitit.helpers.Checkpointable):
                              "a new run needs the launcher's admission")
 
 
+# The rendezvous port of a job whose wrapper set none: derived from the job id, the same on every rank, below
+# Linux's ephemeral range (32768-60999 by default), where the node's outgoing connections take their ports.
+# submitit's own choice (20000-60000) mostly falls inside it: on the loopback cluster rank 0 of a 2-task eval
+# found its port taken (EADDRINUSE) and rank 1 waited for it until the job's time limit.
+RENDEZVOUS_PORTS = (20000, 32767)
+
+
+def rendezvous_port(job_id: str) -> int:
+    low, high = RENDEZVOUS_PORTS
+    return low + int(hashlib.sha256(job_id.encode()).hexdigest(), 16) % (high - low + 1)
+
+
 def distributed_env() -> dict[str, str]:
     """torchrun's variables for this task, from submitit's job environment (Slurm or local).
 
     The rendezvous host is the job's first node (`TorchDistributedEnvironment`) and its port is
-    derived from the job id, the same on every rank; MASTER_ADDR and MASTER_PORT set by the
+    derived from the job id (`rendezvous_port`), the same on every rank; MASTER_ADDR and MASTER_PORT set by the
     wrapper win (the local backend's 127.0.0.1 and a port that was free at submission)."""
     dist = submitit.helpers.TorchDistributedEnvironment()
+    port = os.environ.get("MASTER_PORT") or str(rendezvous_port(str(submitit.JobEnvironment().job_id)))
     return {
         "RANK": str(dist.rank), "WORLD_SIZE": str(dist.world_size), "LOCAL_RANK": str(dist.local_rank),
         "LOCAL_WORLD_SIZE": str(dist.local_world_size),
-        "MASTER_ADDR": os.environ.get("MASTER_ADDR", dist.master_addr), "MASTER_PORT": str(dist.master_port),
+        "MASTER_ADDR": os.environ.get("MASTER_ADDR", dist.master_addr), "MASTER_PORT": port,
     }
 
 

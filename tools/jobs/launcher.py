@@ -453,6 +453,9 @@ class SlurmBackend:
             # Slurm would requeue a preempted or failed-node job in place, a new run no admission saw: the
             # job ends instead and the launcher admits (or refuses) the requeue.
             "additional_parameters": {"no-requeue": True, **self.additional_parameters},
+            # A task that fails ends the job's other tasks at once: they would otherwise wait in a collective or
+            # the rendezvous until the time limit, holding their GPUs.
+            "srun_args": ["--kill-on-bad-exit=1"],
         }
         if python is not None:  # how long a task may wait for a zygote still importing is a share of this
             params["setup"] = [f"export {TIME_LIMIT_VAR}={int(60 * resources.time_limit_min)}"]

@@ -188,6 +188,9 @@ def all_reduce(config: AllReduceConfig) -> AllReduceResult:
 
 class CallsConfig(_Model):
     output_dir: Path = Field(description="Directory of calls.txt, one line per process that ran the function.")
+    fail_rank: int | None = Field(None, description="This rank raises after writing its line.")
+    others_sleep_s: float = Field(0.0, ge=0, description="With fail_rank: how long the other ranks sleep after "
+                                                          "their line (a rank waiting for one that died).")
 
 
 class CallsResult(_Model):
@@ -201,4 +204,8 @@ def calls(config: CallsConfig) -> CallsResult:
     rank = int(os.environ.get("RANK", "0"))
     with open(config.output_dir / "calls.txt", "a") as f:
         f.write(f"{rank} {os.getpid()}\n")
+    if config.fail_rank is not None:
+        if rank == config.fail_rank:
+            raise RuntimeError(f"rank {rank} fails on purpose")
+        time.sleep(config.others_sleep_s)
     return CallsResult(rank=rank, cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
