@@ -31,7 +31,7 @@ BUDGET = "5gpuh"
 DEADLINE_S = 1800
 
 
-# `make test` runs two pytest-xdist workers (`-n 2 --dist loadgroup`). A work unit's tests run on one
+# `make test` runs three pytest-xdist workers (`-n 3 --dist loadgroup`). A work unit's tests run on one
 # worker, so a session fixture too costly to build twice must keep its tests in one unit, and so must
 # every Slurm test: the loopback cluster is one node, and one of them stops and restarts it. Any other
 # test stays with its file, so module fixtures (a whole session, in places) are built once as well.
@@ -44,7 +44,7 @@ WORLD_FILES = {"tests/test_decision_quality.py"}  # besides tests/world/: module
 # worker (about a minute) rather than make the toy_world unit longer than the rest of the suite.
 OWN_WORLD_FILES = {"tests/world/test_recipes.py": "recipes", "tests/world/test_template_session.py": "template",
                    "tests/world/test_variants.py": "variants"}
-# Longest units first (longest processing time first): the two workers then end on short units and finish
+# Longest units first (longest processing time first): the workers then end on short units and finish
 # together. The three shared units lead; the files after them took 40-130 s each in a clean-clone run at
 # load 4-8 (tests ran in collection order before, and test_distributed.py's ~110 s came last). A unit not
 # named here keeps its collection order after these.
