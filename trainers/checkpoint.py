@@ -36,7 +36,7 @@ from torch.distributed.tensor import DTensor
 
 from core.util import write_json_atomic
 from trainers import distributed
-from trainers.common import write_weights_manifest
+from trainers.common import SAFETENSORS_DTYPES, write_weights_manifest
 
 MAX_SHARD_SIZE = "2GB"  # per safetensors file of the consolidated model
 SNAPSHOT_INFO = "snapshot.json"  # beside a snapshot's weights: its step, learning rate so far and loss
@@ -137,12 +137,11 @@ def stored_dtype(model_dir: Path, default: torch.dtype) -> torch.dtype:
     trainers.merge.check_compatible), nor served as its parent is."""
     from safetensors import safe_open
 
-    names = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
     for shard in sorted(Path(model_dir).glob("*.safetensors")):
         with safe_open(shard, framework="pt") as f:
             for key in f.keys():
-                found = names.get(f.get_slice(key).get_dtype())
-                if found is not None:
+                found = SAFETENSORS_DTYPES.get(f.get_slice(key).get_dtype())
+                if found is not None and found.is_floating_point:
                     return found
     return default
 

@@ -39,6 +39,10 @@ ACTIVATION_CHECKPOINTING_ABOVE = 1_000_000_000
 # (bench/results/gpu_session.json, sft 115.7 s against klce's 25.0 s once the compile cache was warm). Below this
 # size `compile_blocks = None` stays eager.
 COMPILE_BLOCKS_ABOVE = 100_000_000
+# safetensors' dtype names (a header's "dtype") and the torch dtypes they store.
+SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+                      "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+                      "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2}
 RECURRENT_MODEL_TYPES = {"nemotron_h", "mamba", "mamba2", "jamba", "zamba", "zamba2", "falcon_h1", "bamba"}
 
 

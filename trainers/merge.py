@@ -56,7 +56,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from safetensors import safe_open
 
-from trainers.common import write_weights_manifest
+from trainers.common import SAFETENSORS_DTYPES, write_weights_manifest
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
@@ -236,9 +236,7 @@ PIPELINE_DEPTH = 3
 # the combining instead of beside it (on the GPU machine the final fsync of 4.3 GB took 1.6-2.0 s, more than half
 # of a plain copy's time).
 FLUSH_BYTES = 64 << 20
-_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-           "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-           "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2}
+_DTYPES = SAFETENSORS_DTYPES
 
 # combine(tensor name, index of the chunk's first element, input chunks, output chunk, fp32 scratch, fp32 scratch):
 # writes the merged chunk into the output.

@@ -143,8 +143,6 @@ def _allocate(mb: int, limit_mb: int | None) -> None:
         resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 
-
-
 class AllReduceConfig(_Model):
     tag: str = Field(description="Distinguishes otherwise identical probes (the launcher keys jobs by args).")
     seconds: float = Field(0.0, ge=0, description="Seconds each rank works (sleeps) before the collective.")

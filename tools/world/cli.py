@@ -19,7 +19,7 @@ from core.display import shown
 from core.loading import UnsafeModelError, model_problems
 from core.util import write_json_atomic
 from memory.records import TRUTH_N_MAX, TRUTH_N_MIN
-from tools.world.variants import VARIANT_NAMES
+from tools.world import variants
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -32,7 +32,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="chat-template family of the world's tokenizer and models (a session on it trains, evaluates "
                         "and ships in that template)")
     b.add_argument("--variant", default="default", metavar="NAME",
-                   help="world variant (tools/world/variants.py): " + ", ".join(VARIANT_NAMES) + " (default: the world "
+                   help="world variant (tools/world/variants.py): " + ", ".join(variants.VARIANT_NAMES) + " (default: the world "
                         "as it is)")
     t = sub.add_parser("truth", help="true win rate of a checkpoint on a fresh sample (noise-free oracle)")
     t.add_argument("checkpoint", type=Path, help="checkpoint directory to measure")
@@ -49,9 +49,11 @@ def _build(args: argparse.Namespace) -> int:
     from tools.world.build import build, check_build
 
     t0 = time.perf_counter()
-    if args.variant not in VARIANT_NAMES:  # before anything is written
-        print(f"error: --variant {shown(args.variant)}: unknown world variant; expected one of {', '.join(VARIANT_NAMES)}",
-              file=sys.stderr)
+    try:  # before anything is written
+        variants.variant(args.variant)
+    except variants.UnknownVariant:
+        print(f"error: --variant {shown(args.variant)}: unknown world variant; expected one of "
+              f"{', '.join(variants.VARIANT_NAMES)}", file=sys.stderr)
         return 2
     check_build(args.lab, args.seed, args.size, args.template, args.variant)  # before the lock file: a refused build leaves nothing behind
     with LabPaths(root=args.lab).writer("world build"):  # never under a running session, nor two builds at once
