@@ -10,12 +10,21 @@ error text, retries, records.
   micro-batch, twice the accumulation) trains for real.
 - `klce_diverging`: a real divergence: the real KL-CE trainer at a learning rate of 1e30 (past the
   tool's validated range) reaches a non-finite loss by its third step and raises `nan_loss:`.
+- `eval_awaiting_preemption`: the session's first eval job (of any kind) writes its pid to the file
+  `$POSTLAB_FAULT_PREEMPT` names and waits there for the preemption signal, so the test's preempter
+  cannot miss it however fast a small eval runs; every later eval (the requeue too) runs for real.
 """
 
 from __future__ import annotations
 
+import os
+import time
+from pathlib import Path
+
 import torch
 
+from evals.job import EvalJobConfig, EvalResult
+from evals.job import run as eval_run
 from trainers.common import TrainResult
 from trainers.klce import KLCEConfig
 from trainers.klce import train as klce_train
@@ -34,3 +43,17 @@ def sft_oom_at_full_batch(config: SFTConfig) -> TrainResult:
 
 def klce_diverging(config: KLCEConfig) -> TrainResult:
     return klce_train(config.model_copy(update={"lr": DIVERGING_LR}))
+
+
+PREEMPT_WAIT_S = 300.0  # a preemption that never comes fails the test at its assertions, not at CI's limit
+
+
+def eval_awaiting_preemption(config: EvalJobConfig) -> EvalResult:
+    marker = Path(os.environ["POSTLAB_FAULT_PREEMPT"])
+    try:
+        with marker.open("x") as f:  # only the first eval job of the session claims it
+            f.write(str(os.getpid()))
+    except FileExistsError:
+        return eval_run(config)
+    time.sleep(PREEMPT_WAIT_S)  # SIGUSR2 ends this attempt here
+    return eval_run(config)

@@ -1,13 +1,13 @@
 """A whole playbook session with three injected job failures (issue 13): the SFT arm runs out of
-memory at its full micro-batch, the parent's first calibration eval is preempted (SIGUSR2 to its
-worker, as Slurm and the local executor signal), and the KL-CE arm diverges to a NaN loss. Each
+memory at its full micro-batch, the session's first eval job is preempted (SIGUSR2 to its worker, as
+Slurm and the local executor signal; the job waits for it, so a fast eval cannot finish first), and the KL-CE arm diverges to a NaN loss. Each
 failure is classified and recorded, the requeue and the retry are admitted against the budget,
 the ledger stays within it, no job key is launched twice, and the session still nominates.
 
 The test protocol with KL-CE as a second first arm (so there is an arm to lose) and, to keep it cheap,
 without its dose step (its greedy serving alternative stays: a nominee sampled at temperature 1 does
-not pass check-bundle), on labkit's lab, run in this process so that the `train` tool can
-be pointed at tests/agent/faults.py. Real jobs, minutes on the 2-core test machine: marked slow.
+not pass check-bundle), on labkit's lab, run in this process so that the `train` and `evaluate`
+tools can be pointed at tests/agent/faults.py. Real jobs, minutes on the 2-core test machine: marked slow.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from types import SimpleNamespace
 
 import pytest
 
+import tools.evaluate
 import tools.train
 from agent import runner
 from agent.planners.playbook import PlaybookSettings
@@ -40,11 +41,12 @@ SESSION = "faults"
 
 
 class Preempter(threading.Thread):
-    """Sends SIGUSR2 to the worker of the session's first eval job once its run has started."""
+    """Sends SIGUSR2 to the worker of the session's first eval job (faults.eval_awaiting_preemption: it waits for
+    the signal) once its run has started, and notes which job and attempt it hit."""
 
-    def __init__(self, notebook: Path):
+    def __init__(self, notebook: Path, marker: Path):
         super().__init__(daemon=True)
-        self.notebook, self.stop, self.hit = notebook, threading.Event(), None
+        self.notebook, self.marker, self.stop, self.hit = notebook, marker, threading.Event(), None
 
     def run(self) -> None:
         while not self.stop.wait(0.2):
@@ -54,30 +56,35 @@ class Preempter(threading.Thread):
                 return
 
     def _started_eval(self) -> int | None:
+        text = self.marker.read_text() if self.marker.exists() else ""
+        if not text:
+            return None
         try:
             with Notebook.open(self.notebook, readonly=True) as nb:
-                jobs = [j for j in nb.jobs(session=SESSION) if j.kind == "eval" and j.external_id]
+                jobs = [j for j in nb.jobs(session=SESSION) if j.kind in ("eval", "reference") and j.external_id]
         except NotebookError:  # not created yet
             return None
-        if not jobs or jobs[0].state not in ("pending", "running"):
-            return None
-        # The wrapper logs its start inside the job function: the executor's signal handler is set by then.
-        events = Path(jobs[0].folder) / f"{jobs[0].external_id}_events.jsonl"
-        starts = [json.loads(ln) for ln in events.read_text().splitlines()] if events.exists() else []
-        if not starts:
-            return None
-        self.hit = (jobs[0].key, jobs[0].attempt)
-        return starts[0]["pid"]
+        for job in jobs:
+            # The wrapper logs its start inside the job function: the executor's signal handler is set by then.
+            events = Path(job.folder) / f"{job.external_id}_events.jsonl"
+            starts = [json.loads(ln) for ln in events.read_text().splitlines()] if events.exists() else []
+            if job.state in ("pending", "running") and starts and starts[0]["pid"] == int(text):
+                self.hit = (job.key, job.attempt)
+                return int(text)
+        return None
 
 
 def test_a_session_with_an_oom_a_preemption_and_a_nan_arm_still_nominates(tmp_path, monkeypatch, capsys):
     lab = make_lab(tmp_path / "lab")
     monkeypatch.setattr(tools.train, "sft", SimpleNamespace(train=faults.sft_oom_at_full_batch, SFTConfig=sft.SFTConfig))
     monkeypatch.setattr(tools.train, "klce", SimpleNamespace(train=faults.klce_diverging, KLCEConfig=klce.KLCEConfig))
+    monkeypatch.setattr(tools.evaluate, "run_eval", faults.eval_awaiting_preemption)
+    marker = tmp_path / "preempt.pid"
+    monkeypatch.setenv("POSTLAB_FAULT_PREEMPT", str(marker))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]))
     two_arms = PlaybookSettings.test().model_copy(update={"families": ("sft", "klce"), "dose_alphas": ()})
     monkeypatch.setattr(PlaybookSettings, "test", classmethod(lambda cls: two_arms))
-    preempter = Preempter(lab / "notebook.db")
+    preempter = Preempter(lab / "notebook.db", marker)
     preempter.start()
     t0 = time.monotonic()
     try:
