@@ -163,7 +163,7 @@ def test_misleading_screens_rank_a_truly_better_answerer_below_the_parent(work):
 def bench(work) -> dict:
     out = work / "out.json"
     proc = subprocess.run([sys.executable, str(REPO / "bench/decision_quality.py"), "--variants", ",".join(BENCHED),
-                           "--seed-list", "0", "--size", "test", "--protocol", "short", "--budget", "5000gpuh",
+                           "--seeds", "1", "--first-seed", "0", "--size", "test", "--protocol", "short", "--budget", "5000gpuh",
                            "--truth-n", str(TRUTH_N), "--work", str(work), "--out", str(out)],
                           cwd=REPO, capture_output=True, text=True, timeout=3600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -181,7 +181,11 @@ def test_the_reduced_variants_benchmark_writes_every_figure(bench):
         assert set(result["summary"]) == {"playbook", "greedy", "last_arm", "oracle_best"}
         play = result["summary"]["playbook"]
         assert PLAYBOOK_KEYS <= set(play), PLAYBOOK_KEYS - set(play)
-        assert play["sessions"] == 1 and result["seeds"] == [0] and not result["refused"]
+        # A world whose feedback split the agent refuses opens no session and the next seed is taken: strong-parent's
+        # seed-0 parent is trained in the build, and on another CPU its feedback's sealed split fell past the skew bound.
+        assert play["sessions"] == 1 and len(result["seeds"]) == 1, result["refused"]
+        assert all(r["seed"] < result["seeds"][0] and all("split" in p for p in r["problems"])
+                   for r in result["refused"]), result["refused"]
         assert play["truth_resolution"]["truth_n"] == TRUTH_N and 0 < play["truth_resolution"]["ci_half_width_max"] < 0.05
         session = result["sessions"][0]
         assert session["replay_reproduced"] and session["feedback"]["variant"] == name
