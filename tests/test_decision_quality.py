@@ -262,6 +262,9 @@ def _summary(checkpoints: list[Checkpoint], calls: list[Call], *, incumbent: int
 
 PARENT_METRICS = {"synthetic": {"correct": 0.50}, "loops": {"looping": 0.20}, "holdout": {"win_score": 0.5}}
 SHORT = PlaybookSettings.short()
+# The short protocol as version 4 recorded it: its screen gated the finalists (only arms above the incumbent).
+SHORT_V4 = PlaybookSettings.recorded({k: v for k, v in SHORT.model_dump(mode="json").items() if k != "finalist_rule"}
+                                     | {"version": 4}, "s")
 
 
 def _arms(sft: dict, dpo: dict) -> tuple[list[Checkpoint], list[Call]]:
@@ -284,7 +287,7 @@ def test_both_arms_are_screened_on_the_cheap_suites_before_any_holdout_eval():
     assert (step.tool, step.args) == ("evaluate", {"artifact": 4, "suites": ["synthetic", "loops"]})
 
 
-def test_only_arms_that_screen_above_the_incumbent_get_a_holdout_look_and_the_better_look_a_p_value_first():
+def test_every_finalist_gets_a_holdout_look_and_the_better_look_a_p_value_first():
     # sft: +2 floors on synthetic, dpo: +4 (0.70 vs 0.50 at a floor of 0.05) -> dpo is the first finalist looked at
     cps, calls = _arms({"synthetic": {"correct": 0.60}, "loops": {"looping": 0.20}},
                        {"synthetic": {"correct": 0.70}, "loops": {"looping": 0.20}})
@@ -300,17 +303,23 @@ def test_only_arms_that_screen_above_the_incumbent_get_a_holdout_look_and_the_be
     cps[1] = _cp(3, "train:sft", cps[1].metrics | {"holdout": {"win_score": 0.65}})
     step = next_step(_summary(cps, both), SHORT)
     assert (step.tool, step.args) == ("compare", {"candidate": 3})
-    # An arm that screened no better than the parent gets no look and no p-value: dpo is compared at once.
+    # An arm that screened no better than the parent still gets its look (version 5: the screen ranks, the bars
+    # judge); under version 4's gate it got no look and no p-value, and dpo was compared at once.
     cps[1] = _cp(3, "train:sft", {"synthetic": {"correct": 0.50}, "loops": {"looping": 0.20}})
     step = next_step(_summary(cps, looked), SHORT)
+    assert (step.tool, step.args) == ("evaluate", {"artifact": 3, "suites": ["holdout"]})
+    step = next_step(_summary(cps, looked), SHORT_V4)
     assert (step.tool, step.args) == ("compare", {"candidate": 4})
 
 
-def test_no_arm_that_screens_no_better_than_the_incumbent_is_compared():
+def test_arms_that_screen_below_the_incumbent_are_still_judged_and_were_not_under_version_4():
     worse = {"synthetic": {"correct": 0.50}, "loops": {"looping": 0.30}}  # looping up 2 floors: -2
     cps, calls = _arms(worse, worse)
     step = next_step(_summary(cps, calls), SHORT)
-    # nothing promoted, so no dose; the short protocol has no serving alternatives: it is complete
+    assert (step.tool, step.args) == ("evaluate", {"artifact": 3, "suites": ["holdout"]})  # a tie: the first made
+    assert "screened -2.00 noise floors against the incumbent" in step.rationale
+    # version 4: nothing promoted, so no dose; the short protocol has no serving alternatives: it is complete
+    step = next_step(_summary(cps, calls), SHORT_V4)
     assert step.tool == "stop" and step.args["reason"] == "protocol complete"
 
 

@@ -28,17 +28,18 @@ step (what resume and replay rely on). The protocol, in order:
 Each stage (the first arms, the sweep, each merge, each serving alternative) runs as successive
 halving (Jamieson & Talwalkar 2016; Li et al. 2018, Hyperband): every candidate of the stage is made,
 then screened on the cheap suites (those of the noise-floor bars: verified tasks, loops, stops) at
-served decoding; only the best `finalists` of them whose screen score beats the incumbent go on to the
-expensive judged holdout and a comparison under the bars. The screen score is the sum, over the
-noise-floor bars, of the candidate's delta from the incumbent in units of that bar's noise floor, signed
-so that better is positive. A p-value is the scarcest thing a session has: the bars pre-register a
-family of `p_family` p-values, Holm-adjusted with the untested rest counted as p = 1, so every
-comparison spent on a candidate that already looks no better on the verified suites raises the bar of
-the ones that matter. The playbook never compares more often than `p_family` allows, and
-`PlaybookSettings.comparisons()` is the family a protocol needs (the toy world's bars register the
-full protocol's).
+served decoding; the best `finalists` of them go on to the expensive judged holdout and a comparison under
+the bars (rules version 5; versions 1-4 let only those whose screen score beats the incumbent go on, and
+the truly best arm of 4 of 9 demo-size hard-world sessions never reached the holdout). The screen
+score is the sum, over the noise-floor bars, of the candidate's delta from the incumbent in units of that
+bar's noise floor, signed so that better is positive; it orders the finalists, and the bars' guards, read
+on replicate means at the comparison, refuse a candidate that truly regresses on a cheap suite. A p-value
+is the scarcest thing a session has: the bars pre-register a family of `p_family` p-values, Holm-adjusted
+with the untested rest counted as p = 1. The playbook never compares more often than `p_family` allows,
+and `PlaybookSettings.comparisons()` is the family a protocol needs, every finalist a stage may judge
+counted (the toy world's bars register the full protocol's).
 
-Under the stage rule `best_of_stage` (version 3, current), every finalist of a stage gets one judged-holdout look against the stage's incumbent
+Under the stage rule `best_of_stage` (versions 3-5, current), every finalist of a stage gets one judged-holdout look against the stage's incumbent
 before any comparison; then they go under the bars in order of that look (replicate draws, comparison,
 promotion) until one is promoted, and the stage promotes no other (the sweep follows the promoted arm's family).
 The cheap suites measure stopping, looping and verified answers, not the win rate: on ten toy worlds they ranked

@@ -36,13 +36,23 @@ StageRule = Literal["judge_every", "first_cleared", "best_of_stage"]
 #   3: a screened stage looks at every finalist's judged holdout first, then promotes the best look that clears.
 #   4: arms train with the lab's [train] settings (a sweep as multiples of its lr, snapshots as shares of the run),
 #      not the policy's own numbers, which were the toy world's.
-VERSION = 4
+#   5: the screen ranks a stage's candidates and no longer gates them: the best-screened `finalists` go on to the
+#      judged holdout whether or not they screen above the incumbent. The cheap suites measure stopping, looping and
+#      verified answers, not the win rate, and one screen look is noisier than the bars' replicate means: under the
+#      gate (versions 1-4) the truly best arm never reached the holdout in 4 of 9 demo-size sessions on the
+#      noisy-judge and harmful-arms worlds (seeds 301-305; bench/README.md), once an arm 21 points truly better,
+#      screened out by two verified items of 72.
+#      A candidate that truly regresses on a cheap suite is still refused by the bars' guards at its comparison.
+VERSION = 5
 _RULES: dict[int, dict[str, str]] = {
-    1: {"calibration": "at_promotion", "stage": "first_cleared", "arms": "fixed"},
-    2: {"calibration": "when_read", "stage": "first_cleared", "arms": "fixed"},
-    3: {"calibration": "when_read", "stage": "best_of_stage", "arms": "fixed"},
-    4: {"calibration": "when_read", "stage": "best_of_stage", "arms": "train"},
+    1: {"calibration": "at_promotion", "stage": "first_cleared", "arms": "fixed", "finalists": "above_incumbent"},
+    2: {"calibration": "when_read", "stage": "first_cleared", "arms": "fixed", "finalists": "above_incumbent"},
+    3: {"calibration": "when_read", "stage": "best_of_stage", "arms": "fixed", "finalists": "above_incumbent"},
+    4: {"calibration": "when_read", "stage": "best_of_stage", "arms": "train", "finalists": "above_incumbent"},
+    5: {"calibration": "when_read", "stage": "best_of_stage", "arms": "train", "finalists": "best_screened"},
 }
+
+FinalistRule = Literal["above_incumbent", "best_screened"]
 
 
 # The named policies: the combined playbook, and the five seeds' recipes (agent/planners/recipes.py).
@@ -93,9 +103,13 @@ class PlaybookSettings(BaseModel):
                                           description="Verified tasks per family for RFT prompts.")
     min_step_gpuh: float = Field(0.0, ge=0, description="Stop when less than this is left above the reserve.")
     finalists: int = Field(2, ge=1, description="Screened candidates per stage that go on to the judged holdout and a "
-                                                "comparison (only those whose screen score beats the incumbent).")
+                                                "comparison, best screen first (see `finalist_rule`).")
+    finalist_rule: FinalistRule = Field(
+        None, validate_default=True, description="Which screened candidates may be finalists: `best_screened` "
+        "(version 5): the best-screened, whatever their score; `above_incumbent` (versions 1-4): only those whose "
+        "screen score beats the incumbent's. Unset: the version's rule.")
     fallbacks: int = Field(0, ge=0, description="Further screened candidates a stage judges, one for each of its "
-                           "finalists the bars rejected (in screen order, only those that screen above the incumbent); "
+                           "finalists the bars rejected (in screen order, under the same `finalist_rule`); "
                            "`comparisons()` counts them in the p-value family.")
     trajectory: tuple[int, ...] = Field(
         (), description="`fixed` arms: steps (increasing, below `steps`) at which every arm also saves its model; "
@@ -111,6 +125,16 @@ class PlaybookSettings(BaseModel):
     trajectory_shares: tuple[float, ...] = Field(
         (1 / 3, 2 / 3), description="`train` arms: the same, at these shares of each run (settled to steps by the "
         "train tool once [train] gives the run's length). Empty: no trajectory selection.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _version_rules(cls, data: Any) -> Any:
+        """The version's finalist rule where none is given (a record made before the rule existed, or a policy
+        built by version)."""
+        if isinstance(data, dict) and data.get("finalist_rule") is None:
+            version = data.get("version", VERSION)
+            data = dict(data) | {"finalist_rule": _RULES.get(version, _RULES[VERSION])["finalists"]}
+        return data
 
     @model_validator(mode="after")
     def _trajectory_inside_the_arms(self) -> PlaybookSettings:
@@ -133,7 +157,8 @@ class PlaybookSettings(BaseModel):
         if self.arms != rules["arms"]:
             raise ValueError(f"version {self.version} of the playbook's rules is {rules}; other rules are another "
                              "version")
-        if self.calibration != rules["calibration"] or (self.screened and self.stage != rules["stage"]):
+        if self.calibration != rules["calibration"] or (self.screened and (
+                self.stage != rules["stage"] or self.finalist_rule != rules["finalists"])):
             raise ValueError(f"version {self.version} of the playbook's rules is {_RULES[self.version]}; other rules "
                              "are another version")
         return self

@@ -104,10 +104,12 @@ def _judge_every(s: Summary, made: list) -> Iterator[ToolCall]:
 
 
 def finalists_of(s: Summary, cfg: PlaybookSettings, ranked: list) -> tuple[list, int]:
-    """The stage's finalists (those compared already, then the best-screened above the incumbent, `finalists` of
-    them plus one fallback per rejected finalist), and how many were rejected."""
+    """The stage's finalists (those compared already, then the best-screened, `finalists` of them plus one fallback
+    per rejected finalist; under the `above_incumbent` rule only those that screen above the incumbent), and how
+    many were rejected."""
     compared = [c for c in ranked if s.call("compare", {"candidate": c.id}) is not None]
-    hopeful = [c for c in ranked if screen_score(s, c) > 0 and c.id != s.incumbent and c not in compared]
+    gated = cfg.finalist_rule == "above_incumbent"
+    hopeful = [c for c in ranked if (screen_score(s, c) > 0 or not gated) and c.id != s.incumbent and c not in compared]
     rejected = sum(was_rejected(s, c) for c in compared)
     return (compared + hopeful)[:max(cfg.finalists + min(cfg.fallbacks, rejected), len(compared))], rejected
 
@@ -117,7 +119,7 @@ def _first_cleared(s: Summary, cfg: PlaybookSettings, ranked: list, judged: list
     finalists, rejected = finalists_of(s, cfg, ranked)
     compared = [c for c in ranked if s.call("compare", {"candidate": c.id}) is not None]
     for cand in finalists:
-        yield from judge(s, cand, judged, f"screened {screen_score(s, cand):+.2f} noise floors above the incumbent"
+        yield from judge(s, cand, judged, f"screened {screen_score(s, cand):+.2f} noise floors against the incumbent"
                           + (f" (a fallback: {rejected} finalist(s) of this stage rejected)"
                              if cand not in compared[:cfg.finalists] and rejected else ""))
 
@@ -137,7 +139,7 @@ def _best_of_stage(s: Summary, cfg: PlaybookSettings, ranked: list, judged: list
         finalists = [c for c in finalists if s.call("compare", {"candidate": c.id}) is not None]
     for cand in finalists:
         yield from evaluate_step(s, cand, judged, f"judged holdout of finalist {cand.name} (screened {screen_score(s, cand):+.2f} "
-                             "noise floors above the incumbent)" + (": every finalist's look before any comparison"
+                             "noise floors against the incumbent)" + (": every finalist's look before any comparison"
                                                                    if len(finalists) > 1 else ""))
     looked = sorted((c for c in finalists if has_metrics(c, judged)), key=lambda c: (-judged_score(s, c), -screen_score(s, c), c.id))
     for n, cand in enumerate(looked):

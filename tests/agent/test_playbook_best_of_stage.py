@@ -8,6 +8,8 @@ is the first finalist; the bars read one look a side, so no replicate draws come
 
 from __future__ import annotations
 
+import pytest
+
 from agent.planners.playbook import PlaybookSettings, next_step
 from agent.summary import Call, Checkpoint, Summary
 from agent.toolbox import canonical_args
@@ -138,3 +140,36 @@ def test_settings_the_short_protocol_and_sessions_recorded_before_the_setting():
     assert (both.version, both.stage, both.protocol) == (3, "best_of_stage", "full")  # the flags era named none
     assert both.lr == FIXED_ARMS["lr"] and both.steps == short.steps  # its arms replay with the numbers it used
     assert PlaybookSettings.recorded(short.model_dump(mode="json"), "s") == short
+
+
+def _below(floors: float, extra: list[Call] = (), arms_from_train: bool = False) -> Summary:
+    """The stage with the SFT arm screening `floors` noise floors below the parent (DPO still above it); with
+    `arms_from_train` the arms' calls are those of version 4 and later (the lab's [train], the steps fixed)."""
+    s = _session(list(extra), wins=(None, 0.60) if extra else (None, None))
+    cps = [cp.model_copy(update={"metrics": _metrics(floors, None)}) if cp.id == SFT else cp for cp in s.checkpoints]
+    calls = s.calls
+    if arms_from_train:
+        calls = [_call(c.id, "train", {"trainer": c.args["trainer"], "parent": 1, "dataset": c.args["dataset"],
+                                        "steps": 30, "batch_size": 8}, c.data) if c.tool == "train" else c for c in calls]
+    return s.model_copy(update={"checkpoints": cps, "calls": calls})
+
+
+def test_version_5_the_screen_ranks_the_finalists_and_no_longer_gates_them():
+    # SFT screens two floors below the parent (two verified items, say): under versions 1-4 it never reaches the
+    # holdout; under version 5 it is the second finalist and gets its look, and the bars decide.
+    v5 = PlaybookSettings(**(CFG.model_dump() | {"version": 5, "arms": "train", "lr": None, "steps": 30,
+                                                 "batch_size": 8, "trajectory_shares": (), "finalist_rule": None}))
+    assert (v5.finalist_rule, CFG.finalist_rule) == ("best_screened", "above_incumbent")
+    assert next_step(_below(-2, arms_from_train=True), v5).args == {"artifact": DPO} | HOLDOUT  # better screen first
+    step = next_step(_below(-2, LOOKS[:1], arms_from_train=True), v5)
+    assert (step.tool, step.args) == ("evaluate", {"artifact": SFT} | HOLDOUT)
+    assert "screened -2.00 noise floors against the incumbent" in step.rationale
+    # version 3's gate (and 1-4's): the one finalist above the parent is compared at once
+    assert next_step(_below(-2, LOOKS[:1]), CFG).args == {"candidate": DPO}
+    # The rule is the version's: another one is refused, and a record of version 4 reads back with its gate.
+    with pytest.raises(ValueError, match="version 5"):
+        PlaybookSettings(**(v5.model_dump() | {"finalist_rule": "above_incumbent"}))
+    old = PlaybookSettings.short().model_dump(mode="json") | {"version": 4}
+    old.pop("finalist_rule")
+    assert PlaybookSettings.recorded(old, "s").finalist_rule == "above_incumbent"
+    assert PlaybookSettings.short().finalist_rule == "best_screened" and PlaybookSettings().version == 5

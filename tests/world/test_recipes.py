@@ -18,6 +18,7 @@ import pytest
 from agent import runner
 from agent.errors import SessionError
 from agent.planners import recipes
+from agent.planners.policy import VERSION
 from agent.replay import replay
 from memory.notebook import Notebook
 from tools.world import parts
@@ -159,5 +160,5 @@ def test_every_recipe_is_a_named_versioned_policy():
     facts = {"margin_suite": "margin", "verified_pool": "verified"}
     for name in recipes.RECIPES:
         settings = recipes.settings(name, "full", facts)
-        assert (settings.name, settings.protocol, settings.version) == (name, "full", 4)
-        assert settings.ref() == {"name": name, "protocol": "full", "version": 4}
+        assert (settings.name, settings.protocol, settings.version) == (name, "full", VERSION)
+        assert settings.ref() == {"name": name, "protocol": "full", "version": VERSION}
