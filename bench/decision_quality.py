@@ -566,8 +566,32 @@ def run_variant(args: argparse.Namespace, name: str, progress=None) -> dict[str,
 def variant_result(name: str, rows: list[dict[str, Any]], refused: list[dict[str, Any]]) -> dict[str, Any]:
     summary = {policy: summarize_policy(rows, policy) for policy in POLICIES} if rows else {}
     return {"summary": summary, "goals": check_variant_goals(name, summary) if rows else [],
-            "truth_table": truth_table(rows), "seeds": [r["seed"] for r in rows], "refused": refused,
-            "table": table(summary) if rows else "", "sessions": rows}
+            "truth_table": truth_table(rows), "oracle_reach": oracle_reach(rows), "seeds": [r["seed"] for r in rows],
+            "refused": refused, "table": table(summary) if rows else "", "sessions": rows}
+
+
+def oracle_reach(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Where the playbook lost the oracle-best, read from each session's notebook: in the sessions where the
+    oracle-best candidate is truly better than the parent, how often it was never compared under the bars (the
+    screen kept it from the judged holdout, or a stage ended before it), and how often it was compared and not
+    promoted (the holdout and the bars could not resolve it). `policy_versions`: the rules each session ran."""
+    better, never, rejected, versions = [], [], [], set()
+    for r in rows:
+        with Notebook.open(Path(r["lab"]) / "notebook.db", readonly=True) as nb:
+            opened = nb.decisions(r["session"], kind="open")
+            versions.add(((opened[0].payload.get("policy") or {}) if opened else {}).get("version"))
+            compared = {c.args.get("candidate") for c in nb.tool_calls(r["session"]) if c.tool == "compare"}
+        oracle = r["policies"]["oracle_best"]
+        if oracle["nominee"] == r["parent"] or not oracle["nominee_truly_better"]:
+            continue
+        better.append(r["seed"])
+        if oracle["nominee"] not in compared:
+            never.append(r["seed"])
+        elif r["policies"]["playbook"]["nominee"] != oracle["nominee"]:
+            rejected.append(r["seed"])
+    return {"oracle_better_seeds": better, "oracle_best_never_compared_seeds": never,
+            "oracle_best_compared_not_nominated_seeds": rejected,
+            "policy_versions": sorted(v for v in versions if v is not None)}
 
 
 def _variant_list(text: str) -> list[str]:

@@ -21,6 +21,7 @@ import pytest
 
 from agent.config import load_lab_config
 from agent.inputs import _split_config
+from agent.planners.policy import VERSION
 from evals import synthetic
 from evals.judge import judged_prompt, parse_verdict
 from evals.types import Item
@@ -191,6 +192,10 @@ def test_the_reduced_variants_benchmark_writes_every_figure(bench):
         assert session["replay_reproduced"] and session["feedback"]["variant"] == name
         kept = session["policies"]["playbook"]["nominee"] == session["parent"]
         assert play["parent_kept_share"] == float(kept)
+        reach = result["oracle_reach"]  # read from the session's notebook: the rules it ran, where it lost the best
+        assert reach["policy_versions"] == [VERSION]
+        lost = reach["oracle_best_never_compared_seeds"] + reach["oracle_best_compared_not_nominated_seeds"]
+        assert set(lost) <= set(reach["oracle_better_seeds"]) <= set(result["seeds"])
         goals = {g["goal"] for g in result["goals"]}
         assert {"nominee_truly_worse_sessions", "false_promotion_share", "truly_better_share_where_oracle_better",
                 "oracle_gain_capture"} <= goals and (("parent_kept_share" in goals) == (name == "strong-parent"))
