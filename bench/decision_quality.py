@@ -85,7 +85,7 @@ from agent.summary import summarize  # noqa: E402
 from core.util import file_sha256  # noqa: E402
 from evals.decoding import Decoding  # noqa: E402
 from memory.notebook import Notebook  # noqa: E402
-from tools.session import parent_of  # noqa: E402
+from tools.session import parent_of, registered_bars, verdicts_of  # noqa: E402
 from tools.world.build import build  # noqa: E402
 from tools.world.decision_quality import PairTruth, TruthBank, answer_key, redraw_feedback  # noqa: E402
 from tools.world.variants import VARIANT_NAMES  # noqa: E402
@@ -572,25 +572,35 @@ def variant_result(name: str, rows: list[dict[str, Any]], refused: list[dict[str
 
 def oracle_reach(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Where the playbook lost the oracle-best, read from each session's notebook: in the sessions where the
-    oracle-best candidate is truly better than the parent, how often it was never compared under the bars (the
-    screen kept it from the judged holdout, or a stage ended before it), and how often it was compared and not
-    promoted (the holdout and the bars could not resolve it). `policy_versions`: the rules each session ran."""
-    better, never, rejected, versions = [], [], [], set()
+    oracle-best candidate is truly better than the parent, how often it was never compared under the bars (never
+    looked at on the judged holdout: the screen kept it out; or looked at and ranked below the stage's promoted
+    leader), and how often it was compared and not promoted, with the bars it failed. `policy_versions`: the rules
+    each session ran."""
+    better, never, unlooked, rejected, failed, versions = [], [], [], [], {}, set()
     for r in rows:
+        oracle = r["policies"]["oracle_best"]
         with Notebook.open(Path(r["lab"]) / "notebook.db", readonly=True) as nb:
             opened = nb.decisions(r["session"], kind="open")
             versions.add(((opened[0].payload.get("policy") or {}) if opened else {}).get("version"))
-            compared = {c.args.get("candidate") for c in nb.tool_calls(r["session"]) if c.tool == "compare"}
-        oracle = r["policies"]["oracle_best"]
+            calls = nb.tool_calls(r["session"])
+            compared = {c.args.get("candidate") for c in calls if c.tool == "compare"}
+            judged = {r.suite for r in registered_bars(nb, r["session"]).p_rules}
+            looked = {c.args.get("artifact") for c in calls if c.tool == "evaluate" and judged & set(c.args.get("suites", []))}
+            bars = [f"{b.bar.suite}/{b.bar.metric}" for v in verdicts_of(nb, r["session"])
+                    if v.candidate == oracle["nominee"] and not v.promoted for b in v.bars if not b.holds]
         if oracle["nominee"] == r["parent"] or not oracle["nominee_truly_better"]:
             continue
         better.append(r["seed"])
         if oracle["nominee"] not in compared:
             never.append(r["seed"])
+            if oracle["nominee"] not in looked:
+                unlooked.append(r["seed"])
         elif r["policies"]["playbook"]["nominee"] != oracle["nominee"]:
             rejected.append(r["seed"])
+            failed[str(r["seed"])] = bars
     return {"oracle_better_seeds": better, "oracle_best_never_compared_seeds": never,
-            "oracle_best_compared_not_nominated_seeds": rejected,
+            "oracle_best_never_looked_at_seeds": unlooked,
+            "oracle_best_compared_not_nominated_seeds": rejected, "oracle_best_failed_bars": failed,
             "policy_versions": sorted(v for v in versions if v is not None)}
 
 

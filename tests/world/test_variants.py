@@ -196,6 +196,8 @@ def test_the_reduced_variants_benchmark_writes_every_figure(bench):
         assert reach["policy_versions"] == [VERSION]
         lost = reach["oracle_best_never_compared_seeds"] + reach["oracle_best_compared_not_nominated_seeds"]
         assert set(lost) <= set(reach["oracle_better_seeds"]) <= set(result["seeds"])
+        assert set(reach["oracle_best_never_looked_at_seeds"]) <= set(reach["oracle_best_never_compared_seeds"])
+        assert set(reach["oracle_best_failed_bars"]) == {str(x) for x in reach["oracle_best_compared_not_nominated_seeds"]}
         goals = {g["goal"] for g in result["goals"]}
         assert {"nominee_truly_worse_sessions", "false_promotion_share", "truly_better_share_where_oracle_better",
                 "oracle_gain_capture"} <= goals and (("parent_kept_share" in goals) == (name == "strong-parent"))
