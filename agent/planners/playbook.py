@@ -50,7 +50,8 @@ When the bars pre-register `replicates = n` (the toy world's: 3), their guards w
 side's mean over n served draws, so a finalist draws its replicates 1 .. n-1 on those suites before its comparison
 (the incumbent's come from its K >= n calibration): one sampled draw against one rejects a truly equal candidate
 at a one-floor guard about one time in five (a normal approximation). With `fallbacks`, a stage whose finalist the bars rejected judges its
-next screened candidate (one above the incumbent), while the p-value family allows; `comparisons()` counts them.
+next screened candidate (under versions 1-4 only one above the incumbent), while the p-value family allows;
+`comparisons()` counts them.
 
 A step a gate refused (the budget, most often) is never proposed again: the protocol moves on to
 the next step, or stops when none is left.

@@ -184,9 +184,9 @@ class PlaybookSettings(BaseModel):
 
     @classmethod
     def short(cls) -> PlaybookSettings:
-        """Two first arms of different families (winner SFT, DPO on battle pairs), each with a holdout look when it
-        screens above the parent, the better look judged under the bars first (the other if the bars reject it), one
-        dose, no serving."""
+        """Two first arms of different families (winner SFT, DPO on battle pairs), each with a holdout look (under
+        versions 1-4 only when it screened above the parent), the better look judged under the bars first (the other
+        if the bars reject it), one dose, no serving."""
         return cls(protocol="short", families=("sft", "dpo"), steps=16, sweep=(), soup=False, dose_alphas=(0.5,),
                    serving=(), finalists=2, fallbacks=0, trajectory_shares=())
 
