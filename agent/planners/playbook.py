@@ -30,7 +30,7 @@ halving (Jamieson & Talwalkar 2016; Li et al. 2018, Hyperband): every candidate 
 then screened on the cheap suites (those of the noise-floor bars: verified tasks, loops, stops) at
 served decoding; the best `finalists` of them go on to the expensive judged holdout and a comparison under
 the bars (rules version 5; versions 1-4 let only those whose screen score beats the incumbent go on, and
-the truly best arm of 4 of 11 demo-size hard-world sessions never reached the holdout). The screen
+the truly best arm of 2 of 11 demo-size hard-world sessions never reached the holdout). The screen
 score is the sum, over the noise-floor bars, of the candidate's delta from the incumbent in units of that
 bar's noise floor, signed so that better is positive; it orders the finalists, and the bars' guards, read
 on replicate means at the comparison, refuse a candidate that truly regresses on a cheap suite. A p-value
