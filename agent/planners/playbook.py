@@ -30,7 +30,7 @@ halving (Jamieson & Talwalkar 2016; Li et al. 2018, Hyperband): every candidate 
 then screened on the cheap suites (those of the noise-floor bars: verified tasks, loops, stops) at
 served decoding; the best `finalists` of them go on to the expensive judged holdout and a comparison under
 the bars (rules version 5; versions 1-4 let only those whose screen score beats the incumbent go on, and
-the truly best arm of 4 of 9 demo-size hard-world sessions never reached the holdout). The screen
+the truly best arm of 2 of 11 demo-size hard-world sessions never reached the holdout). The screen
 score is the sum, over the noise-floor bars, of the candidate's delta from the incumbent in units of that
 bar's noise floor, signed so that better is positive; it orders the finalists, and the bars' guards, read
 on replicate means at the comparison, refuse a candidate that truly regresses on a cheap suite. A p-value
@@ -50,7 +50,8 @@ When the bars pre-register `replicates = n` (the toy world's: 3), their guards w
 side's mean over n served draws, so a finalist draws its replicates 1 .. n-1 on those suites before its comparison
 (the incumbent's come from its K >= n calibration): one sampled draw against one rejects a truly equal candidate
 at a one-floor guard about one time in five (a normal approximation). With `fallbacks`, a stage whose finalist the bars rejected judges its
-next screened candidate (one above the incumbent), while the p-value family allows; `comparisons()` counts them.
+next screened candidate (under versions 1-4 only one above the incumbent), while the p-value family allows;
+`comparisons()` counts them.
 
 A step a gate refused (the budget, most often) is never proposed again: the protocol moves on to
 the next step, or stops when none is left.

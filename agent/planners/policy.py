@@ -39,9 +39,9 @@ StageRule = Literal["judge_every", "first_cleared", "best_of_stage"]
 #   5: the screen ranks a stage's candidates and no longer gates them: the best-screened `finalists` go on to the
 #      judged holdout whether or not they screen above the incumbent. The cheap suites measure stopping, looping and
 #      verified answers, not the win rate, and one screen look is noisier than the bars' replicate means: under the
-#      gate (versions 1-4) the truly best arm never reached the holdout in 4 of 9 demo-size sessions on the
-#      noisy-judge and harmful-arms worlds (seeds 301-305; bench/README.md), once an arm 21 points truly better,
-#      screened out by two verified items of 72.
+#      gate (versions 1-4) the truly best arm was screened out before the judged holdout in 2 of 11 demo-size
+#      sessions on the noisy-judge and harmful-arms worlds (seeds 301-306; bench/README.md), once an arm 21 points
+#      truly better, by two verified items of 72.
 #      A candidate that truly regresses on a cheap suite is still refused by the bars' guards at its comparison.
 VERSION = 5
 _RULES: dict[int, dict[str, str]] = {
@@ -184,9 +184,9 @@ class PlaybookSettings(BaseModel):
 
     @classmethod
     def short(cls) -> PlaybookSettings:
-        """Two first arms of different families (winner SFT, DPO on battle pairs), each with a holdout look when it
-        screens above the parent, the better look judged under the bars first (the other if the bars reject it), one
-        dose, no serving."""
+        """Two first arms of different families (winner SFT, DPO on battle pairs), each with a holdout look (under
+        versions 1-4 only when it screened above the parent), the better look judged under the bars first (the other
+        if the bars reject it), one dose, no serving."""
         return cls(protocol="short", families=("sft", "dpo"), steps=16, sweep=(), soup=False, dose_alphas=(0.5,),
                    serving=(), finalists=2, fallbacks=0, trajectory_shares=())
 
