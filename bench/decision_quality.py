@@ -584,7 +584,7 @@ def oracle_reach(rows: list[dict[str, Any]]) -> dict[str, Any]:
             versions.add(((opened[0].payload.get("policy") or {}) if opened else {}).get("version"))
             calls = nb.tool_calls(r["session"])
             compared = {c.args.get("candidate") for c in calls if c.tool == "compare"}
-            judged = {r.suite for r in registered_bars(nb, r["session"]).p_rules}
+            judged = {rule.suite for rule in registered_bars(nb, r["session"]).p_rules}
             looked = {c.args.get("artifact") for c in calls if c.tool == "evaluate" and judged & set(c.args.get("suites", []))}
             bars = [f"{b.bar.suite}/{b.bar.metric}" for v in verdicts_of(nb, r["session"])
                     if v.candidate == oracle["nominee"] and not v.promoted for b in v.bars if not b.holds]
