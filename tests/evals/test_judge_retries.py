@@ -43,20 +43,22 @@ class Flaky(BaseHTTPRequestHandler):
             index = cls.order.setdefault(key, len(cls.order))
             cls.tries[key] = attempt = cls.tries.get(key, 0) + 1
         time.sleep(0.05)  # long enough for the client's other workers to arrive meanwhile
-        try:
-            if "DOWN" in parts["PROMPT"]:
-                return self._send(503, {"error": {"message": "overloaded, key sk-secret-echo"}})
-            if index % 3 == 0 and attempt == 1:
-                return self._send(500, {"error": {"message": "internal"}})
-            if index % 5 == 1 and attempt <= 2:
-                return self._send(429, {"error": {"message": "slow down"}}, {"Retry-After": "0"})
+        if "DOWN" in parts["PROMPT"]:
+            reply = 503, {"error": {"message": "overloaded, key sk-secret-echo"}}, None
+        elif index % 3 == 0 and attempt == 1:
+            reply = 500, {"error": {"message": "internal"}}, None
+        elif index % 5 == 1 and attempt <= 2:
+            reply = 429, {"error": {"message": "slow down"}}, {"Retry-After": "0"}
+        else:
             verdict = "A" if "good" in parts["ANSWER A"] else "B"
-            return self._send(200, {"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
-                                    "choices": [{"index": 0, "finish_reason": "stop",
-                                                 "message": {"role": "assistant", "content": f"VERDICT: {verdict}"}}]})
-        finally:
-            with cls.lock:
-                cls.in_flight -= 1
+            reply = 200, {"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
+                          "choices": [{"index": 0, "finish_reason": "stop",
+                                       "message": {"role": "assistant", "content": f"VERDICT: {verdict}"}}]}, None
+        # Out of flight before the reply is written: once the client has read it, it may send its next request
+        # before this thread would get past the write, and that request must not be counted beside this one.
+        with cls.lock:
+            cls.in_flight -= 1
+        self._send(*reply)
 
     def _send(self, status: int, payload: dict, headers: dict | None = None) -> None:
         data = json.dumps(payload).encode()

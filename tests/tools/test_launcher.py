@@ -111,6 +111,32 @@ def test_local_cancel_when_the_agent_ignores_sigint(notebook: Notebook, tmp_path
     assert not _controller_alive(int(job.record.external_id), Path(job.record.folder))
 
 
+def test_a_controller_read_in_the_middle_of_its_exec_is_alive(tmp_path: Path) -> None:
+    # A resumed agent asks /proc whether a controller lives. Right after the Popen that started a process
+    # returns, its cmdline can read empty for a moment (CI's resume test took a starting controller for dead
+    # and ran the job again): a live process of the right command line must read alive every time.
+    # Busy processes on every core make the moment long enough to be met often (one read in ten, here).
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)]
+    folder, dead = tmp_path / "jobs", []
+    try:
+        for _ in range(300):
+            process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(5)", "submitit.local._local",
+                                        str(folder)])
+            try:
+                if not _controller_alive(process.pid, folder):
+                    dead.append(process.pid)
+            finally:
+                process.kill()
+                process.wait()
+    finally:
+        for hog in busy:
+            hog.kill()
+            hog.wait()
+    assert dead == []
+    assert not _controller_alive(os.getpid(), folder)  # a live process of another command line is not a controller
+    assert not _controller_alive(process.pid, folder)  # reaped
+
+
 def test_job_over_its_time_limit_is_recorded_timeout(launcher: Launcher, tmp_path: Path) -> None:
     # The checkpoint signal comes `signal_delay_s` before the limit; with no requeue allowed the
     # run ends there, as a timeout. (Slurm's limit is whole minutes, so its signal comes earlier.)

@@ -377,17 +377,28 @@ def _runs_from_events(events: list[dict[str, Any]], devices: int) -> tuple[list[
     return runs, start
 
 
+_CMDLINE_WAIT_S = 2.0  # how long an empty /proc cmdline (a process mid-exec) is read again
+
+
 def _controller_alive(pid: int, folder: Path) -> bool:
     """Whether `pid` is a live submitit local controller of `folder` (not a reused pid, not a zombie).
 
     Read from /proc, for controllers another (killed) agent started. The launcher's own children are
     polled through their LocalJob instead: right after the fork a child's cmdline is still its parent's."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z" and "submitit.local._local" in cmdline and str(folder) in cmdline
+    deadline = time.monotonic() + _CMDLINE_WAIT_S
+    while True:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (FileNotFoundError, ProcessLookupError):
+            return False
+        if stat.rsplit(")", 1)[1].split()[0] == "Z":
+            return False
+        # A process in the middle of its exec reads an empty cmdline for a moment (seen under load right after
+        # the Popen that started it returned): read again rather than call a starting controller dead.
+        if cmdline or time.monotonic() >= deadline:
+            return "submitit.local._local" in cmdline and str(folder) in cmdline
+        time.sleep(0.01)
 
 
 def _ignores_sigint(pid: int) -> bool:
