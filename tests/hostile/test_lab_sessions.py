@@ -2,8 +2,9 @@
 
 1. `run s1` starts from the lab's parent directory with a relative `--lab lab`;
 2. while it holds the lab, `run s2` is refused, naming it;
-3. s1's agent is SIGKILLed mid-job (its jobs live on); `run s2` now proceeds past the stale lock, in the same
-   lab, to a nomination (a second session names its outputs apart: no content-named directory is met twice);
+3. s1's agent is stopped (SIGSTOP) while an eval runs, then SIGKILLed mid-job (its jobs live on); `run s2` now
+   proceeds past the stale lock, in the same lab, to a nomination (a second session names its outputs apart: no
+   content-named directory is met twice);
 4. s1 is resumed from another working directory, through a symbolic link to the lab, to its nomination;
 5. the lab is copied, and both sessions replay exactly on the copy.
 
@@ -86,6 +87,9 @@ def story(tmp_path_factory: pytest.TempPathFactory) -> Story:
                    "--quiet")
     try:
         _wait_for_job(first, root / "s1.log", lab, "s1", "eval")
+        # Stopped, the agent still holds the lab and its jobs run on; it cannot finish its session while the
+        # refused run starts (on a loaded CI machine that took longer than the rest of s1 once).
+        os.kill(first.pid, signal.SIGSTOP)
         refused = subprocess.run([sys.executable, str(REPO / "run_agent.py"), "--budget", BUDGET, "--lab", str(lab),
                                   "--session", "s2", "--protocol", "test", "--quiet"], cwd=REPO, capture_output=True,
                                  text=True, timeout=600)
