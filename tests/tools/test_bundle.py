@@ -16,6 +16,7 @@ sealed confirmation for it and publishes its bundle with the sealed result in th
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -61,7 +62,7 @@ from tools.nomination.bundle import (
     bundle_sha256,
     write_bundle,
 )
-from tools.nomination.check_bundle import _parse, check_bundle, reload_stops
+from tools.nomination.check_bundle import PROMPTS, _parse, check_bundle, reload_conversations, reload_stops
 from tools.nomination.publish import PublishJob, publish_job
 from trainers import merge, sft
 from trainers.common import LoRASettings, NonFiniteLoss, weights_sha256
@@ -295,7 +296,10 @@ def test_toy_bundle_passes_every_check(toy, which):
     names = [r.name for r in report.results]
     assert {"template_compiles", "template_matches_renderer", "weights", "reload", "decision_hash"} <= set(names)
     assert all(r.status == "passed" for r in report.results)
-    assert len(report.answers) >= 5 and all(a.stopped and a.text.strip() for a in report.answers)
+    # the reload answered the measured suite's items (its four), not the fixed PROMPTS
+    assert [a.prompt for a in report.answers] == [p[-1]["content"] for p in reload_conversations(
+        reload_stops(_parse(Path(getattr(toy, which)))[1], toy.nb.path))]
+    assert len(report.answers) == 4 and all(a.stopped and a.text.strip() for a in report.answers)
 
 
 def test_adapter_bundle_passes_and_records_its_base(toy):
@@ -315,7 +319,14 @@ def test_the_reload_judges_stops_by_the_nominees_measured_rate_from_the_notebook
     assert chat and measured is not None and measured.suites == ["chat"]
     assert measured.answers == sum(len(e.items) for e in chat)
     assert measured.stopped == sum(round(e.metrics["stopped"] * len(e.items)) for e in chat)
-    # without a notebook: what the bundle's evidence recorded when it was written, the same figures
+    # The probes the reload answers are items of the measured suite, chosen by a hash of their ids (not by
+    # their outcomes): the measured rate is a rate on that population.
+    items = {i["id"]: i["messages"] for i in map(json.loads, (toy.root / "suites" / "chat.jsonl").read_text().splitlines())}
+    ids = sorted({o["item_id"] for e in chat for o in e.items}, key=lambda i: hashlib.sha256(i.encode()).hexdigest())[:5]
+    assert len(measured.probes) == len(ids) == 4  # every item of the four-item suite, in hash order
+    assert [[m.model_dump() for m in p] for p in measured.probes] == [items[i] for i in ids]
+    assert reload_conversations(measured) == [items[i] for i in ids]
+    # without a notebook: what the bundle's evidence recorded when it was written, the same figures and probes
     assert reload_stops(b, None) == measured
     with Notebook.open(tmp_path / "other.db") as other:  # a notebook without this session: nothing measured
         assert reload_stops(b, other.path) is None
@@ -323,6 +334,24 @@ def test_the_reload_judges_stops_by_the_nominees_measured_rate_from_the_notebook
     _rewrite_json(old / "training_evidence.json", lambda e: e.pop("stops"))
     _, b_old = _parse(old)
     assert reload_stops(b_old, None) is None
+    assert reload_conversations(None) == [[{"role": "user", "content": p}] for p in PROMPTS]
+    before = _copy(toy.full, tmp_path / "before-probes")  # recorded stops but no probes: the fixed PROMPTS
+    _rewrite_json(before / "training_evidence.json", lambda e: e["stops"].pop("probes"))
+    _, b_before = _parse(before)
+    assert reload_stops(b_before, None).probes == [] and reload_conversations(reload_stops(b_before, None)) == \
+        reload_conversations(None)
+
+
+def test_probes_in_a_bundles_evidence_are_bounded(toy, tmp_path):
+    # The evidence file is someone else's text: too many probes, or one too long, fails the reload by name.
+    for edit in (lambda e: e["stops"]["probes"].extend(e["stops"]["probes"]),
+                 lambda e: e["stops"]["probes"][0][-1].update(content="x" * 5000),
+                 lambda e: e["stops"]["probes"][0][-1].update(role="assistant")):
+        bundle = _copy(toy.full, tmp_path / f"probes-{len(list(tmp_path.iterdir()))}")
+        _rewrite_json(bundle / "training_evidence.json", edit)
+        report = check_bundle(bundle)
+        (reload,) = [r for r in report.results if r.name == "reload"]
+        assert reload.status == "failed" and "measured stops cannot be read" in reload.messages[0], reload.messages
 
 
 def test_a_broken_evidence_file_fails_the_reload_by_name_without_a_notebook(toy, tmp_path):

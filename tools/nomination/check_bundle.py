@@ -41,9 +41,9 @@ Checks, each reported with what was expected:
   revision;
 - decision_hash: with a notebook, the evidence's last decision is in its chain;
 - reload: loaded as a server loads it (AutoTokenizer; AutoModelForCausalLM, or base + PeftModel;
-  the generation config from its file), it answers `PROMPTS` at the served decoding; every answer is
-  non-empty and has no U+FFFD, and the answers stop on a stop id as often as the nominee was measured
-  to stop (below).
+  the generation config from its file), it answers the measured stop rate's probes (below) at the served
+  decoding; every answer is non-empty and has no U+FFFD, and the answers stop on a stop id as often as the
+  nominee was measured to stop.
 
 How many unstopped answers the reload may show. The nominee's served evals at the bundle's decoding
 that scored `stopped` (a `length_stop` suite; every replicate pooled: read from the notebook when one
@@ -55,6 +55,13 @@ that never stops (wrong stop ids: 5 misses of 5) fails for any nominee measured 
 misses, and a sampled model measured to run out of tokens one time in ten is not refused on one
 unlucky draw, which would be a verdict no bar made. With no measured rate (an older bundle, or a
 nominee no suite scored for stops) every answer must stop.
+
+The rate holds for the prompts it was measured on, so the reload answers those: up to five items of the
+measured suites (`MeasuredStops.probes`, chosen by a hash of their item ids, unsealed suites only). A fixed set of
+probes is another population: a toy-world nominee measured to stop in 182 of 192 answers ran past 64 tokens on
+3 of 5 arithmetic and string `PROMPTS` it had never been trained near, and its bundle was refused (decision-quality
+benchmark, small-holdout seed 407). `PROMPTS` remain the probes of a bundle that records none (written before
+probes were, or whose items could no longer be read).
 """
 
 from __future__ import annotations
@@ -572,8 +579,15 @@ def reload_max_new_tokens(b: _Bundle) -> int:
     return min(b.serving.decoding.max_new_tokens, RELOAD_MAX_NEW_TOKENS)
 
 
-def reload_answers(b: _Bundle) -> list[Answer]:
-    """The bundle loaded as a server loads it, answering PROMPTS at the served decoding."""
+def reload_conversations(measured: MeasuredStops | None) -> list[list[dict[str, str]]]:
+    """What the reload answers: the probes of the population the nominee's stop rate was measured on, else PROMPTS."""
+    if measured is not None and measured.probes:
+        return [[m.model_dump() for m in probe] for probe in measured.probes]
+    return [[{"role": "user", "content": prompt}] for prompt in PROMPTS]
+
+
+def reload_answers(b: _Bundle, measured: MeasuredStops | None = None) -> list[Answer]:
+    """The bundle loaded as a server loads it, answering `reload_conversations(measured)` at the served decoding."""
     import torch
 
     tokenizer = loading.load_tokenizer(b.path)
@@ -583,8 +597,9 @@ def reload_answers(b: _Bundle) -> list[Answer]:
     stops = set(b.serving.decoding.stop_token_ids)
     torch.manual_seed(0)  # sampled decoding: the same bundle gives the same answers
     answers = []
-    for prompt in PROMPTS:
-        inputs = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], return_tensors="pt",
+    for conversation in reload_conversations(measured):
+        prompt = conversation[-1]["content"]
+        inputs = tokenizer.apply_chat_template(conversation, return_tensors="pt",
                                                add_generation_prompt=b.serving.add_generation_prompt,
                                                return_dict=True).to(device)
         if inputs["input_ids"].shape[1] > b.serving.max_input_tokens:
@@ -818,7 +833,7 @@ def check_reload(b: _Bundle, notebook_path: Path | None) -> tuple[list[Answer], 
         return [], CheckResult(name="reload", status="failed", messages=[
             f"training_evidence.json: the nominee's measured stops cannot be read: {type(err).__name__}: {err}"])
     try:
-        answers = reload_answers(b)
+        answers = reload_answers(b, measured)
     except LOAD_ERRORS as err:
         return [], CheckResult(name="reload", status="failed", messages=[
             f"the bundle does not load and generate as a server would: {type(err).__name__}: {err}"])
