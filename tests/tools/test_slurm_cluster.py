@@ -27,14 +27,15 @@ def _script(name: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(REPO / "scripts" / name)], capture_output=True, text=True, timeout=120)
 
 
-def test_slurm_up_again_is_a_quick_no_op(slurm_cluster: None) -> None:
+def test_slurm_up_again_is_a_no_op(slurm_cluster: None) -> None:
+    # Nothing is started again: every daemon keeps its pid. (No wall-clock bound: slurm-up waits for the node to be
+    # idle, which a job an earlier test left completing can delay; a 10 s bound failed once at 10.2 s under load.)
     before = _pids()
     if set(before) != set(PID_FILES):
         pytest.skip(f"cluster not started by scripts/slurm-up (PID files in {STATE}: {sorted(before)})")
-    t0 = time.monotonic()
     up = _script("slurm-up")
     assert up.returncode == 0, up.stderr
-    assert time.monotonic() - t0 < 10 and _pids() == before
+    assert _pids() == before
     assert "idle" in up.stderr
 
 
