@@ -60,9 +60,17 @@ from tools.nomination.bundle import (
     TrainingEvidence,
     bundle_files,
     bundle_sha256,
+    stop_probes,
     write_bundle,
 )
-from tools.nomination.check_bundle import PROMPTS, _parse, check_bundle, reload_conversations, reload_stops
+from tools.nomination.check_bundle import (
+    PROMPTS,
+    _parse,
+    check_bundle,
+    reload_conversations,
+    reload_probes,
+    reload_stops,
+)
 from tools.nomination.publish import PublishJob, publish_job
 from trainers import merge, sft
 from trainers.common import LoRASettings, NonFiniteLoss, weights_sha256
@@ -297,8 +305,8 @@ def test_toy_bundle_passes_every_check(toy, which):
     assert {"template_compiles", "template_matches_renderer", "weights", "reload", "decision_hash"} <= set(names)
     assert all(r.status == "passed" for r in report.results)
     # the reload answered the measured suite's items (its four), not the fixed PROMPTS
-    assert [a.prompt for a in report.answers] == [p[-1]["content"] for p in reload_conversations(
-        reload_stops(_parse(Path(getattr(toy, which)))[1], toy.nb.path))]
+    assert [a.prompt for a in report.answers] == [p[-1]["content"] for p in reload_probes(
+        _parse(Path(getattr(toy, which)))[1], toy.nb.path)]
     assert len(report.answers) == 4 and all(a.stopped and a.text.strip() for a in report.answers)
 
 
@@ -319,14 +327,7 @@ def test_the_reload_judges_stops_by_the_nominees_measured_rate_from_the_notebook
     assert chat and measured is not None and measured.suites == ["chat"]
     assert measured.answers == sum(len(e.items) for e in chat)
     assert measured.stopped == sum(round(e.metrics["stopped"] * len(e.items)) for e in chat)
-    # The probes the reload answers are items of the measured suite, chosen by a hash of their ids (not by
-    # their outcomes): the measured rate is a rate on that population.
-    items = {i["id"]: i["messages"] for i in map(json.loads, (toy.root / "suites" / "chat.jsonl").read_text().splitlines())}
-    ids = sorted({o["item_id"] for e in chat for o in e.items}, key=lambda i: hashlib.sha256(i.encode()).hexdigest())[:5]
-    assert len(measured.probes) == len(ids) == 4  # every item of the four-item suite, in hash order
-    assert [[m.model_dump() for m in p] for p in measured.probes] == [items[i] for i in ids]
-    assert reload_conversations(measured) == [items[i] for i in ids]
-    # without a notebook: what the bundle's evidence recorded when it was written, the same figures and probes
+    # without a notebook: what the bundle's evidence recorded when it was written, the same figures
     assert reload_stops(b, None) == measured
     with Notebook.open(tmp_path / "other.db") as other:  # a notebook without this session: nothing measured
         assert reload_stops(b, other.path) is None
@@ -334,24 +335,29 @@ def test_the_reload_judges_stops_by_the_nominees_measured_rate_from_the_notebook
     _rewrite_json(old / "training_evidence.json", lambda e: e.pop("stops"))
     _, b_old = _parse(old)
     assert reload_stops(b_old, None) is None
-    assert reload_conversations(None) == [[{"role": "user", "content": p}] for p in PROMPTS]
-    before = _copy(toy.full, tmp_path / "before-probes")  # recorded stops but no probes: the fixed PROMPTS
-    _rewrite_json(before / "training_evidence.json", lambda e: e["stops"].pop("probes"))
-    _, b_before = _parse(before)
-    assert reload_stops(b_before, None).probes == [] and reload_conversations(reload_stops(b_before, None)) == \
-        reload_conversations(None)
 
 
-def test_probes_in_a_bundles_evidence_are_bounded(toy, tmp_path):
-    # The evidence file is someone else's text: too many probes, or one too long, fails the reload by name.
-    for edit in (lambda e: e["stops"]["probes"].extend(e["stops"]["probes"]),
-                 lambda e: e["stops"]["probes"][0][-1].update(content="x" * 5000),
-                 lambda e: e["stops"]["probes"][0][-1].update(role="assistant")):
-        bundle = _copy(toy.full, tmp_path / f"probes-{len(list(tmp_path.iterdir()))}")
-        _rewrite_json(bundle / "training_evidence.json", edit)
-        report = check_bundle(bundle)
-        (reload,) = [r for r in report.results if r.name == "reload"]
-        assert reload.status == "failed" and "measured stops cannot be read" in reload.messages[0], reload.messages
+def test_the_reload_answers_items_of_the_suites_the_stop_rate_was_measured_on(toy, tmp_path):
+    # The rate is a rate on the measured suite's items, so the reload answers those (up to five, chosen by a hash of
+    # their ids, not by their outcomes), read from the lab through the notebook; the bundle carries none of them.
+    _, b = _parse(Path(toy.full))
+    chat = [e for e in toy.nb.evals(artifact_id=toy.nominee, session=SESSION) if e.suite == "chat" and e.served]
+    items = {i["id"]: i["messages"] for i in map(json.loads, (toy.root / "suites" / "chat.jsonl").read_text().splitlines())}
+    ids = sorted({o["item_id"] for e in chat for o in e.items}, key=lambda i: hashlib.sha256(i.encode()).hexdigest())
+    probes = reload_probes(b, toy.nb.path)
+    assert len(ids) == 4 and probes == [items[i] for i in ids]  # every item of the four-item suite, in hash order
+    assert reload_conversations(probes) == probes
+    evidence = (Path(toy.full) / "training_evidence.json").read_text()
+    assert not any(m["content"] in evidence for p in probes for m in p)  # eval items never ship with the bundle
+    # Without a notebook, or when the items file is gone: check-bundle's fixed PROMPTS.
+    assert reload_probes(b, None) == [] and reload_conversations([]) == [[{"role": "user", "content": p}]
+                                                                         for p in PROMPTS]
+    moved = tmp_path / "chat.jsonl"
+    shutil.move(toy.root / "suites" / "chat.jsonl", moved)
+    try:
+        assert reload_probes(b, toy.nb.path) == []
+    finally:
+        shutil.move(moved, toy.root / "suites" / "chat.jsonl")
 
 
 def test_a_broken_evidence_file_fails_the_reload_by_name_without_a_notebook(toy, tmp_path):
@@ -813,3 +819,29 @@ def test_card_usage_snippet_runs_against_the_bundle(toy):
     assert run.returncode == 0, run.stderr[-2000:]
     answers = re.split(r"^=== .*$", run.stdout, flags=re.M)[1:]
     assert len(answers) == 2 and all(a.strip() for a in answers), run.stdout
+
+
+def test_stop_probes_are_five_items_in_hash_order_from_unsealed_suites_passing_over_long_ones(tmp_path):
+    # Eight items measured: one too long to be a probe, and a sealed suite's items never taken.
+    rows = [{"id": f"s/{i}", "messages": [{"role": "user", "content": ("x" * 5000) if i == 3 else f"prompt {i}"}]}
+            for i in range(8)]
+    items = tmp_path / "stop.jsonl"
+    items.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    sealed = tmp_path / "sealed.jsonl"
+    sealed.write_text(json.dumps({"id": "z/0", "messages": [{"role": "user", "content": "secret"}]}) + "\n")
+    with Notebook.open(tmp_path / "notebook.db") as nb:
+        nb.open_session("s", lab=str(tmp_path), budget_gpuh=1.0, reserve_gpuh=0.0, planner="playbook",
+                        executor="local", config={})
+        art = nb.add_artifact(kind="checkpoint", name="m", path=str(tmp_path), sha256="0" * 64, session="s")
+        for key, suite, path, sealed_suite, ids in (("k1", "stop", items, False, [r["id"] for r in rows]),
+                                                    ("k2", "confirm_stop", sealed, True, ["z/0"])):
+            nb.start_job(key, session="s", kind="eval", executor="local", forecast_gpuh=0.0, resources={"args": {
+                "suites": [{"name": suite, "items_path": str(path), "sealed": sealed_suite}]}})
+            nb.add_eval(session="s", artifact_id=art.id, suite=suite, replicate=0, decoding={}, decoding_sha256="d",
+                        served=True, metrics={"stopped": 1.0}, job_key=key,
+                        items=[{"item_id": i, "label": "stopped", "reasons": [], "values": {"stopped": 1.0}}
+                               for i in ids])
+        probes = stop_probes(nb, "s", art.id, "d")
+        assert stop_probes(nb, "s", art.id, "other decoding") == []
+    by_hash = sorted((r["id"] for r in rows if r["id"] != "s/3"), key=lambda i: hashlib.sha256(i.encode()).hexdigest())
+    assert probes == [next(r["messages"] for r in rows if r["id"] == i) for i in by_hash[:5]]

@@ -45,6 +45,10 @@ def test_a_model_measured_to_always_stop_fails_on_two_misses():
     assert ok
     ok, why = stop_verdict(_answers(3), 64, _measured(32, 32))  # P(>= 2 of 5) = 0.008
     assert not ok and "does not stop as the nominee was measured to" in why
+    # a refusal on other prompts than the measured ones says so (check-bundle without a notebook)
+    problems, _ = answer_problems(_answers(3), 64, _measured(32, 32), hint="; on the fixed prompts")
+    assert problems == [why + "; on the fixed prompts"]
+    assert answer_problems(_answers(4), 64, _measured(32, 32), hint="; on the fixed prompts")[0] == []
 
 
 def test_a_server_that_never_stops_fails_for_a_nominee_measured_to_stop_six_times_in_ten():

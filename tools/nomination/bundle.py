@@ -164,83 +164,74 @@ class DecisionRef(BaseModel):
     hash: str = Field(description="Its chain hash.")
 
 
-# The most probes the reload answers, and the bounds of one (a bundle's evidence is someone else's file).
-PROBES = 5
-PROBE_MESSAGES = 8
-PROBE_CHARS = 4000
-
-
-class ProbeMessage(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    role: Literal["system", "user", "assistant"] = Field(description="Speaker.")
-    content: str = Field(max_length=PROBE_CHARS, description="Text.")
-
-
 class MeasuredStops(BaseModel):
-    """How often the nominee stopped in its served evaluations at the bundle's decoding, and a sample of the prompts
-    that rate was measured on (check-bundle's reload answers those and judges its unstopped answers by the rate)."""
+    """How often the nominee stopped in its served evaluations at the bundle's decoding (check-bundle's reload
+    judges its unstopped answers by this)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     answers: int = Field(description="Answers scored for `stopped`, every replicate of every such suite pooled.")
     stopped: int = Field(description="Of them, those that ended on a stop id.")
     suites: list[str] = Field(description="The suites they came from.")
-    probes: list[list[ProbeMessage]] = Field(
-        default_factory=list, max_length=PROBES,
-        description="Conversations of the measured suites' items (at most PROBES, chosen by a hash of their item ids, "
-        "never by their outcomes; unsealed suites only), which the reload answers: the measured rate is a rate on "
-        "these prompts' population, not on any other. Empty: a bundle written before probes were recorded, or items "
-        "no longer readable; the reload then answers check-bundle's fixed PROMPTS.")
 
-    @model_validator(mode="after")
-    def _bounded(self) -> MeasuredStops:
-        for probe in self.probes:
-            if not 1 <= len(probe) <= PROBE_MESSAGES or probe[-1].role != "user":
-                raise ValueError(f"a probe is 1 to {PROBE_MESSAGES} messages ending on the user's, got "
-                                 f"{[m.role for m in probe][:PROBE_MESSAGES + 1]}")
-        return self
+
+def _stop_evals(nb: Notebook, session: str, artifact_id: int, decoding_sha256: str) -> list:
+    return [e for e in nb.evals(artifact_id=artifact_id, session=session)
+            if e.served and e.decoding_sha256 == decoding_sha256
+            and isinstance(e.metrics.get("stopped"), (int, float)) and e.items]
 
 
 def measured_stops(nb: Notebook, session: str, artifact_id: int, decoding_sha256: str) -> MeasuredStops | None:
-    """The artifact's served evals at that decoding that scored `stopped`, pooled, with their probes; None if there
-    are none."""
-    evals = [e for e in nb.evals(artifact_id=artifact_id, session=session)
-             if e.served and e.decoding_sha256 == decoding_sha256
-             and isinstance(e.metrics.get("stopped"), (int, float)) and e.items]
+    """The artifact's served evals at that decoding that scored `stopped`, pooled; None if there are none."""
+    evals = _stop_evals(nb, session, artifact_id, decoding_sha256)
     if not evals:
         return None
     return MeasuredStops(answers=sum(len(e.items) for e in evals),
                          stopped=sum(round(e.metrics["stopped"] * len(e.items)) for e in evals),
-                         suites=sorted({e.suite for e in evals}), probes=_probes(nb, evals))
+                         suites=sorted({e.suite for e in evals}))
 
 
-def _probes(nb: Notebook, evals: list) -> list[list[ProbeMessage]]:
-    """Up to PROBES conversations of the items those evals scored, the lowest sha256 of their item ids first (a
-    sample fixed before any outcome), read from the items files their eval jobs ran on; unsealed suites only."""
+# The most probes the reload answers, and the bounds of one it takes (longer items are passed over).
+PROBES = 5
+PROBE_MESSAGES = 8
+PROBE_CHARS = 4000
+
+
+def stop_probes(nb: Notebook, session: str, artifact_id: int, decoding_sha256: str) -> list[list[dict[str, str]]]:
+    """Conversations of up to PROBES items of the suites the artifact's stop rate was measured on, the lowest sha256
+    of their item ids first (a sample fixed before any outcome), read from the items files their eval jobs ran on;
+    unsealed suites only. check-bundle's reload answers these: the rate is a rate on their population. Read from the
+    lab when checking, never written into a bundle (eval items stay out of what is shipped). Empty when the items
+    can no longer be read."""
     files: dict[str, Path] = {}
-    for e in evals:
+    for e in _stop_evals(nb, session, artifact_id, decoding_sha256):
         job = nb.get_job(e.job_key) if e.job_key else None
         suites = (job.resources.get("args") or {}).get("suites", []) if job is not None else []
         for suite in suites:
             if suite.get("name") == e.suite and not suite.get("sealed") and suite.get("items_path"):
                 for item in e.items:
                     files.setdefault(item["item_id"], Path(suite["items_path"]))
-    chosen = sorted(files, key=lambda item_id: sha256_text(item_id))[:PROBES]
-    wanted: dict[Path, set[str]] = {}
-    for item_id in chosen:
-        wanted.setdefault(files[item_id], set()).add(item_id)
-    found: dict[str, list[ProbeMessage]] = {}
-    for path, ids in wanted.items():
+    order = {item_id: rank for rank, item_id in enumerate(sorted(files, key=sha256_text))}
+    found: dict[str, list[dict[str, str]]] = {}
+    for path in sorted(set(files.values())):
         try:
             with open(path, encoding="utf-8") as lines:
                 for line in lines:
                     row = json.loads(line)
-                    if row.get("id") in ids:
-                        found[row["id"]] = [ProbeMessage.model_validate(m) for m in row["messages"]]
+                    if not isinstance(row, dict) or row.get("id") not in order or files[row["id"]] != path:
+                        continue
+                    messages = row.get("messages")
+                    if _probe_shaped(messages):
+                        found[row["id"]] = [{"role": m["role"], "content": m["content"]} for m in messages]
         except (OSError, ValueError):  # moved or rewritten since the eval: the reload falls back to its PROMPTS
             return []
-    if set(found) != set(chosen):
-        return []
-    return [found[item_id] for item_id in chosen]
+    return [found[item_id] for item_id in sorted(found, key=order.__getitem__)[:PROBES]]
+
+
+def _probe_shaped(messages: object) -> bool:
+    return (isinstance(messages, list) and 1 <= len(messages) <= PROBE_MESSAGES
+            and all(isinstance(m, dict) and m.get("role") in ("system", "user", "assistant")
+                    and isinstance(m.get("content"), str) and len(m["content"]) <= PROBE_CHARS for m in messages)
+            and messages[-1]["role"] == "user")
 
 
 class TrainingEvidence(BaseModel):

@@ -56,12 +56,12 @@ misses, and a sampled model measured to run out of tokens one time in ten is not
 unlucky draw, which would be a verdict no bar made. With no measured rate (an older bundle, or a
 nominee no suite scored for stops) every answer must stop.
 
-The rate holds for the prompts it was measured on, so the reload answers those: up to five items of the
-measured suites (`MeasuredStops.probes`, chosen by a hash of their item ids, unsealed suites only). A fixed set of
-probes is another population: a toy-world nominee measured to stop in 182 of 192 answers ran past 64 tokens on
-3 of 5 arithmetic and string `PROMPTS` it had never been trained near, and its bundle was refused (decision-quality
-benchmark, small-holdout seed 407). `PROMPTS` remain the probes of a bundle that records none (written before
-probes were, or whose items could no longer be read).
+The rate holds for the prompts it was measured on, so with a notebook the reload answers those: up to five items
+of the measured suites (`bundle.stop_probes`: chosen by a hash of their item ids, unsealed suites only, read from
+the lab's items files; a bundle never carries eval items). A fixed set of prompts is another population: a
+toy-world nominee measured to stop in 182 of 192 answers ran past 64 tokens on 3 of 5 arithmetic and string
+`PROMPTS` it had never been trained near, and its bundle was refused (decision-quality benchmark, small-holdout
+seed 407). Without a notebook, or when the items can no longer be read, the reload answers `PROMPTS`.
 """
 
 from __future__ import annotations
@@ -91,6 +91,7 @@ from tools.nomination.bundle import (
     TrainingEvidence,
     measured_stops,
     read_header,
+    stop_probes,
 )
 
 REQUIRED = ("chat_template.jinja", "system_prompt.txt", "generation_config.json", "serving_config.json",
@@ -579,15 +580,13 @@ def reload_max_new_tokens(b: _Bundle) -> int:
     return min(b.serving.decoding.max_new_tokens, RELOAD_MAX_NEW_TOKENS)
 
 
-def reload_conversations(measured: MeasuredStops | None) -> list[list[dict[str, str]]]:
+def reload_conversations(probes: list[list[dict[str, str]]]) -> list[list[dict[str, str]]]:
     """What the reload answers: the probes of the population the nominee's stop rate was measured on, else PROMPTS."""
-    if measured is not None and measured.probes:
-        return [[m.model_dump() for m in probe] for probe in measured.probes]
-    return [[{"role": "user", "content": prompt}] for prompt in PROMPTS]
+    return probes or [[{"role": "user", "content": prompt}] for prompt in PROMPTS]
 
 
-def reload_answers(b: _Bundle, measured: MeasuredStops | None = None) -> list[Answer]:
-    """The bundle loaded as a server loads it, answering `reload_conversations(measured)` at the served decoding."""
+def reload_answers(b: _Bundle, probes: list[list[dict[str, str]]] | None = None) -> list[Answer]:
+    """The bundle loaded as a server loads it, answering `reload_conversations(probes)` at the served decoding."""
     import torch
 
     tokenizer = loading.load_tokenizer(b.path)
@@ -597,7 +596,7 @@ def reload_answers(b: _Bundle, measured: MeasuredStops | None = None) -> list[An
     stops = set(b.serving.decoding.stop_token_ids)
     torch.manual_seed(0)  # sampled decoding: the same bundle gives the same answers
     answers = []
-    for conversation in reload_conversations(measured):
+    for conversation in reload_conversations(probes or []):
         prompt = conversation[-1]["content"]
         inputs = tokenizer.apply_chat_template(conversation, return_tensors="pt",
                                                add_generation_prompt=b.serving.add_generation_prompt,
@@ -612,6 +611,16 @@ def reload_answers(b: _Bundle, measured: MeasuredStops | None = None) -> list[An
         text = tokenizer.decode(new[:-1] if stopped else new, skip_special_tokens=False)
         answers.append(Answer(prompt=prompt, text=text, n_tokens=len(new), stopped=stopped))
     return answers
+
+
+def reload_probes(b: _Bundle, notebook_path: Path | None) -> list[list[dict[str, str]]]:
+    """The measured suites' items the reload answers (`bundle.stop_probes`), read from the lab through the notebook;
+    none without one (the bundle carries no eval items), and the reload then answers PROMPTS."""
+    if notebook_path is None:
+        return []
+    evidence = TrainingEvidence.model_validate_json((b.path / "training_evidence.json").read_text(encoding="utf-8"))
+    with Notebook.open(notebook_path, readonly=True) as nb:
+        return stop_probes(nb, evidence.session, evidence.nominee, b.serving.decoding_sha256)
 
 
 def reload_stops(b: _Bundle, notebook_path: Path | None) -> MeasuredStops | None:
@@ -647,9 +656,10 @@ def stop_verdict(answers: list[Answer], max_new_tokens: int, measured: MeasuredS
     return True, f"{what}: tolerated, {rate} >= {STOP_ALPHA}"
 
 
-def answer_problems(answers: list[Answer], max_new_tokens: int,
-                    measured: MeasuredStops | None = None) -> tuple[list[str], list[str]]:
-    """The reload's failures, and what it tolerated (unstopped answers its measured stop rate explains)."""
+def answer_problems(answers: list[Answer], max_new_tokens: int, measured: MeasuredStops | None = None,
+                    hint: str = "") -> tuple[list[str], list[str]]:
+    """The reload's failures, and what it tolerated (unstopped answers its measured stop rate explains); `hint`
+    follows a failed stop verdict."""
     problems = []
     for a in answers:
         if not a.text.strip():
@@ -658,7 +668,7 @@ def answer_problems(answers: list[Answer], max_new_tokens: int,
             problems.append(f"answer to {a.prompt!r} contains U+FFFD (broken byte decoding): {a.text!r}")
     ok, why = stop_verdict(answers, max_new_tokens, measured)
     if not ok:
-        problems.insert(0, why)
+        problems.insert(0, why + hint)
     return problems, [why] if ok and why else []
 
 
@@ -828,16 +838,19 @@ def _child(group: str, path: Path, notebook_path: Path | None) -> dict:
 def check_reload(b: _Bundle, notebook_path: Path | None) -> tuple[list[Answer], CheckResult]:
     """The reload check: its answers, and its result (what a pass tolerated among the messages)."""
     try:
-        measured = reload_stops(b, notebook_path)
+        measured, probes = reload_stops(b, notebook_path), reload_probes(b, notebook_path)
     except LOAD_ERRORS as err:  # read before loading the model: a broken evidence file is named as such
         return [], CheckResult(name="reload", status="failed", messages=[
             f"training_evidence.json: the nominee's measured stops cannot be read: {type(err).__name__}: {err}"])
     try:
-        answers = reload_answers(b, measured)
+        answers = reload_answers(b, probes)
     except LOAD_ERRORS as err:
         return [], CheckResult(name="reload", status="failed", messages=[
             f"the bundle does not load and generate as a server would: {type(err).__name__}: {err}"])
-    problems, tolerated = answer_problems(answers, reload_max_new_tokens(b), measured)
+    # Without the measured suites' items the rate is read on another population: say so beside a refusal.
+    hint = ("; these were check-bundle's fixed prompts, not the measured suites' items (with --lab the reload "
+            "answers those)") if measured is not None and not probes else ""
+    problems, tolerated = answer_problems(answers, reload_max_new_tokens(b), measured, hint)
     device, dtype = reload_device()
     return answers, CheckResult(name="reload", status="failed" if problems else "passed",
                                 messages=problems or [*tolerated, f"served on {device} in {dtype}"])
