@@ -217,11 +217,12 @@ def stop_probes(nb: Notebook, session: str, artifact_id: int, decoding_sha256: s
             with open(path, encoding="utf-8") as lines:
                 for line in lines:
                     row = json.loads(line)
-                    if not isinstance(row, dict) or row.get("id") not in order or files[row["id"]] != path:
+                    item_id = row.get("id") if isinstance(row, dict) else None
+                    if not isinstance(item_id, str) or item_id not in order or files[item_id] != path:
                         continue
                     messages = row.get("messages")
                     if _probe_shaped(messages):
-                        found[row["id"]] = [{"role": m["role"], "content": m["content"]} for m in messages]
+                        found[item_id] = [{"role": m["role"], "content": m["content"]} for m in messages]
         except (OSError, ValueError):  # moved or rewritten since the eval: the reload falls back to its PROMPTS
             return []
     return [found[item_id] for item_id in sorted(found, key=order.__getitem__)[:PROBES]]
