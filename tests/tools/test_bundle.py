@@ -60,6 +60,7 @@ from tools.nomination.bundle import (
     TrainingEvidence,
     bundle_files,
     bundle_sha256,
+    stop_evals,
     stop_probes,
     write_bundle,
 )
@@ -68,8 +69,7 @@ from tools.nomination.check_bundle import (
     _parse,
     check_bundle,
     reload_conversations,
-    reload_probes,
-    reload_stops,
+    reload_evidence,
 )
 from tools.nomination.publish import PublishJob, publish_job
 from trainers import merge, sft
@@ -305,8 +305,8 @@ def test_toy_bundle_passes_every_check(toy, which):
     assert {"template_compiles", "template_matches_renderer", "weights", "reload", "decision_hash"} <= set(names)
     assert all(r.status == "passed" for r in report.results)
     # the reload answered the measured suite's items (its four), not the fixed PROMPTS
-    assert [a.prompt for a in report.answers] == [p[-1]["content"] for p in reload_probes(
-        _parse(Path(getattr(toy, which)))[1], toy.nb.path)]
+    assert [a.prompt for a in report.answers] == [p[-1]["content"] for p in reload_evidence(
+        _parse(Path(getattr(toy, which)))[1], toy.nb.path)[1]]
     assert len(report.answers) == 4 and all(a.stopped and a.text.strip() for a in report.answers)
 
 
@@ -322,19 +322,19 @@ def test_adapter_bundle_passes_and_records_its_base(toy):
 
 def test_the_reload_judges_stops_by_the_nominees_measured_rate_from_the_notebook_or_the_evidence(toy, tmp_path):
     _, b = _parse(Path(toy.full))
-    measured = reload_stops(b, toy.nb.path)
+    measured = reload_evidence(b, toy.nb.path)[0]
     chat = [e for e in toy.nb.evals(artifact_id=toy.nominee, session=SESSION) if e.suite == "chat" and e.served]
     assert chat and measured is not None and measured.suites == ["chat"]
     assert measured.answers == sum(len(e.items) for e in chat)
     assert measured.stopped == sum(round(e.metrics["stopped"] * len(e.items)) for e in chat)
     # without a notebook: what the bundle's evidence recorded when it was written, the same figures
-    assert reload_stops(b, None) == measured
+    assert reload_evidence(b, None)[0] == measured
     with Notebook.open(tmp_path / "other.db") as other:  # a notebook without this session: nothing measured
-        assert reload_stops(b, other.path) is None
+        assert reload_evidence(b, other.path)[0] is None
     old = _copy(toy.full, tmp_path / "old")  # a bundle written before the evidence recorded stops
     _rewrite_json(old / "training_evidence.json", lambda e: e.pop("stops"))
     _, b_old = _parse(old)
-    assert reload_stops(b_old, None) is None
+    assert reload_evidence(b_old, None)[0] is None
 
 
 def test_the_reload_answers_items_of_the_suites_the_stop_rate_was_measured_on(toy, tmp_path):
@@ -344,18 +344,18 @@ def test_the_reload_answers_items_of_the_suites_the_stop_rate_was_measured_on(to
     chat = [e for e in toy.nb.evals(artifact_id=toy.nominee, session=SESSION) if e.suite == "chat" and e.served]
     items = {i["id"]: i["messages"] for i in map(json.loads, (toy.root / "suites" / "chat.jsonl").read_text().splitlines())}
     ids = sorted({o["item_id"] for e in chat for o in e.items}, key=lambda i: hashlib.sha256(i.encode()).hexdigest())
-    probes = reload_probes(b, toy.nb.path)
+    probes = reload_evidence(b, toy.nb.path)[1]
     assert len(ids) == 4 and probes == [items[i] for i in ids]  # every item of the four-item suite, in hash order
     assert reload_conversations(probes) == probes
     evidence = (Path(toy.full) / "training_evidence.json").read_text()
     assert not any(m["content"] in evidence for p in probes for m in p)  # eval items never ship with the bundle
     # Without a notebook, or when the items file is gone: check-bundle's fixed PROMPTS.
-    assert reload_probes(b, None) == [] and reload_conversations([]) == [[{"role": "user", "content": p}]
+    assert reload_evidence(b, None)[1] == [] and reload_conversations([]) == [[{"role": "user", "content": p}]
                                                                          for p in PROMPTS]
     moved = tmp_path / "chat.jsonl"
     shutil.move(toy.root / "suites" / "chat.jsonl", moved)
     try:
-        assert reload_probes(b, toy.nb.path) == []
+        assert reload_evidence(b, toy.nb.path)[1] == []
     finally:
         shutil.move(moved, toy.root / "suites" / "chat.jsonl")
 
@@ -841,7 +841,7 @@ def test_stop_probes_are_five_items_in_hash_order_from_unsealed_suites_passing_o
                         served=True, metrics={"stopped": 1.0}, job_key=key,
                         items=[{"item_id": i, "label": "stopped", "reasons": [], "values": {"stopped": 1.0}}
                                for i in ids])
-        probes = stop_probes(nb, "s", art.id, "d")
-        assert stop_probes(nb, "s", art.id, "other decoding") == []
+        probes = stop_probes(nb, stop_evals(nb, "s", art.id, "d"))
+        assert stop_probes(nb, stop_evals(nb, "s", art.id, "other decoding")) == []
     by_hash = sorted((r["id"] for r in rows if r["id"] != "s/3"), key=lambda i: hashlib.sha256(i.encode()).hexdigest())
     assert probes == [next(r["messages"] for r in rows if r["id"] == i) for i in by_hash[:5]]

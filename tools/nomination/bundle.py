@@ -51,7 +51,7 @@ from core import chat
 from core.loading import header_problems
 from core.util import file_sha256, sha256_text, write_atomic, write_json_atomic
 from evals.decoding import Decoding
-from memory.notebook import Artifact, Notebook
+from memory.notebook import Artifact, EvalRecord, Notebook
 from tools.data.datasets import audit_clean
 from tools.nomination import card
 
@@ -174,7 +174,8 @@ class MeasuredStops(BaseModel):
     suites: list[str] = Field(description="The suites they came from.")
 
 
-def _stop_evals(nb: Notebook, session: str, artifact_id: int, decoding_sha256: str) -> list:
+def stop_evals(nb: Notebook, session: str, artifact_id: int, decoding_sha256: str) -> list[EvalRecord]:
+    """The artifact's served evals at that decoding that scored `stopped`."""
     return [e for e in nb.evals(artifact_id=artifact_id, session=session)
             if e.served and e.decoding_sha256 == decoding_sha256
             and isinstance(e.metrics.get("stopped"), (int, float)) and e.items]
@@ -182,7 +183,11 @@ def _stop_evals(nb: Notebook, session: str, artifact_id: int, decoding_sha256: s
 
 def measured_stops(nb: Notebook, session: str, artifact_id: int, decoding_sha256: str) -> MeasuredStops | None:
     """The artifact's served evals at that decoding that scored `stopped`, pooled; None if there are none."""
-    evals = _stop_evals(nb, session, artifact_id, decoding_sha256)
+    return stops_of(stop_evals(nb, session, artifact_id, decoding_sha256))
+
+
+def stops_of(evals: list[EvalRecord]) -> MeasuredStops | None:
+    """`stop_evals` pooled."""
     if not evals:
         return None
     return MeasuredStops(answers=sum(len(e.items) for e in evals),
@@ -196,14 +201,14 @@ PROBE_MESSAGES = 8
 PROBE_CHARS = 4000
 
 
-def stop_probes(nb: Notebook, session: str, artifact_id: int, decoding_sha256: str) -> list[list[dict[str, str]]]:
-    """Conversations of up to PROBES items of the suites the artifact's stop rate was measured on, the lowest sha256
+def stop_probes(nb: Notebook, evals: list[EvalRecord]) -> list[list[dict[str, str]]]:
+    """Conversations of up to PROBES items of the suites a stop rate was measured on (its `stop_evals`), the lowest sha256
     of their item ids first (a sample fixed before any outcome), read from the items files their eval jobs ran on;
     unsealed suites only. check-bundle's reload answers these: the rate is a rate on their population. Read from the
     lab when checking, never written into a bundle (eval items stay out of what is shipped). Empty when the items
     can no longer be read."""
     files: dict[str, Path] = {}
-    for e in _stop_evals(nb, session, artifact_id, decoding_sha256):
+    for e in evals:
         job = nb.get_job(e.job_key) if e.job_key else None
         suites = (job.resources.get("args") or {}).get("suites", []) if job is not None else []
         for suite in suites:

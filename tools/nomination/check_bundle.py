@@ -89,9 +89,10 @@ from tools.nomination.bundle import (
     MeasuredStops,
     ServingConfig,
     TrainingEvidence,
-    measured_stops,
     read_header,
+    stop_evals,
     stop_probes,
+    stops_of,
 )
 
 REQUIRED = ("chat_template.jinja", "system_prompt.txt", "generation_config.json", "serving_config.json",
@@ -585,7 +586,7 @@ def reload_conversations(probes: list[list[dict[str, str]]]) -> list[list[dict[s
     return probes or [[{"role": "user", "content": prompt}] for prompt in PROMPTS]
 
 
-def reload_answers(b: _Bundle, probes: list[list[dict[str, str]]] | None = None) -> list[Answer]:
+def reload_answers(b: _Bundle, probes: list[list[dict[str, str]]]) -> list[Answer]:
     """The bundle loaded as a server loads it, answering `reload_conversations(probes)` at the served decoding."""
     import torch
 
@@ -596,7 +597,7 @@ def reload_answers(b: _Bundle, probes: list[list[dict[str, str]]] | None = None)
     stops = set(b.serving.decoding.stop_token_ids)
     torch.manual_seed(0)  # sampled decoding: the same bundle gives the same answers
     answers = []
-    for conversation in reload_conversations(probes or []):
+    for conversation in reload_conversations(probes):
         prompt = conversation[-1]["content"]
         inputs = tokenizer.apply_chat_template(conversation, return_tensors="pt",
                                                add_generation_prompt=b.serving.add_generation_prompt,
@@ -613,24 +614,17 @@ def reload_answers(b: _Bundle, probes: list[list[dict[str, str]]] | None = None)
     return answers
 
 
-def reload_probes(b: _Bundle, notebook_path: Path | None) -> list[list[dict[str, str]]]:
-    """The measured suites' items the reload answers (`bundle.stop_probes`), read from the lab through the notebook;
-    none without one (the bundle carries no eval items), and the reload then answers PROMPTS."""
-    if notebook_path is None:
-        return []
-    evidence = TrainingEvidence.model_validate_json((b.path / "training_evidence.json").read_text(encoding="utf-8"))
-    with Notebook.open(notebook_path, readonly=True) as nb:
-        return stop_probes(nb, evidence.session, evidence.nominee, b.serving.decoding_sha256)
-
-
-def reload_stops(b: _Bundle, notebook_path: Path | None) -> MeasuredStops | None:
-    """The nominee's measured stops at the bundle's decoding: from the notebook when given, else as the bundle's
-    evidence recorded them when it was written (None for a bundle from before they were recorded)."""
+def reload_evidence(b: _Bundle, notebook_path: Path | None) -> tuple[MeasuredStops | None, list[list[dict[str, str]]]]:
+    """The nominee's measured stops at the bundle's decoding, and the items the reload answers. With a notebook, both
+    from it (the items, `bundle.stop_probes`, read from the lab's files); without one, the stops as the bundle's
+    evidence recorded them when it was written (None for a bundle from before they were recorded) and no items (a
+    bundle carries none: the reload then answers PROMPTS)."""
     evidence = TrainingEvidence.model_validate_json((b.path / "training_evidence.json").read_text(encoding="utf-8"))
     if notebook_path is None:
-        return evidence.stops
+        return evidence.stops, []
     with Notebook.open(notebook_path, readonly=True) as nb:
-        return measured_stops(nb, evidence.session, evidence.nominee, b.serving.decoding_sha256)
+        evals = stop_evals(nb, evidence.session, evidence.nominee, b.serving.decoding_sha256)
+        return stops_of(evals), stop_probes(nb, evals)
 
 
 def _tail(n: int, k: int, q: float) -> float:
@@ -838,7 +832,7 @@ def _child(group: str, path: Path, notebook_path: Path | None) -> dict:
 def check_reload(b: _Bundle, notebook_path: Path | None) -> tuple[list[Answer], CheckResult]:
     """The reload check: its answers, and its result (what a pass tolerated among the messages)."""
     try:
-        measured, probes = reload_stops(b, notebook_path), reload_probes(b, notebook_path)
+        measured, probes = reload_evidence(b, notebook_path)
     except LOAD_ERRORS as err:  # read before loading the model: a broken evidence file is named as such
         return [], CheckResult(name="reload", status="failed", messages=[
             f"training_evidence.json: the nominee's measured stops cannot be read: {type(err).__name__}: {err}"])
