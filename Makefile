@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # (138% CPU), where 2 kept the machine about half idle. PYTEST_WORKERS=0 runs the suite in this one process.
 PYTEST_WORKERS ?= 3
 
-.PHONY: demo test install install-dev slurm-up slurm-down chromium lint clean
+.PHONY: demo test install install-dev lock upgrade slurm-up slurm-down chromium lint clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -21,18 +21,19 @@ $(VENV)/.pip: | $(PY)
 	$(PIP) install pip==26.3
 	touch $@
 
-# torch first: the CPU build 2.13.0 lies on this kind of machine's disk; asking for torch through
-# another package's requirement with no torch present would download a multi-GB CUDA build.
-$(VENV)/.torch: | $(VENV)/.pip
-	$(PY) -c "import torch" 2>/dev/null || $(PIP) install torch==2.13.0
+# The locks (requirements/*.txt, made by scripts/lock) hold every package at the version the suite passed with, with
+# its hashes: pip installs exactly those (--no-deps: nothing is resolved at install time), then postlab itself, and
+# `pip check` proves the set complete. torch is the lock's CPU build 2.13.0, which lies on this kind of machine's disk.
+$(VENV)/.installed: pyproject.toml requirements/runtime.txt | $(VENV)/.pip
+	$(PIP) install --require-hashes --no-deps -r requirements/runtime.txt
+	$(PIP) install --no-deps --no-build-isolation -e .
+	$(PIP) check
 	touch $@
 
-$(VENV)/.installed: pyproject.toml $(VENV)/.torch
-	$(PIP) install -e .
-	touch $@
-
-$(VENV)/.installed-dev: pyproject.toml $(VENV)/.torch
-	$(PIP) install -e '.[dev]'
+$(VENV)/.installed-dev: pyproject.toml requirements/dev.txt | $(VENV)/.pip
+	$(PIP) install --require-hashes --no-deps -r requirements/dev.txt
+	$(PIP) install --no-deps --no-build-isolation -e .
+	$(PIP) check
 	touch $@ $(VENV)/.installed
 
 install: $(VENV)/.installed
@@ -72,6 +73,16 @@ slurm-up:
 
 slurm-down:
 	scripts/slurm-down
+
+# Re-resolve the locks (keeping what the ranges still allow), or move them to the newest versions the ranges allow,
+# reinstall .venv from the new lock and run the whole suite on it. Commit requirements/ once the suite passes.
+lock: $(VENV)/.installed-dev
+	scripts/lock
+
+upgrade: $(VENV)/.installed-dev
+	scripts/lock --upgrade
+	rm -rf $(VENV)
+	make --no-print-directory test
 
 lint: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check .

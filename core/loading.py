@@ -10,6 +10,12 @@ ran a bundle's code); `pytorch_model.bin` / `adapter_model.bin` are pickles, whi
 unpickled. So every load here pins `trust_remote_code=False` and reads safetensors only, and first
 refuses (UnsafeModelError, naming the file) a directory that carries code, an `auto_map`, or pickled
 weights, or whose tokenizer files are beyond `TOKENIZER_FILE_LIMIT`.
+
+Nor is code fetched from the Hub: transformers (5.25 on) turns Hub kernels on by default when the `kernels`
+package is installed, which downloads kernel code from the Hub and runs it inside the load (and fails offline). Every
+load here passes `use_kernels=False`, and every job runs with USE_HUB_KERNELS=0 (tools/jobs/jobrun.py), which also
+turns off the lazy per-function Hub lookups that `use_kernels` does not reach. The fused Mamba kernels come from the
+`mamba-ssm` and `causal-conv1d` packages the user installed, as transformers' fallback order has it.
 """
 
 from __future__ import annotations
@@ -137,7 +143,8 @@ def load_causal_lm(path: str | Path, **kwargs):
     from transformers import AutoModelForCausalLM
 
     refuse_unsafe(path)
-    return AutoModelForCausalLM.from_pretrained(path, trust_remote_code=False, use_safetensors=True, **kwargs)
+    return AutoModelForCausalLM.from_pretrained(path, trust_remote_code=False, use_safetensors=True, use_kernels=False,
+                                                **kwargs)
 
 
 def load_sequence_classifier(path: str | Path, **kwargs):
@@ -145,7 +152,7 @@ def load_sequence_classifier(path: str | Path, **kwargs):
 
     refuse_unsafe(path)
     return AutoModelForSequenceClassification.from_pretrained(path, trust_remote_code=False, use_safetensors=True,
-                                                              **kwargs)
+                                                              use_kernels=False, **kwargs)
 
 
 def model_from_config(config, **kwargs):

@@ -341,7 +341,7 @@ class _Decoder:
     def _forward(self) -> torch.Tensor:
         mask = self.bias if self.hybrid is None else decode_hybrid.decode_masks(self.bias)
         return self.model(input_ids=self.token, attention_mask=mask, position_ids=self.position,
-                          past_key_values=self.cache, cache_position=self.slot, use_cache=True).logits
+                          cache=self.cache, cache_position=self.slot, use_cache=True).logits
 
     @contextmanager
     def _kernels(self, fused: bool = False) -> Iterator[None]:
@@ -403,7 +403,7 @@ class _Decoder:
         self.cache.reset()
         positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)  # as `generate` derives them
         with self._kernels():
-            out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=self.cache,
+            out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=self.cache,
                              cache_position=torch.arange(self.width, device=ids.device), use_cache=True,
                              logits_to_keep=1)
         self.bias.fill_(torch.finfo(self.bias.dtype).min)

@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from core.jsonl import read_values
 from core.placement import Placement, measured, require_device
+from core.versions import Versions
 from evals import constraints, judge, length_stop, loops, math, mcq, synthetic
 from evals.decoding import Decoding
 from evals.judge import JudgeRecord
@@ -173,6 +174,7 @@ class EvalResult(BaseModel):
     placement: Placement | None = Field(None, description="Device, dtype, device name, ranks and generated tokens "
                                         "per second of the job (None: recorded before jobs said where they ran).")
     batch_size: int | None = Field(None, description="Prompts generated together (the configured or chosen size).")
+    versions: Versions | None = Field(None, description="The versions of torch, transformers, peft, trl and mamba-ssm the job ran with (stamped by the job wrapper, tools/jobs/jobrun.py).")
 
 
 def read_items(path: Path) -> list[Item]:

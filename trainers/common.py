@@ -23,6 +23,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from core import chat, loading
 from core.placement import Placement
 from core.util import file_sha256, write_json_atomic
+from core.versions import Versions
 from trainers import distributed, lora_experts, mamba_kernels
 
 # LoRA targets that work on Nemotron-H: peft refuses the Mamba mixer's out_proj and conv1d.
@@ -207,6 +208,7 @@ class TrainResult(BaseModel):
     snapshots: list[Snapshot] = Field(default_factory=list, description="The intermediate models saved, by step.")
     placement: Placement | None = Field(None, description="Device, dtype, device name, ranks and trained tokens per "
                                         "second of the run's last session (None: recorded before runs said so).")
+    versions: Versions | None = Field(None, description="The versions of torch, transformers, peft, trl and mamba-ssm the job ran with (stamped by the job wrapper, tools/jobs/jobrun.py).")
 
 
 class RunPaths(BaseModel):

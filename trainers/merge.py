@@ -56,6 +56,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from safetensors import safe_open
 
+from core.versions import Versions
 from trainers.common import SAFETENSORS_DTYPES, write_weights_manifest
 
 INDEX = "model.safetensors.index.json"
@@ -173,6 +174,7 @@ class MergeResult(BaseModel):
     tensors: int = Field(description="Number of tensors written.")
     shards: int = Field(description="Number of safetensors shards written.")
     weights_sha256: str = Field(description="sha256 over the output shards (names and bytes).")
+    versions: Versions | None = Field(None, description="The versions of torch, transformers, peft, trl and mamba-ssm the job ran with (stamped by the job wrapper, tools/jobs/jobrun.py).")
 
 
 def shard_map(model_dir: Path) -> dict[str, str]:

@@ -33,6 +33,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from core.util import write_json_atomic
+from core.versions import Versions
 from evals.decoding import Decoding
 from evals.types import Completion, Item, Outcome
 from trainers import distributed
@@ -88,6 +89,7 @@ class RFTResult(BaseModel):
     model_config = ConfigDict(extra="forbid")
     sampling: SamplingStats = Field(description="pass@1, pass@k and what was kept.")
     train: TrainResult = Field(description="The SFT run on the kept answers.")
+    versions: Versions | None = Field(None, description="The versions of torch, transformers, peft, trl and mamba-ssm the job ran with (stamped by the job wrapper, tools/jobs/jobrun.py).")
 
 
 def load_scorer(path: str) -> Scorer:

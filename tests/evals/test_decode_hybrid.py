@@ -236,11 +236,11 @@ def test_gpu_triton_prefill_and_step_equal_pytorch(tiny_models, item):
     for kernels in (triton_kernels, decode_hybrid.torch_kernels()):
         cache = StaticCache(config=model.config, max_cache_len=ids.shape[1] + 3)
         with torch.inference_mode(), decode_hybrid.bind(model, kernels):
-            logits = [model(input_ids=ids, attention_mask=mask, past_key_values=cache, use_cache=True).logits[:, -1]]
+            logits = [model(input_ids=ids, attention_mask=mask, cache=cache, use_cache=True).logits[:, -1]]
             full = torch.cat([mask, torch.ones_like(steps)], 1)
             for t in range(3):
                 logits.append(model(input_ids=steps[:, t:t + 1], attention_mask=full[:, : ids.shape[1] + t + 1],
-                                    past_key_values=cache, use_cache=True).logits[:, -1])
+                                    cache=cache, use_cache=True).logits[:, -1])
         states = [s for layer in cache.layers if hasattr(layer, "recurrent_states")
                   for s in (layer.conv_states[0], layer.recurrent_states[0])]
         runs.append((torch.stack(logits, 1).float(), [s.float() for s in states]))

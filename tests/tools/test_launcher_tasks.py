@@ -17,7 +17,9 @@ from tools.jobs.launcher import BudgetRefused, JobFailed, Launcher, Resources
 from tools.jobs.probe import AllReduceConfig, CountConfig, all_reduce, count
 
 SESSION = "s1"  # the session the conftest's notebook fixture opens
-NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+# What every job's wrapper switches off, whatever the executor passed on: NVLink multicast and Hub kernels.
+NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
+                "USE_HUB_KERNELS": "0"}
 
 
 @pytest.mark.slow  # two workers importing torch: ~30 s at a load of 10 on 2 cores

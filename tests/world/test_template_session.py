@@ -13,6 +13,7 @@ import pytest
 from core import chat, loading
 from core.templates import LLAMA3
 from memory.notebook import Notebook
+from tests.hubguard import guarded_env
 from tools.nomination.check_bundle import check_bundle
 from tools.world.testing import session_world
 
@@ -28,11 +29,32 @@ def llama3_session(tmp_path_factory) -> Path:
     shutil.copytree(world / "world", lab / "world")
     shutil.copy(world / "lab.toml", lab / "lab.toml")
     # The budget is not under test (the toy world charges measured seconds x a factor; tests/test_decision_quality.py).
+    # The whole session, its jobs and check-bundle's child included, runs under the Hub guard (tests/hubguard).
     proc = subprocess.run([sys.executable, str(REPO / "run_agent.py"), "--budget", "5000gpuh", "--lab", str(lab),
-                           "--session", "s1", "--protocol", "test", "--quiet"], cwd=REPO, capture_output=True,
-                          text=True, timeout=1800)
+                           "--session", "s1", "--protocol", "test"], cwd=REPO, capture_output=True, text=True,
+                          timeout=1800, env=guarded_env(lab.parent / "hub.log"))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (lab.parent / "agent.log").write_text(proc.stdout + proc.stderr)
     return lab
+
+
+def test_no_load_of_the_session_reached_for_the_hub(llama3_session):
+    """Every model job trained, evaluated, merged, bundled and reloaded with the Hub guard in place, and none of them
+    called a kernels entry point or a Hub download (the guard logs even a call its caller swallowed)."""
+    with Notebook.open(llama3_session / "notebook.db", readonly=True) as nb:
+        kinds = {job.kind for job in nb.jobs(session="s1") if job.state == "done"}
+    assert {"sft", "eval", "merge", "bundle"} <= kinds, kinds
+    assert not (llama3_session.parent / "hub.log").exists(), (llama3_session.parent / "hub.log").read_text()
+
+
+def test_no_deprecation_warning_from_the_sessions_calls(llama3_session):
+    """No FutureWarning or DeprecationWarning in the agent's output or any job's log: a call transformers deprecates
+    (`past_key_values` for `cache`, 5.25) is moved before the release that removes it breaks a session."""
+    logs = [llama3_session.parent / "agent.log", *sorted((llama3_session / "jobs").rglob("*_log.*"))]
+    assert len(logs) > 10
+    warned = [f"{log.name}: {line.strip()}" for log in logs for line in log.read_text(errors="replace").splitlines()
+              if "FutureWarning" in line or "DeprecationWarning" in line]
+    assert not warned, "\n".join(warned[:10])
 
 
 def test_the_world_is_built_on_the_llama3_template(llama3_session):

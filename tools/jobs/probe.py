@@ -157,7 +157,7 @@ class AllReduceResult(_Model):
                           "when every rank took part.")
     pids: list[int] = Field(description="Process id of every rank, gathered: distinct processes.")
     master: str = Field(description="MASTER_ADDR:MASTER_PORT the group met at.")
-    no_multicast: dict[str, str] = Field(description="The NVLink multicast switches as the job's environment had them.")
+    no_multicast: dict[str, str] = Field(description="The NVLink multicast and Hub kernel switches as the job's environment had them.")
 
 
 def all_reduce(config: AllReduceConfig) -> AllReduceResult:
@@ -178,7 +178,7 @@ def all_reduce(config: AllReduceConfig) -> AllReduceResult:
         rank, world = dist.get_rank(), dist.get_world_size()
     finally:
         dist.destroy_process_group()
-    switches = ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS")
+    switches = ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS", "USE_HUB_KERNELS")
     return AllReduceResult(rank=rank, world_size=world, rank_sum=int(total.item()), pids=pids,
                            master=f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}",
                            no_multicast={name: os.environ.get(name, "") for name in switches})

@@ -23,6 +23,7 @@ from pathlib import Path
 from pydantic import Field
 
 from core.placement import Placement, measured
+from core.versions import Versions
 from memory.records import TruthFamily, TruthFigures
 from tools.data.leak import DEFAULT_NGRAM, Reference, ReferenceIndex, audit, prompt_text
 from tools.world import opponent, oracle
@@ -53,6 +54,7 @@ class TruthResult(TruthFigures):
     other: str = Field(description="What it was measured against: a checkpoint path or 'opponent'.")
     placement: Placement | None = Field(None, description="Where the answers were generated: device, dtype, device "
                                         "name and tokens/s over both models' answers.")
+    versions: Versions | None = Field(None, description="The versions of torch, transformers, peft, trl and mamba-ssm the job ran with (stamped by the job wrapper, tools/jobs/jobrun.py).")
 
 
 def world_references(lab: Path) -> list[Reference]:
