@@ -85,11 +85,13 @@ def test_winner_sft_rows_and_manifest(lab, tokenizer_dir):
     expected = [
         [system, _user("How do I boil an egg?"), {"role": "assistant", "content": "Boil it for 9 minutes. See the guide."}],
         [system, _user("Capital of Italy?"), {"role": "assistant", "content": "Rome."}],
-        [system, _user("Say hello"), {"role": "assistant", "content": "Ahoy!"}],  # the pirate system turn is replaced
+        # the battle's own system turn is kept (the eval prompts of the same battles keep it too), not replaced
+        [{"role": "system", "content": "Talk like a pirate."}, _user("Say hello"), {"role": "assistant", "content": "Ahoy!"}],
     ]
     assert _rows(out) == [{"id": f"{b}#{k}", "messages": e} for b, e in zip(("t1", "t2", "t5"), expected, strict=True) for k in range(2)]
     assert (m.rows, m.row_kind, m.sha256) == (6, "sft", file_sha256(out))
     assert m.stats["excluded_tie_or_both_bad"] == 2 and m.stats["holdout_battles_excluded"] == 2
+    assert m.stats["battle_system_turns_kept"] == 1
     tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
     assert m.tokens == sum(len(render(tok, r["messages"]).input_ids) for r in _rows(out)) > 0
     assert {s.role: s.sha256 for s in m.sources} == {
@@ -107,7 +109,8 @@ def test_battle_pairs_exclude_ties_and_both_bad(lab):
     assert _rows(out) == [
         {"id": "t1", "prompt": [_user("How do I boil an egg?")], "chosen": T1_OWN, "rejected": "Fry it."},
         {"id": "t2", "prompt": [_user("Capital of Italy?")], "chosen": "Rome【3†source】.", "rejected": "Milan"},
-        {"id": "t5", "prompt": [_user("Say hello")], "chosen": "Ahoy!", "rejected": "Hello."},
+        {"id": "t5", "prompt": [{"role": "system", "content": "Talk like a pirate."}, _user("Say hello")],
+         "chosen": "Ahoy!", "rejected": "Hello."},
     ]
     assert m.row_kind == "pairs" and m.rows == 3 and m.sha256 == file_sha256(out)
 
@@ -140,9 +143,9 @@ def test_replay_mix_caps_and_seed(lab):
         m = build_replay_mix(ReplayMixConfig(out=out, system_prompt=SYS, sources=srcs, seed=seed, **lab["base"]))
         rows = _rows(out)
         assert m.rows == 7 and m.stats == {"a.available": 5, "a.taken": 5, "b.available": 4, "b.taken": 2}
-        assert rows[:5] == [{"id": f"a:{i + 1}", "messages": [{"role": "system", "content": SYS},
-                                                              *(t for t in r["messages"] if t["role"] != "system")]}
-                            for i, r in enumerate(a)]
+        # a row's own system turn is kept; the serving one only where it has none
+        assert rows[:5] == [{"id": f"a:{i + 1}", "messages": r["messages"] if r["messages"][0]["role"] == "system"
+                             else [{"role": "system", "content": SYS}, *r["messages"]]} for i, r in enumerate(a)]
         b_rows = [r["messages"][1:] for r in rows[5:]]
         assert all(x in [r["messages"] for r in b] for x in b_rows)
         picks.add(json.dumps(b_rows))
@@ -326,3 +329,32 @@ def test_mix_with_a_kl_only_replay_part_gives_klce_rows(lab):
     build_battle_pairs(BattlePairsConfig(out=p, system_prompt=SYS, **lab["base"]))
     with pytest.raises(DatasetError, match="kl_only parts need SFT rows"):
         build_mix(MixConfig(out=lab["dir"] / "x.jsonl", parts=[MixPart(path=p, weight=1, kl_only=True)], **lab["base"]))
+
+
+def test_a_battles_own_system_prompt_reaches_the_rendered_training_rows(tmp_path, battle, jsonl, tokenizer_dir):
+    # Every battle was answered under a system prompt of its own (a long one, shared by a dev battle as real
+    # deployments share theirs). Its SFT, DPO and KL-CE rows keep it, rendered as the trainers render them (the
+    # serving prompt passed as the default, which a row's own system turn wins over); and the leak audit, which
+    # reads user turns only, does not take the shared system prompt for a copied holdout prompt.
+    own = "You are Quill, the support assistant of a bookshop in Lyon; answer in two sentences at most, politely."
+    rows = [battle(f"t{i}", vote="own", own=f"Answer {i}.", other=f"Other {i}.", messages=[
+        {"role": "system", "content": own}, {"role": "user", "content": f"Question {i} about opening hours"}])
+        for i in range(3)]
+    rows.append(battle("d1", vote="own", messages=[{"role": "system", "content": own}, _user(DEV)]))
+    fb = jsonl(tmp_path / "fb.jsonl", rows)
+    split = Split(source_sha256=file_sha256(fb), config=SplitConfig(dev_fraction=0.2, sealed_fraction=0.1),
+                  assignment={b["id"]: "dev" if b["id"] == "d1" else "train" for b in rows}, counts={})
+    (tmp_path / "split.json").write_text(split.model_dump_json())
+    base = {"tokenizer": tokenizer_dir, "feedback": fb, "split": tmp_path / "split.json", "system_prompt": SYS}
+    w, p = tmp_path / "w.jsonl", tmp_path / "p.jsonl"
+    sft, pairs = build_winner_sft(WinnerSFTConfig(out=w, **base)), build_battle_pairs(BattlePairsConfig(out=p, **base))
+    base.pop("system_prompt")
+    klce = build_mix(MixConfig(out=tmp_path / "k.jsonl", parts=[MixPart(path=w, weight=1, kl_only=True)], **base))
+    assert (sft.rows, pairs.rows, klce.rows) == (3, 3, 3) and sft.leak_dropped == pairs.leak_dropped == 0
+    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    conversations = ([r.messages for r in read_rows(w, SFTRow)] + [r.messages for r in read_rows(tmp_path / "k.jsonl", KLCERow)]
+                     + [[*r.prompt, {"role": "assistant", "content": r.chosen}] for r in read_rows(p, PreferenceRow)])
+    for messages in conversations:
+        text = tok.decode(render(tok, messages, SYS).input_ids)
+        assert own in text and SYS not in text
+    assert sft.stats["battle_system_turns_kept"] == 3

@@ -6,12 +6,14 @@ Every builder is a plain function of one pydantic config that returns a `Dataset
   optionally cleaned of citation markers and source links and repeated N times;
 - `build_battle_pairs`: DPO pairs from decisive train battles (chosen = preferred, rejected = the other);
 - `build_replay_mix`: seeded samples of local chat datasets (JSONL or Parquet with `messages`), capped per source;
-- `build_synthetic_verified`: generated tasks whose reference answers the eval checker accepts;
+- `build_synthetic_verified`: generated tasks whose reference answers the eval checker accepts (the toy world's
+  own measurements, tools/world/measure.py; no session step builds it: a session uses the lab's own data only);
 - `build_mix`: a weighted, shuffled concatenation of already built datasets.
 
-Chat rows are rendered under the serving system prompt: a row's own system turn is replaced by it
-(or dropped when the serving prompt is empty), because the model ships with that prompt and the one
-renderer refuses a conversation whose system turn differs from it.
+Chat rows keep their own leading system turn (a battle's own system prompt: what the user saw, and what
+the eval prompts built from the same battles keep); the serving system prompt is added only to a row
+that has none (none when it is empty). The one renderer and the shipped template do the same: a
+conversation's own system turn wins. A system turn anywhere but first, which no template renders, is dropped.
 
 Every build runs the leak audit (tools/data/leak.py) of its training prompts against the dev and sealed
 holdouts of the feedback split and against every eval suite prompt. The audit rejects rows, never the
@@ -232,9 +234,12 @@ def _drop_sources_section(text: str) -> str:
 
 
 def served(messages: Iterable[dict], system_prompt: str) -> list[dict]:
-    """The conversation as served: its own system turn replaced by the serving one (none if empty)."""
-    turns = [{"role": m["role"], "content": m["content"]} for m in messages if m["role"] != "system"]
-    return ([{"role": "system", "content": system_prompt}] if system_prompt else []) + turns
+    """The conversation as served: its own leading system turn kept, else the serving one (none if empty); a
+    system turn anywhere but first dropped (the renderer refuses one there)."""
+    turns = [{"role": m["role"], "content": m["content"]} for m in messages]
+    own = turns[:1] if turns and turns[0]["role"] == "system" else []
+    rest = [t for t in turns[len(own):] if t["role"] != "system"]
+    return (own or ([{"role": "system", "content": system_prompt}] if system_prompt else [])) + rest
 
 
 def _battle_turns(battle: Battle) -> list[dict]:
@@ -358,7 +363,7 @@ def _decisive_train(battles: list[Battle], split: Split) -> tuple[list[Battle], 
     decisive = [b for b in train if b.preferred is not None]
     stats = {"train_battles": len(train), "decisive": len(decisive), "excluded_tie_or_both_bad": len(train) - len(decisive),
              "holdout_battles_excluded": len(battles) - len(train),
-             "battle_system_turns_overridden": sum(any(m.role == "system" for m in b.messages) for b in decisive)}
+             "battle_system_turns_kept": sum(bool(b.messages) and b.messages[0].role == "system" for b in decisive)}
     return decisive, stats
 
 
