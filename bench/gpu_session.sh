@@ -1,20 +1,23 @@
 #!/usr/bin/env bash
 # The GPU proving ground (issue 30): the demo session on one H200 with every model job on the GPU, and what each
 # job recorded about where it ran. As the device tool runs it (repository root, $OUT set), with the session's wheels
-# carried as .whl (../shared/gpu/wheels.sh: transformers, pydantic, langgraph, submitit, ..., and mamba-ssm built
-# pure-python, so its Triton kernels run the hybrid's Mamba layers):
+# carried as .whl (scripts/gpu-wheels: every package of the lock at its locked version, hashes checked, but torch and
+# the numerics the GPU image provides; mamba-ssm built pure-python, so its Triton kernels run the hybrid's Mamba layers):
 #
-#     bash ../shared/gpu/wheels.sh .whl                                   # here, once
-#     run(command="bash bench/gpu_session.sh", carry=[".whl"], timeout_s=600)
+#     scripts/gpu-wheels .whl                                              # here, once
+#     run(command="GPU_TESTS=1 PROTOCOL=test bash bench/gpu_session.sh", carry=[".whl"], timeout_s=600)
 #
 # PROTOCOL=test (or short) runs the playbook at that size (run_agent.py --protocol), for a call of a few minutes.
-# Steps: install the wheels into /tmp/site; run the GPU-only tests (tests/evals/test_gpu_jobs.py); build the demo world (`world build --size demo`) in /tmp/gpu-lab; run
+# Steps: install the wheels into /tmp/site; run the GPU-only tests (GPU_TESTS=1: tests/evals/test_gpu_jobs.py,
+# tests/evals/test_decode_hybrid.py, tests/trainers/test_step_graphs.py); build the demo world (`world build --size demo`) in /tmp/gpu-lab; run
 # `run_agent.py --budget 60gpuh` on it (the local executor sees the GPU: evals, reference answers, the truth scorer
 # and training default to it, merges and data jobs stay on the CPU); check the nominee's bundle; write
 # bench/results/gpu_session.json (and $OUT/gpu_session.json, with the session's report and logs):
 #
 #     {"jobs": [{"kind", "device", "dtype", "device_name", "seconds", "tokens_per_s"}, ...],
-#      "session": {"status", "nominee", "check_bundle_passed"}, "hardware": ..., "command": ...}
+#      "session": {"status", "nominee", "check_bundle_passed"}, "versions": {torch, transformers, peft, trl, mamba_ssm},
+#      "hardware": ..., "command": ...}
+# (every job row carries the versions its own process recorded in its result, core/versions.py).
 #
 # A job without a model (merge, ingest, build, bundle) records no device: its row says "none". Exit status: the
 # session's (0 when it nominated), 3 when the wheels do not install, 4 when no GPU is visible.
@@ -41,8 +44,10 @@ python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 4)" 
 cat "$OUTDIR/env.txt"
 
 left() { echo $(( BUDGET_S - ($(date +%s) - START) )); }
-# The GPU-only tests first (an eval and a training job on the GPU record cuda and bf16): a minute.
-[ "${GPU_TESTS:-1}" = 1 ] && timeout 120 python3 -m pytest -q -p no:cacheprovider --confcutdir=tests/evals tests/evals/test_gpu_jobs.py \
+# The GPU-only tests first (jobs on the GPU record cuda and bf16; the static decoder against generate; the captured
+# training step graphs): a few minutes. USE_HUB_KERNELS is left unset: the project's own code turns Hub kernels off.
+[ "${GPU_TESTS:-1}" = 1 ] && timeout 300 python3 -m pytest -q -p no:cacheprovider \
+  tests/evals/test_gpu_jobs.py tests/evals/test_decode_hybrid.py tests/trainers/test_step_graphs.py \
   > "$OUTDIR/gpu_tests.log" 2>&1; echo "gpu tests: exit $? ($(tail -1 "$OUTDIR/gpu_tests.log"))"
 rm -rf "$LAB"
 # A world built elsewhere (the same seed and size build the same files) may travel as .gpu-lab: the build below
@@ -71,6 +76,7 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
+from core.versions import installed
 from memory.notebook import Notebook
 
 lab, result, rc, session_s, outdir = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), Path(sys.argv[5])
@@ -79,6 +85,11 @@ lab, result, rc, session_s, outdir = Path(sys.argv[1]), Path(sys.argv[2]), int(s
 def placement(job_result):
     found = (job_result or {}).get("placement") or ((job_result or {}).get("train") or {}).get("placement")
     return found or {}
+
+
+def versions(job_result):
+    found = (job_result or {}).get("versions") or ((job_result or {}).get("train") or {}).get("versions")
+    return found
 
 
 def seconds(job):
@@ -94,7 +105,8 @@ if (lab / "notebook.db").exists():
             p = placement(j.result)
             jobs.append({"kind": j.kind, "state": j.state, "device": p.get("device", "none"), "dtype": p.get("dtype"),
                          "device_name": p.get("device_name"), "devices": p.get("devices"), "seconds": seconds(j),
-                         "tokens_per_s": p.get("tokens_per_s"), "gpu_hours": j.gpu_hours})
+                         "tokens_per_s": p.get("tokens_per_s"), "gpu_hours": j.gpu_hours,
+                         "versions": versions(j.result)})
         s = nb.session("gpu1")
         nominations = nb.decisions("gpu1", kind="nominate")
         nominee = nb.artifact(nominations[-1].payload.artifact_id) if nominations else None
@@ -110,6 +122,9 @@ model_jobs = [j for j in jobs if j["device"] != "none"]
 out = {"jobs": jobs, "session": session | {"exit_status": rc, "wall_s": session_s},
        "every_model_job_on_cuda_bf16": bool(model_jobs) and all(
            (j["device"], j["dtype"]) == ("cuda", "bfloat16") for j in model_jobs),
+       "versions": installed().model_dump(),
+       "every_job_on_these_versions": bool(jobs) and all(j["versions"] == installed().model_dump() for j in jobs
+                                                          if j["state"] == "completed"),
        "hardware": env[0] if env else None, "software": env[2] if len(env) > 2 else None,
        "command": "bash bench/gpu_session.sh (world build --size demo; run_agent.py --budget 60gpuh"
                   + (f" --protocol {os.environ['PROTOCOL']}" if os.environ.get("PROTOCOL") else "") + ")",

@@ -6,8 +6,8 @@ with mamba-ssm's Triton kernels, so the loss-and-gradient tests run only there (
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
 
+from core import loading
 from trainers import mamba_kernels
 from trainers.common import LoRASettings, graph_mamba_mixers, make_trainable
 from trainers.step_graphs import decide
@@ -30,7 +30,7 @@ def test_a_key_is_captured_on_its_second_call_in_a_row_then_replayed():
 def test_nothing_is_graphed_on_the_cpu(model_dirs):
     """The CPU path stays exactly the mixers' own (no Triton kernels bound), with compile_blocks on too."""
     path = model_dirs["nemotron_h"]
-    model = make_trainable(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), path, None, 0, False)
+    model = make_trainable(loading.load_causal_lm(path, dtype=torch.float32), path, None, 0, False)
     assert graph_mamba_mixers(model) == 0
     assert mamba_kernels.graph_regions(model) == []
     mamba_kernels.use_reference_ssd(model)  # bound, but not on the Triton kernels: still nothing to graph
@@ -40,7 +40,7 @@ def test_nothing_is_graphed_on_the_cpu(model_dirs):
 def _pair(path, lora, activation_checkpointing=False):
     """The same model twice on the GPU: mixers on the Triton kernels eagerly, and graphed."""
     def one():
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).cuda()
+        model = loading.load_causal_lm(path, dtype=torch.float32).cuda()
         model = make_trainable(model, path, lora, 0, activation_checkpointing)
         for name, param in model.named_parameters():
             if "lora_B" in name:  # peft starts B at zero: give the adapters a gradient path through A
