@@ -199,7 +199,7 @@ def replay(lab_dir: Path, session: str, *, bars: Path | None = None, planner: st
         except NotebookError as exc:
             raise SessionError(str(exc)) from None
         settings = (PlaybookSettings.recorded(s.config["playbook"], session) if protocol is None
-                    else PlaybookSettings.named(protocol))
+                    else PlaybookSettings.named(protocol, s.config["playbook"].get("verified_pool")))
         with ScratchNotebook.open(Path(tmp) / "notebook.db") as scratch:
             scratch.original = original
             scratch.open_session(session, lab=s.lab, budget_gpuh=s.budget_gpuh, reserve_gpuh=s.reserve_gpuh,

@@ -207,9 +207,9 @@ def policy_of(config: LabConfig, protocol: str, recipe: str | None) -> PlaybookS
     """The session's named policy: the combined playbook at the protocol's sizes, or a seed's recipe; a recipe the
     lab cannot run is refused (SessionError saying what to add) before any session opens."""
     name = recipe or config.playbook.recipe
-    if name == "combined":
-        return PlaybookSettings.named(protocol)
     facts = lab_facts(config)
+    if name == "combined":  # its RFT arm samples the lab's own verified pool, or is skipped without one
+        return PlaybookSettings.named(protocol, facts["verified_pool"])
     missing = recipes.problems(name, facts)
     if missing:
         raise SessionError(f"recipe {name} cannot run in this lab: " + "; ".join(missing) + "; no session was opened")

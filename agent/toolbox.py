@@ -22,6 +22,7 @@ from tools import (
     promote,
     register_bars,
     sealed_open,
+    skip,
     stop,
     train,
     tune_serving,
@@ -32,7 +33,7 @@ from tools.nomination import publish
 
 TOOLS: dict[str, ModuleType] = {m.NAME: m for m in (
     ingest, register_bars, build_dataset, calibrate, train, merge, evaluate, compare, promote, tune_serving,
-    stop, nominate, sealed_open, ground_truth, publish,
+    skip, stop, nominate, sealed_open, ground_truth, publish,
 )}
 # The research loop's tools; nominate, sealed_open, ground_truth and publish run in the graph's nominate step.
 NOMINATION_TOOLS = ("nominate", "sealed_open", "ground_truth", "publish")

@@ -13,7 +13,8 @@ step (what resume and replay rely on). The protocol, in order:
    too small for another step;
 4. first arms, one per family at conservative settings, each from the session's parent: winner
    SFT on every human-preferred answer, DPO + NLL on battle pairs, KL-leashed CE (with replay when
-   the lab has replay data), RFT on verified synthetic tasks;
+   the lab has replay data), RFT on the lab's own verified pool (in a lab without one the arm is skipped, and
+   the skip recorded: nothing is generated in its place);
 5. a learning-rate sweep along the family whose first arm screened best;
 6. trajectory selection: every arm saves its model at the `trajectory` steps; the best run of the first
    arms and the sweep (by screen score) has those snapshots screened, and the best snapshot goes on to the
@@ -73,6 +74,7 @@ from agent.planners.stages import (
     merges,
     noted,
     proposal,
+    reference_suites,
     run_stage,
     train_args,
     trajectory_selection,
@@ -123,14 +125,16 @@ def next_step(s: Summary, cfg: PlaybookSettings) -> ToolCall:
 
 def _reads_calibration(s: Summary, step: ToolCall) -> bool:
     """Whether `step` reads the incumbent's calibration: a comparison (its floors and baseline), a serving
-    alternative (evaluated on every suite against its reference answers), or an eval on a judged suite."""
+    alternative (evaluated on every suite against its reference answers), or an eval on a judged suite: one a p
+    bar holds, or a judge suite whatever bar holds it (a delta bar on the judged holdout makes it a screen suite,
+    and its eval still scores against the incumbent's own answers, which its calibration generates)."""
     if step.tool in ("compare", "tune_serving"):
         return True
     if step.tool != "evaluate":
         return False
     suites = step.args.get("suites")
     _, judged = s.bars.suites()
-    return suites is None or any(x in judged for x in suites)
+    return suites is None or any(x in judged or x in reference_suites(s) for x in suites)
 
 
 def _stop_reason(s: Summary, cfg: PlaybookSettings) -> str | None:
@@ -184,9 +188,9 @@ def _first_arms(s: Summary, cfg: PlaybookSettings) -> Iterator[ToolCall]:
     """Build each family's data and train its arm; returns the arms ranked, best first."""
     producers = []
     for family in cfg.families:
-        dataset, build = dataset_step(s, family, cfg)
-        if build is not None:
-            yield build
+        dataset, step = dataset_step(s, family, cfg)
+        if step is not None:  # its build, or the skip of an arm whose data the lab lacks
+            yield step
             return []
         if dataset is None:
             continue

@@ -12,7 +12,6 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from agent.errors import SessionError
-from evals.synthetic import Family
 from tools.train import Trainer
 
 
@@ -99,8 +98,6 @@ class PlaybookSettings(BaseModel):
         description="Serving alternatives tried with the weights fixed.")
     k: int = Field(3, ge=3, description="Replicates of each incumbent calibration.")
     max_failed_arms: int = Field(3, ge=1, description="Stop after this many arms in a row failed or missed the bars.")
-    rft_counts: dict[Family, int] = Field({"digit_sum": 24, "arithmetic_chain": 24, "letter_count": 24},
-                                          description="Verified tasks per family for RFT prompts.")
     min_step_gpuh: float = Field(0.0, ge=0, description="Stop when less than this is left above the reserve.")
     finalists: int = Field(2, ge=1, description="Screened candidates per stage that go on to the judged holdout and a "
                                                 "comparison, best screen first (see `finalist_rule`).")
@@ -118,10 +115,13 @@ class PlaybookSettings(BaseModel):
     method: Literal["full", "lora"] | None = Field(None, description="The arms' method; None: [train]'s.")
     replay_rows: int = Field(256, ge=1, description="aspen: prompts of the own-policy replay.")
     rounds: int = Field(2, ge=1, description="brook: DPO rounds, each from the last promoted round, merged back.")
-    loop_fix_counts: dict[Family, int] = Field(
-        default_factory=dict, description="brook: generated verified tasks per family the loop-fix pairs are made on.")
+    loop_fix_prompts: int | None = Field(
+        None, ge=1, description="brook: train-battle prompts each round's model answers for its loop-fix pairs; None: "
+        "every decisive train battle's.")
     margin_suite: str | None = Field(None, description="ember: the battle-margin suite every candidate is probed on.")
-    verified_pool: str | None = Field(None, description="islet: the [[data]] verified pool its RFT items come from.")
+    verified_pool: str | None = Field(None, description="The lab's [[data]] verified pool the RFT arms' items come "
+                                      "from (the combined playbook's and islet's); None: the lab has none, and an RFT "
+                                      "arm is skipped.")
     trajectory_shares: tuple[float, ...] = Field(
         (1 / 3, 2 / 3), description="`train` arms: the same, at these shares of each run (settled to steps by the "
         "train tool once [train] gives the run's length). Empty: no trajectory selection.")
@@ -179,7 +179,7 @@ class PlaybookSettings(BaseModel):
     @classmethod
     def test(cls) -> PlaybookSettings:
         return cls(protocol="test", families=("sft",), steps=4, sweep=(), dose_alphas=(0.5,),
-                   serving=(ServingAlternative(temperature=0.0),), rft_counts={"digit_sum": 8}, stage="judge_every",
+                   serving=(ServingAlternative(temperature=0.0),), stage="judge_every",
                    trajectory_shares=())
 
     @classmethod
@@ -191,15 +191,19 @@ class PlaybookSettings(BaseModel):
                    serving=(), finalists=2, fallbacks=0, trajectory_shares=())
 
     @classmethod
-    def named(cls, protocol: str) -> PlaybookSettings:
-        return {"full": cls, "test": cls.test, "short": cls.short}[protocol]()
+    def named(cls, protocol: str, verified_pool: str | None = None) -> PlaybookSettings:
+        """The combined playbook at a protocol's sizes; `verified_pool`: the lab's own verified pool, its RFT
+        arm's items (None: the lab has none, and the arm is skipped)."""
+        sized = {"full": cls, "test": cls.test, "short": cls.short}[protocol]()
+        return sized.model_copy(update={"verified_pool": verified_pool}) if verified_pool else sized
 
     @classmethod
     def recorded(cls, saved: dict[str, Any], session: str) -> PlaybookSettings:
         """The policy a session recorded at its start (resume and replay), or one clear refusal: a session
         recorded by another version of the playbook (e.g. before trajectory selection) cannot be read as is.
         A record made before policies were named (flags, no version) is read as the version its flags were."""
-        saved = dict(saved)
+        # Retired keys: the toy world's generated tasks for RFT and loop-fix pairs, no longer any lab's data.
+        saved = {k: v for k, v in saved.items() if k not in ("rft_counts", "loop_fix_counts")}
         if "version" not in saved:
             saved = _unnamed(saved)
         if saved.get("version", VERSION) < 4:  # before [train]: the policy's own numbers, recorded with it

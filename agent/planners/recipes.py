@@ -5,11 +5,13 @@ automatic (bars before scores, a noise floor, served decoding, sealed confirmati
 every policy, from `next_step`). The steps of each read top to bottom below:
 
     aspen   CE on the human-preferred answers with a forward-KL leash to the frozen parent on all positions, plus
-            own-policy replay (the parent's own answers to the replay data's prompts, KL only), as a LoRA arm with
-            an FP32 head; trajectory selection over its saved steps.
-    brook   DPO + NLL as LoRA, in rounds: battle pairs plus loop-fix pairs (a checked reference chosen over the
-            round's starting model's own looping or unstopped answer); each promoted round is merged back and the
-            next trains from it; a soup of the rounds; the judged holdout is a blind judge on held-out battles.
+            own-policy replay (the parent's own answers to the replay data's prompts, KL only), as a LoRA arm of
+            rank 64 with an FP32 head (the seed's rank: it replaces [train.lora]'s r, alpha scaled to keep the
+            lab's alpha / r, and the arm's rationale says so); trajectory selection over its saved steps.
+    brook   DPO + NLL as LoRA, in rounds: battle pairs plus loop-fix pairs (on the lab's own train battles, the
+            human-preferred answer chosen over the round's starting model's own looping or unstopped answer); each
+            promoted round is merged back and the next trains from it; a soup of the rounds; the judged holdout
+            is a blind judge on held-out battles.
     delta   Full fine-tuning: winner SFT rendered under the serving system prompt, judged by a reward model's
             proxy win rate (`[judge] kind = "reward_model"`); then a repetition-penalty sweep with the weights fixed.
     ember   SFT on every human-preferred answer (own wins and opponent wins), two arms, a soup of them; every
@@ -38,6 +40,7 @@ from agent.planners.stages import (
 from agent.summary import Summary
 
 RECIPES = ("aspen", "brook", "delta", "ember", "islet")
+ASPEN_RANK = 64  # the seed's adapter rank; it replaces the lab's [train.lora] r (README: the recipes' table)
 
 
 def settings(name: str, protocol: str, lab: dict[str, Any]) -> PlaybookSettings:
@@ -54,8 +57,7 @@ def settings(name: str, protocol: str, lab: dict[str, Any]) -> PlaybookSettings:
                                               "trajectory_shares": (1 / 2,) if test else (1 / 3, 2 / 3)})
         case "brook":
             return PlaybookSettings(**base | {"families": ("dpo",), "method": "lora", "rounds": 2, "soup": True,
-                                              "loop_fix_counts": {"digit_sum": 4, "letter_count": 4} if test
-                                              else {"digit_sum": 48, "letter_count": 48, "long_division": 48}})
+                                              "loop_fix_prompts": 8 if test else None})
         case "delta":
             return PlaybookSettings(**base | {"families": ("sft",), "method": "full", "serving": tuple(
                 ServingAlternative(repetition_penalty=rp) for rp in ((1.1,) if test else (1.05, 1.1, 1.2)))})
@@ -107,9 +109,10 @@ def _aspen(s: Summary, cfg: PlaybookSettings) -> Iterator[ToolCall]:
                             "aspen: the preferred answers with CE and KL, the own-policy replay with KL only")
     if mix is None:
         return
-    arm = proposal("train", _arm(s, cfg, "klce", mix) | {"lora_r": 64, "fp32_head": True},
-                   "aspen: LoRA r64 with an FP32 head, CE with a forward-KL leash to "
-                   "the frozen parent on all positions; saves its model along the run for trajectory selection")
+    arm = proposal("train", _arm(s, cfg, "klce", mix) | {"lora_r": ASPEN_RANK, "fp32_head": True},
+                   f"aspen: LoRA r{ASPEN_RANK} with an FP32 head, the seed's rank in place of the lab's [train.lora] r "
+                   "(its alpha scaled to keep the lab's alpha / r), CE with a forward-KL leash to the frozen parent on "
+                   "all positions; saves its model along the run for trajectory selection")
     runs = yield from run_stage(s, cfg, [arm])
     note = yield from trajectory_selection(s, cfg, runs)
     if note:
@@ -122,9 +125,9 @@ def _brook(s: Summary, cfg: PlaybookSettings) -> Iterator[ToolCall]:
         return
     start, rounds = s.parent, []
     for n in range(1, cfg.rounds + 1):
-        fix = yield from _built(s, {"builder": "loop_fix_pairs", "model": start, "counts": dict(cfg.loop_fix_counts),
-                                    "seed": n}, f"brook round {n}: loop-fix pairs against {_name(s, start)}'s own "
-                                "looping or unstopped answers")
+        fix = yield from _built(s, {"builder": "loop_fix_pairs", "model": start, "n": cfg.loop_fix_prompts, "seed": n},
+                                f"brook round {n}: loop-fix pairs on the lab's train battles, the preferred answer "
+                                f"over {_name(s, start)}'s own looping or unstopped one")
         data = pairs
         if fix is not None:
             data = yield from _built(s, {"builder": "mix", "parts": [{"dataset": pairs}, {"dataset": fix}]},

@@ -12,11 +12,31 @@ from agent.planners import ToolCall
 from agent.planners.policy import PlaybookSettings
 from agent.summary import Summary
 
-BUILDERS = {"sft": "winner_sft", "dpo": "battle_pairs", "klce": "winner_sft", "rft": "synthetic_verified"}
+# Each first arm's data, from the lab's own: its feedback, or (RFT) its own verified pool. A family whose data the
+# lab lacks is skipped, and the skip recorded; nothing is generated in its place.
+BUILDERS = {"sft": "winner_sft", "dpo": "battle_pairs", "klce": "winner_sft", "rft": "verified_pool"}
+NO_POOL = ("the lab has no [[data]] pool of kind \"verified\": RFT samples answers to the lab's own verified items, "
+           "and nothing else is used in their place")
 
 
 def proposal(tool: str, args: dict[str, Any], why: str) -> ToolCall:
     return ToolCall(tool=tool, args=args, rationale=why)
+
+
+def skipped(s: Summary, step: str, reason: str) -> Iterator[ToolCall]:
+    """The `skip` step that records a planned step not taken and why (tools/skip.py), unless it is recorded
+    already; returns nothing either way, so the caller goes on without the step."""
+    args = {"step": step[:200], "reason": reason if len(reason) <= 500 else reason[:497] + "..."}
+    if s.call("skip", args) is None and s.refused("skip", args) is None:
+        yield proposal("skip", args, f"skip {args['step']}: {args['reason']}")
+
+
+def reference_suites(s: Summary) -> set[str]:
+    """The suites whose eval scores a candidate against the incumbent's own answers (the judge suites), read off
+    the calibrations, which generate those answers. An eval on one reads the incumbent's calibration whatever bar
+    holds that suite: a p bar, or a delta bar on the judged holdout."""
+    return {name for c in s.calls if c.tool == "calibrate" and c.status == "done"
+            for name in c.data.get("reference", {})}
 
 
 def noted(steps: Iterator[ToolCall], note: str | None) -> Iterator[ToolCall]:
@@ -208,6 +228,9 @@ def evaluate_step(s: Summary, cand, suites: list[str] | None, why: str) -> Itera
     done = s.call("evaluate", args)
     if (done is None or done.status == "open") and s.refused("evaluate", args) is None:
         yield proposal("evaluate", args, why)
+    elif done is not None and done.status == "failed":  # the steps that read this eval are skipped: say so
+        yield from skipped(s, f"the steps after evaluating {cand.name} on {', '.join(suites or ['every open suite'])}",
+                           f"its evaluation failed ({done.summary})")
     return False  # not evaluated yet, or its evaluation failed or was refused
 
 
@@ -240,18 +263,22 @@ def primary_line(s: Summary, cand) -> str:
 
 
 def dataset_step(s: Summary, family: str, cfg: PlaybookSettings) -> tuple[int | None, ToolCall | None]:
-    """The family's dataset id, or the build step that makes it (None, None when the build failed or was refused)."""
+    """The family's dataset id, or the step still to take: the build that makes it, or the skip of an arm whose
+    data the lab lacks or whose build failed (None, None once that is recorded, or when a gate refused the build)."""
     builder = BUILDERS[family]
     args: dict[str, Any] = {"builder": builder}
-    if builder == "synthetic_verified":
-        args |= {"rows": "items", "counts": dict(cfg.rft_counts), "seed": 1000}
+    if builder == "verified_pool":
+        if cfg.verified_pool is None:
+            return None, next(skipped(s, f"the first {family} arm", NO_POOL), None)
+        args |= {"source": cfg.verified_pool}
     if s.refused("build_dataset", args) is not None:
         return None, None
     call = s.call("build_dataset", args)
     if call is None or call.status == "open":
         return None, proposal("build_dataset", args, f"{family} arm needs {builder} data (leak-audited)")
     if call.status != "done":
-        return None, None
+        return None, next(skipped(s, f"the first {family} arm", f"its {builder} data was not built ({call.summary})"),
+                          None)
     return call.data["artifact_id"], None
 
 

@@ -1,6 +1,6 @@
 """Builders that generate with a model (tools/data/generated.py), on a tiny random model on the CPU: own-policy
-replay rows carry the model's own answers, and loop-fix pairs choose the checked reference over the model's answer
-that ran past the served cap."""
+replay rows carry the model's own answers, and loop-fix pairs choose a train battle's preferred answer over the
+model's answer that ran past the served cap."""
 
 from __future__ import annotations
 
@@ -58,14 +58,18 @@ def test_own_replay_answers_the_replay_prompts_with_the_models_own_answers(tmp_p
     assert manifest.stats["prompts"] == 4 and manifest.stats["answered"] == len(rows)
 
 
-def test_loop_fix_pairs_choose_the_reference_over_an_answer_that_never_stops(tmp_path, base, model):
-    cfg = LoopFixConfig(**base, out=tmp_path / "fix.jsonl", model=model, counts={"digit_sum": 4})
+def test_loop_fix_pairs_choose_the_preferred_answer_over_one_that_never_stops(tmp_path, base, model):
+    cfg = LoopFixConfig(**base, out=tmp_path / "fix.jsonl", model=model)
     manifest = build_loop_fix_pairs(cfg)
     rows = _rows(tmp_path / "fix.jsonl")
-    assert manifest.row_kind == "pairs" and rows and manifest.stats["pairs"] == len(rows)
-    # A random model never emits its end-of-turn within 12 tokens: every answer ran to the cap.
-    assert manifest.stats["not_stopped"] == manifest.stats["tasks"] == 4
-    assert all(r["chosen"] != r["rejected"] and r["prompt"][-1]["role"] == "user" for r in rows)
+    # A random model never emits its end-of-turn within 12 tokens: its answer to the one decisive train battle ran
+    # to the cap. The pair is the lab's own: the battle's prompt and its human-preferred answer, nothing generated.
+    assert manifest.row_kind == "pairs" and manifest.stats["pairs"] == manifest.stats["not_stopped"] == 1
+    [row] = rows
+    feedback = {b["id"]: b for b in _rows(base["feedback"])}
+    assert row["id"] == "t1" and row["chosen"] == feedback["t1"]["own"] and row["chosen"] != row["rejected"]
+    assert row["prompt"] == [{"role": "system", "content": "Be brief."}, *feedback["t1"]["messages"]]
+    assert {s.role for s in manifest.sources} == {"feedback", "split"}  # no generated task file, no other source
 
 
 def test_generating_builders_refuse_what_gives_nothing(tmp_path, base, jsonl, model):

@@ -3,9 +3,9 @@
     own_replay       the model's own answers to prompts of the lab's replay data ([[data]] chat sources): SFT rows a
                      KL-CE mix carries as KL-only replay (own-policy replay: the leash reads the policy's own
                      distribution, not another model's answers)
-    loop_fix_pairs   preference pairs on generated verified tasks: the checked reference answer chosen over the
-                     model's own answer to the same prompt where that answer loops, does not stop within the served
-                     cap, or fails the checker (loop-fix pairs)
+    loop_fix_pairs   preference pairs on the lab's own decisive train battles: the human-preferred answer chosen
+                     over the model's own answer to the same prompt where that answer loops or does not stop within
+                     the served cap (loop-fix pairs). Only the lab's feedback: no generated task, no toy-world data
 
 Each is a plain function of one pydantic config, like every builder of tools/data/datasets.py, and goes through
 the same leak audit and manifest. They run as jobs on the device their resources name (`device`, `dtype`), at
@@ -21,7 +21,6 @@ from typing import Any, Literal
 from pydantic import Field
 
 from evals.decoding import Decoding
-from evals.synthetic import Family, check, generate
 from evals.types import Item
 from tools.data.datasets import (
     DatasetError,
@@ -29,12 +28,12 @@ from tools.data.datasets import (
     ReplaySource,
     SourceFile,
     _BuildConfig,
+    _decisive_train,
     _finish,
     read_chat_rows,
     references,
     served,
 )
-from tools.data.leak import ReferenceIndex, prompt_text
 
 
 class _GeneratingConfig(_BuildConfig):
@@ -53,7 +52,8 @@ class OwnReplayConfig(_GeneratingConfig):
 
 
 class LoopFixConfig(_GeneratingConfig):
-    counts: dict[Family, int] = Field(min_length=1, description="Generated verified tasks per family.")
+    n: int | None = Field(None, gt=0, description="Decisive train battles whose prompts the model answers (a seeded "
+                          "sample, battle order kept); all of them when unset.")
 
 
 def _answers(cfg: _GeneratingConfig, items: list[Item]) -> list[Any]:
@@ -87,31 +87,30 @@ def build_own_replay(cfg: OwnReplayConfig) -> DatasetManifest:
 
 
 def build_loop_fix_pairs(cfg: LoopFixConfig) -> DatasetManifest:
-    """Pairs: on generated tasks with checked references, the reference chosen over the model's own answer where
-    that answer loops (evals/loops.py), runs to the served cap without stopping, or fails the checker."""
+    """Pairs on the lab's decisive train battles (never a holdout's): the human-preferred answer chosen over the
+    model's own answer to the battle's prompt where that answer loops (evals/loops.py) or runs to the served cap
+    without stopping. The prompt keeps the battle's own system turn (the serving one only where it has none)."""
     from evals import loops
 
-    refs, _, _ = references(cfg)
-    index = ReferenceIndex(refs, cfg.ngram)
-    tasks = [t for family, n in cfg.counts.items()
-             for t in generate(family, n, cfg.seed, exclude=lambda item: index.match(
-                 0, prompt_text([m.model_dump() for m in item.messages])) is not None)]
-    for t in tasks:
-        if not check(t.item, t.reference):
-            raise DatasetError(f"loop_fix_pairs: the checker rejects the reference answer of {t.item.id}")
-    items = [t.item for t in tasks]
+    refs, battles, split = references(cfg)
+    decisive, _ = _decisive_train(battles, split)
+    if cfg.n is not None and cfg.n < len(decisive):
+        keep = set(random.Random(f"{cfg.seed}:loop_fix").sample(range(len(decisive)), cfg.n))
+        decisive = [b for k, b in enumerate(decisive) if k in keep]
+    if not decisive:
+        raise DatasetError(f"loop_fix_pairs: {cfg.feedback} has no decisive train battle whose prompt the model "
+                           "could answer")
+    items = [Item(id=b.id, messages=tuple(b.messages)) for b in decisive]
     answers = _answers(cfg, items)
     looping = [o.values.get("looping", 0.0) > 0 for o in loops.score(items, answers)]
-    wrong = [not check(t.item, a.text) for t, a in zip(tasks, answers, strict=True)]
-    rows, stats = [], {"tasks": len(tasks), "looping": sum(looping), "not_stopped": sum(not a.stopped for a in answers),
-                       "wrong": sum(wrong)}
-    for t, a, loop, bad in zip(tasks, answers, looping, wrong, strict=True):
-        if (loop or not a.stopped or bad) and a.text.strip() != t.reference.strip():
-            rows.append({"id": t.item.id, "prompt": served([m.model_dump() for m in t.item.messages], cfg.system_prompt),
-                         "chosen": t.reference, "rejected": a.text})
+    rows, stats = [], {"prompts": len(items), "looping": sum(looping), "not_stopped": sum(not a.stopped for a in answers)}
+    for b, a, loop in zip(decisive, answers, looping, strict=True):
+        if (loop or not a.stopped) and a.text.strip() and a.text.strip() != b.preferred.strip():
+            rows.append({"id": b.id, "prompt": served([m.model_dump() for m in b.messages], cfg.system_prompt),
+                         "chosen": b.preferred, "rejected": a.text})
     if not rows:
-        raise DatasetError(f"loop_fix_pairs: none of the model's {len(tasks)} answers looped, ran past the served "
-                           "cap or failed the checker: nothing to fix")
+        raise DatasetError(f"loop_fix_pairs: none of the model's {len(items)} answers looped or ran past the served "
+                           "cap: nothing to fix")
     return _finish("loop_fix_pairs", "pairs", cfg, rows, refs, [], stats | {"pairs": len(rows)})
 
 
