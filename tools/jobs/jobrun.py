@@ -16,7 +16,8 @@ and imports take seconds on a loaded machine (Linux: read from /proc). In a job 
 Before the job function runs, the wrapper exports the torch.distributed rendezvous (RANK,
 WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT; read from submitit's job
 environment, torchrun-style) and turns off NVLink multicast/NVLS (NCCL_NVLS_ENABLE=0,
-TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1), so a trainer only calls
+TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1) and Hub kernels (USE_HUB_KERNELS=0: no kernel code is
+fetched from the Hub and run inside a job; core/loading.py), so a trainer only calls
 `torch.distributed.init_process_group()`.
 
 A model job placed on the CPU runs with CUDA_VISIBLE_DEVICES empty (on the CPU, wherever it lands); one placed
@@ -36,9 +37,11 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import submitit
+from pydantic import BaseModel
 from submitit.core.utils import JobPaths
 
 from core.placement import require_device
+from core.versions import installed
 from tools.jobs.failures import exception_type, raised_failure
 
 HEARTBEAT_S = 1.0  # seconds between touches of a local run's heartbeat file
@@ -47,6 +50,9 @@ HEARTBEAT_S = 1.0  # seconds between touches of a local run's heartbeat file
 # (the project's GPU machines require these settings). Exported on the worker itself, whatever
 # environment the executor passed on.
 NO_MULTICAST_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+# No kernel code from the Hub in any job: transformers (5.25 on) reads this at every load and at every lazy kernel
+# lookup, which the loader's `use_kernels=False` alone does not reach (core/loading.py).
+NO_HUB_CODE_ENV = {"USE_HUB_KERNELS": "0"}
 
 
 class RunPaths(JobPaths):
@@ -91,7 +97,7 @@ class Resumable(submitit.helpers.Checkpointable):
         self._started = process_started_at()
         for name in ("MASTER_ADDR", "MASTER_PORT"):  # never a rendezvous inherited from the agent's environment
             os.environ.pop(name, None)
-        os.environ.update({**self.env, **NO_MULTICAST_ENV})
+        os.environ.update({**self.env, **NO_MULTICAST_ENV, **NO_HUB_CODE_ENV})
         os.environ.update(distributed_env())
         if self.device == "cpu":
             # A CPU job stays on the CPU even on a GPU node whose devices Slurm does not fence off: CUDA reads
@@ -120,7 +126,7 @@ class Resumable(submitit.helpers.Checkpointable):
         finally:
             stop.set()
         _append_event({"event": "end", "t": time.time(), "ok": True})
-        return result
+        return stamped(result)
 
     def checkpoint(self, config: Any) -> NoReturn:
         # Raised from submitit's signal handler into the job function: the run ends as a failure
@@ -193,6 +199,14 @@ def _heartbeat(stop: threading.Event) -> None:
 def _run_paths() -> RunPaths:
     env = submitit.JobEnvironment()
     return RunPaths(env.paths.folder, env.job_id)
+
+
+def stamped(result: Any) -> Any:
+    """The result with the versions this worker ran with (core/versions.py), where its model has a `versions` field
+    that the job function left empty: every job's result says what made it, whoever wrote the job."""
+    if isinstance(result, BaseModel) and "versions" in type(result).model_fields and result.versions is None:
+        return result.model_copy(update={"versions": installed()})
+    return result
 
 
 def _events_path() -> Path:
