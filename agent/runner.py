@@ -26,6 +26,7 @@ from core.util import canonical_json, sha256_text
 from evals.job import CallableJudgeSpec, OpenAIJudgeSpec
 from evals.judge import JudgePolicy
 from memory.notebook import ChatTemplateRef, Notebook, NotebookError
+from memory.skips import skipped_steps
 from tools.context import LabSpec, LabSuite, LabTruth, ToolContext
 from tools.data.datasets import ReplaySource, VerifiedSource
 from tools.jobs.executor import ExecutorSection, ResourcesSection, local_gpus
@@ -163,13 +164,21 @@ def _check_checkpoints(path: Path) -> None:
                            "notebook") from None
 
 
+def closing_line(nb: Notebook, session: str) -> str:
+    """The session's status line: its status, and how many planned steps it skipped (part of how it ended)."""
+    skipped = skipped_steps(nb, session)
+    return (f"session {session}: {nb.session(session).status}"
+            + (f", {len(skipped)} planned step(s) skipped (the report lists them)" if skipped else "")
+            + f"; notebook {nb.path}")
+
+
 def _finish(rt: Runtime) -> int:
     rt.reporter.close()
     nb, session = rt.ctx.nb, rt.ctx.session
     s = nb.session(session)
     nominations = nb.decisions(session, kind="nominate")
     nominee = nb.artifact(nominations[-1].payload.get("artifact_id")) if nominations else None
-    print(f"session {session}: {s.status}; notebook {nb.path}")
+    print(closing_line(nb, session))
     if nominee is not None:
         print(f"nominee: {nominee.name} ({nominee.path})")
     ledger = nb.ledger(session)

@@ -42,6 +42,7 @@ from memory.notebook import (
     NotebookError,
     Session,
 )
+from memory.skips import skipped_steps
 
 
 def escape(text: str) -> str:
@@ -92,6 +93,7 @@ class _Data:
         for suite, metric in _bar_keys(self.comparisons):
             self.floors[(suite, metric)] = nb.noise_floors(session.name, suite, metric)
         self.ledger = nb.ledger(session.name)
+        self.skipped = skipped_steps(nb, session.name)
         self.verify = nb.verify()
         self.chain = _incumbent_chain(self.decisions, self.artifacts)
         nominations = [d for d in self.decisions if d.kind == "nominate"]
@@ -282,7 +284,17 @@ def _summary(d: _Data) -> str:
             f"planner {escape(s.planner)}, executor {escape(s.executor)}, status <b>{escape(s.status)}</b>; started "
             f"{escape(s.started_at)}, {ended}.</p><p>Decision log: {verify}.</p>"
             f"<p>Incumbent chain: {chain}.</p><p>Nominee: <b>{_artifact_link(d, d.nominee)}</b>.</p>"
-            f"{_confirmation(d)}{_truth(d)}{_budget_section(d)}</section>")
+            f"{_confirmation(d)}{_truth(d)}{_skipped(d)}{_budget_section(d)}</section>")
+
+
+def _skipped(d: _Data) -> str:
+    """The planned steps the session did not take, and why (a step whose data the lab lacks, or that a failed
+    step before it left without input): a session that skipped steps says so next to its status."""
+    if not d.skipped:
+        return "<p>Skipped steps: none.</p>"
+    items = "".join(f'<li>{_a("decision", x.decision_seq, x.step) if x.decision_seq else escape(x.step)}: '
+                    f"{escape(x.reason)}</li>" for x in d.skipped)
+    return f'<p><span class="bad">Skipped steps: {len(d.skipped)}</span></p><ul class="skipped">{items}</ul>'
 
 
 def _burn_down(d: _Data) -> str:

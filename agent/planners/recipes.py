@@ -33,6 +33,7 @@ from agent.planners.stages import (
     evaluate_step,
     proposal,
     run_stage,
+    skipped,
     train_args,
     trajectory_selection,
     weights_incumbent,
@@ -125,10 +126,14 @@ def _brook(s: Summary, cfg: PlaybookSettings) -> Iterator[ToolCall]:
         return
     start, rounds = s.parent, []
     for n in range(1, cfg.rounds + 1):
-        fix = yield from _built(s, {"builder": "loop_fix_pairs", "model": start, "n": cfg.loop_fix_prompts, "seed": n},
+        fix = yield from _built(s, _fix_args(cfg, start, n),
                                 f"brook round {n}: loop-fix pairs on the lab's train battles, the preferred answer "
                                 f"over {_name(s, start)}'s own looping or unstopped one")
         data = pairs
+        if fix is None and s.call("build_dataset", _fix_args(cfg, start, n)) is not None:  # built, and it failed
+            yield from skipped(s, f"brook round {n}'s loop-fix pairs", "their build failed "
+                               f"({s.call('build_dataset', _fix_args(cfg, start, n)).summary}): the round trains on "
+                               "the battle pairs alone")
         if fix is not None:
             data = yield from _built(s, {"builder": "mix", "parts": [{"dataset": pairs}, {"dataset": fix}]},
                                      f"brook round {n}: battle pairs and loop-fix pairs")
@@ -208,6 +213,10 @@ def _built(s: Summary, args: dict[str, Any], why: str) -> Iterator[ToolCall]:
         yield proposal("build_dataset", args, why)
         return None
     return call.data.get("artifact_id") if call.status == "done" else None
+
+
+def _fix_args(cfg: PlaybookSettings, start: int, round_: int) -> dict[str, Any]:
+    return {"builder": "loop_fix_pairs", "model": start, "n": cfg.loop_fix_prompts, "seed": round_}
 
 
 def _arm(s: Summary, cfg: PlaybookSettings, family: str, dataset: int, scale: float = 1.0) -> dict[str, Any]:

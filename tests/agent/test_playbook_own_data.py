@@ -111,3 +111,19 @@ def test_a_candidate_whose_evaluation_failed_is_skipped_on_record():
     assert step.tool == "skip" and "sft-x2" in step.args["step"] and "evaluation failed" in step.args["reason"]
     s = s.model_copy(update={"calls": [*s.calls, _call(9, "skip", step.args)]})
     assert next_step(s, SWEEP).tool == "stop"
+
+
+def test_brook_builds_its_loop_fix_pairs_from_the_labs_battles_and_records_a_failed_build_as_a_skip():
+    from agent.planners import recipes
+
+    cfg = recipes.settings("brook", "test", {})
+    pairs = [_call(2, "build_dataset", {"builder": "battle_pairs"}, {"artifact_id": 2})]
+    step = next_step(_lab(pairs, [_parent()]), cfg)
+    fix = {"builder": "loop_fix_pairs", "model": 1, "n": 8, "seed": 1}  # the lab's train battles, no task counts
+    assert (step.tool, step.args) == ("build_dataset", fix)
+    failed = [*pairs, _call(3, "build_dataset", fix, status="failed")]
+    step = next_step(_lab(failed, [_parent()]), cfg)
+    assert step.tool == "skip" and step.args["step"] == "brook round 1's loop-fix pairs"
+    assert "battle pairs alone" in step.args["reason"]
+    step = next_step(_lab([*failed, _call(4, "skip", step.args)], [_parent()]), cfg)
+    assert (step.tool, step.args["trainer"], step.args["dataset"]) == ("train", "dpo", 2)

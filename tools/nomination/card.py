@@ -45,6 +45,7 @@ from core.display import shown
 from memory.notebook import Artifact, ChatTemplateRef, Decision, EvalRecord, JobRecord, Notebook
 from memory.records import BundleRefusal, CompareRefusal, IncumbentPayload
 from memory.report import family
+from memory.skips import skipped_steps
 
 # Fewer items than this and a suite cannot resolve differences of a few points: said in the limitations.
 MIN_ITEMS = 100
@@ -548,6 +549,10 @@ def _limitations(nb: Notebook, session: str, nominee: Artifact, parent: Artifact
         if len(ev.items) < MIN_ITEMS:
             lines.append(f"- the sealed suite {code(ev.suite)} has only {num(len(ev.items), ref('eval', ev.id, 'count(items)'))}"
                          f" items: it can reveal a gross failure, not confirm a difference of a few points")
+    skipped = skipped_steps(nb, session)  # planned steps not taken: what they would have shown is missing
+    if skipped:
+        lines.append("- skipped steps (planned, not taken): " + "; ".join(
+            f"{shown(x.step, limit=200)} ({shown(x.reason, limit=300)})" for x in skipped))
     return [*lines, *_truth_limitation(nb, session, nominee), ""]
 
 
