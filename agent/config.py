@@ -52,6 +52,7 @@ from pydantic import (
 from core.display import bounded, shown
 from core.jsonl import JSONLineError, describe_non_file, loads
 from core.redact import secret_kind
+from core.util import parse_file_mode
 from evals.decoding import Decoding
 from memory.records import TRUTH_N_MAX, TRUTH_N_MIN
 from tools.jobs.executor import ExecutorSection, SlurmSection
@@ -363,6 +364,9 @@ class JudgeSection(EndpointSection):
                          "timeout, HTTP 429 or 5xx (exponential backoff with jitter; Retry-After honoured).")
     max_error_share: float = Field(0.05, ge=0, le=1, description="openai: share of a suite's items whose judgment may "
                                    "fail after its retries (recorded as failed, not scored); above it the eval job fails.")
+    max_unparsed_share: float = Field(0.05, ge=0, le=1, description="openai: share of a suite's items whose judge "
+                                      "replies do not parse into a verdict (recorded as unparsed, not scored); above "
+                                      "it the eval job fails, with the reason in its recorded failure.")
 
     @model_validator(mode="after")
     def _kind_needs_its_fields(self) -> JudgeSection:
@@ -422,6 +426,15 @@ class BudgetSection(_Section):
     )
 
 
+class NominationSection(_Section):
+    """[nomination]: what the shipped files (the bundle and the HTML report) are written with."""
+
+    file_mode: Annotated[str, AfterValidator(lambda v: f"{parse_file_mode(v):04o}")] = Field(
+        "0644", description="Octal mode, as a string, of every file of a bundle and of the report (directories get "
+        "search wherever read is granted: 0644 -> 0755): readable by a server running as another user by default; "
+        "\"0640\" keeps them to the group, \"0600\" to the owner. check-bundle checks the bundle grants it.")
+
+
 class LabConfig(_Section):
     """Everything a lab needs, from `lab.toml`."""
 
@@ -437,6 +450,7 @@ class LabConfig(_Section):
     budget: BudgetSection = Field(default_factory=BudgetSection, description="Budget policy.")
     truth: TruthSection | None = Field(None, description="Ground-truth scorer of the nominee (card and report only).")
     playbook: PlaybookSection = Field(default_factory=PlaybookSection, description="The playbook's named policy.")
+    nomination: NominationSection = Field(default_factory=NominationSection, description="Modes of the shipped files.")
     train: TrainSection = Field(default_factory=TrainSection, description="The training recipe: method, LoRA, "
                                 "learning rates and their ranges, schedule, batches, lengths, per trainer family; "
                                 "keys left out are derived from the base model (trainers/recipe.py).")

@@ -28,7 +28,9 @@ Everything else is derived from the template and the tokenizer, never named here
 `serving_template(tokenizer, system_prompt)` is the template shipped in a bundle: the training
 template behind a short preamble that applies the served system prompt and the system-turn fold,
 so a server rendering it produces byte for byte what `render_text` produced in training
-(check-bundle verifies this). Token ids come from tokenizing the whole rendered text once, without
+(check-bundle verifies this, in transformers' Jinja2 and in minijinja, the engine of TGI and other
+servers: the preamble's strings use only the escapes both read alike, and transformers' training-only
+`{% generation %}` markers are written as plain blocks). Token ids come from tokenizing the whole rendered text once, without
 added special tokens (exactly what `apply_chat_template(tokenize=True)` does).
 """
 
@@ -287,10 +289,25 @@ def render_prompt(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Message
 
 
 def _jinja_literal(text: str) -> str:
-    """A Jinja string literal that evaluates to `text` exactly: every character outside [A-Za-z0-9 ] is
-    written as a \\UXXXXXXXX escape, so quotes, backslashes, CR/LF and Jinja markers stay data."""
-    body = "".join(c if (c.isascii() and (c.isalnum() or c == " ")) else f"\\U{ord(c):08x}" for c in text)
+    """A Jinja string literal that evaluates to `text` exactly, in Python's Jinja2 and in minijinja (the Rust engine
+    of TGI and other servers) alike: every character of the Basic Multilingual Plane outside [A-Za-z0-9 ] is written
+    as a JSON-style \\uXXXX escape, so quotes, backslashes, CR/LF and Jinja markers stay data. Those are the escapes
+    both engines read the same way: minijinja leaves Python's \\UXXXXXXXX as text, and reads a surrogate pair as one
+    character where Jinja2 reads two, so a character beyond the BMP (an emoji) is written as itself, which both
+    read from UTF-8 as is."""
+    body = "".join(c if (c.isascii() and (c.isalnum() or c == " ")) or ord(c) > 0xFFFF else f"\\u{ord(c):04x}"
+                   for c in text)
     return "'" + body + "'"
+
+
+# transformers' `{% generation %}` markers: a training-only extension (assistant masks) that servers' Jinja
+# engines do not know (minijinja refuses the unknown tag). The shipped template writes each as an `if true`
+# block with the same whitespace control, which renders the same text in every engine.
+_GENERATION_MARKER = re.compile(r"{%([-+]?)\s*(end)?generation\s*([-+]?)%}")
+
+
+def _without_generation_markers(template: str) -> str:
+    return _GENERATION_MARKER.sub(lambda m: "{%" + m[1] + (" endif " if m[2] else " if true ") + m[3] + "%}", template)
 
 
 def wrap_template(template: str, system_prompt: str | None, system_turns: str) -> str:
@@ -319,7 +336,7 @@ def wrap_template(template: str, system_prompt: str | None, system_turns: str) -
 def serving_template(tokenizer: PreTrainedTokenizerBase, system_prompt: str | None) -> str:
     """The template a bundle ships: renders exactly what `render_text(tokenizer, ..., system_prompt)` does."""
     fmt = chat_format(tokenizer)
-    return wrap_template(fmt.template, system_prompt, fmt.system_turns)
+    return wrap_template(_without_generation_markers(fmt.template), system_prompt, fmt.system_turns)
 
 
 def chat_template(system_prompt: str | None = None) -> str:

@@ -28,14 +28,19 @@ def file_sha256(path: str | Path) -> str:
     return digest.hexdigest()
 
 
-def write_atomic(path: str | Path, data: bytes | str) -> Path:
-    """Write-then-rename in the target's directory, so a killed process never leaves half a file."""
+def write_atomic(path: str | Path, data: bytes | str, mode: int | None = None) -> Path:
+    """Write-then-rename in the target's directory, so a killed process never leaves half a file.
+
+    The file gets `mode` when given; else mkstemp's 0600 (owner only). What is shipped to someone else (a bundle,
+    a report) passes its mode (`SHIPPED_FILE_MODE`, or the lab's `[nomination] file_mode`)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data.encode() if isinstance(data, str) else data)
+            if mode is not None:  # set on the descriptor, before the rename: the file is never seen with another mode
+                os.fchmod(f.fileno(), mode)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -43,9 +48,50 @@ def write_atomic(path: str | Path, data: bytes | str) -> Path:
     return path
 
 
-def write_json_atomic(path: str | Path, payload: Any) -> Path:
-    """Pretty JSON (sorted keys) written atomically."""
-    return write_atomic(path, json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n")
+def write_json_atomic(path: str | Path, payload: Any, mode: int | None = None) -> Path:
+    """Pretty JSON (sorted keys) written atomically (with `mode`, as write_atomic)."""
+    return write_atomic(path, json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n", mode)
+
+
+# ---- modes of what is shipped ---------------------------------------------------------------------------
+# A bundle and a report are read by someone else: a server running as another user, a reviewer. mkstemp (write_atomic)
+# makes owner-only files, and a umask of 077 owner-only directories, so the modes are set explicitly: files readable
+# by everyone (0644), directories searchable by everyone (0755), unless the lab says otherwise in lab.toml
+# (`[nomination] file_mode`, recorded in the session's config snapshot: `shipped_file_mode`).
+SHIPPED_FILE_MODE = 0o644
+
+
+def parse_file_mode(text: str) -> int:
+    """An octal file mode as lab.toml writes it ("0644", "640"); ValueError saying what is expected otherwise.
+    The owner must keep read and write (the lab rewrites the card), and no execute bit is set (bundles are data)."""
+    if not isinstance(text, str) or not 3 <= len(text) <= 4 or any(c not in "01234567" for c in text):
+        raise ValueError(f"file_mode {str(text)[:20]!r}: expected an octal mode such as \"0644\" or \"0640\"")
+    mode = int(text, 8)
+    if mode & ~0o666 or mode & 0o600 != 0o600:
+        raise ValueError(f"file_mode {text!r}: expected read and write for the owner and no execute, setuid or "
+                         "sticky bits (e.g. \"0644\", \"0640\", \"0600\")")
+    return mode
+
+
+def shipped_file_mode(session_config: dict[str, Any] | None) -> int:
+    """The mode shipped files get in a session: its recorded lab config's `nomination.file_mode`, else 0644."""
+    nomination = ((session_config or {}).get("lab") or {}).get("nomination") or {}
+    value = nomination.get("file_mode") if isinstance(nomination, dict) else None
+    return SHIPPED_FILE_MODE if value is None else parse_file_mode(value)
+
+
+def dir_mode(file_mode: int) -> int:
+    """A directory's mode for files of `file_mode`: search (x) wherever read is granted (0644 -> 0755)."""
+    return file_mode | (file_mode & 0o444) >> 2
+
+
+def set_tree_modes(root: Path, file_mode: int) -> None:
+    """`root` and everything under it: files `file_mode`, directories dir_mode(file_mode). Links are left alone
+    (a bundle holds none; check-bundle refuses one leading out)."""
+    for path in [root, *root.rglob("*")]:
+        if path.is_symlink():
+            continue
+        os.chmod(path, dir_mode(file_mode) if path.is_dir() else file_mode)
 
 
 def address_space() -> int:

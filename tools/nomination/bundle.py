@@ -34,6 +34,15 @@ the decoding, system prompt and template its numbers were measured with (DESIGN.
 
 Atomicity: everything is written into a hidden sibling directory which is renamed into place as
 the last step; any failure removes it, so a failed nomination leaves no half bundle.
+
+Modes: a server often runs as another user, so before the rename every file is set to the session's shipped mode
+(0644, or the lab's `[nomination] file_mode`: core.util.shipped_file_mode) and the directory to its searchable
+counterpart (0755), whatever the umask and the atomic writes' owner-only temporary files would give; check-bundle
+checks it (`permissions`).
+
+Stop ids: generation_config.json stops on the served stop ids (the template's end of turn, the tokenizer's EOS) and
+then on every other id the model's own generation_config.json and config.json name as `eos_token_id` (Llama-3
+Instruct names `<|end_of_text|>` beside `<|eot_id|>`); serving_config.json records those (`model_stop_token_ids`).
 """
 
 from __future__ import annotations
@@ -49,7 +58,15 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from core import chat
 from core.loading import header_problems
-from core.util import file_sha256, sha256_text, write_atomic, write_json_atomic
+from core.util import (
+    file_sha256,
+    set_tree_modes,
+    sha256_text,
+    shipped_file_mode,
+    write_atomic,
+    write_json_atomic,
+)
+from core.versions import Versions
 from evals.decoding import Decoding
 from memory.notebook import Artifact, EvalRecord, Notebook
 from tools.data.datasets import audit_clean
@@ -122,6 +139,9 @@ class ServingConfig(BaseModel):
     training_template_file: str = Field(
         TRAINING_TEMPLATE, description="File holding the template training rendered rows with (the model's own, or "
         "ChatML for a model that had none); the shipped template must render as it does with the served system prompt.")
+    model_stop_token_ids: list[int] = Field(
+        default_factory=list, description="Stop ids the model's own generation_config.json and config.json name "
+        "(eos_token_id) beyond the served decoding's: generation_config.json stops on them after the served ones.")
 
 
 class LineageStage(BaseModel):
@@ -245,7 +265,8 @@ class TrainingEvidence(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     session: str = Field(description="Notebook session id.")
-    notebook: str = Field(description="Path of the notebook file.")
+    notebook: str = Field(description="The notebook file, relative to the lab directory (a bundle names no path of "
+                          "the lab's machine).")
     nominee: int = Field(description="Nominee artifact id.")
     nominee_sha256: str = Field(description="The nominee's weights hash in the notebook.")
     lineage: list[LineageStage] = Field(description="The model lineage, base first.")
@@ -266,6 +287,7 @@ class BundleResult(BaseModel):
     kind: Literal["full", "adapter"] = Field(description="Full model or adapter.")
     files: dict[str, FileDigest] = Field(description="Every file of the bundle.")
     sha256: str = Field(description="sha256 over the sorted (name, file sha256) list: the bundle artifact's hash.")
+    versions: Versions | None = Field(None, description="The versions of torch, transformers, peft, trl and mamba-ssm the job ran with (stamped by the job wrapper, tools/jobs/jobrun.py).")
 
 
 # ---- safetensors headers ---------------------------------------------------------------------------
@@ -393,7 +415,7 @@ def training_evidence(nb: Notebook, session: str, nominee_id: int) -> TrainingEv
     bars = [nb.bars(d.payload.get("bars_id")) for d in nb.decisions(session, kind="register_bars")]
     last = nb.decisions(session)[-1]
     return TrainingEvidence(
-        session=session, notebook=str(nb.path), nominee=nominee_id, nominee_sha256=nb.artifact(nominee_id).sha256,
+        session=session, notebook=nb.path.name, nominee=nominee_id, nominee_sha256=nb.artifact(nominee_id).sha256,
         lineage=[_stage(nb, a) for a in lineage],
         datasets=[_dataset(d) for d in card.lineage_datasets(nb, lineage)],
         bars=[BarsEvidence(bars_id=b.id, sha256=b.sha256, registered_at=b.registered_at) for b in bars],
@@ -429,12 +451,37 @@ def _write_tokenizer(src: Path, out: Path, system_prompt: str | None) -> int | N
     return tokenizer.pad_token_id
 
 
-def _write_generation_config(out: Path, decoding: Decoding, pad_id: int | None) -> None:
+def model_stop_ids(config_dir: Path) -> list[int]:
+    """Every `eos_token_id` the model's own generation_config.json and config.json name (an id or a list), in order."""
+    found: list[int] = []
+    for name in ("generation_config.json", "config.json"):
+        path = config_dir / name
+        if not path.is_file():
+            continue
+        try:
+            eos = json.loads(path.read_text(encoding="utf-8")).get("eos_token_id")
+        except (ValueError, AttributeError) as err:
+            raise BundleError(f"{path}: not a JSON object ({type(err).__name__}); expected the model's config") from None
+        ids = eos if isinstance(eos, list) else [eos]
+        found += [i for i in ids if isinstance(i, int) and not isinstance(i, bool) and i not in found]
+    return found
+
+
+def generation_stop_ids(decoding: Decoding, model_stops: list[int]) -> list[int]:
+    """What generation_config.json stops on: the served stop ids, then the model's own others (one rule, written by
+    the bundle and checked by check-bundle)."""
+    served = list(decoding.stop_token_ids)
+    return served + [i for i in model_stops if i not in served]
+
+
+def _write_generation_config(out: Path, decoding: Decoding, pad_id: int | None, model_stops: list[int] | None = None
+                             ) -> None:
     from transformers import GenerationConfig
 
     sampled = {} if decoding.greedy else {"temperature": decoding.temperature, "top_p": decoding.top_p, "top_k": 0}
     GenerationConfig(do_sample=not decoding.greedy, max_new_tokens=decoding.max_new_tokens,
-                     repetition_penalty=decoding.repetition_penalty, eos_token_id=list(decoding.stop_token_ids),
+                     repetition_penalty=decoding.repetition_penalty,
+                     eos_token_id=generation_stop_ids(decoding, model_stops or []),
                      pad_token_id=pad_id, **sampled).save_pretrained(out)
 
 
@@ -516,13 +563,15 @@ def _check_evaluated(nominee: Artifact, src: Path) -> None:
 def write_records(nb: Notebook, session: str, nominee_id: int, out: Path, parent_id: int | None,
                   runner_up_id: int | None) -> None:
     """(Re)write the two files read from the notebook, `training_evidence.json` and the card `README.md`,
-    as the notebook stands now; the weights kind comes from the bundle's `serving_config.json`."""
+    as the notebook stands now (in the session's shipped mode); the weights kind comes from the bundle's
+    `serving_config.json`."""
     weights = ServingConfig.model_validate_json((out / "serving_config.json").read_text(encoding="utf-8")).weights
+    mode = shipped_file_mode(nb.session(session).config)
     evidence = training_evidence(nb, session, nominee_id)
-    write_atomic(out / "training_evidence.json", evidence.model_dump_json(indent=2) + "\n")
+    write_atomic(out / "training_evidence.json", evidence.model_dump_json(indent=2) + "\n", mode)
     info = card.WeightsInfo(kind=weights.kind, base_path=weights.base.path if weights.base else None,
                             base_revision=weights.base.revision if weights.base else None)
-    write_atomic(out / "README.md", card.render_card(nb, session, nominee_id, parent_id, runner_up_id, info))
+    write_atomic(out / "README.md", card.render_card(nb, session, nominee_id, parent_id, runner_up_id, info), mode)
 
 
 def _fill(nb: Notebook, session: str, nominee: Artifact, tmp: Path, parent_id: int | None,
@@ -534,14 +583,16 @@ def _fill(nb: Notebook, session: str, nominee: Artifact, tmp: Path, parent_id: i
     weights = _write_weights(src, tmp, shard_bytes)
     system = decoding.system_prompt or None  # evals render no system turn for an empty prompt
     pad_id = _write_tokenizer(src, tmp, system)
-    _write_generation_config(tmp, decoding, pad_id)
+    own = [i for i in model_stop_ids(Path(weights.base.path) if weights.base else src)
+           if i not in decoding.stop_token_ids]
+    _write_generation_config(tmp, decoding, pad_id, own)
     write_atomic(tmp / "system_prompt.txt", decoding.system_prompt)
     serving = ServingConfig(
         format_version=FORMAT_VERSION, weights=weights, add_generation_prompt=True, decoding=decoding,
         max_input_tokens=max_input_tokens if max_input_tokens is not None else _max_input_tokens(src, weights, decoding),
         decoding_sha256=decoding.fingerprint(), system_prompt_file="system_prompt.txt",
         chat_template_file="chat_template.jinja", training_template_file=TRAINING_TEMPLATE,
-        files=served_files(tmp, weights),
+        files=served_files(tmp, weights), model_stop_token_ids=own,
     )
     write_atomic(tmp / "serving_config.json", serving.model_dump_json(indent=2) + "\n")
     write_records(nb, session, nominee.id, tmp, parent_id, runner_up_id)
@@ -568,6 +619,7 @@ def write_bundle(nb: Notebook, session: str, nominee_id: int, out_dir: str | Pat
     tmp.mkdir(parents=True)
     try:
         weights = _fill(nb, session, nominee, tmp, parent_id, runner_up_id, max_input_tokens, shard_bytes, ship)
+        set_tree_modes(tmp, shipped_file_mode(nb.session(session).config))  # copies and mkstemp files included
         files = bundle_files(tmp)
         tmp.rename(out)
     except BaseException:

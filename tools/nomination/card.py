@@ -20,9 +20,18 @@ What the card reads, and where from:
 - lineage: the nominee's model ancestors through `artifact.parents` (datasets are the parents of
   kind `dataset`), each with its producing job (`artifact.job_key`): method = job kind, steps =
   `result.steps`, learning rate = `resources.args.lr`, job id = `external_id`;
-- the base: the lineage's root artifact; its license is the parent's `recipe.license` (recorded when the
+- the base and the parent: the lab's own `[model] base` and `[model] parent` as the session's config snapshot
+  recorded them; the lineage's root artifact is the session's parent, which is the base itself only when
+  `[model] parent` is unset or names the base; the license is the parent's `recipe.license` (recorded when the
   session registered it: lab.toml's [model] license, else the base's README.md front matter), with
   `recipe.license_source` saying which;
+- the recipe: for each lineage member, the recorded config of the job that made it (`resources.args`): the
+  method, LoRA (rank, alpha, dropout, target modules) or full fine-tuning, the learning rate and its schedule
+  (warm-up, decay, floor), weight decay, batch and micro-batch, steps, row length, and the objective's own
+  weights (DPO beta and NLL weight, the KL coefficient, RFT's samples); merges and soups list their parts
+  with their weights or dose;
+- paths: only lab-relative names (a path outside the lab by its directory name): the card names no path of
+  the lab's machine, free text read from the notebook (failure details, refusal reasons) included;
 - evaluations: the first replicate-0 eval at served decoding of each suite (the look that counts,
   as in evals/compare.py), for the nominee, the parent and the runner-up; noise floors: the first
   calibrated for the suite and metric;
@@ -36,6 +45,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -182,6 +192,38 @@ def worse(metric: str, nominee: float, parent: float) -> bool:
     return nominee > parent if metric in LOWER_IS_BETTER else nominee < parent
 
 
+class LabNames:
+    """Lab-relative names for the lab's paths: the card ships to people who do not have the lab's machine."""
+
+    def __init__(self, nb: Notebook, session: str):
+        recorded = nb.session(session).lab
+        spellings = {recorded, str(Path(recorded).resolve()), str(nb.path.parent), str(nb.path.parent.resolve())}
+        # longest first: a root inside another spelling's is replaced whole
+        self.roots = sorted({r.rstrip("/") for r in spellings if r.rstrip("/")}, key=len, reverse=True)
+
+    def path(self, path: str | Path | None) -> str:
+        """A path inside the lab relative to it; one outside it by its last component (a model's directory name)."""
+        text = str(path or "")
+        for root in self.roots:
+            if text == root:
+                return "."
+            if text.startswith(root + "/"):
+                return text[len(root) + 1:]
+        return Path(text).name if text.startswith("/") else text
+
+    def text(self, text: str) -> str:
+        """Free text (a failure detail, a refusal reason) with every spelling of the lab root taken out."""
+        for root in self.roots:
+            text = text.replace(root + "/", "").replace(root, ".")
+        return text
+
+
+def lab_model(nb: Notebook, session: str) -> tuple[str | None, str | None]:
+    """The lab's `[model] base` and `[model] parent` as the session recorded them (parent None when unset)."""
+    model = (nb.session(session).config.get("lab") or {}).get("model") or {}
+    return model.get("base"), model.get("parent")
+
+
 # ---- sections ----------------------------------------------------------------------------------
 
 
@@ -202,14 +244,14 @@ def _value_ci(ev: EvalRecord, metric: str) -> str:
 
 def _model_section(nb: Notebook, session: str, nominee: Artifact, lineage: list[Artifact],
                    weights: WeightsInfo) -> list[str]:
-    base = lineage[0]
+    names = LabNames(nb, session)
     lines = [f"# {code(nominee.name)}: a chat model nominated by session {code(session)}", "",
              "## Model", ""]
     what = "a merged full model (sharded safetensors)" if weights.kind == "full" else (
-        f"a PEFT adapter over {code(weights.base_path)} (weights hash {code(weights.base_revision)})")
-    lines.append(f"The nominee is notebook artifact {code(nominee.id)} ({code(nominee.kind)} at {code(nominee.path)}, "
-                 f"weights hash {code(nominee.sha256)}), shipped as {what}.")
-    lines.append(f"Its lineage starts at the base {code(base.name)} ({code(base.path)}, hash {code(base.sha256)}).")
+        f"a PEFT adapter over {code(names.path(weights.base_path))} (weights hash {code(weights.base_revision)})")
+    lines.append(f"The nominee is notebook artifact {code(nominee.id)} ({code(nominee.kind)} at "
+                 f"{code(names.path(nominee.path))}, weights hash {code(nominee.sha256)}), shipped as {what}.")
+    lines.append(_origin_line(nb, session, lineage[0], names))
     opened = nb.decisions(session, kind="open")
     chat_ref = opened[0].payload.chat_template if opened else None
     if chat_ref is not None:
@@ -219,6 +261,19 @@ def _model_section(nb: Notebook, session: str, nominee: Artifact, lineage: list[
         lines.append(f"Everything below was read from the lab notebook of session {code(session)}; its decision "
                      f"chain stood at seq {code(decisions[-1].seq)} with hash {code(decisions[-1].hash)}.")
     return [*lines, ""]
+
+
+def _origin_line(nb: Notebook, session: str, root: Artifact, names: LabNames) -> str:
+    """Where the lineage starts, named as the lab names it: the session's parent, and the base when that is another
+    model (`[model] parent` set to a fine-tune of `[model] base`)."""
+    base, parent = lab_model(nb, session)
+    start = f"{code(root.name)} ({code(names.path(root.path))}, hash {code(root.sha256)})"
+    if base is None:  # a session recorded without a lab config
+        return f"Its lineage starts at the session's parent {start}."
+    if parent is None or Path(parent) == Path(base):
+        return f"Its lineage starts at the session's parent {start}, which is the lab's base model ({code('[model] base')})."
+    return (f"Its lineage starts at the session's parent {start} ({code('[model] parent')}), a checkpoint derived from "
+            f"the lab's base model {code(names.path(base))} ({code('[model] base')}), which this session did not train.")
 
 
 def _chat_template_line(chat_ref: ChatTemplateRef) -> str:
@@ -277,7 +332,7 @@ def _lineage_section(nb: Notebook, lineage: list[Artifact]) -> list[str]:
     for art in lineage:
         job = producing_job(nb, art)
         inits = [nb.artifact(p) for p in art.parents]
-        init = ", ".join(code(p.name) for p in inits if p.kind != "dataset") or "(base)"
+        init = ", ".join(code(p.name) for p in inits if p.kind != "dataset") or "(session parent)"
         data = ", ".join(code(p.name) for p in inits if p.kind == "dataset") or "-"
         method = code(job.kind) if job else code(art.recipe.get("method", "input"))
         steps = lr = job_id = "-"
@@ -290,6 +345,84 @@ def _lineage_section(nb: Notebook, lineage: list[Artifact]) -> list[str]:
                 lr = num(job.resources["args"]["lr"], ref("job", job.id, "resources.args.lr"))
             job_id = code(job.external_id or job.key[:12])
         lines.append(f"| {code(art.name)} | {method} | {init} | {data} | {steps} | {lr} | {job_id} |")
+    return [*lines, ""]
+
+
+# The trainer config keys the recipe states, in the order it states them (trainers/common.py TrainConfig and each
+# trainer's own config: dpo, klce, rft); each as (key, label).
+_SCHEDULE = (("lr", "peak learning rate"), ("schedule", "schedule"), ("warmup_steps", "warm-up steps"),
+             ("min_lr_ratio", "final learning rate as a share of the peak"), ("weight_decay", "weight decay"),
+             ("batch_size", "rows per step"), ("micro_batch_size", "rows per forward pass"), ("steps", "steps"),
+             ("max_len", "max tokens per row"))
+_OBJECTIVE = (("beta", "DPO beta"), ("nll_weight", "NLL weight"), ("kl_coef", "KL coefficient to the parent"),
+              ("k", "samples per prompt"), ("temperature", "sampling temperature"), ("selection", "answer kept"))
+_LORA = (("r", "rank"), ("alpha", "alpha"), ("dropout", "dropout"))
+
+
+def _setting(job: JobRecord, path: str, label: str, value: Any) -> str:
+    """One recorded setting: numbers with their reference, anything else as code."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return f"{label} {num(value, ref('job', job.id, f'resources.args.{path}'))}"
+    return f"{label} {code(value)}"
+
+
+def _training_recipe(job: JobRecord, args: dict[str, Any]) -> str:
+    lora = args.get("lora")
+    if isinstance(lora, dict):
+        parts = [_setting(job, f"lora.{k}", label, lora[k]) for k, label in _LORA if k in lora]
+        targets = lora.get("target_modules")
+        parts.append("target modules " + (", ".join(code(t) for t in targets) if targets else
+                                          code("the trainer's default for the architecture")))
+        if lora.get("train_lm_head"):
+            parts.append("lm_head trained in full")
+        tuning = "LoRA (" + ", ".join(parts) + ")"
+    else:
+        tuning = "full fine-tuning (every weight trained)"
+    schedule = [_setting(job, k, label, args[k]) for k, label in _SCHEDULE if args.get(k) is not None]
+    objective = [_setting(job, k, label, args[k]) for k, label in _OBJECTIVE if args.get(k) is not None]
+    return "; ".join([tuning, ", ".join(schedule), *([", ".join(objective)] if objective else [])])
+
+
+def _merge_recipe(nb: Notebook, art: Artifact, job: JobRecord | None) -> str:
+    """What a merge made the artifact of: a soup's parts and weights, a dose's two ends and alpha, a LoRA merge."""
+    r = art.recipe
+    parts = [nb.artifact(i) for i in r.get("models", [])] or [nb.artifact(p) for p in art.parents
+                                                            if nb.artifact(p).kind != "dataset"]
+    if r.get("merge") == "soup":
+        if not r.get("weights"):
+            return "equal-weight soup of " + ", ".join(code(p.name) for p in parts)
+        return "weight soup of " + ", ".join(
+            f"{code(p.name)} (weight {num(w, ref('artifact', art.id, f'recipe.weights.{i}'))})"
+            for i, (p, w) in enumerate(zip(parts, r["weights"], strict=False)))
+    if r.get("merge") == "dose" and len(parts) == 2:
+        return (f"dose interpolation from {code(parts[0].name)} (its start) to {code(parts[1].name)} (its end) at alpha "
+                f"{num(r['alpha'], ref('artifact', art.id, 'recipe.alpha'))}")
+    if r.get("merge") == "lora" and isinstance(r.get("adapter"), int):
+        inits = [p for p in parts if p.id != r["adapter"] and p.kind != "adapter"]
+        into = code(inits[0].name) if inits else "its parent"
+        return (f"the LoRA adapter {code(nb.artifact(r['adapter']).name)} merged into {into}'s weights (W + alpha/r B A, "
+                "as peft merges)")
+    return "merge of " + ", ".join(code(p.name) for p in parts)
+
+
+def _recipe_section(nb: Notebook, lineage: list[Artifact]) -> list[str]:
+    """The recipe that made the nominee's weights: every lineage member's recorded job config, oldest first."""
+    lines = ["## Recipe", "", "How each model of the lineage was made, read from the recorded config of the job "
+             "that made it:", ""]
+    for art in lineage:
+        job = producing_job(nb, art)
+        args = (job.resources.get("args") or {}) if job is not None else {}
+        if job is None:
+            what = "the session's starting point; not trained in this session"
+        elif art.recipe.get("merge") or job.kind == "merge":
+            what = _merge_recipe(nb, art, job)
+        elif isinstance(args.get("lr"), int | float):
+            what = f"{code(job.kind)}: " + _training_recipe(job, args)
+        else:
+            what = f"{code(job.kind)} (no training config recorded)"
+        if "snapshot" in art.recipe:
+            what += f"; the snapshot at step {num(art.recipe['snapshot']['step'], ref('artifact', art.id, 'recipe.snapshot.step'))}"
+        lines.append(f"- {code(art.name)}: {what}")
     return [*lines, ""]
 
 
@@ -367,8 +500,11 @@ def _sealed_section(nb: Notebook, session: str, nominee: Artifact) -> list[str]:
         suite = d.payload.get("suite")
         evs = nb.evals(artifact_id=nominee.id, suite=suite, session=session)[:1]
         opened = f"- suite {code(suite)} (opened by decision {code(d.seq)}"
-        if not evs:
-            lines.append(f"{opened}): no result was recorded (its job failed)")
+        if not evs:  # undecided: a battle suite whose sealed battles hold no decisive vote had nothing to score
+            undecided = any(suite in e.payload.get("undecided", []) for e in nb.decisions(session, kind="evaluate")
+                            if e.payload.get("sealed") and e.payload.get("artifact_id") == nominee.id)
+            lines.append(f"{opened}): " + ("undecided: its sealed battles hold no decisive vote, nothing to score"
+                                           if undecided else "no result was recorded (its job failed)"))
             continue
         ev = evs[0]
         lines.append(f"{opened}, eval {code(ev.id)}): " + "; ".join(f"{code(m)} {_value_ci(ev, m)}" for m in metric_names(ev)))
@@ -598,6 +734,7 @@ def render_card(nb: Notebook, session: str, nominee_id: int, parent_id: int | No
         _model_section(nb, session, nominee, lineage, weights),
         _usage_section(nb, served[0], weights),
         _lineage_section(nb, lineage),
+        _recipe_section(nb, lineage),
         _data_section(lineage_datasets(nb, lineage)),
         _eval_section(nb, session, [("nominee", nominee), ("parent", parent), ("runner-up", runner_up)]),
         _sealed_section(nb, session, nominee),
@@ -609,4 +746,5 @@ def render_card(nb: Notebook, session: str, nominee_id: int, parent_id: int | No
         _limitations(nb, session, nominee, parent),
         _license_section(next((a for a in lineage if a.recipe.get("role") == "parent"), lineage[0])),
     ]
-    return "\n".join(line for section in sections for line in section).rstrip() + "\n"
+    text = "\n".join(line for section in sections for line in section).rstrip() + "\n"
+    return LabNames(nb, session).text(text)  # free text from the notebook (failure details, reasons) names lab paths

@@ -20,6 +20,9 @@ Checks, each reported with what was expected:
 - files: every file a server reads is present, and the bundle is confined (above);
 - integrity: every file a server reads besides the weights has the size and sha256 serving_config.json
   records (`files`, format 2), and no other file lies in the bundle;
+- permissions: every file grants the read bits of the session's shipped mode (0644, readable by a server running
+  as another user, unless the lab's `[nomination] file_mode` says otherwise; read from the notebook when one is
+  given) and the directory their search bits, so the check does not pass only because it runs as the owner;
 - serving_config: `serving_config.json` parses (tools.nomination.bundle.ServingConfig);
 - template_compiles: `chat_template.jinja` compiles in the Jinja environment transformers itself
   builds (`transformers.utils.chat_template_utils.render_jinja_template`: sandboxed, with its
@@ -28,11 +31,15 @@ Checks, each reported with what was expected:
 - template_matches_renderer: it renders byte-identically to the training renderer (`core.chat.render_text`
   with the template training used, `training_chat_template.jinja`: the model's own, or ChatML) under the
   served system prompt for the conversation shapes of `SHAPES`, add_generation_prompt on and off;
+- template_minijinja: so it does in minijinja, the Rust engine of TGI and other servers, set up as they set it
+  up (trim_blocks, lstrip_blocks, a `raise_exception` function, the tokenizer's special tokens); skipped, saying
+  so, where the `minijinja` package is not installed;
 - tokenizer_template: the template in `tokenizer_config.json` and the one AutoTokenizer loads are
   that same file;
 - system_prompt, generation_config, stop_ids, max_input_tokens: the system prompt file is non-empty
   and is the served one; generation_config.json carries the served decoding (whose fingerprint is
-  the recorded one); every stop id is in
+  the recorded one), its stop ids followed by every other `eos_token_id` the model's own configs name
+  (`bundle.generation_stop_ids`; config.json's, of the bundle or the adapter's base, among them); every stop id is in
   the vocabulary and the end-of-turn token (derived from the chat template) is one of them; max input tokens is positive;
 - weights: every shard the index names exists with its recorded size and sha256, every tensor of
   every shard is in the index (an unindexed tensor would silently load as random weights), no
@@ -80,7 +87,7 @@ from safetensors import SafetensorError
 
 from core import chat, loading
 from core.display import bounded, shown
-from core.util import address_space, file_sha256
+from core.util import SHIPPED_FILE_MODE, address_space, dir_mode, file_sha256, shipped_file_mode
 from memory.notebook import Notebook, NotebookError
 from tools.nomination.bundle import (
     ADAPTER_CONFIG,
@@ -89,6 +96,8 @@ from tools.nomination.bundle import (
     MeasuredStops,
     ServingConfig,
     TrainingEvidence,
+    generation_stop_ids,
+    model_stop_ids,
     read_header,
     stop_evals,
     stop_probes,
@@ -148,7 +157,11 @@ GENERATION_KEYS = frozenset({"do_sample", "max_new_tokens", "repetition_penalty"
 TEMPLATE_OUTPUT_LIMIT = 1024**2
 # The longest message line printed (an answer or an error may quote a lot).
 MESSAGE_LIMIT = 2000
-TEMPLATE_CHECKS = ("template_bounds", "template_compiles", "template_matches_renderer", "tokenizer_template", "stop_ids", "served_prompts")
+TEMPLATE_CHECKS = ("template_bounds", "template_compiles", "template_matches_renderer", "template_minijinja",
+                   "tokenizer_template", "stop_ids", "served_prompts")
+# minijinja's bound on the work of one rendering (its "fuel": about one unit per instruction); the checks'
+# conversations take a few thousand, a template that loops runs out instead of running on.
+MINIJINJA_FUEL = 5_000_000
 
 
 class CheckResult(BaseModel):
@@ -277,6 +290,42 @@ def check_template_matches(b: _Bundle) -> list[str]:
     return []
 
 
+def _minijinja_render(env, template: str, messages: list[dict], generation: bool, specials: dict) -> str:
+    return env.render_str(template, **specials, messages=messages, add_generation_prompt=generation)
+
+
+def check_template_minijinja(b: _Bundle) -> list[str]:
+    """The shipped template renders in minijinja (as TGI sets it up) what the training renderer renders."""
+    import minijinja
+
+    def raise_exception(message: str) -> None:  # TGI's: a template's own refusal, raised as an error
+        raise minijinja.TemplateError(message)
+
+    env = minijinja.Environment()
+    env.trim_blocks, env.lstrip_blocks, env.fuel = True, True, MINIJINJA_FUEL
+    env.add_function("raise_exception", raise_exception)
+    shipped, training = _tokenizers(b)
+    system = b.serving.decoding.system_prompt or None
+    problems = []
+    for name, messages in SHAPES:
+        for generation in (False, True):
+            want = chat.render_text(training, messages, system, add_generation_prompt=generation)
+            try:
+                got = _minijinja_render(env, b.template, messages, generation, shipped.special_tokens_map)
+            except minijinja.TemplateError as err:
+                first = shown(str(err).splitlines()[0] if str(err) else type(err).__name__, limit=300)
+                problems.append(f"shape {name!r} (add_generation_prompt={generation}): minijinja raised {first}")
+                continue
+            if got != want:
+                problems.append(f"shape {name!r} (add_generation_prompt={generation}) {_first_difference(got, want)}")
+    if problems:
+        return [f"{b.serving.chat_template_file} in minijinja (the engine of TGI and other servers) differs from the "
+                f"training renderer in {len(problems)} of {2 * len(SHAPES)} renderings; expected a template that "
+                "renders byte-identically in every server's Jinja (string escapes such as \\U0000002e are "
+                "Python-only; \\u002e is read alike). First: " + problems[0]]
+    return []
+
+
 def check_tokenizer_template(b: _Bundle) -> list[str]:
     problems = []
     config = _json(b.path / "tokenizer_config.json")
@@ -304,14 +353,21 @@ def check_generation_config(b: _Bundle) -> list[str]:
     gen = _json(b.path / "generation_config.json")
     d = b.serving.decoding
     eos = gen.get("eos_token_id")
-    want = {"eos_token_id": list(d.stop_token_ids), "max_new_tokens": d.max_new_tokens,
+    want = {"eos_token_id": generation_stop_ids(d, b.serving.model_stop_token_ids), "max_new_tokens": d.max_new_tokens,
             "do_sample": not d.greedy, "repetition_penalty": d.repetition_penalty}
     if not d.greedy:
         want |= {"temperature": d.temperature, "top_p": d.top_p}
     got = {k: gen.get(k, False if k == "do_sample" else None) for k in want}
     got["eos_token_id"] = [eos] if isinstance(eos, int) else eos
-    problems = [f"generation_config.json {k} is {got[k]!r}; expected {v!r} (the served decoding)"
+    problems = [f"generation_config.json {k} is {got[k]!r}; expected {v!r} (the served decoding"
+                + (", then the model's own stop ids)" if k == "eos_token_id" else ")")
                 for k, v in want.items() if got[k] != v]
+    base = b.serving.weights.base
+    config_dir = b.path if base is None else Path(base.path)
+    dropped = [i for i in model_stop_ids(config_dir) if i not in want["eos_token_id"]] if (config_dir / "config.json").is_file() else []
+    if dropped:  # Llama-3 Instruct ends some answers with <|end_of_text|>, not <|eot_id|>: a server must stop on both
+        problems.append(f"the model's own config.json names stop ids {dropped} that generation_config.json does not "
+                        "stop on; expected every eos_token_id of the model's config among the stop ids")
     extra = sorted(k for k in gen if k not in GENERATION_KEYS)
     if extra:  # num_beams, min_new_tokens, ... change what a server generates (and how long it takes)
         problems.append(f"generation_config.json sets {', '.join(shown(k) for k in bounded(extra, 5))}; expected only "
@@ -327,7 +383,7 @@ def check_stop_ids(b: _Bundle) -> list[str]:
     vocab = len(tokenizer)
     stops = list(b.serving.decoding.stop_token_ids)
     problems = [f"stop id {s} is not in the vocabulary (ids 0..{vocab - 1}); expected ids of real tokens"
-                for s in stops if not 0 <= s < vocab]
+                for s in generation_stop_ids(b.serving.decoding, b.serving.model_stop_token_ids) if not 0 <= s < vocab]
     # The end of turn the model was trained to emit: derived from the template training rendered rows with, so a
     # broken or swapped shipped template is template_compiles' and template_matches_renderer's to report, not this.
     try:
@@ -518,6 +574,30 @@ def check_integrity(b: _Bundle) -> list[str]:
     problems += [f"{shown(name)} lies in the bundle but in no manifest of serving_config.json; expected only the "
                  "files it records" for name in unlisted]
     return problems
+
+
+def check_permissions(b: _Bundle, notebook_path: Path | None) -> list[str]:
+    """Every entry of the bundle grants the read bits of the shipped mode (and the directories its search bits):
+    a server running as another user reads the bundle only then, whoever runs this check."""
+    mode = SHIPPED_FILE_MODE
+    if notebook_path is not None:
+        evidence = TrainingEvidence.model_validate_json((b.path / "training_evidence.json").read_text(encoding="utf-8"))
+        with Notebook.open(notebook_path, readonly=True) as nb:
+            mode = shipped_file_mode(nb.session(evidence.session).config)
+    short = []
+    for path in [b.path, *sorted(b.path.iterdir())]:
+        if path.is_symlink():
+            continue
+        want = (dir_mode(mode) & 0o555) if path.is_dir() else (mode & 0o444)
+        have = path.stat().st_mode & 0o777
+        if want & ~have:
+            short.append(f"{'the bundle directory' if path == b.path else shown(path.name)} has mode {have:04o}")
+    if not short:
+        return []
+    more = f" (and {len(short) - 3} more)" if len(short) > 3 else ""
+    return [f"{'; '.join(short[:3])}{more}; expected files granting the read bits of {mode:04o} and directories the "
+            f"search bits of {dir_mode(mode):04o} (the lab's shipped mode), or a server running as another user "
+            "cannot read the bundle"]
 
 
 def confinement_problems(path: Path) -> list[str]:
@@ -742,6 +822,7 @@ def check_bundle(path: str | Path, notebook_path: str | Path | None = None) -> B
         return BundleReport(bundle=str(path), results=results, answers=[])
     results += [
         _run("integrity", check_integrity, b),
+        _run("permissions", check_permissions, b, None if notebook_path is None else Path(notebook_path)),
         _run("system_prompt", check_system_prompt, b),
         _run("generation_config", check_generation_config, b),
         _run("max_input_tokens", check_max_input_tokens, b),
@@ -775,7 +856,18 @@ def template_checks(b: _Bundle) -> list[CheckResult]:
                  ("served_prompts", check_served_prompts)]  # each renders the template: moot when it does not compile
     rendered = [_run(n, fn, b) if compiles.status == "passed" else _skipped(n, "the template does not compile")
                 for n, fn in rendering]
-    return [bounds, compiles, rendered[0], _run("tokenizer_template", check_tokenizer_template, b), *rendered[1:]]
+    return [bounds, compiles, rendered[0], _minijinja_check(b), _run("tokenizer_template", check_tokenizer_template, b),
+            *rendered[1:]]
+
+
+def _minijinja_check(b: _Bundle) -> CheckResult:
+    """template_minijinja, or skipped (saying why) where the minijinja package is not installed."""
+    try:
+        import minijinja  # noqa: F401 - a development dependency: check-bundle runs without it, and says so
+    except ImportError:
+        return _skipped("template_minijinja", "the minijinja package is not installed (pip install minijinja): the "
+                        "template was not rendered as TGI and other minijinja servers render it")
+    return _run("template_minijinja", check_template_minijinja, b)
 
 
 def _bounded_template_checks(path: Path) -> list[CheckResult]:
