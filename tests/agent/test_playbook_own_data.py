@@ -127,3 +127,17 @@ def test_brook_builds_its_loop_fix_pairs_from_the_labs_battles_and_records_a_fai
     assert "battle pairs alone" in step.args["reason"]
     step = next_step(_lab([*failed, _call(4, "skip", step.args)], [_parent()]), cfg)
     assert (step.tool, step.args["trainer"], step.args["dataset"]) == ("train", "dpo", 2)
+
+
+def test_aspens_arm_records_that_its_rank_replaces_the_labs_lora_r():
+    from agent.planners import recipes
+
+    cfg = recipes.settings("aspen", "test", {"chat_data": True})
+    own = {"builder": "own_replay", "model": 1, "n": 8}
+    mix = {"builder": "mix", "parts": [{"dataset": 2}, {"dataset": 3, "kl_only": True}]}
+    built = [_call(2, "build_dataset", {"builder": "winner_sft"}, {"artifact_id": 2}),
+             _call(3, "build_dataset", own, {"artifact_id": 3}), _call(4, "build_dataset", mix, {"artifact_id": 4})]
+    step = next_step(_lab(built, [_parent()]), cfg)
+    assert (step.tool, step.args["lora_r"], step.args["method"]) == ("train", recipes.ASPEN_RANK, "lora")
+    # the plan decision's rationale is the record: the lab's [train.lora] r is replaced, its alpha / r kept
+    assert "in place of the lab's [train.lora] r" in step.rationale and "alpha / r" in step.rationale
