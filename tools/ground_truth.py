@@ -72,7 +72,7 @@ def scorer_problem(kind: str, lab_dir: Path) -> str | None:
 
 def payload(result: TruthResult, artifact_id: int, parent_id: int, kind: str, job_key: str) -> TruthPayload:
     """The `truth` decision of a result (the checkpoint paths are in the two artifacts' rows)."""
-    kept = result.model_dump(exclude={"checkpoint", "other", "placement"})
+    kept = result.model_dump(exclude={"checkpoint", "other", "placement", "versions"})
     return TruthPayload(artifact_id=artifact_id, parent=parent_id, scorer=kind, job_key=job_key, **kept)
 
 
