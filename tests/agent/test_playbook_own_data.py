@@ -8,6 +8,8 @@ records them).
 
 from __future__ import annotations
 
+import pytest
+
 from agent.planners.playbook import PlaybookSettings, next_step
 from agent.summary import Call, Checkpoint, Summary
 from agent.toolbox import canonical_args
@@ -74,7 +76,7 @@ def _metrics(digits: float, win: float) -> dict:
     return {"digits": {"correct": digits}, "holdout": {"win_score": win}}
 
 
-def _promoted_then_swept(sweep_status: str | None = None) -> Summary:
+def _promoted_then_swept(sweep_status: str | None = None, holdout_bar=HOLDOUT_DELTA) -> Summary:
     """The SFT arm (3) screened on both suites (the holdout is a screen suite under a delta bar), compared and
     promoted; the sweep's arm (5) trained from the parent; the new incumbent 3 not calibrated yet (when_read)."""
     screen = ["digits", "holdout"]
@@ -89,19 +91,23 @@ def _promoted_then_swept(sweep_status: str | None = None) -> Summary:
            Checkpoint(id=5, name="sft-x2", origin="train:sft", parent=1, served_decoding="", metrics={}, verdicts=[])]
     if sweep_status is not None:
         calls.append(_call(8, "evaluate", {"artifact": 5, "suites": screen}, status=sweep_status))
-    return _lab(calls, cps, rules=(DIGITS_GUARD, HOLDOUT_DELTA), incumbent=3)
+    return _lab(calls, cps, rules=(DIGITS_GUARD, holdout_bar), incumbent=3)
 
 
 SWEEP = PlaybookSettings(families=("sft",), sweep=(2.0,), soup=False, dose_alphas=(), serving=(), trajectory_shares=())
 
 
-def test_a_delta_bar_on_the_judged_holdout_calibrates_the_new_incumbent_before_its_screen():
+@pytest.mark.parametrize("holdout_bar", [
+    HOLDOUT_DELTA, rule("holdout", "win_score", "delta", ">=", -1, floors=True),
+    rule("holdout", "win_score", "t", ">=", -2), rule("holdout", "win_score", "ci_low", ">=", -0.1)],
+    ids=["delta", "delta-floors", "t", "ci_low"])
+def test_a_bar_without_a_p_value_on_the_judged_holdout_calibrates_the_new_incumbent_before_its_screen(holdout_bar):
     # The screen's holdout eval scores the sweep arm against the incumbent's own answers: the incumbent's
     # calibration makes them, so it comes first (the eval failed with "calibrate the incumbent first" before).
-    step = next_step(_promoted_then_swept(), SWEEP)
+    step = next_step(_promoted_then_swept(holdout_bar=holdout_bar), SWEEP)
     assert (step.tool, step.args) == ("calibrate", {"artifact": 3, "k": 3})
     assert "now that the next step (evaluate:" in step.rationale
-    step = next_step(_promoted_then_swept().model_copy(update={"calibrated": [1, 3]}), SWEEP)
+    step = next_step(_promoted_then_swept(holdout_bar=holdout_bar).model_copy(update={"calibrated": [1, 3]}), SWEEP)
     assert (step.tool, step.args) == ("evaluate", {"artifact": 5, "suites": ["digits", "holdout"]})
 
 
