@@ -36,7 +36,7 @@ from agent.graph import Runtime, drive
 from agent.live import Silent
 from agent.planners.playbook import Playbook, PlaybookSettings
 from evals import bars as bars_file
-from memory.notebook import Artifact, Decision, JobRecord, Notebook, NotebookError, now
+from memory.notebook import Artifact, Decision, JobRecord, Notebook, NotebookError, Session, now
 from tools.context import LabSpec, ToolContext, WouldLaunch
 from tools.jobs.launcher import JobFailed, Launcher, Resources
 from tools.paths import LabPaths
@@ -193,14 +193,18 @@ def replay(lab_dir: Path, session: str, *, bars: Path | None = None, planner: st
     config = load_lab_config(lab_dir)
     if bars is not None:
         _check_bars(bars, config)
-    with Notebook.open(paths.notebook, readonly=True) as original, tempfile.TemporaryDirectory() as tmp:
+    # One consistent copy of the notebook, taken at once: a resume or run writing the lab meanwhile commits
+    # after the copy, never between two of replay's reads.
+    with Notebook.open(paths.notebook, readonly=True, snapshot=True) as original, \
+            tempfile.TemporaryDirectory() as tmp:
         try:
             s = original.session(session)
         except NotebookError as exc:
             raise SessionError(str(exc)) from None
+        _refuse_a_session_being_written(paths, s)
         settings = (PlaybookSettings.recorded(s.config["playbook"], session) if protocol is None
                     else PlaybookSettings.named(protocol, s.config["playbook"].get("verified_pool")))
-        with ScratchNotebook.open(Path(tmp) / "notebook.db") as scratch:
+        with ScratchNotebook.open(Path(tmp) / "notebook.db", lab=lab_dir) as scratch:
             scratch.original = original
             scratch.open_session(session, lab=s.lab, budget_gpuh=s.budget_gpuh, reserve_gpuh=s.reserve_gpuh,
                                  planner=planner or s.planner, executor=s.executor, config=s.config)
@@ -222,6 +226,18 @@ def replay(lab_dir: Path, session: str, *, bars: Path | None = None, planner: st
             start_incumbent(ctx)
             drive(rt, InMemorySaver())
             return _compare(original, scratch, session)
+
+
+def _refuse_a_session_being_written(paths: LabPaths, s: Session) -> None:
+    """A session still open while a process holds the lab is being written: its record ends where that writer
+    is now, and a replay would only show its future as a difference. Another session (ended) replays from the
+    snapshot while the writer goes on."""
+    if s.status != "open":
+        return
+    writer = paths.writer_holding()
+    if writer is not None:
+        raise SessionError(f"{paths.lock}: session {s.name} is being written by {writer}; replay it once that "
+                           "process ends (a finished or a killed session replays)")
 
 
 def _recorded_bars(original: Notebook, session: str, lab: LabSpec, tmp: Path) -> LabSpec:

@@ -29,6 +29,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from core.redact import redact, redact_data
 from core.util import canonical_json, sha256_text
 from memory.chain import EVAL_COLUMNS, GENESIS, decision_hash, eval_digest, evals_text
+from memory.place import Place
 from memory.records import (
     DECISION,
     PAYLOADS,
@@ -88,11 +89,18 @@ _JSON_COLUMNS = {
     "items", "source_evals", "spec", "verdicts", "adjustment", "counts", "assignment",
 }
 _BOOL_COLUMNS = {"served", "promoted"}
+# Columns that may hold paths into the lab (or text naming them): stored lab-relative, read at the lab's current
+# location (memory/place.py). Not tool_call.args (ids only, hashed as the caller passed them) nor eval rows (numbers
+# and per-item outcomes) nor session.lab (where the session ran: the location old records are read from).
+_PLACED_COLUMNS = {"config", "payload", "rationale", "result", "resources", "folder", "log_path", "failure_detail",
+                   "path", "recipe", "source_path"}
 _TABLE = re.compile(r"\bFROM\s+(\w+)", re.IGNORECASE)
 R = TypeVar("R", bound=BaseModel)
 
 
-def _decode(row: dict[str, Any], where: str) -> dict[str, Any]:
+def _decode(row: dict[str, Any], where: str, place: Place | None) -> dict[str, Any]:
+    """A stored row as a record's fields; `place`: paths into the lab resolved at its current location (None: as
+    stored, for the checks that hash what is stored)."""
     out = {}
     for key, value in row.items():
         if key in _JSON_COLUMNS and value is not None:
@@ -102,6 +110,8 @@ def _decode(row: dict[str, Any], where: str) -> dict[str, Any]:
                 raise NotebookError(f"{where} {_row_name(row)}: column {key} is not JSON ({err})") from None
         elif key in _BOOL_COLUMNS:
             value = bool(value)
+        if place is not None and key in _PLACED_COLUMNS:
+            value = place.resolved(value)
         out[key] = value
     return out
 
@@ -122,20 +132,40 @@ def _row_name(row: dict[str, Any]) -> str:
     return "row"
 
 
+def _in_memory(conn: sqlite3.Connection) -> sqlite3.Connection:
+    """A copy of `conn`'s database in memory, taken in one read transaction (the backup API copies every page in
+    one step); `conn` is closed."""
+    copy = sqlite3.connect(":memory:", isolation_level=None)
+    try:
+        conn.backup(copy, pages=-1)
+    finally:
+        conn.close()
+    return copy
+
+
 class Notebook:
     """Typed access to one lab notebook file. Open with `Notebook.open(path)`."""
 
-    def __init__(self, db: sqlite_utils.Database, path: Path, readonly: bool):
+    def __init__(self, db: sqlite_utils.Database, path: Path, readonly: bool, lab: Path | None = None):
         self.db = db
         self.path = path
         self.readonly = readonly
+        # The lab this notebook records (its directory, unless a scratch copy elsewhere says which): paths into it
+        # are stored lab-relative and read where it is now. The locations its sessions recorded are added on opening.
+        self.place = Place.of(lab if lab is not None else path.parent)
         self._depth = 0  # nesting of transaction(): 0 outside, 1 in the outer one, more in savepoints
 
     # ---- opening -------------------------------------------------------------------------------
 
     @classmethod
-    def open(cls, path: str | Path, *, readonly: bool = False) -> Notebook:
+    def open(cls, path: str | Path, *, readonly: bool = False, lab: Path | None = None,
+             snapshot: bool = False) -> Notebook:
         """Open (creating and migrating if needed) a notebook; `readonly` never creates or writes.
+
+        `lab`: the lab directory it records, when the file lies elsewhere (replay's scratch notebook); by default
+        its own directory. `snapshot` (read-only): read one consistent copy of the file, taken in one read
+        transaction through SQLite's backup API into memory, so that a reader that asks many questions (replay)
+        sees one state of a notebook another process is writing, not a mix of before and after its commits.
 
         A damaged file (not SQLite, truncated, empty, a directory, a damaged page, a table or column
         missing, a schema version this code never wrote, a session row that does not parse) raises
@@ -152,9 +182,11 @@ class Notebook:
             raise NotebookError(f"{path}: {problem}")
         try:
             conn = cls._connect(path, readonly)
+            if snapshot and readonly:
+                conn = _in_memory(conn)
         except (OSError, sqlite3.Error) as err:
             raise NotebookError(f"{path}: cannot open the notebook: {err}") from None
-        nb = cls(sqlite_utils.Database(conn), path, readonly)
+        nb = cls(sqlite_utils.Database(conn), path, readonly, lab)
         try:
             nb._prepare(existed)
         except (NotebookError, sqlite3.DatabaseError) as err:
@@ -190,6 +222,7 @@ class Notebook:
             self.db.execute("PRAGMA foreign_keys = ON")
             self._migrate()
         self._check_tables()
+        self.place = self.place.with_recorded(*(r[0] for r in self.db.execute("SELECT DISTINCT lab FROM session")))
         self.sessions()  # a session row that does not parse (its config not JSON) is named now, not mid-run
 
     def close(self) -> None:
@@ -291,8 +324,9 @@ class Notebook:
             self._depth -= 1
 
     def _insert(self, table: str, row: dict[str, Any]) -> int:
-        # Every row passes here (and _update): secrets the process holds never reach the file (core/redact.py).
-        row = redact_data(row)
+        # Every row passes here (and _update): secrets the process holds never reach the file (core/redact.py),
+        # and paths into the lab are stored lab-relative (memory/place.py).
+        row = self._stored(redact_data(row))
         row = {k: canonical_json(v) if k in _JSON_COLUMNS and v is not None else v for k, v in row.items()}
         cols = ", ".join(row)
         marks = ", ".join("?" for _ in row)
@@ -300,16 +334,21 @@ class Notebook:
         return cur.lastrowid
 
     def _update(self, table: str, where: str, params: list[Any], fields: dict[str, Any]) -> None:
-        fields = redact_data(fields)
+        fields = self._stored(redact_data(fields))
         fields = {k: canonical_json(v) if k in _JSON_COLUMNS and v is not None else v for k, v in fields.items()}
         sets = ", ".join(f"{k} = ?" for k in fields)
         self.db.execute(f"UPDATE {table} SET {sets} WHERE {where}", [*fields.values(), *params])
 
-    def _rows(self, sql: str, params: list[Any] | tuple[Any, ...] = ()) -> list[dict[str, Any]]:
+    def _stored(self, row: dict[str, Any]) -> dict[str, Any]:
+        return {k: self.place.stored(v) if k in _PLACED_COLUMNS else v for k, v in row.items()}
+
+    def _rows(self, sql: str, params: list[Any] | tuple[Any, ...] = (), *,
+              as_stored: bool = False) -> list[dict[str, Any]]:
         match = _TABLE.search(sql)
         table = match.group(1) if match else "row"
+        place = None if as_stored else self.place
         try:
-            return [_decode(r, f"{self.path}: {table}") for r in self.db.query(sql, params)]
+            return [_decode(r, f"{self.path}: {table}", place) for r in self.db.query(sql, params)]
         except sqlite3.DatabaseError as err:
             raise NotebookError(f"{self.path}: reading {table}: {err}") from None
 
@@ -317,11 +356,13 @@ class Notebook:
         rows = self._rows(sql, params)
         return rows[0] if rows else None
 
-    def _records(self, cls: type[R] | TypeAdapter[Any], sql: str, params: list[Any] | tuple[Any, ...] = ()) -> list[Any]:
-        """Rows of a query parsed into records; a row that does not fit its record is named."""
+    def _records(self, cls: type[R] | TypeAdapter[Any], sql: str, params: list[Any] | tuple[Any, ...] = (), *,
+                 as_stored: bool = False) -> list[Any]:
+        """Rows of a query parsed into records; a row that does not fit its record is named. `as_stored`: paths as
+        the row stores them (lab-relative), for checks of what the chain hashed."""
         validate = cls.validate_python if isinstance(cls, TypeAdapter) else cls.model_validate
         out = []
-        for row in self._rows(sql, params):
+        for row in self._rows(sql, params, as_stored=as_stored):
             try:
                 out.append(validate(row))
             except ValidationError as err:
@@ -344,8 +385,11 @@ class Notebook:
         """Create a session row and its opening decision, which carries the row's hash, in one transaction.
         `chat_template` is the chat format the session renders with; the decision says when it is the ChatML
         default (a tokenizer with no template of its own)."""
+        # Hashed as stored: its config's paths into the lab lab-relative, so the hashes hold wherever the lab moves.
+        self.place = self.place.with_recorded(lab)
         session = Session(name=name, lab=lab, budget_gpuh=budget_gpuh, reserve_gpuh=reserve_gpuh, planner=planner,
-                          executor=executor, config=config, status="open", started_at=now(), ended_at=None)
+                          executor=executor, config=self.place.stored(redact_data(config)), status="open",
+                          started_at=now(), ended_at=None)
         with self.transaction():
             if self._one("SELECT name FROM session WHERE name = ?", [name]):
                 raise NotebookError(f"session {name!r} already exists in {self.path}")
@@ -387,7 +431,8 @@ class Notebook:
     def _append_decision(self, session: str, kind: str, rationale: str, payload: dict[str, Any] | BaseModel) -> Decision:
         # Runs inside transaction(): the head is read under the write lock, so two writers cannot fork the chain.
         # Redacted before hashing: the chain covers what is stored, and a stored secret could never be removed.
-        body, rationale = redact_data(_payload_json(kind, payload)), redact(rationale)
+        # Paths into the lab are made lab-relative before hashing too: the hash covers the record as stored.
+        body, rationale = self.place.stored(redact_data(_payload_json(kind, payload))), self.place.stored(redact(rationale))
         head = self.db.execute("SELECT seq, hash FROM decision ORDER BY seq DESC LIMIT 1").fetchone()
         seq, prev = (head[0] + 1, head[1]) if head else (1, GENESIS)
         at = now()
@@ -396,7 +441,7 @@ class Notebook:
         row = {"seq": seq, "session": session, "at": at, "kind": kind, "rationale": rationale, "payload": body,
                "prev_hash": prev, "hash": digest}
         self._insert("decision", row)
-        return DECISION.validate_python(row)
+        return DECISION.validate_python(self.place.resolved(row))
 
     def _chain_evals(self, session: str, seq: int) -> list[tuple[int, str]]:
         """The session's eval rows not yet chained, marked as covered by decision `seq`: (id, digest) each."""
@@ -491,7 +536,9 @@ class Notebook:
         for seq, name, payload in self.db.execute("SELECT seq, session, payload FROM decision WHERE kind = 'open' "
                                                   "ORDER BY seq"):
             opens.setdefault(name, (seq, _json_object(payload)))
-        sessions = self.sessions()
+        # As stored: the open decision hashed the row as it was written (its paths lab-relative, or in an older
+        # notebook absolute at the location it was written in), not as read at the lab's current location.
+        sessions = self._records(Session, "SELECT * FROM session ORDER BY started_at", as_stored=True)
         for s in sessions:
             if s.name not in opens:
                 return f"session {s.name!r}: no open decision vouches for its row (added outside the notebook)"

@@ -18,6 +18,7 @@ import json
 import os
 import socket
 import sys
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -27,6 +28,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from core.display import shown
+from memory.place import LAB_MARK, rewrite, root_pattern
 
 LOCK_FILE = "lab.lock"
 
@@ -92,6 +94,24 @@ class LabPaths(BaseModel):
         names = {str(self.root), str(self.root.absolute()), str(self.root.resolve()), *recorded}
         return tuple(sorted((n for n in names if n), key=len, reverse=True))  # longest first: 'lab2' before 'lab'
 
+    def writer_holding(self) -> str | None:
+        """Who holds the lab's writer lock now ('pid 12 on host h (resume s1, since ...)'), None when nobody does.
+        Writes nothing: the lock file is opened read-only, never created, and probed with a shared flock that is
+        let go at once (a writer meeting the probe retries: `_acquire`)."""
+        try:
+            fd = os.open(self.lock, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except OSError:  # no lock file (nobody has written since a clean release), or not ours to open
+            return None
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return _holder(fd) or "another process"
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return None
+        finally:
+            os.close(fd)
+
     def inside(self, path: str | Path) -> bool:
         """Whether `path` (absolute, or relative to the lab) resolves inside the lab directory."""
         p = Path(path)
@@ -132,7 +152,7 @@ class LabPaths(BaseModel):
         while True:
             fd = os.open(self.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                _lock_or_wait_out_a_probe(fd)
             except BlockingIOError:
                 holder = _holder(fd) or "another process"
                 os.close(fd)
@@ -146,23 +166,25 @@ class LabPaths(BaseModel):
             os.close(fd)
 
 
-LAB_MARK = "<lab>"
-
-
 def portable(value: Any, roots: Sequence[str]) -> Any:
-    """`value` (JSON) with every path string inside one of `roots` rewritten relative to the lab ("<lab>/runs/x").
+    """`value` (JSON) with every path inside one of `roots` rewritten relative to the lab ("<lab>/runs/x"): the
+    notebook's own rule (memory/place.py), which stores records in this form.
 
     Job keys and the resume check compare this form, so neither depends on how the lab was spelled
     (relative or absolute, through a symbolic link) nor on where it lies (copied, moved)."""
-    if isinstance(value, dict):
-        return {k: portable(v, roots) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [portable(v, roots) for v in value]
-    if isinstance(value, str):
-        for root in roots:
-            if value == root or (value.startswith(root) and value[len(root):len(root) + 1] == "/" and root != "/"):
-                return LAB_MARK + value[len(root):]
-    return value
+    return rewrite(value, root_pattern(tuple(roots)), LAB_MARK)
+
+
+def _lock_or_wait_out_a_probe(fd: int) -> None:
+    """flock `fd` exclusively; BlockingIOError when another holds it. A reader's probe (`writer_holding`) holds a
+    shared lock for microseconds: a few short retries tell it from a writer, which holds the lock for a session."""
+    for _ in range(20):
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            time.sleep(0.01)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
 
 def _holder(fd: int) -> str | None:

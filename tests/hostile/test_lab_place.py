@@ -6,12 +6,16 @@ the lab path is spelled. The whole-session cases (a copied lab replays, a resume
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import shutil
 import signal
+import sqlite3
 import stat
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -19,6 +23,7 @@ from pydantic import BaseModel
 
 from core.util import file_sha256
 from memory.notebook import Notebook
+from memory.place import Place
 from tools.jobs.executor import ExecutorSection
 from tools.jobs.launcher import Launcher
 from tools.paths import LabLockError, LabPaths, portable
@@ -277,3 +282,123 @@ def test_portable_rewrites_only_paths_inside_the_lab():
              "e": "lab/runs"}
     assert portable(value, roots) == {"a": "<lab>/runs/x", "b": "/data/lab2/runs/x", "c": ["<lab>", "/data/labx"],
                                       "d": 3, "e": "lab/runs"}
+
+
+# ---- the notebook's paths are lab-relative (issue 43 item 6, issue 44 item 3) ------------------------
+
+
+def _recorded(lab: Path) -> None:
+    """A notebook in `lab` with a session whose config, artifact, job and decision name paths inside and outside the
+    lab (a team's base model elsewhere; another lab beside it)."""
+    with Notebook.open(lab / "notebook.db") as nb:
+        base = "/models/team-base"  # kept outside the lab, named by lab.toml: stays as written
+        nb.open_session("s1", lab=str(lab), budget_gpuh=1.0, reserve_gpuh=0.1, planner="playbook",
+                        executor="local", config={"lab": {"feedback": str(lab / "feedback.jsonl"), "base": base}})
+        nb.add_artifact(kind="checkpoint", name="sft-1", path=str(lab / "runs/s1/sft-1"), sha256="a" * 64, session="s1")
+        nb.add_artifact(kind="checkpoint", name="base", path=base, sha256="b" * 64, session="s1")
+        nb.add_artifact(kind="dataset", name="other", path=f"{lab}2/data/x.jsonl", sha256="c" * 64, session="s1")
+        nb.start_job("k1", session="s1", kind="sft", executor="local", forecast_gpuh=0.1, folder=str(lab / "jobs/k1-1"),
+                     resources={"args": {"output_dir": str(lab / "runs/s1/sft-1"), "model_path": base}})
+        nb.update_job("k1", 1, state="completed", log_path=str(lab / "jobs/k1-1/1_0_log.err"),
+                      result={"model_dir": str(lab / "runs/s1/sft-1/model")})
+        nb.record_decision("s1", "plan", f"bundle at {lab}/bundles/b1 checked", {"text": "x"})
+
+
+def _read(lab: Path) -> dict:
+    with Notebook.open(lab / "notebook.db", readonly=True) as nb:
+        assert nb.verify().ok, nb.verify().problem
+        job = nb.jobs()[0]
+        return {"config": nb.session("s1").config["lab"], "paths": [a.path for a in nb.artifacts()],
+                "folder": job.folder, "log": job.log_path, "args": job.resources["args"], "result": job.result,
+                "rationale": nb.decisions(kind="plan")[0].rationale}
+
+
+def _expected(lab: Path, old: Path) -> dict:
+    return {"config": {"feedback": str(lab / "feedback.jsonl"), "base": "/models/team-base"},
+            "paths": [str(lab / "runs/s1/sft-1"), "/models/team-base", f"{old}2/data/x.jsonl"],
+            "folder": str(lab / "jobs/k1-1"), "log": str(lab / "jobs/k1-1/1_0_log.err"),
+            "args": {"output_dir": str(lab / "runs/s1/sft-1"), "model_path": "/models/team-base"},
+            "result": {"model_dir": str(lab / "runs/s1/sft-1/model")}, "rationale": f"bundle at {lab}/bundles/b1 checked"}
+
+
+def _stored(db: Path, sql: str) -> list:
+    conn = sqlite3.connect(db)
+    try:
+        return [r[0] for r in conn.execute(sql)]
+    finally:
+        conn.close()
+
+
+def test_the_notebook_stores_paths_into_the_lab_relative_and_reads_them_where_the_lab_is(tmp_path):
+    old, new = tmp_path / "lab", tmp_path / "elsewhere" / "moved"
+    old.mkdir()
+    _recorded(old)
+    db = old / "notebook.db"
+    assert _stored(db, "SELECT path FROM artifact ORDER BY id") == ["<lab>/runs/s1/sft-1", "/models/team-base",
+                                                                   f"{old}2/data/x.jsonl"]
+    assert _stored(db, "SELECT folder FROM job") == ["<lab>/jobs/k1-1"]
+    assert not any(str(old) + "/" in text for text in _stored(db, "SELECT payload || rationale FROM decision")
+                   + _stored(db, "SELECT config FROM session") + _stored(db, "SELECT resources || result FROM job"))
+    assert _read(old) == _expected(old, old)
+    new.parent.mkdir()
+    shutil.move(old, new)  # the chain holds (it hashed the stored form), and every path is read at the new place
+    assert _read(new) == _expected(new, old)
+
+
+def test_an_old_notebook_of_absolute_paths_reads_them_at_the_labs_new_place(tmp_path, monkeypatch):
+    """Written before the rule: its paths point into the lab's recorded location. They are read at the lab's current
+    place even while the old one still exists (a copy must never read its original's files)."""
+    old, copy, moved = tmp_path / "lab", tmp_path / "copy", tmp_path / "moved"
+    old.mkdir()
+    with monkeypatch.context() as m:
+        m.setattr(Place, "stored", lambda self, value: value)  # written as before the rule: every path as given
+        _recorded(old)
+    assert _stored(old / "notebook.db", "SELECT folder FROM job") == [str(old / "jobs/k1-1")]
+    assert _read(old) == _expected(old, old)
+    shutil.copytree(old, copy)
+    assert _read(copy) == _expected(copy, old)
+    shutil.move(old, moved)
+    assert _read(moved) == _expected(moved, old)
+
+
+def test_a_snapshot_reads_one_state_of_a_notebook_being_written(tmp_path):
+    lab = tmp_path / "lab"
+    lab.mkdir()
+    _recorded(lab)
+    with Notebook.open(lab / "notebook.db") as writer, \
+            Notebook.open(lab / "notebook.db", readonly=True, snapshot=True) as snap, \
+            Notebook.open(lab / "notebook.db", readonly=True) as live:
+        writer.record_decision("s1", "plan", "later", {"text": "y"})
+        assert len(snap.decisions(kind="plan")) == 1 and snap.verify().ok
+        assert len(live.decisions(kind="plan")) == 2  # a plain reader sees the writer's commits as they land
+
+
+def test_replay_of_a_session_being_written_is_refused_naming_the_writer(held):
+    lab, proc = held
+    with Notebook.open(lab / "notebook.db") as nb:
+        nb.open_session("s1", lab=str(lab), budget_gpuh=1.0, reserve_gpuh=0.1, planner="playbook", executor="local",
+                        config={})
+    before = files(lab)
+    out = run_cli([["replay", "s1", "--lab", str(lab)]])[0]
+    assert_refused(out.returncode, out.stderr, "lab.lock", f"pid {proc.pid}", "run held-by-test", "being written")
+    assert files(lab) == before
+
+
+def test_probing_the_lock_writes_nothing_and_never_refuses_a_writer(tmp_path):
+    lab = tmp_path / "lab"
+    lab.mkdir()
+    paths = LabPaths(root=lab)
+    assert paths.writer_holding() is None and not paths.lock.exists()  # no lock file is created by asking
+    proc = _holder(lab)
+    try:
+        assert f"pid {proc.pid}" in paths.writer_holding()
+    finally:
+        proc.kill()
+        proc.wait()
+    assert paths.writer_holding() is None  # a killed holder's stale note holds nothing
+    # A probe's shared lock, held for a moment, is waited out by a writer, not taken for a session holding the lab.
+    fd = os.open(paths.lock, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    threading.Timer(0.05, os.close, [fd]).start()
+    with paths.writer("run s2"):
+        pass
