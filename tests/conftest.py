@@ -48,7 +48,8 @@ OWN_WORLD_FILES = {"tests/world/test_recipes.py": "recipes", "tests/world/test_t
 # together. The three shared units lead; the files after them took 40-130 s each in a clean-clone run at
 # load 4-8 (tests ran in collection order before, and test_distributed.py's ~110 s came last). A unit not
 # named here keeps its collection order after these.
-HEAVY_FIRST = ("finished", "slurm", "toy_world", "recipes", "variants", "template", "tests/trainers/test_distributed.py", "tests/test_bench_scaling.py",
+HEAVY_FIRST = ("finished", "slurm", "toy_world", "recipes", "variants", "template", "tests/ownlab/test_own_recipes.py",
+               "tests/ownlab/test_own_lab.py", "tests/trainers/test_distributed.py", "tests/test_bench_scaling.py",
                "tests/tools/test_bundle.py", "tests/tools/test_launcher.py", "tests/test_entry_points.py",
                "tests/agent/test_failures_session.py", "tests/tools/test_launcher_attach.py", "tests/test_pipeline.py",
                "tests/tools/test_builders.py", "tests/agent/test_llm_planner.py")
