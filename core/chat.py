@@ -306,7 +306,7 @@ def _jinja_literal(text: str) -> str:
 _GENERATION_MARKER = re.compile(r"{%([-+]?)\s*(end)?generation\s*([-+]?)%}")
 
 
-def _without_generation_markers(template: str) -> str:
+def without_generation_markers(template: str) -> str:
     return _GENERATION_MARKER.sub(lambda m: "{%" + m[1] + (" endif " if m[2] else " if true ") + m[3] + "%}", template)
 
 
@@ -336,7 +336,7 @@ def wrap_template(template: str, system_prompt: str | None, system_turns: str) -
 def serving_template(tokenizer: PreTrainedTokenizerBase, system_prompt: str | None) -> str:
     """The template a bundle ships: renders exactly what `render_text(tokenizer, ..., system_prompt)` does."""
     fmt = chat_format(tokenizer)
-    return wrap_template(_without_generation_markers(fmt.template), system_prompt, fmt.system_turns)
+    return wrap_template(without_generation_markers(fmt.template), system_prompt, fmt.system_turns)
 
 
 def chat_template(system_prompt: str | None = None) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import stat
 import time
@@ -32,6 +33,8 @@ from evals.records import record_result
 from evals.types import Item
 from memory.notebook import Notebook
 from memory.report import write_report
+from tests.hostile.bundle_kit import edit_json, reseal
+from tools.nomination import card
 from tools.nomination.bundle import ServingConfig, write_bundle
 from tools.nomination.check_bundle import (
     _parse,
@@ -43,6 +46,7 @@ from tools.nomination.check_bundle import (
 )
 from trainers import merge, sft
 from trainers.common import LoRASettings, weights_sha256
+from trainers.dpo import DPOConfig
 
 pytestmark = pytest.mark.slow
 
@@ -248,3 +252,43 @@ def test_generation_config_keeps_the_models_own_end_of_text(lab, checked):
     serving = ServingConfig.model_validate_json((lab.bundle / "serving_config.json").read_text())
     assert list(serving.decoding.stop_token_ids) == [eot] and serving.model_stop_token_ids == [end_of_text]
     assert checked["generation_config"].status == "passed" and checked["stop_ids"].status == "passed"
+
+
+def test_a_template_only_python_jinja_reads_is_refused_by_the_minijinja_check(lab, tmp_path):
+    """The escapes bundles used to ship: Jinja2 renders them, so template_matches_renderer passes; minijinja leaves
+    \\U0000002e as text, and only template_minijinja catches it."""
+    copy = Path(shutil.copytree(lab.bundle, tmp_path / "b"))
+    template = (copy / "chat_template.jinja").read_text()
+    python_only = re.sub(r"\\u([0-9a-f]{4})", lambda m: f"\\U0000{m[1]}", template)
+    assert python_only != template
+    (copy / "chat_template.jinja").write_text(python_only)
+    edit_json(copy / "tokenizer_config.json", lambda c: c.update(chat_template=python_only))
+    reseal(copy)
+    _, b = _parse(copy)
+    results = {r.name: r for r in template_checks(b)}
+    assert results["template_matches_renderer"].status == "passed"
+    [message] = results["template_minijinja"].messages
+    assert results["template_minijinja"].status == "failed" and "in minijinja" in message and "\\U0000" in message
+
+
+def test_a_generation_config_that_drops_the_models_own_stop_id_is_refused(lab, tmp_path):
+    copy = Path(shutil.copytree(lab.bundle, tmp_path / "b"))
+    edit_json(copy / "generation_config.json", lambda g: g.update(eos_token_id=g["eos_token_id"][:1]))
+    reseal(copy)
+    _, b = _parse(copy)
+    problems = check_generation_config(b)
+    assert any("eos_token_id" in p and "the model's own stop ids" in p for p in problems)
+    assert any("config.json names stop ids" in p for p in problems)
+
+
+def test_the_recipe_of_a_dpo_arm_names_beta_and_the_nll_weight(lab, tmp_path):
+    """A DPO job as the launcher records it (its config's JSON under resources.args): the card states its objective."""
+    cfg = DPOConfig(model_path=lab.root / "models" / "parent-chat", data_path=lab.root / "data" / "rows.jsonl",
+                    output_dir=tmp_path / "dpo", beta=0.25, nll_weight=0.5, lr=5e-6, steps=30, batch_size=16,
+                    micro_batch_size=4)
+    job = lab.nb.start_job("dpo-arm", session=SESSION, kind="dpo", executor="local",
+                           resources={"args": json.loads(cfg.model_dump_json())}, forecast_gpuh=0.01)
+    said = card._training_recipe(job, job.resources["args"])
+    assert said.startswith("full fine-tuning (every weight trained); peak learning rate 5e-06<!--")
+    assert f"DPO beta 0.25<!-- nb job:{job.id} resources.args.beta -->" in said
+    assert f"NLL weight 0.5<!-- nb job:{job.id} resources.args.nll_weight -->" in said

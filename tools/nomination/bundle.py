@@ -451,10 +451,10 @@ def _write_tokenizer(src: Path, out: Path, system_prompt: str | None) -> int | N
     return tokenizer.pad_token_id
 
 
-def model_stop_ids(config_dir: Path) -> list[int]:
-    """Every `eos_token_id` the model's own generation_config.json and config.json name (an id or a list), in order."""
+def model_stop_ids(config_dir: Path, files: tuple[str, ...] = ("generation_config.json", "config.json")) -> list[int]:
+    """Every `eos_token_id` the model's own `files` name (an id or a list), in order."""
     found: list[int] = []
-    for name in ("generation_config.json", "config.json"):
+    for name in files:
         path = config_dir / name
         if not path.is_file():
             continue

@@ -44,6 +44,7 @@ What the card reads, and where from:
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
@@ -212,9 +213,10 @@ class LabNames:
         return Path(text).name if text.startswith("/") else text
 
     def text(self, text: str) -> str:
-        """Free text (a failure detail, a refusal reason) with every spelling of the lab root taken out."""
+        """Free text (a failure detail, a refusal reason) with every spelling of the lab root taken out (where it
+        ends a path component: `/labs/a` is not taken out of `/labs/ab`)."""
         for root in self.roots:
-            text = text.replace(root + "/", "").replace(root, ".")
+            text = re.sub(re.escape(root) + r"(/|(?![\w-]|\.\w))", lambda m: "" if m[1] else ".", text)
         return text
 
 

@@ -362,9 +362,13 @@ def check_generation_config(b: _Bundle) -> list[str]:
     problems = [f"generation_config.json {k} is {got[k]!r}; expected {v!r} (the served decoding"
                 + (", then the model's own stop ids)" if k == "eos_token_id" else ")")
                 for k, v in want.items() if got[k] != v]
+    # The model's own stop ids a server must stop on too: its config.json's (a full bundle's own generation config is
+    # the one checked here; an adapter's base has its own).
     base = b.serving.weights.base
-    config_dir = b.path if base is None else Path(base.path)
-    dropped = [i for i in model_stop_ids(config_dir) if i not in want["eos_token_id"]] if (config_dir / "config.json").is_file() else []
+    own = (model_stop_ids(b.path, ("config.json",)) if base is None else
+           model_stop_ids(Path(base.path)) if (Path(base.path) / "config.json").is_file() else [])
+    listed = got["eos_token_id"] if isinstance(got["eos_token_id"], list) else []
+    dropped = [i for i in own if i not in listed]
     if dropped:  # Llama-3 Instruct ends some answers with <|end_of_text|>, not <|eot_id|>: a server must stop on both
         problems.append(f"the model's own config.json names stop ids {dropped} that generation_config.json does not "
                         "stop on; expected every eos_token_id of the model's config among the stop ids")
