@@ -48,16 +48,21 @@ def root_pattern(roots: tuple[str, ...]) -> re.Pattern[str] | None:
     return re.compile("|".join(alternatives))
 
 
-def rewrite(value: Any, pattern: re.Pattern[str] | None, by: str) -> Any:
-    """`value` (JSON: dicts, lists, strings) with every match of `pattern` in its strings replaced by `by`."""
+def rewrite(value: Any, pattern: re.Pattern[str] | None, by: str, needles: tuple[str, ...] = ()) -> Any:
+    """`value` (JSON: dicts, lists, strings) with every match of `pattern` in its strings replaced by `by`.
+    `needles`: strings one of which any match contains (the roots): a string holding none is passed over without
+    running the pattern (a notebook's reads go through here)."""
     if pattern is None:
         return value
     if isinstance(value, str):
-        return pattern.sub(lambda _: by, value) if value else value
+        for needle in needles or (value,):
+            if needle in value:
+                return pattern.sub(lambda _: by, value)
+        return value
     if isinstance(value, dict):
-        return {k: rewrite(v, pattern, by) for k, v in value.items()}
+        return {k: rewrite(v, pattern, by, needles) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [rewrite(v, pattern, by) for v in value]
+        return [rewrite(v, pattern, by, needles) for v in value]
     return value
 
 
@@ -78,10 +83,18 @@ class Place:
     def with_recorded(self, *recorded: str) -> Place:
         return Place(root=self.root, spellings=tuple(sorted({*self.spellings, *(r for r in recorded if r.rstrip("/"))})))
 
+    @functools.cached_property
+    def _to_mark(self) -> re.Pattern[str] | None:
+        return root_pattern(self.spellings)
+
+    @functools.cached_property
+    def _to_root(self) -> re.Pattern[str] | None:
+        return root_pattern((LAB_MARK, *self.spellings))
+
     def stored(self, value: Any) -> Any:
         """What the notebook stores: every path into the lab, under any of its spellings, as `<lab>/...`."""
-        return rewrite(value, root_pattern(self.spellings), LAB_MARK)
+        return rewrite(value, self._to_mark, LAB_MARK, self.spellings)
 
     def resolved(self, value: Any) -> Any:
         """What a reader gets: `<lab>/...` and paths into a recorded location of the lab, at the lab's current root."""
-        return rewrite(value, root_pattern((LAB_MARK, *self.spellings)), self.root)
+        return rewrite(value, self._to_root, self.root, (LAB_MARK, *self.spellings))

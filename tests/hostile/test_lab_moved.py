@@ -1,8 +1,9 @@
 """A lab is a place of its own (issue 43 item 6, issue 44 item 3), one session on a small lab:
 
 1. `run s1` in `first/lab`; its agent is SIGKILLed while the first training job runs; that job finishes on its own;
-2. the lab is moved (shutil.move: `first/` is gone) and s1 is resumed at the new place; while the resume writes,
-   a replay of s1 is refused naming the writer (not "decisions differ" against a record still being written);
+2. the lab is moved (shutil.move: `first/` is gone) and s1 is resumed at the new place; while the resume holds the
+   lab (stopped mid-job), a replay of s1 is refused naming the writer (not "decisions differ" against a record
+   still being written);
 3. the resume completes; the notebook holds no path of the old place (only the session's recorded `lab`);
 4. the moved lab replays exactly; so does a copy of it, with the moved one deleted (the tests run as root, whom
    chmod 000 does not stop).
@@ -108,7 +109,13 @@ def moved(tmp_path_factory: pytest.TempPathFactory) -> Moved:
     try:
         _wait("a job of the resume", resume, root / "resume.log",
               lambda: len(_jobs(lab)) > known and any(j.state in ("pending", "running") for j in _jobs(lab)))
-        during = _replay(lab)
+        # Stopped, the resume still holds the lab and its session stays open while the replay starts (on a loaded
+        # machine it could otherwise finish the session first).
+        os.kill(resume.pid, signal.SIGSTOP)
+        try:
+            during = _replay(lab)
+        finally:
+            os.kill(resume.pid, signal.SIGCONT)
     finally:
         resume.wait(timeout=DEADLINE_S)
     resumed = (resume.returncode, (root / "resume.log").read_text())
