@@ -191,7 +191,7 @@ def same_lab(saved: dict[str, Any], recorded_lab: str, config: LabConfig, paths:
     """Whether the lab config a session recorded (`saved`, with its lab root `recorded_lab`) is the lab's
     config now, paths inside the lab compared lab-relative: the same lab reached by another spelling,
     from another directory, copied or moved, is the same lab."""
-    before = portable(saved, LabPaths(root=Path(recorded_lab)).spellings(recorded_lab))
+    before = portable(saved, paths.spellings(recorded_lab))  # read from the notebook at the lab's current place
     now = portable(config.model_dump(mode="json"), paths.spellings(recorded_lab))
     return sha256_text(canonical_json(before)) == sha256_text(canonical_json(now))
 
