@@ -13,6 +13,8 @@
     python run_agent.py check-bundle DIR [--lab DIR]     check a serving bundle (template, reload, consistency)
     python run_agent.py report [--lab DIR] [--session S] [-o FILE]
                                                         one self-contained HTML report of a session (DIR/report.html)
+    python run_agent.py close SESSION --why "..." [--lab DIR]
+                                                        end a stuck session: its open jobs cancelled, why recorded
 
 Exit status: 0 on success, 1 when a check fails (verify, check-bundle), 2 on bad input (flags, lab.toml, files);
 bad input writes nothing.
@@ -46,9 +48,13 @@ class UsageError(Exception):
 # ---- run (default) -------------------------------------------------------------------------------
 
 
+DEFAULT_LAB = Path("lab")
+
+
 def add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--budget", required=True, help="GPU budget: 60gpuh, 0.5gpuh (GPU-hours) or 90gpum (GPU-minutes)")
-    p.add_argument("--lab", type=Path, default=Path("lab"), help="lab directory (holds lab.toml and notebook.db)")
+    p.add_argument("--lab", type=Path, help="lab directory (holds lab.toml and notebook.db); default ./lab, where the "
+                   "toy world is built when it holds no lab.toml")
     p.add_argument("--session", help="session name (default: s-<UTC timestamp>)")
     p.add_argument("--planner", choices=["playbook", "openai"], help="override [planner] kind of lab.toml")
     p.add_argument("--executor", choices=["local", "slurm"], help="override [executor] kind of lab.toml")
@@ -62,6 +68,7 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    named_lab, args.lab = args.lab is not None, args.lab or DEFAULT_LAB
     budget = parse_budget(args.budget)
     session = args.session or datetime.now(UTC).strftime("s-%Y%m%d-%H%M%S")
     if not SESSION_NAME_RE.fullmatch(session):  # fullmatch: `$` would let a trailing newline through
@@ -78,7 +85,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if config is not None:  # every input file is read before any notebook row is written (issue 10, item 3)
         from agent.inputs import feedback_notes, require_inputs
 
-        require_inputs(config, args.lab / LAB_FILE)
+        require_inputs(config, args.lab / LAB_FILE, os.environ, planner, executor)
         for note in feedback_notes(config):
             print(note)
     path = args.lab / NOTEBOOK_FILE
@@ -87,6 +94,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     from agent.runner import start
     from tools.paths import LabPaths
 
+    if config is None and named_lab and not args.lab.is_dir():
+        # A mistyped --lab is not a request for the toy world: that is built without --lab (in ./lab) or by
+        # `world build --lab DIR`. A directory with files but no lab.toml is refused by check_build below.
+        raise UsageError(f"--lab {args.lab}: no such directory; a lab is a directory holding {LAB_FILE} (to build the "
+                         f"toy world there, run `run_agent.py world build --lab {args.lab}` first; without --lab the "
+                         "toy world is built in ./lab)")
     if config is None:
         from tools.world.build import WorldError, build, check_build
 
@@ -124,6 +137,35 @@ def cmd_resume(args: argparse.Namespace) -> int:
         raise UsageError(f"{path}: {problem}")
     with LabPaths(root=args.lab).writer(f"resume {args.session}"):
         return resume(args.lab, args.session, args.quiet)
+
+
+WHY_LIMIT = 500  # characters of a closing reason: one line a reviewer reads
+
+
+def add_close_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("session", help="the open session to end (stuck: a job pending forever, a lab that changed)")
+    p.add_argument("--lab", type=Path, default=Path("lab"), help="lab directory (holds lab.toml and notebook.db)")
+    p.add_argument("--why", required=True, help="why it is closed: recorded in its stop decision")
+
+
+def cmd_close(args: argparse.Namespace) -> int:
+    from agent.closing import close
+    from tools.paths import LabPaths
+
+    why = " ".join(args.why.split())
+    if not why or len(why) > WHY_LIMIT:
+        raise UsageError(f"--why: say why the session is closed, in 1-{WHY_LIMIT} characters")
+    path = args.lab / NOTEBOOK_FILE
+    if not path.exists():  # before the lock, which would create the lab directory
+        raise UsageError(f"{path}: no notebook here (pass --lab DIR)")
+    from memory.schema import file_problem
+
+    problem = file_problem(path)
+    if problem:
+        raise UsageError(f"{path}: {problem}")
+    # The writer lock: the session's own agent must be stopped first (it would go on submitting).
+    with LabPaths(root=args.lab).writer(f"close {args.session}"):
+        return close(args.lab, args.session, why)
 
 
 def add_replay_args(p: argparse.ArgumentParser) -> None:
@@ -274,6 +316,7 @@ SUBCOMMANDS = {
     "check-bundle": (add_check_bundle_args, cmd_check_bundle, "check a serving bundle (template, reload, consistency)"),
     "world": (add_world_args, cmd_world, "build the toy world, or measure a checkpoint's ground truth in it"),
     "resume": (add_resume_args, cmd_resume, "continue a session that died, launching nothing twice"),
+    "close": (add_close_args, cmd_close, "end a stuck session: cancel its open jobs, record why (a stop decision)"),
     "replay": (add_replay_args, cmd_replay, "re-derive a session's decisions from the notebook (no jobs, no writes)"),
     "report": (add_report_args, cmd_report, "write one self-contained HTML report of a session, read from the notebook"),
 }

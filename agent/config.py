@@ -364,6 +364,9 @@ class JudgeSection(EndpointSection):
                          "timeout, HTTP 429 or 5xx (exponential backoff with jitter; Retry-After honoured).")
     max_error_share: float = Field(0.05, ge=0, le=1, description="openai: share of a suite's items whose judgment may "
                                    "fail after its retries (recorded as failed, not scored); above it the eval job fails.")
+    max_unparsed_share: float = Field(0.05, ge=0, le=1, description="openai: share of a suite's items whose judge "
+                                      "replies do not parse into a verdict (recorded as unparsed, not scored); above "
+                                      "it the eval job fails, with the reason in its recorded failure.")
 
     @model_validator(mode="after")
     def _kind_needs_its_fields(self) -> JudgeSection:

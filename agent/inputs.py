@@ -14,12 +14,13 @@ the files themselves, all of them, and collects every problem before `run` write
 
     problems = check_inputs(load_lab_config(lab_dir))     # [] when the session may open
     require_inputs(cfg, lab_dir / "lab.toml")              # LabConfigError listing them all
+    require_inputs(cfg, lab_file, os.environ, planner)     # and the API key variables and the pad token
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -139,9 +140,58 @@ def _counter(tokenizer_file: Path, context: int) -> Callable[[list[str]], int]:
     return count
 
 
-def require_inputs(cfg: LabConfig, lab_file: Path) -> None:
-    """LabConfigError (exit 2 at the CLI) listing every input problem; nothing has been written yet."""
+def runtime_problems(cfg: LabConfig, env: Mapping[str, str], planner: str, executor: str = "local") -> list[str]:
+    """What a session would otherwise find only at its first job (issue 43, items 4 and 7): an API key variable the
+    lab names for an endpoint it uses that is unset or empty (the judge's; the planner's when `planner` is openai),
+    a tokenizer without a pad token, and, on Slurm (`executor`), job resources no node of the partition has (such
+    a job would pend forever).
+
+    A tokenizer without one is refused, not patched (Meta's Llama-3 tokenizers ship so): generation pads prompts on
+    the left and the trainers pad batches, and the usual patch, the end-of-sequence token as pad, makes padding and
+    the answer's end the same id, so anything that masks padding by id masks the stop the model must learn, and a
+    bundle saved with it ships a pad the model was not trained with. The team chooses a token the model never
+    emits (Llama-3.1 reserves `<|finetune_right_pad_id|>`) and names it as `pad_token` in tokenizer_config.json."""
+    problems = []
+    endpoints = [("judge", cfg.judge.api_key_env, cfg.judge.kind == "openai"),
+                 ("planner", cfg.planner.api_key_env, planner == "openai")]
+    for section, name, used in endpoints:
+        if used and not env.get(name):
+            problems.append(f"[{section}] api_key_env: the environment variable {name} is not set (or empty); "
+                            f"the {section} endpoint's API key is read from it: export {name}=...")
+    tokenizer_dir = cfg.model.tokenizer or cfg.model.parent or cfg.model.base
+    pad = _pad_token(tokenizer_dir)
+    if pad is not None:
+        problems.append(pad)
+    if executor == "slurm" and cfg.executor.slurm is not None:
+        from tools.jobs.launcher import slurm_problems  # here: `check-feedback` imports this module, fast
+
+        problems += slurm_problems(cfg.executor.model_copy(update={"kind": "slurm"}))
+    return problems
+
+
+def _pad_token(tokenizer_dir: Path) -> str | None:
+    """The problem of a tokenizer with no pad token, or None (a tokenizer that does not load is refused later, by
+    agent/runner.py chat_template_ref, with its own message)."""
+    from core import loading  # transformers: only `run` of a configured lab needs it
+
+    try:
+        tokenizer = loading.load_tokenizer(tokenizer_dir)
+    except (OSError, ValueError):
+        return None
+    if tokenizer.pad_token_id is not None:
+        return None
+    return (f"[model] tokenizer {tokenizer_dir}: the tokenizer has no pad token (generation and training pad with it); "
+            "set `pad_token` in its tokenizer_config.json to a token the model never emits (Llama-3.1: "
+            "<|finetune_right_pad_id|>), not the end-of-sequence token")
+
+
+def require_inputs(cfg: LabConfig, lab_file: Path, env: Mapping[str, str] | None = None,
+                   planner: str = "playbook", executor: str = "local") -> None:
+    """LabConfigError (exit 2 at the CLI) listing every input problem; nothing has been written yet. With `env`
+    (the process's environment), also what the session's first jobs need of it and of the tokenizer."""
     problems = check_inputs(cfg)
+    if env is not None and not problems:  # the tokenizer is loaded only for a lab whose files check out
+        problems = runtime_problems(cfg, env, planner, executor)
     if problems:
         body = "\n".join("  " + p.replace("\n", "\n  ") for p in problems)
         raise LabConfigError(f"{lab_file}: {len(problems)} input file(s) do not check out; no session was opened:\n{body}")

@@ -22,10 +22,11 @@ from agent.live import reporter
 from agent.planners import Planner, recipes
 from agent.planners.playbook import Playbook, PlaybookSettings
 from core import redact as redaction
-from core.util import canonical_json, sha256_text
+from core.util import sha256_text
 from evals.job import CallableJudgeSpec, OpenAIJudgeSpec
 from evals.judge import JudgePolicy
 from memory.notebook import ChatTemplateRef, Notebook, NotebookError
+from memory.records import ReconfigurePayload
 from memory.skips import skipped_steps
 from tools.context import LabSpec, LabSuite, LabTruth, ToolContext
 from tools.data.datasets import ReplaySource, VerifiedSource
@@ -62,7 +63,8 @@ def _judge(config: LabConfig) -> OpenAIJudgeSpec | CallableJudgeSpec | None:
     if j.kind == "openai":
         return OpenAIJudgeSpec(kind="openai", base_url=j.base_url, model=j.model, api_key_env=j.api_key_env,
                                policy=JudgePolicy(concurrency=j.concurrency, retries=j.retries,
-                                                  max_error_share=j.max_error_share))
+                                                  max_error_share=j.max_error_share,
+                                                  max_unparsed_share=j.max_unparsed_share))
     return None  # a reward model scores the judge suites as reward_proxy suites instead (lab_spec)
 
 
@@ -187,13 +189,44 @@ def _finish(rt: Runtime) -> int:
     return 0 if s.status == "done" else 1
 
 
-def same_lab(saved: dict[str, Any], recorded_lab: str, config: LabConfig, paths: LabPaths) -> bool:
-    """Whether the lab config a session recorded (`saved`, with its lab root `recorded_lab`) is the lab's
-    config now, paths inside the lab compared lab-relative: the same lab reached by another spelling,
-    from another directory, copied or moved, is the same lab."""
+# The one lab.toml section a resume may change: where and how jobs run (a partition that cannot hold them, a time
+# limit), never what the session measures, trains on or decides by.
+RESUMABLE_CHANGES = frozenset({"executor"})
+
+
+def lab_changes(saved: dict[str, Any], recorded_lab: str, config: LabConfig, paths: LabPaths) -> dict[str, Any]:
+    """The top-level lab.toml sections whose settings differ from those a session recorded (`saved`, with its lab
+    root `recorded_lab`), paths inside the lab compared lab-relative: the same lab reached by another spelling, from
+    another directory, copied or moved, has no changes. {section: its settings now}."""
     before = portable(saved, paths.spellings(recorded_lab))  # read from the notebook at the lab's current place
     now = portable(config.model_dump(mode="json"), paths.spellings(recorded_lab))
-    return sha256_text(canonical_json(before)) == sha256_text(canonical_json(now))
+    return {k: now.get(k) for k in sorted(before.keys() | now.keys()) if before.get(k) != now.get(k)}
+
+
+def accept_lab_changes(nb: Notebook, session: str, config: LabConfig, paths: LabPaths) -> None:
+    """What a resume accepts of a lab.toml edited since the session started: [executor] changes (a partition that
+    could not hold its jobs, a time limit), recorded as a `reconfigure` decision; anything else is SessionError,
+    since the session's measurements, bars and data would no longer be the ones it decided by."""
+    s = nb.session(session)
+    changed = lab_changes(s.config["lab"], s.lab, config, paths)
+    if set(changed) - RESUMABLE_CHANGES:
+        raise SessionError(f"{paths.root}/lab.toml changed since session {session} started (" + ", ".join(
+            f"[{k}]" for k in changed) + "); resume accepts changes to [executor] only: restore the rest")
+    if changed:
+        record_reconfigure(nb, session, s.config["lab"], changed)
+
+
+def record_reconfigure(nb: Notebook, session: str, saved: dict[str, Any], changed: dict[str, Any]) -> None:
+    """A resume on changed [executor] settings is a decision, once per change: before (as the session last ran),
+    after (from now on)."""
+    for section, after in changed.items():
+        earlier = [d for d in nb.decisions(session, kind="reconfigure") if d.payload.section == section]
+        before = earlier[-1].payload.after if earlier else saved.get(section) or {}
+        if before != after:
+            nb.record_decision(session, "reconfigure", f"resumed with changed [{section}] settings: "
+                               + ", ".join(sorted(k for k in after.keys() | before.keys()
+                                                  if after.get(k) != before.get(k))),
+                               ReconfigurePayload(section=section, before=before, after=after))
 
 
 def snapshot(config: LabConfig, protocol: str, settings: PlaybookSettings) -> dict[str, Any]:
@@ -263,8 +296,7 @@ def resume(lab_dir: Path, session: str, quiet: bool) -> int:
         if s.status != "open":
             raise SessionError(f"session {session} already ended ({s.status}); nothing to resume")
         saved = s.config
-        if not same_lab(saved["lab"], s.lab, config, paths):
-            raise SessionError(f"{lab_dir}/lab.toml changed since session {session} started; resume needs the same lab")
+        accept_lab_changes(nb, session, config, paths)
         settings = PlaybookSettings.recorded(saved["playbook"], session)
         section = config.executor.model_copy(update={"kind": s.executor})
         rt = _runtime(nb, session, lab_dir, config, section, settings, s.planner, quiet)

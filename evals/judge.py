@@ -12,8 +12,9 @@ Throughput and failures: the judgments of a suite are sent concurrently, at most
 time; a transient endpoint failure (connection error, timeout, HTTP 429 or 5xx) is retried with exponential backoff
 and jitter (a 429's Retry-After is honoured), up to `retries` times. A judgment that still fails is recorded as
 failed (its error's class and status, never the endpoint's text), and its item's outcome is `failed`, with no
-score: never a silent tie. A suite whose share of failed items exceeds `max_error_share` fails the job
-(JudgeFailed), after the judgments are persisted.
+score: never a silent tie. A suite whose share of failed items exceeds `max_error_share`, or whose share of
+unparsed items exceeds `max_unparsed_share` (5% by default), fails the job (JudgeFailed, its message recorded with
+the job's failure), after the judgments are persisted.
 
 Battle text is data: the prompt fences each text between markers carrying a fresh random nonce,
 so a text cannot close its own fence, and the judge is told never to follow instructions inside.
@@ -145,6 +146,11 @@ class BlindJudgment(BaseModel):
                           exclude_if=lambda v: v == 1)
 
 
+# The default share of unparseable judge replies a suite tolerates: a judge that misses the format more often is
+# measuring something else (a wrong model name, a prompt it cannot follow), and the items it drops are not random.
+UNPARSED_SHARE = 0.05
+
+
 class JudgePolicy(BaseModel):
     """How a suite's judgments are sent: concurrency, retries with backoff, and the failure share a job tolerates."""
 
@@ -159,6 +165,12 @@ class JudgePolicy(BaseModel):
     max_backoff_s: float = Field(60.0, ge=0, description="The longest wait between two tries.")
     max_error_share: float = Field(0.05, ge=0, le=1, description="Share of a suite's items whose judgment may fail "
                                    "(recorded as failed, with no score); above it the eval job fails.")
+    # Left out of a dump at its default, so that the judge specs (and the eval jobs' keys) of sessions recorded
+    # before it existed are unchanged.
+    max_unparsed_share: float = Field(UNPARSED_SHARE, ge=0, le=1, exclude_if=lambda v: v == UNPARSED_SHARE,
+                                      description="Share of a suite's items whose judge replies may not parse (recorded "
+                                      "as unparsed, with no score); above it the eval job fails, as a judge that "
+                                      "cannot follow the reply format is no measurement.")
 
 
 class JudgeFailed(RuntimeError):
@@ -289,6 +301,13 @@ def score(items: list[Item], candidate: list[Completion], incumbent: list[Comple
         raise JudgeFailed(f"judge: {failed} of {len(items)} items failed after retries ({failed / len(items):.0%}), "
                           f"over the tolerated {policy.max_error_share:.0%}; the judgments are kept in "
                           f"{judgments_path.name}")
+    unparsed = len({j.item_id for j in judgments if j.error is None and j.verdict is None} - {
+        j.item_id for j in judgments if j.error is not None})
+    if unparsed > policy.max_unparsed_share * len(items):
+        raise JudgeFailed(f"judge: {unparsed} of {len(items)} items got replies that do not end in one "
+                          f"'VERDICT: A|B|TIE|BOTH_BAD' line ({unparsed / len(items):.0%}), over the tolerated "
+                          f"{policy.max_unparsed_share:.0%} ([judge] max_unparsed_share); no score is kept; the "
+                          f"judgments are kept in {judgments_path.name}")
     record = JudgeRecord(
         seed=seed, key_sha256=hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest(),
         judgments_path=str(judgments_path), judgments_sha256=hashlib.sha256(judgments_path.read_bytes()).hexdigest(),

@@ -773,10 +773,14 @@ class Notebook:
             })
             return self._record(FeedbackSplit, "SELECT * FROM feedback_split WHERE id = ?", [rowid])
 
-    def latest_split(self, source_sha256: str | None = None) -> FeedbackSplit | None:
-        sql, params = "SELECT * FROM feedback_split", []
+    def latest_split(self, source_sha256: str | None = None, before_session: str | None = None) -> FeedbackSplit | None:
+        """The latest split (of that source); with `before_session`, the latest one that session did not make."""
+        where, params = [], []
         if source_sha256 is not None:
-            sql, params = sql + " WHERE source_sha256 = ?", [source_sha256]
+            where, params = [*where, "source_sha256 = ?"], [*params, source_sha256]
+        if before_session is not None:
+            where, params = [*where, "session IS NOT ?"], [*params, before_session]
+        sql = "SELECT * FROM feedback_split" + (" WHERE " + " AND ".join(where) if where else "")
         return self._record(FeedbackSplit, sql + " ORDER BY id DESC LIMIT 1", params)
 
 

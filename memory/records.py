@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 DecisionKind = Literal[
     "open", "plan", "launch", "refuse", "compare", "promote", "reject", "calibrate",
     "register_bars", "ingest", "build", "evaluate", "confirm", "fail", "nominate", "truth", "stop",
+    "wait", "reconfigure",
 ]
 JobState = Literal["pending", "running", "completed", "failed"]
 # The launcher's failure classes (tools/jobs/failures.py keeps the same list; a test holds them equal:
@@ -216,6 +217,17 @@ class FailPayload(_Payload):
     attempt: int = Field(description="Attempt that failed.")
     failure_class: FailureClass = Field(description="Classified failure.")
     detail: str = Field(description="The line of evidence.")
+    message: str = Field("", description="The job's own error message for a person (redacted, escaped, bounded: "
+                         "tools/jobs/failures.py safe_message); never read by the planner. '' when none.")
+
+
+class StepFailPayload(_Payload):
+    """A tool step that failed without a failed job of its own (data refused, nothing to compare, ...): a failure
+    of the session like a job's, counted with them (issue 43, item 3)."""
+
+    tool: str = Field(description="The tool that failed.")
+    call: str = Field(description="Its tool call's idempotency key (args_hash; the call's result holds the outcome).")
+    reason: str = Field(description="The tool's outcome line.")
 
 
 class NotePayload(_Payload):
@@ -239,6 +251,29 @@ class MemoryRefusal(_JobAttempt):
     parts_gib: dict[str, float] = Field(description="The estimate by part (weights, activations, ...), GiB.")
     would_fit: list[str] = Field(default_factory=list, description="Changes whose estimate would fit one GPU, each "
                                  "with its GiB per GPU: micro-batch 1, LoRA, more GPUs (tools/jobs/forecast.py).")
+
+
+class PartitionRefusal(_JobAttempt):
+    """A job refused before submission: no node of its Slurm partition has the CPUs, memory or GPUs it asks for
+    (read from `sinfo`), so it would pend forever."""
+
+    reason: str = Field(description="The partition, what the job asks for and what its largest node has.")
+
+
+class WaitPayload(_JobAttempt):
+    """A job attempt still pending at the executor past the lab's bound (executor.slurm.pending_report_min)."""
+
+    pending_s: float = Field(description="Seconds since the attempt was submitted.")
+    reason: str = Field(description="The executor's reason it waits (Slurm's squeue %r: Resources, Priority, ...), "
+                        "'' when it gives none.")
+
+
+class ReconfigurePayload(_Payload):
+    """A resumed session runs on changed [executor] settings (the only section a resume may change)."""
+
+    section: str = Field(description="The lab.toml section that changed (executor).")
+    before: dict[str, Any] = Field(description="Its settings as the session last ran with them.")
+    after: dict[str, Any] = Field(description="Its settings from now on.")
 
 
 class CompareRefusal(_Payload):
@@ -296,7 +331,7 @@ class BundleRefusal(_Payload):
 
 
 RefusePayload = (BudgetRefusal | MemoryRefusal | CompareRefusal | SealedRefusal | CalibrationRefusal | GateRefusal
-                 | PlannerRefusal | BundleRefusal)
+                 | PlannerRefusal | BundleRefusal | PartitionRefusal)
 
 
 class Decision(_Record):
@@ -358,8 +393,18 @@ class LaunchDecision(Decision):
 
 
 class FailDecision(Decision):
-    kind: Literal["fail"] = Field(description="A job attempt failed for good.")
-    payload: FailPayload = Field(description="The failure.")
+    kind: Literal["fail"] = Field(description="A job attempt failed for good, or a tool step failed.")
+    payload: FailPayload | StepFailPayload = Field(description="The job's failure, or the step's.")
+
+
+class WaitDecision(Decision):
+    kind: Literal["wait"] = Field(description="A job attempt pends past the lab's bound.")
+    payload: WaitPayload = Field(description="The attempt, how long and why.")
+
+
+class ReconfigureDecision(Decision):
+    kind: Literal["reconfigure"] = Field(description="A resume changed the session's executor settings.")
+    payload: ReconfigurePayload = Field(description="The section, before and after.")
 
 
 class RefuseDecision(Decision):
@@ -374,7 +419,8 @@ class NoteDecision(Decision):
 
 AnyDecision = Annotated[
     OpenDecision | StopDecision | RegisterBarsDecision | VerdictDecision | CalibrateDecision | ConfirmDecision
-    | NominateDecision | TruthDecision | LaunchDecision | FailDecision | RefuseDecision | NoteDecision,
+    | NominateDecision | TruthDecision | LaunchDecision | FailDecision | RefuseDecision | NoteDecision | WaitDecision
+    | ReconfigureDecision,
     Field(discriminator="kind"),
 ]
 DECISION = TypeAdapter(AnyDecision)

@@ -42,6 +42,7 @@ from memory.notebook import (
     NotebookError,
     Session,
 )
+from memory.records import StepFailPayload
 from memory.skips import skipped_steps
 
 
@@ -448,10 +449,13 @@ def _decision_detail(d: _Data, x: Decision) -> str:
     if x.kind == "refuse":
         reasons = getattr(p, "reasons", None) or [getattr(p, "reason", x.rationale)]
         return "refused: " + "; ".join(escape(r) for r in reasons)
+    if x.kind == "fail" and isinstance(p, StepFailPayload):
+        return f'<span class="bad">step {escape(p.tool)} failed</span>: {escape(p.reason)}'
     if x.kind == "fail":
         job = jobs.get(p.key)
         where = _a("job", job.id, f"job {job.id}") if job else "job"
-        return f'<span class="bad">{escape(p.failure_class)}</span> in {where}: {escape(p.detail)}'
+        said = f": {escape(p.message)}" if p.message else ""  # the job's own words, stored made safe
+        return f'<span class="bad">{escape(p.failure_class)}</span> in {where}: {escape(p.detail)}{said}'
     if x.kind == "launch" and p.key in jobs:
         return f"{_a('job', jobs[p.key].id, 'job ' + str(jobs[p.key].id))}: {escape(p.kind)}, forecast {p.forecast_gpuh:.4g} GPU-h"
     if x.kind == "plan" and getattr(p, "tool", None):
@@ -468,9 +472,10 @@ def _timeline(d: _Data) -> str:
             f"<td>{_hours(d.session.started_at, x.at) * 60:.1f}</td><td>{escape(x.kind)}</td>"
             f"<td>{escape(x.rationale)}</td><td>{_decision_detail(d, x)}</td></tr>" for x in d.decisions]
     refused = sum(x.kind == "refuse" for x in d.decisions)
-    failed = sum(x.kind == "fail" for x in d.decisions)
+    steps = sum(x.kind == "fail" and isinstance(x.payload, StepFailPayload) for x in d.decisions)
+    failed = sum(x.kind == "fail" for x in d.decisions) - steps
     return (f'<section id="timeline"><h2>Decision timeline</h2><p>{len(d.decisions)} decisions, {refused} refusal(s), '
-            f"{failed} failed job(s).</p>"
+            f"{failed} failed job(s), {steps} failed step(s).</p>"
             + _table("decisions", ["seq", "minute", "kind", "rationale", "detail"], rows) + "</section>")
 
 

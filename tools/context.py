@@ -21,6 +21,7 @@ from core.util import canonical_json, sha256_text
 from evals.decoding import Decoding
 from evals.job import CallableJudgeSpec, OpenAIJudgeSpec
 from memory.notebook import Notebook
+from memory.records import StepFailPayload
 from tools.data.datasets import ReplaySource, VerifiedSource
 from tools.jobs.executor import SINGLE_PROCESS_KINDS, KindResources, job_family
 from tools.jobs.launcher import BudgetRefused, JobFailed, Resources
@@ -191,6 +192,10 @@ class ToolOutcome(BaseModel):
         description="done; failed (job failed, data refused); refused (budget); unavailable (replay: needs a new job).")
     summary: str = Field(description="One line citing the numbers the outcome rests on.")
     data: dict[str, Any] = Field(default_factory=dict, description="Ids the outcome produced (artifact_id, ...).")
+    detail: str = Field("", description="For a person only (the CLI line, the report): a failed job's own error "
+                        "message, made safe (tools/jobs/failures.py safe_message). The planner never reads it "
+                        "(agent/summary.py Call has no such field): it may quote input text.",
+                        exclude_if=lambda v: v == "")
 
 
 def content_name(prefix: str, spec: Any) -> str:
@@ -204,20 +209,26 @@ def invoke(ctx: ToolContext, tool: str, args: A, body: Callable[[ToolContext, A]
     call = ctx.nb.record_tool_call(ctx.session, tool, args.model_dump(mode="json"), decision_seq=decision_seq)
     if call.status != "open" and call.result is not None:
         return ToolOutcome.model_validate(call.result)
+    job_failed = False
     try:
         outcome = body(ctx, args)
     except BudgetRefused as exc:
         outcome = ToolOutcome(tool=tool, status="refused", summary=str(exc))
     except JobFailed as exc:
+        job_failed = True
         # The class and the ids the project minted: never the job's error text, which may carry input text.
         outcome = ToolOutcome(tool=tool, status="failed", summary=f"job failed: {exc.record.failure_class} "
                               f"({exc.record.kind} {exc.record.key[:12]}, attempt {exc.record.attempt})",
-                              data={"job_key": exc.record.key})
+                              data={"job_key": exc.record.key}, detail=exc.record.failure_detail or "")
     except WouldLaunch as exc:
         outcome = ToolOutcome(tool=tool, status="unavailable", summary=str(exc),
                               data={"job_kind": exc.kind, "job_key": exc.key})
     status = {"done": "done", "refused": "refused"}.get(outcome.status, "failed")
-    ctx.nb.finish_tool_call(call.id, status, outcome.model_dump(mode="json"))
+    with ctx.nb.transaction():  # the step's failure and its outcome land together (a resumed step records neither twice)
+        if outcome.status == "failed" and not job_failed:  # a failed job has its own `fail` decision (the launcher's)
+            ctx.nb.record_decision(ctx.session, "fail", f"{tool} failed: {outcome.summary}"[:300],
+                                   StepFailPayload(tool=tool, call=call.args_hash, reason=outcome.summary))
+        ctx.nb.finish_tool_call(call.id, status, outcome.model_dump(mode="json"))
     return outcome
 
 

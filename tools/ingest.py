@@ -82,7 +82,10 @@ def holdout_battles(ctx: ToolContext, sealed: bool) -> Path | None:
 def _body(ctx: ToolContext, args: Args) -> ToolOutcome:
     lab = ctx.lab
     config = SplitConfig(dev_fraction=lab.dev_fraction, sealed_fraction=lab.sealed_fraction, stratify_by=lab.stratify_by)
-    previous = ctx.nb.latest_split()
+    # The lab's split from before this session: one this session recorded itself (an ingest interrupted between
+    # recording its split and closing its tool call, then resumed or restored) would change the job's arguments,
+    # hence its key, and a second ingest job would run.
+    previous = ctx.nb.latest_split(before_session=ctx.session)
     job_cfg = SplitJob(feedback=lab.feedback, config=config, pinned=previous.assignment if previous else {},
                        out_dir=ctx.paths.splits)
     split, key = ctx.wait("ingest", split_job, job_cfg, estimate_gpuh=0.0)

@@ -3,6 +3,8 @@ The hostile corpus (tests/hostile/) adds many more inputs per class; this file k
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -30,7 +32,10 @@ def lab(tmp_path: Path) -> Path:
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "run_agent.py", *args], cwd=REPO, capture_output=True, text=True, timeout=300)
+    # The lab's openai planner reads its key from OPENAI_API_KEY: set, as a session needs it (agent/inputs.py).
+    env = {**os.environ, "OPENAI_API_KEY": "test-planner-key"}
+    return subprocess.run([sys.executable, "run_agent.py", *args], cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env=env)
 
 
 def test_valid_lab_loads_and_its_inputs_check_out(lab: Path):
@@ -153,3 +158,72 @@ def test_constraint_mode_reaches_the_eval_job(lab: Path):
     build_tokenizer(config.model.tokenizer or config.model.parent or config.model.base)  # lab_spec reads its stop id
     suite = lab_spec(config).suite("ifeval")
     assert (suite.scorer, suite.constraint_mode) == ("constraints", "ifeval")
+
+
+# ---- pre-session checks of what the first jobs need (issue 43, item 4) -------------------------------------------
+
+JUDGE = ('\n[judge]\nkind = "openai"\nbase_url = "http://127.0.0.1:9/v1"\nmodel = "judge-1"\n'
+         'api_key_env = "POSTLAB_TEST_JUDGE_KEY_UNSET"\n')
+
+
+def _own_lab(tmp_path: Path, *, pad: bool = True, judge: bool = False) -> Path:
+    """A non-toy lab (tests/agent/labkit.py), its tokenizer without a pad token (as Meta's Llama-3 ships) unless
+    `pad`, and an OpenAI-compatible judge whose key variable is unset when `judge`."""
+    from labkit import make_lab as make_own_lab
+
+    lab = make_own_lab(tmp_path / "lab")
+    if not pad:
+        config = lab / "tokenizer" / "tokenizer_config.json"
+        data = json.loads(config.read_text())
+        data.pop("pad_token")
+        config.write_text(json.dumps(data))
+    if judge:
+        with open(lab / "lab.toml", "a") as f:
+            f.write(JUDGE)
+    return lab
+
+
+def test_a_tokenizer_without_a_pad_token_and_an_unset_judge_key_are_refused_before_a_session_opens(tmp_path: Path):
+    lab = _own_lab(tmp_path, pad=False, judge=True)
+    env = {k: v for k, v in os.environ.items() if k != "POSTLAB_TEST_JUDGE_KEY_UNSET"}
+    out = subprocess.run([sys.executable, "run_agent.py", "--budget", "1gpuh", "--lab", str(lab), "--session", "x"],
+                         cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert "2 input file(s) do not check out; no session was opened" in out.stderr
+    assert "the tokenizer has no pad token" in out.stderr and "<|finetune_right_pad_id|>" in out.stderr
+    assert "[judge] api_key_env: the environment variable POSTLAB_TEST_JUDGE_KEY_UNSET is not set" in out.stderr
+    assert not (lab / "notebook.db").exists() and not (lab / "jobs").exists()
+
+
+def test_the_runtime_checks_pass_a_sound_lab_and_name_each_missing_key(tmp_path: Path):
+    from agent.inputs import runtime_problems
+
+    cfg = load_lab_config(_own_lab(tmp_path, judge=True))
+    assert runtime_problems(cfg, {"POSTLAB_TEST_JUDGE_KEY_UNSET": "k-123456789"}, "playbook") == []
+    (problem,) = runtime_problems(cfg, {"POSTLAB_TEST_JUDGE_KEY_UNSET": ""}, "playbook")  # empty is unset
+    assert problem.startswith("[judge] api_key_env")
+    # The planner's key is needed only when the session runs the openai planner.
+    assert [p[:10] for p in runtime_problems(cfg, {"POSTLAB_TEST_JUDGE_KEY_UNSET": "k"}, "openai")] == ["[planner] "]
+
+
+def test_a_mistyped_lab_is_refused_and_nothing_is_built(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                        monkeypatch: pytest.MonkeyPatch):
+    import run_agent
+
+    missing = tmp_path / "mylba"
+    assert run_agent.main(["--budget", "1gpuh", "--lab", str(missing)]) == 2
+    err = capsys.readouterr().err
+    assert f"--lab {missing}: no such directory" in err and "world build --lab" in err and err.count("\n") == 1
+    assert not missing.exists()
+    stray = tmp_path / "papers"
+    stray.mkdir()
+    (stray / "draft.txt").write_text("mine")
+    assert run_agent.main(["--budget", "1gpuh", "--lab", str(stray)]) == 2
+    assert "no lab.toml; refusing to build a toy world" in capsys.readouterr().err
+    assert sorted(p.name for p in stray.iterdir()) == ["draft.txt"]
+    # Without --lab the toy world is still the default, built in ./lab (here refused only because ./lab holds a file).
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "lab").mkdir()
+    (tmp_path / "lab" / "x").write_text("")
+    assert run_agent.main(["--budget", "1gpuh"]) == 2
+    assert "lab: holds other files (x) and no lab.toml; refusing to build a toy world" in capsys.readouterr().err

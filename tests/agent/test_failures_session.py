@@ -29,6 +29,7 @@ import tools.train
 from agent import runner
 from agent.planners.playbook import PlaybookSettings
 from memory.notebook import Notebook, NotebookError
+from memory.records import FailPayload
 from trainers import klce, sft
 
 HERE = Path(__file__).parent
@@ -99,7 +100,8 @@ def test_a_session_with_an_oom_a_preemption_and_a_nan_arm_still_nominates(tmp_pa
         by_key: dict[str, list] = {}
         for j in jobs:
             by_key.setdefault(j.key, []).append(j)
-        fails = {(d.payload.key, d.payload.attempt): d.payload for d in nb.decisions(SESSION, kind="fail")}
+        fails = {(d.payload.key, d.payload.attempt): d.payload for d in nb.decisions(SESSION, kind="fail")
+                 if isinstance(d.payload, FailPayload)}  # a job's failures (a failed step without a job has its own)
         launches = [(d.payload.key, d.payload.attempt) for d in nb.decisions(SESSION, kind="launch")]
 
         # The OOM: classified, retried once with half the micro-batch, and the retry trained.

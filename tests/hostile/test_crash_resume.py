@@ -121,9 +121,9 @@ def test_the_killed_job_is_lost_and_run_again(crash):
         attempts = nb.jobs(session="s1", key=crash.killed_key)
         assert [a.state for a in attempts] == ["failed", "completed"], [(a.state, a.failure_class) for a in attempts]
         assert attempts[0].failure_class == "lost" and attempts[0].gpu_hours is not None  # settled, not reserved
-        launches = [d.payload for d in nb.decisions("s1", kind="launch") if d.payload.key == crash.killed_key]
+        launches = [d.payload for d in nb.decisions("s1", kind="launch") if d.payload.get("key") == crash.killed_key]
         assert [p.attempt for p in launches] == [1, 2]
-        assert not [d for d in nb.decisions("s1", kind="fail") if d.payload.key == crash.killed_key]
+        assert not [d for d in nb.decisions("s1", kind="fail") if d.payload.get("key") == crash.killed_key]
 
 
 @pytest.mark.slow

@@ -73,12 +73,13 @@ def test_an_unknown_session_and_a_changed_lab_are_named(lab, tmp_path):
     with Notebook.open(other / "notebook.db") as nb:
         nb.open_session("s1", lab=str(other), budget_gpuh=1.0, reserve_gpuh=0.1, planner="playbook",
                         executor="local", config=snapshot(config, "test", PlaybookSettings.named("test")))
-    (other / "lab.toml").write_text((other / "lab.toml").read_text().replace("time_limit_min = 120",
-                                                                              "time_limit_min = 60"))
+    # A change beyond [executor] (those a resume accepts, recorded: tests/agent/test_resume_changes.py).
+    (other / "lab.toml").write_text((other / "lab.toml").read_text().replace("dev_fraction = 0.2",
+                                                                              "dev_fraction = 0.3"))
     before = files(lab), files(other)
     unknown, changed = run_cli([["resume", "s9", "--lab", str(lab)], ["resume", "s1", "--lab", str(other)]])
     assert_refused(unknown.returncode, unknown.stderr, "s9")
-    assert_refused(changed.returncode, changed.stderr, str(other / "lab.toml"), "changed since session s1")
+    assert_refused(changed.returncode, changed.stderr, str(other / "lab.toml"), "changed since session s1 started ([feedback])")
     assert (files(lab), files(other)) == before
 
 

@@ -23,8 +23,11 @@ class SlurmSection(_Settings):
     qos: str | None = Field(None, description="Slurm quality of service.")
     gpus_per_node: int = Field(1, ge=0, description="GPUs of one node: a training job's default (one task per GPU); "
                                "eval, reference, truth and bundle jobs default to 1 of them, merge and data jobs to 0.")
-    cpus_per_task: int = Field(8, ge=1, description="CPUs per job.")
-    mem_gb: int = Field(64, ge=1, description="Memory per job in GB.")
+    cpus_per_task: int = Field(8, ge=1, description="CPUs per task (a job runs one task per GPU): check them against "
+                               "the partition's nodes; a job no node can hold is refused before submission.")
+    mem_gb: int = Field(64, ge=1, description="Memory per job (per node) in GB.")
+    pending_report_min: float = Field(10.0, gt=0, description="Minutes a job may wait in the queue before the session "
+                                      "reports it (a `wait` decision and a CLI line, with Slurm's reason).")
     extra_sbatch: list[str] = Field(default_factory=list, description="Extra `#SBATCH` lines, verbatim.")
     zygote: bool = Field(
         False, description="Single-host clusters only (scripts/slurm-up's loopback cluster, a workstation running "

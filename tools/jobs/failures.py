@@ -21,7 +21,9 @@ from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from core.display import shown
 from core.placement import NO_GPU_PREFIX
+from core.redact import redact
 
 FailureClass = Literal[
     "oom", "preempted", "timeout", "nccl_timeout", "nan_loss", "node_failure", "cancelled", "no_gpu", "lost", "error"
@@ -37,6 +39,10 @@ PREEMPTED_PREFIX = "preempted:"
 NAN_PREFIX = "nan_loss:"
 # NO_GPU_PREFIX: a job given GPUs that finds none on its host (core/placement.py) says so; it is recorded, not
 # retried (it would fail the same way again).
+
+# The most characters of a job's own error message kept beside its class (issue 43, item 3): enough for the
+# reason a person needs ("the tokenizer has no pad token ..."), short enough for one CLI line and a table cell.
+MESSAGE_LIMIT = 300
 
 # Ranks that hang or disagree, past their timeout (class nccl_timeout, whatever the backend):
 # torch.distributed's watchdog and NCCL's own messages; gloo's collective timeout (CPU jobs); and the
@@ -54,7 +60,14 @@ class Failure(BaseModel):
     failure_class: FailureClass = Field(description="One of the classes the planner and the policy act on.")
     detail: str = Field(description="The evidence, in words the project minted: the executor's state, the exception's "
                         "type, the exit code, or the message of a project-raised prefix (nan_loss:, timeout:, ...); "
-                        "never the text of an arbitrary exception message (the job's log holds that).")
+                        "never the text of an arbitrary exception message (`message` holds that).")
+    message: str = Field("", description="The job's own error message, for a person: secrets redacted, control and "
+                         "bidi characters escaped (one line), at most MESSAGE_LIMIT characters (`safe_message`). It "
+                         "never decides the class and never reaches the planner; '' when the run left none.")
+
+    def line(self) -> str:
+        """The failure as one line for a person: the minted detail, then the job's own message."""
+        return f"{self.detail}: {self.message}" if self.message else self.detail
 
 
 def classify(state: str, exit_code: int | None, text: str, raised: tuple[str, Failure | None] | None = None) -> Failure:
@@ -97,6 +110,20 @@ def classify(state: str, exit_code: int | None, text: str, raised: tuple[str, Fa
         # died with the agent's process group (a closed terminal, a double Ctrl-C); it is run again.
         return Failure(failure_class="lost", detail=f"{state}: killed from outside (no result, no exception)")
     return Failure(failure_class="error", detail=(kind or f"{state}: no exception") + code)
+
+
+def safe_message(text: str) -> str:
+    """An error message as it may be stored and shown (the one rule for a job's own words): secrets redacted
+    (core/redact.py) before it is cut, so a key is never kept half; every control, format and separator
+    character escaped (core/display.py), so a newline cannot forge a line and an ESC cannot reach a terminal;
+    at most MESSAGE_LIMIT characters, with a count of the rest."""
+    return shown(redact(text.strip()), limit=MESSAGE_LIMIT)
+
+
+def message_of(text: str) -> str:
+    """The message of the final exception of the trace in `text` (its first line only, see _final_exception),
+    made safe; '' without a trace. For runs whose wrapper recorded no exception (another rank failed)."""
+    return safe_message(_final_exception(text)[1])
 
 
 def exception_type(err: BaseException) -> str:

@@ -42,7 +42,7 @@ from submitit.core.utils import JobPaths
 
 from core.placement import require_device
 from core.versions import installed
-from tools.jobs.failures import exception_type, raised_failure
+from tools.jobs.failures import exception_type, raised_failure, safe_message
 
 HEARTBEAT_S = 1.0  # seconds between touches of a local run's heartbeat file
 # NVLink multicast (NCCL's NVLS, PyTorch's symmetric-memory multicast, NVSHMEM's NVLS) is off in every
@@ -117,11 +117,13 @@ class Resumable(submitit.helpers.Checkpointable):
         try:
             result = self.fn(config)
         except BaseException as err:
-            # The type and the class decided here, from the exception itself (tools/jobs/failures.py): never
-            # its message, which may carry input text (the job's stderr holds the whole trace for a person).
+            # The type and the class decided here, from the exception itself (tools/jobs/failures.py); its message,
+            # which may carry input text, is kept for a person only: redacted, escaped and bounded (safe_message),
+            # never read to decide anything (the job's stderr holds the whole trace).
             failure = raised_failure(err)
             _append_event({"event": "end", "t": time.time(), "ok": False, "error": exception_type(err),
-                           "failure": None if failure is None else failure.model_dump()})
+                           "failure": None if failure is None else failure.model_dump(),
+                           "message": safe_message(str(err))})
             raise
         finally:
             stop.set()

@@ -66,11 +66,20 @@ import submitit
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from submitit.core.utils import FailedJobError, JobPaths, UncompletedJobError
 
+from core.display import shown
+from core.redact import redact
 from memory.notebook import JobRecord, Notebook, now, tool_call_key
-from memory.records import BudgetRefusal, FailPayload, LaunchPayload, MemoryRefusal
+from memory.records import (
+    BudgetRefusal,
+    FailPayload,
+    LaunchPayload,
+    MemoryRefusal,
+    PartitionRefusal,
+    WaitPayload,
+)
 from tools.jobs import forecast
-from tools.jobs.executor import ExecutorSection, SlurmSection, local_gpus
-from tools.jobs.failures import Failure, classify, decide, smaller_batch_config
+from tools.jobs.executor import ExecutorSection, ResourcesSection, SlurmSection, local_gpus
+from tools.jobs.failures import MESSAGE_LIMIT, Failure, classify, decide, message_of, smaller_batch_config
 from tools.jobs.forecast import fitting_alternatives
 from tools.jobs.jobrun import Resumable, RunPaths, near_time_limit, read_events
 from tools.jobs.zygote import TIME_LIMIT_VAR, Zygote
@@ -106,6 +115,11 @@ class MemoryRefused(BudgetRefused):
 
     A kind of BudgetRefused (GPU memory is a budget too), so every caller that turns an admission
     refusal into data (tools.context.invoke) handles it the same way."""
+
+
+class PartitionRefused(BudgetRefused):
+    """No node of the job's Slurm partition has what the job asks for; the refusal is a recorded decision (a kind of
+    BudgetRefused: the partition's nodes are a budget too, and callers turn refusals into data alike)."""
 
 
 class JobFailed(Exception):
@@ -236,6 +250,10 @@ class Backend(Protocol):
 
     def cancel(self, job_id: str, folder: Path) -> None: ...
 
+    def unfit(self, resources: Resources) -> str | None: ...
+
+    def pending_reason(self, job_id: str) -> str: ...
+
 
 class LocalBackend:
     """submitit's LocalExecutor: real subprocesses on this machine, which outlive the agent.
@@ -348,6 +366,12 @@ class LocalBackend:
             return "TIMEOUT"
         return "FAILED"
 
+    def unfit(self, resources: Resources) -> str | None:
+        return None  # this host runs what it is given (a job on GPUs it lacks fails as no_gpu)
+
+    def pending_reason(self, job_id: str) -> str:
+        return ""
+
     def cancel(self, job_id: str, folder: Path) -> None:
         # The marker tells any later observer (also a resumed agent) that the end was a cancel.
         RunPaths(folder, job_id).cancelled.touch()
@@ -445,6 +469,7 @@ class SlurmBackend:
         self.gpus_per_node, self.cpus_per_task, self.mem_gb = gpus_per_node, cpus_per_task, mem_gb
         self.additional_parameters = _sbatch_lines(list(extra_sbatch))
         self.zygote = zygote
+        self._nodes: list[PartitionNode] | None = None  # the partition's node shapes, read from sinfo once
 
     @classmethod
     def from_section(cls, section: SlurmSection, zygote: Zygote | None = None) -> SlurmBackend:
@@ -514,6 +539,100 @@ class SlurmBackend:
     def cancel(self, job_id: str, folder: Path) -> None:
         subprocess.run(["scancel", job_id], check=True, timeout=60)
 
+    def need(self, resources: Resources) -> NodeNeed:
+        """What one node of the job must have, as `executor` asks Slurm for it."""
+        return NodeNeed(cpus=(resources.cpus or self.cpus_per_task) * self.tasks(resources),
+                        mem_gb=resources.mem_gb or self.mem_gb, gpus=self.gpus(resources))
+
+    def unfit(self, resources: Resources) -> str | None:
+        """Why no node of the partition can run the job (it would pend forever), or None; None too when sinfo
+        cannot be asked (sbatch then says what is wrong)."""
+        if self._nodes is None:
+            self._nodes = partition_nodes(self.partition)
+        return None if self._nodes is None else partition_problem(self.partition, self._nodes, self.need(resources))
+
+    def pending_reason(self, job_id: str) -> str:
+        """Slurm's reason a job waits (squeue %r: Resources, Priority, PartitionNodeLimit, ...); '' when unknown."""
+        try:
+            out = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%r"], capture_output=True, text=True,
+                                 timeout=60, check=True).stdout
+        except (OSError, subprocess.SubprocessError):
+            return ""
+        return shown(out.strip())[:200]
+
+
+class PartitionNode(BaseModel):
+    """One shape of node of a Slurm partition, as `sinfo -o "%c %m %G"` groups them."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    cpus: int = Field(description="CPUs of one node.")
+    mem_mb: int = Field(description="Memory of one node, MB.")
+    gpus: int = Field(description="GPUs of one node (its gres/gpu).")
+
+
+class NodeNeed(BaseModel):
+    """What one node of a job asks for: CPUs of all its tasks, memory, GPUs."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    cpus: int = Field(description="CPUs per task times tasks per node.")
+    mem_gb: int = Field(description="Memory per node, GB (sbatch --mem=<n>GB: n x 1024 MB).")
+    gpus: int = Field(description="GPUs per node.")
+
+
+_LEADING_INT = re.compile(r"\d+")
+_GRES_GPU = re.compile(r"(?:^|,)gpu(?::[^:,()]+)?:(\d+)")
+
+
+def partition_nodes(partition: str) -> list[PartitionNode] | None:
+    """The node shapes of a partition (`sinfo -h -p PART -o "%c %m %G"`); [] when the partition does not exist,
+    None when sinfo cannot be asked (not installed, the controller down)."""
+    try:
+        out = subprocess.run(["sinfo", "-h", "-p", partition, "-o", "%c %m %G"], capture_output=True, text=True,
+                             timeout=60, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    nodes = []
+    for line in out.splitlines():
+        fields = line.split()
+        if len(fields) < 2:
+            continue
+        cpus, mem = (_LEADING_INT.match(f) for f in fields[:2])  # "64+" when a group's nodes differ: its least
+        gres = fields[2] if len(fields) > 2 else ""
+        if cpus and mem:
+            nodes.append(PartitionNode(cpus=int(cpus.group()), mem_mb=int(mem.group()),
+                                       gpus=sum(int(n) for n in _GRES_GPU.findall(gres))))
+    return nodes
+
+
+def slurm_problems(section: ExecutorSection) -> list[str]:
+    """Before a session opens on Slurm: each job kind's resources (lab.toml's [executor.resources.<kind>] over the
+    [executor.slurm] defaults) that no node of the partition can hold, by the rule the launcher refuses a job with
+    before submission (SlurmBackend.unfit); one line per distinct problem, naming its kinds. [] when sinfo cannot be
+    asked."""
+    assert section.slurm is not None, "called for a slurm executor section"
+    backend, found = SlurmBackend.from_section(section.slurm), {}
+    for kind in ResourcesSection.model_fields:
+        given = section.kind_resources(kind, 0)  # type: ignore[arg-type]
+        problem = backend.unfit(Resources(time_limit_min=given.time_limit_min or section.time_limit_min, gpus=given.gpus,
+                                          nodes=given.nodes, cpus=given.cpus, mem_gb=given.mem_gb))
+        if problem is not None:
+            found.setdefault(problem, []).append(kind)
+    return [f"[executor] jobs of kind {', '.join(kinds)}: {problem}" for problem, kinds in found.items()]
+
+
+def partition_problem(partition: str, nodes: Sequence[PartitionNode], need: NodeNeed) -> str | None:
+    """Why no node of the partition has what one node of the job needs, or None: a job no node can hold pends
+    forever, without a word from Slurm to the one who submitted it."""
+    if not nodes:
+        return f"Slurm partition {partition!r} has no nodes (sinfo -p {partition} lists none): check [executor.slurm] partition"
+    if any(n.cpus >= need.cpus and n.mem_mb >= need.mem_gb * 1024 and n.gpus >= need.gpus for n in nodes):
+        return None
+    big = max(nodes, key=lambda n: (n.gpus, n.cpus, n.mem_mb))
+    return (f"no node of Slurm partition {partition!r} has {need.cpus} CPU(s), {need.mem_gb} GB and {need.gpus} GPU(s) "
+            f"(its largest: {big.cpus} CPUs, {big.mem_mb // 1024} GB, {big.gpus} GPU(s)); the job would pend forever: "
+            "set [executor.slurm] cpus_per_task and mem_gb (defaults 8 and 64) or [executor.resources.<kind>] to "
+            "what the partition has")
+
 
 SACCT_RETRY_S = (1.0, 2.0, 4.0, 8.0, 15.0)  # waits between tries: about half a minute in all
 
@@ -560,6 +679,14 @@ def _raised(paths: RunPaths) -> tuple[str, Failure | None] | None:
     if last.get("event") != "end" or last.get("ok") is not False or not isinstance(last.get("error"), str):
         return None
     return last["error"], None if last.get("failure") is None else Failure.model_validate(last["failure"])
+
+
+def _raised_message(paths: RunPaths) -> str:
+    """The job's own error message as its wrapper recorded it (already safe there), made safe again here: this
+    process holds the lab's keys, which a worker may not; '' when the run recorded none."""
+    events = read_events(paths.events)
+    message = events[-1].get("message") if events and events[-1].get("event") == "end" else None
+    return shown(redact(message))[:2 * MESSAGE_LIMIT] if isinstance(message, str) else ""
 
 
 def _sbatch_lines(lines: list[str]) -> dict[str, Any]:
@@ -686,8 +813,12 @@ class Launcher:
     """Submits, re-attaches and settles jobs for one session of one notebook; see the module docstring."""
 
     def __init__(self, notebook: Notebook, session: str, backend: Backend, root: Path, *, poll_s: float | None = None,
-                 gpu_memory_gib: float | None = None, lab_roots: Sequence[str] = ()):
+                 gpu_memory_gib: float | None = None, lab_roots: Sequence[str] = (),
+                 pending_report_s: float | None = None):
         self.nb, self.session, self.backend, self.root = notebook, session, backend, Path(root)
+        # An attempt still pending this long is reported once (a `wait` decision; the CLI prints it); None: never.
+        self.pending_report_s = pending_report_s
+        self._reported: set[tuple[str, int]] = set()
         # The spellings of the lab's root (LabPaths.spellings): paths under it enter job keys lab-relative.
         self.lab_roots = tuple(lab_roots)
         self.gpu_memory_gib = gpu_memory_gib  # one GPU's memory; None: training jobs are not admitted by memory
@@ -699,8 +830,9 @@ class Launcher:
     def from_section(cls, notebook: Notebook, session: str, section: ExecutorSection, root: Path,
                      *, poll_s: float | None = None, lab_roots: Sequence[str] = ()) -> Launcher:
         """The launcher of a lab's `[executor]` section."""
+        pending = section.slurm.pending_report_min * 60 if section.kind == "slurm" and section.slurm else None
         return cls(notebook, session, make_backend(section), root, poll_s=poll_s, gpu_memory_gib=section.gpu_memory_gib,
-                   lab_roots=lab_roots)
+                   lab_roots=lab_roots, pending_report_s=pending)
 
     # -- handles ---------------------------------------------------------------------------------
 
@@ -836,6 +968,32 @@ class Launcher:
         raise MemoryRefused(f"{kind}: estimated {est.total / GIB:.1f} GiB per GPU exceeds {self.gpu_memory_gib:g} GiB "
                             f"on {gpus} GPU(s){fit}")
 
+    def check_partition(self, key: str, kind: str, resources: Resources, attempt: int = 1) -> None:
+        """A job no node of its partition can hold is a recorded refusal (PartitionRefused), before submission."""
+        problem = self.backend.unfit(resources)
+        if problem is None:
+            return
+        self.nb.record_decision(self.session, "refuse", f"{kind} cannot run on its partition: {problem}",
+                                PartitionRefusal(key=key, kind=kind, attempt=attempt, reason=problem))
+        raise PartitionRefused(f"{kind}: {problem}")
+
+    def _report_pending(self, key: str, record: JobRecord) -> None:
+        """Once per attempt, a job still pending past the bound: a `wait` decision with the executor's reason."""
+        if self.pending_report_s is None or (key, record.attempt) in self._reported:
+            return
+        pending_s = time.time() - datetime.fromisoformat(record.submitted_at).timestamp()
+        if pending_s < self.pending_report_s:
+            return
+        self._reported.add((key, record.attempt))
+        if any(d.payload.key == key and d.payload.attempt == record.attempt
+               for d in self.nb.decisions(self.session, kind="wait")):
+            return  # reported before a resume
+        reason = self.backend.pending_reason(record.external_id or "")
+        self.nb.record_decision(
+            self.session, "wait", f"{record.kind} still pending after {pending_s / 60:.0f} min"
+            + (f" (Slurm: {reason})" if reason else "") + ": close the session (run_agent.py close) or wait",
+            WaitPayload(key=key, kind=record.kind, attempt=record.attempt, pending_s=round(pending_s, 1), reason=reason))
+
     def _throughput(self, kind: str, model: str | None) -> float | None:
         """Work units per GPU-hour over completed earlier jobs of this kind and model (all attempts count)."""
         attempts = [j for j in self.nb.jobs(kind=kind) if j.resources.get("model") == model]
@@ -862,6 +1020,7 @@ class Launcher:
     def _launch(self, key: str, spec: _Spec, attempt: int, reason: str) -> None:
         """Admission, then the attempt row and the launch decision, then the submission."""
         args = self._attempt_args(key, spec)
+        self.check_partition(key, spec.kind, spec.resources, attempt)
         memory = self.check_memory(key, spec.kind, args, spec.resources, attempt)
         payload = self.admit(key, spec.kind, spec.resources, attempt)
         folder = self.root / f"{key[:16]}-{attempt}"
@@ -940,6 +1099,8 @@ class Launcher:
         if last.state == "RUNNING" and record.state != "running":
             return self.nb.update_job(key, record.attempt, state="running", started_at=_iso(last.started))
         if last.state not in _FINAL_STATES:  # pending, running, requeued, suspended, ...
+            if last.state == "PENDING":
+                self._report_pending(key, record)
             return record
         return self._settle(key, spec, record, last, folder)
 
@@ -985,8 +1146,9 @@ class Launcher:
         if cancel and record.external_id:
             self.backend.cancel(record.external_id, Path(record.folder or ""))
         detail = f"{failure.detail}; requeue refused: {refused}"
-        record = self.nb.update_job(key, record.attempt, failure_detail=detail)
-        payload = FailPayload(key=key, attempt=record.attempt, failure_class=failure.failure_class, detail=detail)
+        record = self.nb.update_job(key, record.attempt, failure_detail=failure.model_copy(update={"detail": detail}).line())
+        payload = FailPayload(key=key, attempt=record.attempt, failure_class=failure.failure_class, detail=detail,
+                              message=failure.message)
         self.nb.record_decision(self.session, "fail", f"{spec.kind} failed ({failure.failure_class}); the retry "
                                 "did not fit the budget", payload)
         return record
@@ -997,13 +1159,16 @@ class Launcher:
         if isinstance(outcome, BaseModel):
             return self.nb.update_job(key, record.attempt, state="completed",
                                       result=outcome.model_dump(mode="json"), **self._cost(run))
-        failure = classify(run.state, run.exit_code, outcome, raised=_raised(RunPaths(folder, record.external_id or "")))
+        paths = RunPaths(folder, record.external_id or "")
+        failure = classify(run.state, run.exit_code, outcome, raised=_raised(paths))
+        # The job's own words beside its class, for a person (the CLI, the notebook, the report): never the planner's.
+        failure = failure.model_copy(update={"message": _raised_message(paths) or message_of(outcome)})
         if failure.failure_class == "preempted" and near_time_limit(
                 run.elapsed_s, spec.resources.time_limit_min * 60, spec.resources.signal_delay_s):
             # A job that handles the signal itself (trainers/loop.py) reports any signal as a preemption.
             failure = failure.model_copy(update={"failure_class": "timeout"})
         record = self.nb.update_job(key, record.attempt, state="failed", failure_class=failure.failure_class,
-                                    failure_detail=failure.detail, **self._cost(run))
+                                    failure_detail=failure.line(), **self._cost(run))
         self._apply_policy(key, spec, record, failure)
         return self.record(key)
 
