@@ -82,15 +82,15 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.lab / LAB_FILE}: --planner openai needs [planner] base_url and model")
     if config and executor == "slurm" and config.executor.slurm is None:
         raise UsageError(f"{args.lab / LAB_FILE}: --executor slurm needs an [executor.slurm] section")
+    path = args.lab / NOTEBOOK_FILE
+    if path.exists() and session in _session_names(path):
+        raise UsageError(f"session {session!r} already exists in {path}; pick another --session name")
     if config is not None:  # every input file is read before any notebook row is written (issue 10, item 3)
         from agent.inputs import feedback_notes, require_inputs
 
         require_inputs(config, args.lab / LAB_FILE, os.environ, planner, executor)
         for note in feedback_notes(config):
             print(note)
-    path = args.lab / NOTEBOOK_FILE
-    if path.exists() and session in _session_names(path):
-        raise UsageError(f"session {session!r} already exists in {path}; pick another --session name")
     from agent.runner import start
     from tools.paths import LabPaths
 
