@@ -275,9 +275,14 @@ def _carry_lab_state(original: Notebook, scratch: Notebook, started_at: str) -> 
                              session=earlier.session)
 
 
+# Decisions about the session's circumstances, not its policy's: the opening, a job that waited in the queue past
+# the lab's bound (timing), a resume on changed [executor] settings. Replay re-derives none of them.
+NOT_REPLAYED = frozenset({"open", "wait", "reconfigure"})
+
+
 def _compare(original: Notebook, scratch: Notebook, session: str) -> ReplayResult:
-    recorded = [d for d in original.decisions(session) if d.kind != "open"]
-    replayed = [d for d in scratch.decisions(session) if d.kind != "open"]
+    recorded = [d for d in original.decisions(session) if d.kind not in NOT_REPLAYED]
+    replayed = [d for d in scratch.decisions(session) if d.kind not in NOT_REPLAYED]
     a = [signature(d, _names(original, session)) for d in recorded]
     b = [signature(d, _names(scratch, session)) for d in replayed]
     first = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
