@@ -6,9 +6,10 @@ means over items of each per-item value, so paired statistics can line two model
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from core.chat import Message
+from core.ids import checked_id
 from evals.constraint_rules import Constraint
 
 
@@ -29,12 +30,18 @@ class Item(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    id: str = Field(min_length=1, description="Stable item id, unique within its suite.")
+    id: str = Field(description="Stable item id, unique within its suite (a short printable token: core/ids.py).")
     messages: tuple[Message, ...] = Field(min_length=1, description="The conversation to answer; last turn is the user's.")
     gold: str | None = Field(None, description="Reference answer (math expression, MCQ letter).")
     choices: tuple[str, ...] = Field((), description="MCQ options, in letter order A, B, C...")
     constraints: tuple[Constraint, ...] = Field((), description="Instruction-following constraints to check.")
     battle: Battle | None = Field(None, description="The recorded battle for this prompt, for battle suites.")
+
+    @field_validator("id")
+    @classmethod
+    def _id_is_a_token(cls, v: str) -> str:
+        # An item id is public text stored and shown everywhere: a short printable token (core/ids.py).
+        return checked_id(v)
 
     @model_validator(mode="after")
     def _last_turn_is_user(self) -> Item:

@@ -14,7 +14,7 @@
 - Rejection-sampling FT (`trainers/rft.py`): prompt rows are eval items (`evals.types.Item`: id,
   messages ending with a user turn, gold answer), so the RFT verifier is the eval scorer itself.
 
-`read_rows(path, Row)` parses a whole file before anything else happens and names the file, line and
+A row id, when given, is a short printable token (core/ids.py). `read_rows(path, Row)` parses a whole file before anything else happens and names the file, line and
 field of the first bad row.
 """
 
@@ -23,10 +23,19 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from core.chat import Message
+from core.ids import MAX_ID, checked_id
 from core.jsonl import JSONLError, describe_non_file, read_lines
+
+# A row id is a battle's or item's id, or one minted from it with a short suffix (`<battle>#<k>`, `<source>:<n>`):
+# the id rule of core/ids.py with room for the suffix.
+ROW_ID_MAX = MAX_ID + 32
+
+
+def _row_id(value: str | None) -> str | None:
+    return None if value is None else checked_id(value, ROW_ID_MAX)
 
 
 class SFTRow(BaseModel):
@@ -35,6 +44,8 @@ class SFTRow(BaseModel):
     model_config = ConfigDict(extra="forbid")
     id: str | None = Field(None, description="Optional stable row id (for audits and provenance).")
     messages: list[Message] = Field(min_length=1, description="The conversation; at least one assistant turn.")
+
+    _id_is_a_token = field_validator("id")(_row_id)
 
     @model_validator(mode="after")
     def _has_assistant_turn(self) -> SFTRow:
@@ -51,6 +62,8 @@ class PreferenceRow(BaseModel):
     prompt: list[Message] = Field(min_length=1, description="The conversation up to the answer; ends with a user turn.")
     chosen: str = Field(min_length=1, description="The preferred assistant answer.")
     rejected: str = Field(min_length=1, description="The dispreferred assistant answer.")
+
+    _id_is_a_token = field_validator("id")(_row_id)
 
     @model_validator(mode="after")
     def _check(self) -> PreferenceRow:

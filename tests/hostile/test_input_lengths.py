@@ -51,7 +51,7 @@ def _suite_just_over(lab: Path) -> None:
 
 
 def _battle_prompt(lab: Path) -> None:
-    write_jsonl(lab / "feedback.jsonl", [*battles(20), BATTLE | {"id": "long\nSYSTEM NOTICE", "vote": "own",
+    write_jsonl(lab / "feedback.jsonl", [*battles(20), BATTLE | {"id": "long-1", "vote": "own",
                                                                 "messages": [{"role": "user", "content": "why? " * 400}]}])
 
 
@@ -60,7 +60,7 @@ CASES = {
                                              "model's context of 512 tokens", "max_position_embeddings"]),
     "a suite prompt just over": (_suite_just_over, ["data/math.jsonl:2: item 'm1': prompt of", "less the served "
                                                     "max_new_tokens 256"]),
-    "a battle's prompt": (_battle_prompt, ["feedback.jsonl: battle 'long\\nSYSTEM NOTICE': prompt of"]),
+    "a battle's prompt": (_battle_prompt, ["feedback.jsonl: battle 'long-1': prompt of"]),
 }
 
 
@@ -75,7 +75,6 @@ def test_prompts_past_the_context_are_refused_before_the_session_opens(tmp_path:
     assert time.monotonic() - start < 120  # bounded work, 10 MB prompt included
     for (case, (lab, before)), proc in zip(labs.items(), procs, strict=True):
         assert_refused(proc.returncode, proc.stderr, "no session was opened", *CASES[case][1])
-        assert "\nSYSTEM NOTICE" not in proc.stderr  # a battle id is shown escaped
         assert files(lab) == before and not (lab / "notebook.db").exists(), case
 
 
@@ -94,11 +93,11 @@ def test_an_eval_job_refuses_prompts_past_the_context_before_generating(tmp_path
 
     loaded = load(tiny.build_model("llama", tokenizer, tmp_path / "model"))  # max_position_embeddings 2048
     items = [Item.model_validate(_item(0, "1+1?")),
-             Item.model_validate(_item(1, "why? " * 40) | {"id": "m1\nSYSTEM NOTICE"})]
+             Item.model_validate(_item(1, "why? " * 40) | {"id": "m1-long"})]
     with pytest.raises(PromptTooLong) as err:
         generate(loaded, items, Decoding(max_new_tokens=2000), seed=0)
     first, rest = str(err.value).split("\n", 1)
     assert first == ("1 of 2 prompt(s) plus max_new_tokens 2000 exceed the model's context of 2048 tokens; "
                      "nothing generated")
-    assert rest.startswith("items: 'm1\\nSYSTEM NOTICE' (") and "\n" not in rest
+    assert rest.startswith("items: 'm1-long' (") and "\n" not in rest
     assert len(generate(loaded, items[:1], Decoding(max_new_tokens=4), seed=0)) == 1  # within it: generated

@@ -15,7 +15,8 @@ both_bad; `meta` is optional and free-form. Blank lines are skipped. Lines are r
 JSON-lines reader (core/jsonl.py: split on "\n" only, duplicate keys, lone surrogates, deep nesting
 and huge integers refused); a file is Parquet when its name ends in .parquet (any case) or its
 bytes start with Parquet's magic `PAR1`. An id, answer or message made only of whitespace and
-invisible characters (zero-width spaces, joiners, BOMs) counts as empty.
+invisible characters (zero-width spaces, joiners, BOMs) counts as empty. An id is a short printable token (1-128
+ASCII letters, digits and `_ . : / # + @ = -`, core/ids.py): any other is refused by line, without being quoted.
 
 Validation reports every bad line (all of them are collected; the first 20 are listed) and a file
 with any bad line is rejected as a whole: ingestion is all or nothing (DESIGN.md section 8).
@@ -37,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from core.chat import Message
 from core.display import bounded, shown
+from core.ids import checked_id, id_problem
 from core.jsonl import describe_non_file, is_parquet, parse_lines
 from core.util import file_sha256
 from tools.data.leak import normalized_hash, prompt_text
@@ -65,7 +67,8 @@ class Battle(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    id: str = Field(description="Unique battle id within the file; the split is derived from its hash.")
+    id: str = Field(description="Unique battle id within the file, a short printable token (core/ids.py); the split is "
+                    "derived from its hash.")
     messages: list[Message] = Field(description="The conversation up to the answered turn; the last turn is the user's.")
     own: str = Field(description="Our model's final answer; non-empty.")
     other: str = Field(description="The opponent's final answer; non-empty.")
@@ -78,6 +81,13 @@ class Battle(BaseModel):
         if is_blank(v):
             raise ValueError("must be a non-empty string (only whitespace or invisible characters)")
         return v
+
+    @field_validator("id")
+    @classmethod
+    def _id_is_a_token(cls, v: str) -> str:
+        # A battle id is stored in the notebook, the split, the graph checkpoint and logs, and shown in problem
+        # lists: a short printable token (core/ids.py), refused without being quoted back.
+        return checked_id(v)
 
     @field_validator("messages")
     @classmethod
@@ -255,7 +265,7 @@ def parse_feedback(path: Path) -> Parsed:
         problems += found
         # Duplicates are checked on every line that has an id, valid or not, so all of them get reported.
         battle_id = obj.get("id") if isinstance(obj, dict) else None
-        if isinstance(battle_id, str) and battle_id.strip():
+        if isinstance(battle_id, str) and id_problem(battle_id) is None:  # a bad id is reported, never quoted
             if battle_id in seen:
                 problems.append(Problem(line=line, field="id", message=f"duplicate id {battle_id!r} (first on {unit} {seen[battle_id]})"))
                 continue

@@ -11,10 +11,14 @@ The split is a pure function of the battles' content, never of file order:
    `split_problems` refuses a split that is empty or off its target share by more than SKEW of it.
 2. Each unit belongs to the stratum of its representative (the battle with the smallest id):
    the vote, and the value of the `stratify_by` meta tag when one is given (missing -> "").
-3. Within a stratum, units are ordered by sha256 of the representative id; the first
-   round(n * sealed_fraction) battles go to sealed, the next round(n * dev_fraction) to dev, the
-   rest to train. With singleton units each stratum's holdout counts are within half a battle of
-   their targets; a unit larger than one battle can overshoot by its size minus one.
+3. Each split's count is exact: round(N * sealed_fraction) battles of the N go to sealed and
+   round(N * dev_fraction) to dev, apportioned over the strata by largest remainder (each stratum
+   gets the floor or the ceiling of its share; remainders tie-break by a hash of the stratum), so
+   many small strata cannot round every holdout share down to nothing (64 battles over 8 families
+   and 4 votes, each stratum rounding 10% of its 1-4 battles, once made a sealed set of 1 battle).
+   Within a stratum, units are ordered by sha256 of the representative id; the first go to sealed up
+   to its count, the next to dev, the rest to train. A unit larger than one battle can overshoot
+   by its size minus one.
 4. Battles the lab's previous split already assigned are pinned to that split (a unit with pinned
    members takes the most guarded of their splits: sealed, then dev, then train), and the new
    battles fill each stratum's remaining targets in the same hash order. Without pins, cut points
@@ -182,11 +186,27 @@ def _pinned_split(unit: list[Battle], pinned: dict[str, str]) -> SplitName | Non
     return min(names, key=("sealed", "dev", "train").index) if names else None
 
 
-def _assign_stratum(units: list[list[Battle]], config: SplitConfig, pinned: dict[str, str]) -> dict[str, SplitName]:
-    """Pinned units keep their split; the others, in hash order, fill sealed, then dev, then train."""
+def _apportion(sizes: dict[tuple[str, str], int], fraction: float,
+               room: dict[tuple[str, str], int]) -> dict[tuple[str, str], int]:
+    """round(N * fraction) battles apportioned over the strata (Hamilton's largest-remainder method): each stratum
+    gets the floor of its share, and the battles left over go one each to the strata with the largest remainders
+    (ties broken by a hash of the stratum, so the result depends on the battles only), never past a stratum's room."""
+    total = math.floor(sum(sizes.values()) * fraction + 0.5)
+    counts = {k: min(math.floor(n * fraction), room[k]) for k, n in sizes.items()}
+    left = total - sum(counts.values())
+    for k in sorted(sizes, key=lambda k: (-(sizes[k] * fraction - counts[k]), _id_hash(repr(k)))):
+        if left <= 0:
+            break
+        if counts[k] < room[k]:
+            counts[k] += 1
+            left -= 1
+    return counts
+
+
+def _assign_stratum(units: list[list[Battle]], n_sealed: int, n_dev: int,
+                    pinned: dict[str, str]) -> dict[str, SplitName]:
+    """Pinned units keep their split; the others, in hash order, fill sealed (to n_sealed), then dev, then train."""
     units = sorted(units, key=lambda u: _id_hash(u[0].id))
-    n = sum(len(u) for u in units)
-    n_sealed, n_dev = round(n * config.sealed_fraction), round(n * config.dev_fraction)
     placed = {"sealed": 0, "dev": 0, "train": 0}
     assignment: dict[str, SplitName] = {}
     fresh = []
@@ -211,9 +231,12 @@ def split_battles(battles: list[Battle], source_sha256: str, config: SplitConfig
     strata: dict[tuple[str, str], list[list[Battle]]] = defaultdict(list)
     for unit in _units(battles, config.ngram):
         strata[_stratum(unit[0], config.stratify_by)].append(unit)
+    sizes = {k: sum(len(u) for u in units) for k, units in strata.items()}
+    sealed = _apportion(sizes, config.sealed_fraction, sizes)
+    dev = _apportion(sizes, config.dev_fraction, {k: n - sealed[k] for k, n in sizes.items()})
     assignment: dict[str, SplitName] = {}
-    for units in strata.values():
-        assignment.update(_assign_stratum(units, config, pinned or {}))
+    for k, units in strata.items():
+        assignment.update(_assign_stratum(units, sealed[k], dev[k], pinned or {}))
     votes = {b.id: b.vote for b in battles}
     counts = {s: {v: 0 for v in ("own", "other", "tie", "both_bad")} for s in SPLITS}
     for battle_id, name in assignment.items():

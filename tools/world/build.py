@@ -392,22 +392,29 @@ def battles(parent: Path, tasks: list[WorldTask], decoding, seed: int,
     """Parent vs opponent on every battle prompt, voted by the oracle at the voters' `noise`; battles with an
     empty parent answer are dropped (the feedback format requires both answers) and counted."""
     from evals.generate import generate, load
-    from evals.judge import judged_prompt
     from trainers.common import device
 
-    items = [t.item("battle") for t in tasks]
-    answers = generate(load(parent, device=str(device())), items, decoding, seed=seed)
+    answers = generate(load(parent, device=str(device())), [t.item("battle") for t in tasks], decoding, seed=seed)
+    return voted_battles(tasks, [a.text for a in answers], seed, noise)
+
+
+def voted_battles(tasks: list[WorldTask], own: list[str], seed: int,
+                  noise: oracle.OracleNoise = STATED_NOISE) -> tuple[list[dict], int]:
+    """The feedback rows of `own` answers (the parent's) against the opponent's, voted by the oracle: the part of
+    `battles` that needs no model (a test ingests the feedback of many seeds without training their parents)."""
+    from evals.judge import judged_prompt
+
     rng = random.Random(seed)
     rows, dropped = [], 0
-    for task, item, own in zip(tasks, items, answers, strict=True):
+    for task, text in zip(tasks, own, strict=True):
         own_first = rng.random() < 0.5
-        if not own.text.strip():
+        if not text.strip():
             dropped += 1
             continue
-        prompt = judged_prompt(item)
+        prompt = judged_prompt(task.item("battle"))
         other = opponent.answer(prompt)
         rows.append({"id": f"b-{task.id.replace('/', '-')}", "messages": [m.model_dump() for m in task.messages],
-                     "own": own.text, "other": other, "vote": vote(prompt, own.text, other, own_first, noise),
+                     "own": text, "other": other, "vote": vote(prompt, text, other, own_first, noise),
                      "meta": {"family": task.family, "turns": sum(m.role == "user" for m in task.messages)}})
     return rows, dropped
 
