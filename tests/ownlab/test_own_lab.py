@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -147,6 +148,37 @@ def test_the_rft_arm_trains_on_the_labs_own_verified_pool(combined: Ran):
     arms = [c for c in calls if c.tool == "train" and c.args.get("trainer") == "rft"]
     assert pools and arms and all(c.args["dataset"] in pools for c in arms)
     assert any(c.status == "done" for c in arms), [(c.status, c.result) for c in arms]
+
+
+@pytest.mark.slow
+def test_the_published_bundle_is_one_a_team_can_ship(combined: Ran):
+    """Readable by a server running as another user, every stop id of the model kept, the Llama-3 template loading
+    in minijinja (TGI's) as in Jinja2 with the same rendering, and a card stating the LoRA recipe and the lineage
+    from the lab's own [model] base, without the lab's absolute paths."""
+    import minijinja
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    bundle = checked_nomination(combined)
+    assert bundle.stat().st_mode & 0o777 == 0o755
+    modes = {p.name: p.stat().st_mode & 0o777 for p in bundle.iterdir()}
+    assert set(modes.values()) == {0o644}, modes
+    tokenizer = json.loads((bundle / "tokenizer.json").read_text())
+    ids = {t["content"]: t["id"] for t in tokenizer["added_tokens"]}
+    stops = json.loads((bundle / "generation_config.json").read_text())["eos_token_id"]
+    assert {ids[ownlab.EOT], ids[ownlab.EOS]} <= set(stops), stops
+    template = (bundle / "chat_template.jinja").read_text()
+    jinja = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)  # transformers' environment
+    for messages in ([{"role": "user", "content": "Tip for tea?"}],
+                     [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi, there"},
+                      {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Tip for tea?"}]):
+        context = {"messages": messages, "add_generation_prompt": True, "bos_token": ownlab.BOS, "eos_token": ownlab.EOS}
+        rendered = jinja.from_string(template).render(**context)
+        assert minijinja.Environment().render_str(template, **context) == rendered
+        assert rendered.startswith(ownlab.BOS + ownlab.HEADER_START + "system")
+    card = (bundle / "README.md").read_text()
+    assert str(combined.lab) not in card and str(combined.lab.resolve()) not in card
+    assert re.search(r"LoRA \(rank 8\b", card) and re.search(r"alpha 16\b", card)
+    assert "`models/base` (`[model] base`)" in card
 
 
 @pytest.mark.slow
