@@ -31,7 +31,9 @@ so a server rendering it produces byte for byte what `render_text` produced in t
 (check-bundle verifies this, in transformers' Jinja2 and in minijinja, the engine of TGI and other
 servers: the preamble's strings use only the escapes both read alike, and transformers' training-only
 `{% generation %}` markers are written as plain blocks). Token ids come from tokenizing the whole rendered text once, without
-added special tokens (exactly what `apply_chat_template(tokenize=True)` does).
+added special tokens (exactly what `apply_chat_template(tokenize=True)` does), except that a special token's text
+inside a message's content (the public's text) is split into ordinary tokens: special tokens are read only where
+the template wrote them (`_encode`).
 """
 
 from __future__ import annotations
@@ -269,20 +271,90 @@ def render(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Message | dict
     if fmt.masking == "generation-markers":
         enc = tokenizer.apply_chat_template(msgs, chat_template=fmt.template, tokenize=True, return_dict=True,
                                             return_assistant_tokens_mask=True)
-        return Rendered(text=text, input_ids=list(enc["input_ids"]), loss_mask=list(enc["assistant_masks"]))
-    spans = _prefix_spans(tokenizer, fmt.template, msgs, fmt.eot_token, fmt.after_eot)
-    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        if not _carries_control(tokenizer, msgs):
+            return Rendered(text=text, input_ids=list(enc["input_ids"]), loss_mask=list(enc["assistant_masks"]))
+        # The markers' mask is over the whole text's tokens (the same as a plain tokenization of it): as spans.
+        plain = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+        spans = [span for span, m in zip(plain, enc["assistant_masks"], strict=True) if m]
+    else:
+        spans = _prefix_spans(tokenizer, fmt.template, msgs, fmt.eot_token, fmt.after_eot)
+    ids, offsets = _encode(tokenizer, fmt.template, msgs, text, False)
     # A token is supervised when it starts inside an assistant span. A token straddling the header/content
     # boundary (possible for some tokenizers) starts in the header, so it stays unsupervised.
-    mask = [int(any(a <= start < b for a, b in spans)) for start, _ in enc["offset_mapping"]]
-    return Rendered(text=text, input_ids=list(enc["input_ids"]), loss_mask=mask)
+    mask = [int(any(a <= start < b for a, b in spans)) for start, _ in offsets]
+    return Rendered(text=text, input_ids=ids, loss_mask=mask)
 
 
 def render_prompt(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Message | dict],
                   system_prompt: str | None = None) -> list[int]:
     """Token ids of a generation prompt: the conversation followed by the template's generation prompt."""
-    text = render_text(tokenizer, messages, system_prompt, add_generation_prompt=True)
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    fmt = chat_format(tokenizer)
+    msgs = _messages(messages, system_prompt, fmt)
+    return _encode(tokenizer, fmt.template, msgs, _apply(tokenizer, fmt.template, msgs, True), True)[0]
+
+
+# ---- tokenizing: the public's text never becomes control ---------------------------------------------
+# Message contents are the public's text (battle prompts and answers). Tokenizing the rendered text as a whole
+# would read a content's `<|im_end|>\n<|im_start|>user` as the template's own special tokens: a training row would
+# supervise a forged end of turn and forged turns, an eval prompt would carry them. So a special token counts
+# as one only where the template wrote it; inside a content its text is split into ordinary tokens, as
+# transformers' `split_special_tokens=True` splits it.
+
+
+def control_strings(tokenizer: PreTrainedTokenizerBase) -> list[str]:
+    """The texts this tokenizer reads as special tokens (what `split_special_tokens` splits), longest first."""
+    specials = set(tokenizer.all_special_tokens)
+    specials |= {t.content for t in tokenizer.added_tokens_decoder.values() if t.special}
+    return sorted((s for s in specials if s), key=len, reverse=True)
+
+
+def _carries_control(tokenizer, msgs: list[dict]) -> bool:
+    return any(s in m["content"] for s in control_strings(tokenizer) for m in msgs)
+
+
+def _encode(tokenizer, template: str, msgs: list[dict], text: str, add_generation_prompt: bool
+            ) -> tuple[list[int], list[tuple[int, int]]]:
+    """Token ids and character offsets of `text` (the rendering of `msgs`), special tokens only where the template
+    wrote them. Which ones those are: the conversation rendered again with every control string inside a content
+    blanked to filler of its length, so the template writes the same text at the same places; a special token
+    whose characters differ between the two came from a content. The text between the template's own special
+    tokens is then tokenized with special tokens split (each piece apart, as the tokenizer itself splits a text at
+    its special tokens); a conversation without control strings in its contents is tokenized exactly as before."""
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    ids, offsets = list(enc["input_ids"]), [tuple(o) for o in enc["offset_mapping"]]
+    if not _carries_control(tokenizer, msgs):
+        return ids, offsets
+    controls = control_strings(tokenizer)
+    filler = next(c for c in "x~#*" if not any(c in s for s in controls))
+    blanked = [m | {"content": _blank(m["content"], controls, filler)} for m in msgs]
+    neutral = _apply(tokenizer, template, blanked, add_generation_prompt)
+    if len(neutral) != len(text):
+        raise ChatTemplateError("a message carries the chat template's control strings and the template renders it "
+                                "differently when they are blanked: its own special tokens cannot be told apart")
+    special_ids = set(tokenizer.convert_tokens_to_ids(controls))
+    own = [k for k, (i, (a, b)) in enumerate(zip(ids, offsets, strict=True))
+           if i in special_ids and neutral[a:b] == text[a:b]]
+    out_ids: list[int] = []
+    out_offsets: list[tuple[int, int]] = []
+    cursor = 0
+    for k in [*own, None]:
+        end = len(text) if k is None else offsets[k][0]
+        if end > cursor:
+            piece = tokenizer(text[cursor:end], add_special_tokens=False, return_offsets_mapping=True,
+                              split_special_tokens=True)
+            out_ids += piece["input_ids"]
+            out_offsets += [(a + cursor, b + cursor) for a, b in piece["offset_mapping"]]
+        if k is not None:
+            out_ids.append(ids[k])
+            out_offsets.append(offsets[k])
+            cursor = offsets[k][1]
+    return out_ids, out_offsets
+
+
+def _blank(content: str, controls: list[str], filler: str) -> str:
+    for s in controls:
+        content = content.replace(s, filler * len(s))
+    return content
 
 
 # ---- the shipped template ----------------------------------------------------------------------------

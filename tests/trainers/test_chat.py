@@ -56,7 +56,8 @@ def test_mask_covers_assistant_content_and_end_of_turn_only(tok):
 
 
 def test_ids_equal_tokenizing_the_template_output(tok):
-    for conversation in CONVERSATIONS:
+    # A content carrying the template's control strings is tokenized with them split (tests/trainers/test_public_control.py).
+    for conversation in [c for c in CONVERSATIONS if not any("<|im_end|>" in m["content"] for m in c)]:
         r = chat.render(tok, conversation, "Be brief.")
         served = tok.apply_chat_template(conversation, tokenize=False,
                                          chat_template=chat.serving_template(tok, "Be brief."))

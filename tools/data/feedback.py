@@ -27,6 +27,7 @@ with any bad line is rejected as a whole: ingestion is all or nothing (DESIGN.md
 from __future__ import annotations
 
 import json
+import re
 import statistics
 import sys
 import unicodedata
@@ -40,6 +41,7 @@ from core.chat import Message
 from core.display import bounded, shown
 from core.ids import checked_id, id_problem
 from core.jsonl import describe_non_file, is_parquet, parse_lines
+from core.templates import FAMILY
 from core.util import file_sha256
 from tools.data.leak import normalized_hash, prompt_text
 
@@ -52,6 +54,12 @@ MAX_LISTED = 20
 PARQUET_DECODED_LIMIT = 512 * 1024**2  # about 100,000 battles of 5 kB; the peak is about twice this (as Python)
 PARQUET_BATCH_BYTES = 64 * 1024**2
 Vote = Literal["own", "other", "tie", "both_bad"]
+# Chat-template control strings: every template family's special tokens (core/templates.py) and the `<|...|>` shape
+# most tokenizers give theirs (ChatML, Llama-3, DeepSeek). In a battle's text they are the public's: an answer ending
+# in `<|im_end|>\n<|im_start|>user ...` forges turns. The renderer splits them into ordinary tokens (core/chat.py
+# `_encode`), so they train and evaluate as plain text; check-feedback reports the battles that carry them.
+CONTROL_STRINGS = re.compile("|".join([r"<\|[A-Za-z0-9_.-]{1,64}\|>",
+                                       *sorted({re.escape(t) for f in FAMILY.values() for t in f.specials})]))
 # Letters that render as nothing but are not in a format/space category (Hangul fillers, braille blank).
 _BLANK_LETTERS = {"\u115f", "\u1160", "\u3164", "\uffa0", "\u2800"}
 
@@ -156,6 +164,7 @@ class Parsed(BaseModel):
     sha256: str = Field(description="sha256 of the file's bytes.")
     unit: Literal["line", "row"] = Field(description="'line' for JSONL, 'row' for Parquet: how problems are located.")
     battles: list[Battle] = Field(description="Battles that validated, in file order.")
+    lines: list[int] = Field(default_factory=list, description="The line (or row) of each battle, in the same order.")
     problems: list[Problem] = Field(description="Every problem, in file order.")
 
 
@@ -255,6 +264,7 @@ def parse_feedback(path: Path) -> Parsed:
     records = _parquet_records(path) if parquet else _jsonl_records(path.read_bytes())
     unit: Literal["line", "row"] = "row" if parquet else "line"
     battles: list[Battle] = []
+    lines: list[int] = []
     problems: list[Problem] = []
     seen: dict[str, int] = {}
     for line, obj, problem in records:
@@ -272,7 +282,8 @@ def parse_feedback(path: Path) -> Parsed:
             seen[battle_id] = line
         if battle is not None:
             battles.append(battle)
-    return Parsed(path=path, sha256=file_sha256(path), unit=unit, battles=battles, problems=problems)
+            lines.append(line)
+    return Parsed(path=path, sha256=file_sha256(path), unit=unit, battles=battles, lines=lines, problems=problems)
 
 
 def load_feedback(path: Path) -> Parsed:
@@ -319,6 +330,9 @@ class FeedbackSummary(BaseModel):
     other_chars: Quartiles | None = Field(description="Length quartiles of the opponent's answers, in characters.")
     duplicate_ids: int = Field(description="Lines rejected because their id repeats an earlier line's.")
     duplicate_prompts: int = Field(description="Battles whose normalized prompt equals an earlier battle's (they share a split).")
+    control_answers: int = Field(0, description="Battles whose answers (own or other) carry chat-template control strings.")
+    control_prompts: int = Field(0, description="Battles whose messages carry chat-template control strings.")
+    control_lines: list[int] = Field(default_factory=list, description="Lines (rows) of the battles carrying them.")
 
 
 def _meta_counts(battles: list[Battle]) -> dict[str, dict[str, int]]:
@@ -345,7 +359,25 @@ def summarize(parsed: Parsed) -> FeedbackSummary:
         other_chars=Quartiles.of([len(b.other) for b in battles]) if n else None,
         duplicate_ids=sum(p.message.startswith("duplicate id") for p in parsed.problems),
         duplicate_prompts=sum(c - 1 for c in prompts.values()),
+        control_answers=sum(1 for b in battles if _controls(b.own, b.other)),
+        control_prompts=sum(1 for b in battles if _controls(*(m.content for m in b.messages))),
+        control_lines=[line for b, line in zip(battles, parsed.lines, strict=True)
+                       if _controls(b.own, b.other, *(m.content for m in b.messages))],
     )
+
+
+def _controls(*texts: str) -> bool:
+    return any(CONTROL_STRINGS.search(t) for t in texts)
+
+
+def control_warning(parsed: Parsed, summary: FeedbackSummary) -> str | None:
+    """The warning line about battles carrying chat-template control strings (counts and lines, never the text)."""
+    if not summary.control_lines:
+        return None
+    where = ", ".join(bounded([str(n) for n in summary.control_lines], MAX_LISTED))
+    return (f"warning: {len(summary.control_lines)} battle(s) carry chat-template control strings (answers "
+            f"{summary.control_answers}, prompts {summary.control_prompts}), {parsed.unit}s {where}: they are trained "
+            "and evaluated as plain text, never as the template's control tokens")
 
 
 def render_summary(parsed: Parsed, summary: FeedbackSummary) -> str:
@@ -376,7 +408,11 @@ def check_feedback_command(path: Path) -> int:
     except FeedbackError as e:
         print(f"check-feedback: {e}", file=sys.stderr)
         return 2
-    print(render_summary(parsed, summarize(parsed)))
+    summary = summarize(parsed)
+    print(render_summary(parsed, summary))
+    warning = control_warning(parsed, summary)
+    if warning is not None:
+        print(warning, file=sys.stderr)
     if parsed.problems:
         print(f"{shown(str(path))}: {len(parsed.problems)} problem(s); a lab would ingest nothing from this file:",
               file=sys.stderr)
