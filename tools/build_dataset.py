@@ -102,9 +102,13 @@ def _config(ctx: ToolContext, args: Args, out: Path, split: Path) -> dict[str, A
         case "own_replay" | "loop_fix_pairs":
             device, dtype = ctx.placement("reference")
             decoding = served_of(ctx, args.model)
+            # The rows train in a KL-CE mix (own_replay) or as DPO pairs (loop_fix_pairs): their prompts must leave
+            # room under that family's [train] max_len, when the lab states one.
+            family = lab.train.families.get("klce" if args.builder == "own_replay" else "dpo") if lab.train else None
             gen = base | {"system_prompt": decoding.system_prompt, "model": ctx.nb.artifact(args.model).path,
                           "decoding": decoding.model_dump(mode="json"), "seed": args.seed, "device": device,
-                          "dtype": dtype, "batch_size": lab.eval_batch_size or 64}
+                          "dtype": dtype, "batch_size": lab.eval_batch_size or 64,
+                          "max_len": family.max_len if family is not None else None}
             if args.builder == "own_replay":
                 return gen | {"sources": [s.model_dump(mode="json") for s in lab.data], "n": args.n}
             return gen | {"n": args.n}
@@ -141,6 +145,9 @@ def _body(ctx: ToolContext, args: Args) -> ToolOutcome:
     name = content_name(args.builder, {"args": _by_content(ctx, args), "split": split.sha256})
     cfg = BuildJob(builder=args.builder, config=_config(ctx, args, ctx.paths.dataset(name), ingest.split_path(ctx, split.sha256)))
     if args.builder in GENERATING:  # a model generates: a job on the device the lab gives reference answers
+        refusal = generated.length_refusal(args.builder, cfg.config)  # before the job: no prompt fits the context
+        if refusal:
+            return ToolOutcome(tool=NAME, status="failed", summary=refusal)
         manifest, key = ctx.wait("reference", build_job, cfg)
     else:
         manifest, key = ctx.wait("build", build_job, cfg, estimate_gpuh=0.0, gpus=0)

@@ -78,3 +78,62 @@ def test_generating_builders_refuse_what_gives_nothing(tmp_path, base, jsonl, mo
     with pytest.raises(DatasetError, match="own_replay: the replay sources hold no prompt"):
         build_own_replay(OwnReplayConfig(**base, out=tmp_path / "o.jsonl", model=model, sources=[empty], n=2))
     assert not (tmp_path / "o.jsonl").exists()
+
+
+# ---- prompts past the context (issue 44, item 10) ---------------------------------------------------------------
+# A replay prompt far past the model's context used to reach generation, which refused it inside the job: the build
+# failed as a generic "error". Prompts are now checked against the context (config.json max_position_embeddings, the
+# tiny llama's 2048) and the [train] max_len before generating: the ones past it are skipped and counted, and a
+# pool where none fits is refused before any job is submitted.
+
+LONG = "why " * 2100  # past the tiny llama's 2048-token context
+
+
+def _chat(prompt: str) -> dict:
+    return {"messages": [{"role": "user", "content": prompt}, {"role": "assistant", "content": "The data's answer."}]}
+
+
+def test_prompts_past_the_context_are_skipped_and_counted(tmp_path, base, jsonl, model):
+    source = ReplaySource(name="stage1", path=jsonl(tmp_path / "chats.jsonl",
+                                                    [_chat(f"Name a colour number {i}") for i in range(3)] + [_chat(LONG)]))
+    manifest = build_own_replay(OwnReplayConfig(**base, out=tmp_path / "own.jsonl", model=model, sources=[source], n=4))
+    assert manifest.stats["too_long"] == 1 and manifest.stats["prompts"] == 3
+    assert all(len(r["messages"][1]["content"]) < 100 for r in _rows(tmp_path / "own.jsonl"))
+
+
+def test_a_pool_where_no_prompt_fits_is_refused_before_the_job(tmp_path, base, jsonl, model):
+    from memory.notebook import Notebook
+    from tools import build_dataset
+    from tools.context import LabSpec, LabSuite, ToolContext
+    from tools.data.generated import length_refusal
+    from tools.paths import LabPaths
+
+    source = ReplaySource(name="stage1", path=jsonl(tmp_path / "chats.jsonl", [_chat(LONG), _chat(LONG + "more")]))
+    cfg = OwnReplayConfig(**base, out=tmp_path / "own.jsonl", model=model, sources=[source], n=2)
+    reason = length_refusal("own_replay", cfg.model_dump(mode="json"))
+    assert reason == ("own_replay: none of the 2 prompts fits: each one's tokens exceed 2036, the model's context of "
+                      "2048 tokens (config.json max_position_embeddings) less the served max_new_tokens 12; nothing to "
+                      "generate")
+    with pytest.raises(DatasetError, match="own_replay: none of the 2 replay prompts fits the model's context"):
+        build_own_replay(cfg)  # the job itself, reached another way, refuses with the same reason
+    # A [train] max_len the battle's prompt fills: loop_fix_pairs is refused by it, naming it.
+    short = LoopFixConfig(**base, out=tmp_path / "fix.jsonl", model=model, max_len=4)
+    assert "[train] max_len 4 less one answer token" in length_refusal("loop_fix_pairs", short.model_dump(mode="json"))
+    assert length_refusal("loop_fix_pairs", LoopFixConfig(**base, out=tmp_path / "f.jsonl", model=model)
+                          .model_dump(mode="json")) is None
+
+    # The tool: a failed step with the reason, and no job (the context has no launcher: a job would raise).
+    nb = Notebook.open(tmp_path / "notebook.db")
+    nb.open_session("s", lab=str(tmp_path), budget_gpuh=10, reserve_gpuh=0, planner="playbook", executor="local",
+                    config={})
+    nb.record_split(source_path=str(base["feedback"]), source_sha256="0" * 64, config={}, counts={},
+                    assignment={"t1": "train", "d1": "dev"}, session="s")
+    checkpoint = nb.add_artifact(kind="checkpoint", name="arm", path=str(model), sha256="0" * 64, session="s")
+    lab = LabSpec(parent=model, tokenizer=base["tokenizer"], feedback=base["feedback"], dev_fraction=0.4,
+                  sealed_fraction=0.2, suites=[LabSuite(name="holdout", scorer="judge")], bars=None, data=[source],
+                  served=SERVED, time_limit_min=5)
+    ctx = ToolContext(nb=nb, session="s", paths=LabPaths(root=tmp_path, session="s"), lab=lab, jobs=None)  # type: ignore[arg-type]
+    outcome = build_dataset.run(ctx, build_dataset.Args(builder="own_replay", model=checkpoint.id, n=2))
+    assert outcome.status == "failed" and outcome.summary.startswith("own_replay: none of the 2 prompts fits")
+    assert not nb.jobs(session="s")
+    nb.close()

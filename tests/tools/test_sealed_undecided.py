@@ -17,9 +17,9 @@ from tools.paths import LabPaths
 
 
 def test_a_sealed_battle_suite_without_a_decisive_vote_is_recorded_undecided(tmp_path: Path, battle, jsonl):
-    # 4 own and 4 other votes are too few for the sealed share of their strata (round(0.4) = 0): every sealed
-    # battle is one of the 32 ties, which name no preferred answer.
-    votes = ["own"] * 4 + ["other"] * 4 + ["tie"] * 32
+    # 2 own and 2 other votes are too few for a share of the 4 sealed battles (their remainders, 0.2 each, lose to the
+    # ties' 0.6 in the apportionment): every sealed battle is one of the 36 ties, which name no preferred answer.
+    votes = ["own"] * 2 + ["other"] * 2 + ["tie"] * 36
     feedback = jsonl(tmp_path / "feedback.jsonl", [battle(f"b{i:02d}", f"question number {i} about the shop", v)
                                                      for i, v in enumerate(votes)])
     paths = LabPaths(root=tmp_path, session="s")
