@@ -33,8 +33,7 @@ Checks, each reported with what was expected:
   served system prompt for the conversation shapes of `SHAPES`, add_generation_prompt on and off;
 - template_minijinja: it renders the same in minijinja, the Rust engine of TGI and other servers, set up as they
   set it up (trim_blocks, lstrip_blocks, a `raise_exception` function, the tokenizer's special tokens), as in
-  transformers' Jinja2 (so, with template_matches_renderer, as the training renderer); skipped, saying so, where
-  the `minijinja` package is not installed;
+  transformers' Jinja2 (so, with template_matches_renderer, as the training renderer);
 - tokenizer_template: the template in `tokenizer_config.json` and the one AutoTokenizer loads are
   that same file;
 - system_prompt, generation_config, stop_ids, max_input_tokens: the system prompt file is non-empty
@@ -867,20 +866,10 @@ def template_checks(b: _Bundle) -> list[CheckResult]:
                  ("served_prompts", check_served_prompts)]  # each renders the template: moot when it does not compile
     rendered = [_run(n, fn, b) if compiles.status == "passed" else _skipped(n, "the template does not compile")
                 for n, fn in rendering]
-    minijinja = _minijinja_check(b) if compiles.status == "passed" else _skipped("template_minijinja",
-                                                                                   "the template does not compile")
+    minijinja = (_run("template_minijinja", check_template_minijinja, b) if compiles.status == "passed"
+                 else _skipped("template_minijinja", "the template does not compile"))
     return [bounds, compiles, rendered[0], minijinja, _run("tokenizer_template", check_tokenizer_template, b),
             *rendered[1:]]
-
-
-def _minijinja_check(b: _Bundle) -> CheckResult:
-    """template_minijinja, or skipped (saying why) where the minijinja package is not installed."""
-    try:
-        import minijinja  # noqa: F401 - a development dependency: check-bundle runs without it, and says so
-    except ImportError:
-        return _skipped("template_minijinja", "the minijinja package is not installed (pip install minijinja): the "
-                        "template was not rendered as TGI and other minijinja servers render it")
-    return _run("template_minijinja", check_template_minijinja, b)
 
 
 def _bounded_template_checks(path: Path) -> list[CheckResult]:
