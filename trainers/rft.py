@@ -106,8 +106,14 @@ def load_scorer(path: str) -> Scorer:
     return fn
 
 
+# The value each verifying scorer gives an answer it holds right: math, mcq and synthetic report `correct`; the
+# constraints scorer `strict` (every constraint followed as written), `ifeval_strict` in its ifeval mode. A lab's
+# constraints pool verified nothing while only `correct` was read.
+VERIFIED_WHEN = ("correct", "strict", "ifeval_strict")
+
+
 def _verified(outcome: Outcome, completion: Completion) -> bool:
-    return outcome.values.get("correct") == 1.0 and completion.stopped
+    return completion.stopped and any(outcome.values.get(name) == 1.0 for name in VERIFIED_WHEN)
 
 
 def select(samples: list[tuple[Completion, bool]], rule: str) -> Completion | None:

@@ -77,3 +77,22 @@ def test_bad_scorer_is_refused(model_dirs, digit_sum, tmp_path):
         RFTConfig(model_path=model_dirs["llama"], data_path=items, output_dir=tmp_path / "r", scorer="evals.nope:score")
     with pytest.raises(ValidationError, match="is not 'module:function'"):
         RFTConfig(model_path=model_dirs["llama"], data_path=items, output_dir=tmp_path / "r", scorer="evals.synthetic")
+
+
+def test_a_constraints_pool_verifies_answers_that_follow_every_constraint():
+    """RFT's verifier is the eval scorer: the constraints scorer says `strict`, not `correct` (a lab's own verified pool
+    of constraint items trained nothing while only `correct` was read)."""
+    from pydantic import TypeAdapter
+
+    from evals import constraints
+    from evals.constraint_rules import Constraint
+    from evals.types import Item, Message
+    from trainers.rft import _verified
+
+    rule = TypeAdapter(Constraint).validate_python({"kind": "postscript"})
+    item = Item(id="c1", messages=[Message(role="user", content="Write a note with a P.S.")], constraints=(rule,))
+    good = completion_from_text("c1", "Body.\nP.S. see you", 6, stopped=True)
+    bad = completion_from_text("c1", "Body only.", 3, stopped=True)
+    unstopped = completion_from_text("c1", "Body.\nP.S. see you", 6, stopped=False)
+    outcomes = constraints.score([item] * 3, [good, bad, unstopped])
+    assert [_verified(o, c) for o, c in zip(outcomes, [good, bad, unstopped], strict=True)] == [True, False, False]
