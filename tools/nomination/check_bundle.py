@@ -980,11 +980,19 @@ def _bound_memory(memory: int) -> None:
     """In the child: at most `memory` bytes of address space beyond what its libraries map. The libraries are
     imported first, since what they map differs by host: a CUDA build of torch maps several GiB of address space
     on import (a 3 GiB limit set before exec stopped every template check of the H200's GPU session), a CPU build
-    a few hundred MiB; the bound is for what the bundle's template makes the check allocate."""
+    a few hundred MiB; the bound is for what the bundle's template makes the check allocate. Everything the checks
+    import is imported here: transformers 5.25 loads a tokenizer through modules that import torch (and `kernels`),
+    which on the H200 took a template check past its bound before the template was read."""
     if not memory:
         return
     import jinja2  # noqa: F401 - mapped before the bound is taken
-    import transformers  # noqa: F401
+    import minijinja  # noqa: F401
+    import torch  # noqa: F401
+    # Lazy names: touching them imports what AutoTokenizer's path reaches (modeling_utils: accelerate, kernels,
+    # torch.distributed).
+    from transformers import AutoTokenizer, GenerationConfig, PreTrainedModel, PreTrainedTokenizerFast  # noqa: F401
+    from transformers.models.auto import modeling_auto  # noqa: F401
+    from transformers.utils import chat_template_utils  # noqa: F401
 
     _, hard = resource.getrlimit(resource.RLIMIT_AS)
     resource.setrlimit(resource.RLIMIT_AS, (address_space() + memory, hard))
