@@ -988,6 +988,7 @@ def _bound_memory(memory: int) -> None:
     import jinja2  # noqa: F401 - mapped before the bound is taken
     import minijinja  # noqa: F401
     import torch  # noqa: F401
+
     # Lazy names: touching them imports what AutoTokenizer's path reaches (modeling_utils: accelerate, kernels,
     # torch.distributed).
     from transformers import AutoTokenizer, GenerationConfig, PreTrainedModel, PreTrainedTokenizerFast  # noqa: F401
