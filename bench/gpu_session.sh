@@ -119,8 +119,10 @@ out = {"jobs": jobs, "session": session | {"exit_status": rc, "wall_s": session_
        "every_model_job_on_cuda_bf16": bool(model_jobs) and all(
            (j["device"], j["dtype"]) == ("cuda", "bfloat16") for j in model_jobs),
        "versions": installed().model_dump(),
+       # Data jobs (ingest, build) load no model and record no versions: their results are content-hashed records.
        "every_job_on_these_versions": bool(jobs) and all(j["versions"] == installed().model_dump() for j in jobs
-                                                          if j["state"] == "completed"),
+                                                          if j["state"] == "completed" and j["versions"] is not None),
+       "jobs_without_versions": sorted({j["kind"] for j in jobs if j["versions"] is None}),
        "hardware": env[0] if env else None, "software": env[2] if len(env) > 2 else None,
        "command": "bash bench/gpu_session.sh (world build --size demo; run_agent.py --budget 60gpuh"
                   + (f" --protocol {os.environ['PROTOCOL']}" if os.environ.get("PROTOCOL") else "") + ")",

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from core.versions import Versions
 from memory.notebook import Notebook
 from memory.records import BundleRefusal
 from tools.context import ToolContext, ToolOutcome, invoke, record_once, served_of
@@ -62,6 +63,8 @@ class BundleOutcome(BaseModel):
     passed: bool = Field(description="Every check passed.")
     problems: list[str] = Field(description="What failed: the writer's refusal or each failed check.")
     files: dict[str, str] = Field(default_factory=dict, description="sha256 of every file of the bundle as checked.")
+    versions: Versions | None = Field(None, description="The versions of torch, transformers, peft, trl and mamba-ssm "
+                                      "the bundle job ran with (stamped by the job wrapper, tools/jobs/jobrun.py).")
 
 
 def staged_dir(ctx: ToolContext, artifact_id: int) -> Path:

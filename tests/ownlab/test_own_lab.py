@@ -10,6 +10,7 @@ lab's judge: a loopback OpenAI-compatible server in this process.
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import re
@@ -179,6 +180,12 @@ def test_the_published_bundle_is_one_a_team_can_ship(combined: Ran):
     assert str(combined.lab) not in card and str(combined.lab.resolve()) not in card
     assert re.search(r"LoRA \(rank 8\b", card) and re.search(r"alpha 16\b", card)
     assert "`models/base` (`[model] base`)" in card
+    # The versions that made the weights (each training job's recorded result) and wrote the bundle (issue 38).
+    software = card.split("## Software", 1)[1].split("\n## ", 1)[0]
+    transformers_version = importlib.metadata.version("transformers")
+    made_by = [row for row in software.splitlines() if "result.versions" in row]
+    assert made_by and all(f"`{transformers_version}`" in row for row in made_by), software
+    assert f"| this bundle and card | `{importlib.metadata.version('torch')}` | `{transformers_version}`" in software
 
 
 @pytest.mark.slow

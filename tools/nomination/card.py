@@ -53,6 +53,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from scipy import stats as sps
 
 from core.display import shown
+from core.versions import Versions, installed
 from memory.notebook import Artifact, ChatTemplateRef, Decision, EvalRecord, JobRecord, Notebook
 from memory.records import BundleRefusal, CompareRefusal, IncumbentPayload
 from memory.report import family
@@ -428,6 +429,24 @@ def _recipe_section(nb: Notebook, lineage: list[Artifact]) -> list[str]:
     return [*lines, ""]
 
 
+def _software_section(nb: Notebook, lineage: list[Artifact]) -> list[str]:
+    """The versions of the packages that made the weights (each lineage job's recorded result, core/versions.py) and
+    of the ones this bundle was written with: a figure of this card is reproduced with the same versions."""
+    names = list(Versions.model_fields)
+    lines = ["## Software", "", "| made by | " + " | ".join(n.replace("_", "-") for n in names) + " |",
+             "|---" * (len(names) + 1) + "|"]
+    for art in lineage:
+        job = producing_job(nb, art)
+        result = (job.result or {}) if job is not None else {}
+        found = result.get("versions") or (result.get("train") or {}).get("versions")
+        if job is not None and found:
+            lines.append(f"| {code(art.name)} ({ref('job', job.id, 'result.versions')}) | "
+                         + " | ".join(code(found.get(n) or "-") for n in names) + " |")
+    here = installed()
+    lines.append("| this bundle and card | " + " | ".join(code(getattr(here, n) or "-") for n in names) + " |")
+    return [*lines, ""]
+
+
 def _data_section(datasets: list[Artifact]) -> list[str]:
     lines = ["## Training data", ""]
     if not datasets:
@@ -737,6 +756,7 @@ def render_card(nb: Notebook, session: str, nominee_id: int, parent_id: int | No
         _usage_section(nb, served[0], weights),
         _lineage_section(nb, lineage),
         _recipe_section(nb, lineage),
+        _software_section(nb, lineage),
         _data_section(lineage_datasets(nb, lineage)),
         _eval_section(nb, session, [("nominee", nominee), ("parent", parent), ("runner-up", runner_up)]),
         _sealed_section(nb, session, nominee),
