@@ -56,7 +56,8 @@ timeout "$(left)" python3 run_agent.py world build --lab "$LAB" --size demo > "$
   > "$OUTDIR/gpu_samples.csv" 2>/dev/null &
 SAMPLER=$!
 SESSION_START=$(date +%s)
-timeout "$(left)" python3 run_agent.py --budget 60gpuh ${PROTOCOL:+--protocol "$PROTOCOL"} --lab "$LAB" --session gpu1 --quiet > "$OUTDIR/session.log" 2>&1
+# 90 s of the call are kept for the report and the result (check-bundle reloads the bundle on the GPU).
+timeout "$(( $(left) - 90 ))" python3 run_agent.py --budget 60gpuh ${PROTOCOL:+--protocol "$PROTOCOL"} --lab "$LAB" --session gpu1 --quiet > "$OUTDIR/session.log" 2>&1
 RC=$?
 kill "$SAMPLER" 2>/dev/null
 SESSION_S=$(( $(date +%s) - SESSION_START ))
