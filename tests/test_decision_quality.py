@@ -121,7 +121,8 @@ def _artifact(db: Path, artifact: int, lab_served: dict) -> tuple[str, str]:
     with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
         sha, recipe, path = conn.execute("SELECT sha256, recipe, path FROM artifact WHERE id = ?", (artifact,)).fetchone()
     decoding = json.loads(recipe).get("served_decoding", lab_served)
-    return answer_key(sha, Decoding.model_validate(decoding)), path
+    # The notebook stores a path inside the lab as <lab>/... (memory/place.py): read here at the lab's place.
+    return answer_key(sha, Decoding.model_validate(decoding)), path.replace("<lab>", str(db.parent), 1)
 
 
 def _judged_again(lab: Path, cache: Path, db: Path, served: dict, new: int, old: int) -> tuple[float, float, bool]:

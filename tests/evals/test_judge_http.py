@@ -72,7 +72,10 @@ def _setup(item, completion):
 def test_judge_over_http(server, tmp_path, item, completion):
     items, cand, inc = _setup(item, completion)
     client = judge.OpenAIJudge(base_url=server, model="judge-model", api_key="test-key")
-    outcomes, record = judge.score(items, cand, inc, client, seed=7, judgments_path=tmp_path / "j.jsonl")
+    # Two of six replies are unparseable on purpose: the bound on their share is tests/evals/test_judge_unparsed.py's.
+    policy = judge.JudgePolicy(max_unparsed_share=0.5)
+    outcomes, record = judge.score(items, cand, inc, client, seed=7, judgments_path=tmp_path / "j.jsonl",
+                                   policy=policy)
     labels = [o.label for o in outcomes]
     assert labels == ["win", "win", "win", "inconsistent", "unparsed", "unparsed"]
     assert len(Handler.seen) == 12  # every pair judged in both orders

@@ -61,8 +61,9 @@ def held(tmp_path):
 # ---- one writer at a time ------------------------------------------------------------------------
 
 
-def test_a_second_run_or_resume_is_refused_naming_the_holder(held, tmp_path):
+def test_a_second_run_or_resume_is_refused_naming_the_holder(held, tmp_path, monkeypatch):
     lab, proc = held
+    monkeypatch.setenv("OPENAI_API_KEY", "test-key")  # the lab's planner key is set: only the lock stands in the way
     with Notebook.open(lab / "notebook.db"):  # resume looks for a notebook before the lock
         pass
     (tmp_path / "link").symlink_to(lab)  # the same lab reached through a link is the same lock
