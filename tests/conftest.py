@@ -48,17 +48,26 @@ OWN_WORLD_FILES = {"tests/world/test_recipes.py": "recipes", "tests/world/test_t
 # together. The three shared units lead; the files after them took 40-130 s each in a clean-clone run at
 # load 4-8 (tests ran in collection order before, and test_distributed.py's ~110 s came last). A unit not
 # named here keeps its collection order after these.
-HEAVY_FIRST = ("finished", "slurm", "toy_world", "recipes", "variants", "template", "tests/ownlab/test_own_recipes.py",
-               "tests/ownlab/test_own_lab.py", "tests/trainers/test_distributed.py", "tests/test_bench_scaling.py",
+HEAVY_FIRST = ("finished", "slurm", "toy_world", "recipes", "variants", "template", "tests/ownlab/test_own_lab.py",
+               *(f"tests/ownlab/test_own_recipes.py::test_each_recipe_runs_to_a_checked_nomination_on_the_own_lab[{r}]"
+                 for r in ("aspen", "islet", "delta", "brook", "ember")),
+               "tests/hostile/test_lab_moved.py", "tests/trainers/test_distributed.py", "tests/test_bench_scaling.py",
                "tests/tools/test_bundle.py", "tests/tools/test_launcher.py", "tests/test_entry_points.py",
                "tests/agent/test_failures_session.py", "tests/tools/test_launcher_attach.py", "tests/test_pipeline.py",
                "tests/tools/test_builders.py", "tests/agent/test_llm_planner.py")
+
+
+# Parametrized whole sessions that share nothing but a lab built in seconds: each case is a unit of its own, so the
+# cases spread over the workers instead of queueing on one (the own lab's five recipes took 330-410 s in one unit).
+SPREAD_FILES = {"tests/ownlab/test_own_recipes.py"}
 
 
 def work_unit(nodeid: str) -> str:
     path = nodeid.split("::", 1)[0]
     if "slurm" in nodeid:
         return "slurm"
+    if path in SPREAD_FILES:
+        return nodeid
     if path in FINISHED_FILES:
         return "finished"
     if path in OWN_WORLD_FILES:
