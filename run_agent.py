@@ -85,6 +85,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     path = args.lab / NOTEBOOK_FILE
     if path.exists() and session in _session_names(path):
         raise UsageError(f"session {session!r} already exists in {path}; pick another --session name")
+    from tools.paths import LabPaths
+
+    holder = LabPaths(root=args.lab).writer_holding()  # a held lab is named first: its inputs may be mid-change
+    if holder is not None:
+        raise UsageError(f"{LabPaths(root=args.lab).lock}: the lab is in use by {holder}; one writer at a time (wait "
+                         "for it to end, or use another --lab)")
     if config is not None:  # every input file is read before any notebook row is written (issue 10, item 3)
         from agent.inputs import feedback_notes, require_inputs
 
@@ -92,7 +98,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         for note in feedback_notes(config):
             print(note)
     from agent.runner import start
-    from tools.paths import LabPaths
 
     if config is None and named_lab and not args.lab.is_dir():
         # A mistyped --lab is not a request for the toy world: that is built without --lab (in ./lab) or by
