@@ -15,8 +15,20 @@ from pathlib import Path
 from agent.config import load_lab_config
 from agent.errors import SessionError
 from memory.notebook import Notebook, NotebookError
+from memory.records import Session
 from tools.jobs.launcher import Launcher
 from tools.paths import LabPaths
+
+
+def open_session(nb: Notebook, session: str, verb: str) -> Session:
+    """The session's record, which must be open for `verb` (resume, close) to act on it; SessionError otherwise."""
+    try:
+        s = nb.session(session)
+    except NotebookError as exc:
+        raise SessionError(str(exc)) from None
+    if s.status != "open":
+        raise SessionError(f"session {session} already ended ({s.status}); nothing to {verb}")
+    return s
 
 
 def close(lab_dir: Path, session: str, why: str, wait_s: float = 120.0) -> int:
@@ -26,12 +38,7 @@ def close(lab_dir: Path, session: str, why: str, wait_s: float = 120.0) -> int:
     lab_dir = lab_dir.resolve()
     paths = LabPaths(root=lab_dir)
     with Notebook.open(paths.notebook) as nb:
-        try:
-            s = nb.session(session)
-        except NotebookError as exc:
-            raise SessionError(str(exc)) from None
-        if s.status != "open":
-            raise SessionError(f"session {session} already ended ({s.status}); nothing to close")
+        s = open_session(nb, session, "close")
         open_jobs = [j for j in nb.jobs(session=session) if j.state in ("pending", "running") and j.external_id]
         cancelled = _cancel_jobs(nb, session, lab_dir, s.executor, [j.key for j in open_jobs], wait_s) if open_jobs else 0
         nb.end_session(session, "stopped", f"closed by a person: {why}")

@@ -15,6 +15,7 @@ from typing import Any
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.checkpoint.sqlite import SqliteSaver
 
+from agent.closing import open_session
 from agent.config import LabConfig, base_license, load_lab_config
 from agent.errors import SessionError
 from agent.graph import Runtime, drive
@@ -25,7 +26,7 @@ from core import redact as redaction
 from core.util import sha256_text
 from evals.job import CallableJudgeSpec, OpenAIJudgeSpec
 from evals.judge import JudgePolicy
-from memory.notebook import ChatTemplateRef, Notebook, NotebookError
+from memory.notebook import ChatTemplateRef, Notebook
 from memory.records import ReconfigurePayload
 from memory.skips import skipped_steps
 from tools.context import LabSpec, LabSuite, LabTruth, ToolContext
@@ -289,12 +290,7 @@ def resume(lab_dir: Path, session: str, quiet: bool) -> int:
     config = load_lab_config(lab_dir)
     _check_checkpoints(paths.graph_checkpoints)
     with Notebook.open(paths.notebook) as nb:
-        try:
-            s = nb.session(session)
-        except NotebookError as exc:
-            raise SessionError(str(exc)) from None
-        if s.status != "open":
-            raise SessionError(f"session {session} already ended ({s.status}); nothing to resume")
+        s = open_session(nb, session, "resume")
         saved = s.config
         accept_lab_changes(nb, session, config, paths)
         settings = PlaybookSettings.recorded(saved["playbook"], session)
