@@ -126,7 +126,9 @@ def _models() -> Path:
     shutil.copytree(base, teach)
     _save_tokenizer(_tokenizer(pad=TEAM_PAD), teach)
     system = (COMMITTED / "system_prompt.txt").read_text(encoding="utf-8").strip()
-    result = sft.train(sft.SFTConfig(model_path=teach, data_path=COMMITTED / "data" / "replay.jsonl",
+    # A copy of the data: the trainers cache its tokens beside it, never inside the committed lab.
+    replay = shutil.copy2(COMMITTED / "data" / "replay.jsonl", root / "replay.jsonl")
+    result = sft.train(sft.SFTConfig(model_path=teach, data_path=Path(replay),
                                      output_dir=root / "teach-out", system_prompt=system, steps=TEACH_STEPS, lr=3e-3,
                                      batch_size=16, micro_batch_size=16))
     chat = root / "models" / "chat"
