@@ -271,23 +271,37 @@ def check_template_matches(b: _Bundle) -> list[str]:
         chat.check_tokenizer(training)
     except chat.ChatTemplateError as err:
         return [f"{b.serving.training_template_file}: {err}; expected the template training rendered rows with"]
-    problems = []
-    for name, messages in SHAPES:
-        for generation in (False, True):
-            want = chat.render_text(training, messages, system, add_generation_prompt=generation)
-            try:
-                got = shipped.apply_chat_template(messages, chat_template=b.template, tokenize=False,
-                                                  add_generation_prompt=generation)
-            except jinja2.TemplateError as err:
-                problems.append(f"shape {name!r} (add_generation_prompt={generation}): the template raised {err}")
-                continue
-            if got != want:
-                problems.append(f"shape {name!r} (add_generation_prompt={generation}) {_first_difference(got, want)}")
+    problems = _mismatches(
+        lambda messages, generation: chat.render_text(training, messages, system, add_generation_prompt=generation),
+        lambda messages, generation: shipped.apply_chat_template(messages, chat_template=b.template, tokenize=False,
+                                                                 add_generation_prompt=generation),
+        jinja2.TemplateError, "the template")
     if problems:
         return [f"{b.serving.chat_template_file} differs from the training renderer (core.chat.render_text with "
                 f"{b.serving.training_template_file} and the served system prompt) in {len(problems)} of "
                 f"{2 * len(SHAPES)} renderings; expected byte-identical output. First: " + problems[0]]
     return []
+
+
+def _mismatches(want, got, raised: type[Exception], engine: str) -> list[str]:
+    """Every rendering of SHAPES, with and without the generation prompt, where `got(messages, generation)` differs
+    from `want(...)` (None: not compared) or raises `raised` (`engine` names what raised)."""
+    problems = []
+    for name, messages in SHAPES:
+        for generation in (False, True):
+            where = f"shape {name!r} (add_generation_prompt={generation})"
+            expected = want(messages, generation)
+            if expected is None:
+                continue
+            try:
+                actual = got(messages, generation)
+            except raised as err:
+                first = shown(str(err).splitlines()[0] if str(err) else type(err).__name__, limit=300)
+                problems.append(f"{where}: {engine} raised {first}")
+                continue
+            if actual != expected:
+                problems.append(f"{where} {_first_difference(actual, expected)}")
+    return problems
 
 
 def _minijinja_render(env, template: str, messages: list[dict], generation: bool, specials: dict) -> str:
@@ -307,22 +321,16 @@ def check_template_minijinja(b: _Bundle) -> list[str]:
     env.trim_blocks, env.lstrip_blocks, env.fuel = True, True, MINIJINJA_FUEL
     env.add_function("raise_exception", raise_exception)
     shipped = loading.load_tokenizer(b.path)
-    problems = []
-    for name, messages in SHAPES:
-        for generation in (False, True):
-            try:
-                want = shipped.apply_chat_template(messages, chat_template=b.template, tokenize=False,
-                                                   add_generation_prompt=generation)
-            except jinja2.TemplateError:
-                continue
-            try:
-                got = _minijinja_render(env, b.template, messages, generation, shipped.special_tokens_map)
-            except minijinja.TemplateError as err:
-                first = shown(str(err).splitlines()[0] if str(err) else type(err).__name__, limit=300)
-                problems.append(f"shape {name!r} (add_generation_prompt={generation}): minijinja raised {first}")
-                continue
-            if got != want:
-                problems.append(f"shape {name!r} (add_generation_prompt={generation}) {_first_difference(got, want)}")
+
+    def jinja2_render(messages: list[dict], generation: bool) -> str | None:
+        try:
+            return shipped.apply_chat_template(messages, chat_template=b.template, tokenize=False,
+                                               add_generation_prompt=generation)
+        except jinja2.TemplateError:  # a conversation the template refuses: template_matches_renderer's to report
+            return None
+
+    problems = _mismatches(jinja2_render, lambda messages, generation: _minijinja_render(
+        env, b.template, messages, generation, shipped.special_tokens_map), minijinja.TemplateError, "minijinja")
     if problems:
         return [f"{b.serving.chat_template_file} renders differently in minijinja (the engine of TGI and other servers) "
                 f"than in transformers' Jinja2 in {len(problems)} of {2 * len(SHAPES)} renderings; expected a template "
