@@ -2,7 +2,9 @@
 
 The reward model is a sequence-classification checkpoint with one output (the `reward_model` path of
 lab.toml; `core.tiny.build_reward_model` builds a tiny one). Both answers are rendered as full
-conversations by the one renderer without a system prompt, so they differ only in the answer. Per
+conversations by the one renderer without a system prompt, so they differ only in the answer, and tokenized
+by it too (`core.chat.render`): a special token's text inside the public's prompt or answer (`<|im_end|>`) is split
+into ordinary tokens, never read as the reward model's control token. Per
 item: `win` = 1 if the candidate's reward beats the recorded answer's (0.5 on a tie, 0 otherwise)
 and `margin` = reward(candidate) - reward(recorded). A proxy, not a human vote: report it as such.
 """
@@ -17,7 +19,7 @@ from transformers import PreTrainedModel
 from transformers import PreTrainedTokenizerBase as Tokenizer
 
 from core import loading
-from core.chat import render_text
+from core.chat import render
 from evals.types import Completion, Item, Outcome, check_aligned
 
 
@@ -41,16 +43,21 @@ def load(path: str | Path, device: str = "cpu", dtype: str = "float32") -> Rewar
                        device=torch.device(device))
 
 
+def conversation_ids(tokenizer: Tokenizer, item: Item, answer: str) -> list[int]:
+    """Token ids of the (prompt, answer) conversation in the reward model's own chat template (ChatML when it has
+    none), special tokens only where the template wrote them (core.chat's one rule for the public's text)."""
+    return render(tokenizer, [*item.messages, {"role": "assistant", "content": answer}]).input_ids
+
+
 def rewards(rm: RewardModel, items: list[Item], answers: list[str], batch_size: int = 16) -> list[float]:
     """The scalar reward of each (prompt, answer) conversation."""
-    # The reward model reads conversations in its own chat template (ChatML when it has none).
-    texts = [render_text(rm.tokenizer, [*item.messages, {"role": "assistant", "content": answer}])
-             for item, answer in zip(items, answers, strict=True)]
+    rows = [{"input_ids": conversation_ids(rm.tokenizer, item, answer)}
+            for item, answer in zip(items, answers, strict=True)]
     out: list[float] = []
-    for start in range(0, len(texts), batch_size):
+    for start in range(0, len(rows), batch_size):
         # Right padding: the classification head reads the last non-pad token of each row.
-        enc = rm.tokenizer(texts[start:start + batch_size], return_tensors="pt", padding=True,
-                           padding_side="right", add_special_tokens=False).to(rm.device)
+        enc = rm.tokenizer.pad(rows[start:start + batch_size], padding=True, padding_side="right",
+                               return_tensors="pt").to(rm.device)
         with torch.inference_mode():
             out.extend(rm.model(**enc).logits[:, 0].float().tolist())
     return out
