@@ -5,7 +5,7 @@ USE_HUB_KERNELS=0 (tools/jobs/jobrun.py).
 
 These tests run child processes under the Hub guard (tests/hubguard/sitecustomize.py: every kernels entry point and Hub
 download function raises and is logged). The guard is shown to catch a load that asks for Hub kernels, so its silence
-over the project's loader, and over a whole test-world session (tests/world/test_template_session.py), means something.
+over the project's loader, and over a whole session (the own lab's, tests/ownlab/test_own_lab.py), means something.
 """
 
 from __future__ import annotations
