@@ -5,9 +5,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from core.display import shown
 
 
 def canonical_json(value: Any) -> str:
@@ -26,6 +29,58 @@ def file_sha256(path: str | Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+class NotRegularFileError(ValueError):
+    """A path that is not a regular file of its own (a FIFO, a device, a socket, a directory, a symbolic link, or,
+    where one name is required, a hard link)."""
+
+
+_KINDS = ((stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory"),
+          (stat.S_ISLNK, "a symbolic link"))
+
+
+def not_regular(st: os.stat_result, single_link: bool = False) -> str | None:
+    """Why a file of these stats is not one to read as data (None when it is): not a regular file, or, with
+    `single_link`, a file that has other names (a hard link shares the file with a name that may lie anywhere on
+    the file system; its content is someone else's)."""
+    kind = next((what for test, what in _KINDS if test(st.st_mode)), None)
+    if kind is not None or not stat.S_ISREG(st.st_mode):
+        return f"{kind or 'not a regular file'}, not a regular file"
+    if single_link and st.st_nlink != 1:
+        return f"a hard link ({st.st_nlink} names of one file), not a file of its own"
+    return None
+
+
+def open_regular(path: str | Path, single_link: bool = False) -> int:
+    """A read-only descriptor of the regular file at `path`, or NotRegularFileError naming it. The type is read
+    before the open (a device is never opened: opening one can act), a final symbolic link is not followed
+    (O_NOFOLLOW), a FIFO does not block the open (O_NONBLOCK), and the type is read again from the descriptor
+    (fstat), which must be the file first looked at: what was checked is what is read."""
+    path = Path(path)
+    before = os.lstat(path)
+    why = not_regular(before, single_link)
+    if why is None:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        after = os.fstat(fd)
+        why = not_regular(after, single_link) or (
+            "replaced while it was opened" if (after.st_dev, after.st_ino) != (before.st_dev, before.st_ino) else None)
+        if why is None:
+            return fd
+        os.close(fd)
+    raise NotRegularFileError(f"{shown(path.name)}: {why}")
+
+
+def read_regular(path: str | Path, limit: int, single_link: bool = False) -> bytes:
+    """The bytes of the regular file at `path` (open_regular), refused (ValueError naming it) past `limit` bytes:
+    by its size before anything is read, and by what a read returns (a file that grows while it is read)."""
+    with os.fdopen(open_regular(path, single_link), "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        data = f.read(limit + 1) if size <= limit else b""
+    if size > limit or len(data) > limit:
+        raise ValueError(f"{shown(Path(path).name)}: {max(size, len(data))} bytes; expected at most {limit}")
+    return data
 
 
 def write_atomic(path: str | Path, data: bytes | str, mode: int | None = None) -> Path:

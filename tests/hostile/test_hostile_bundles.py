@@ -10,8 +10,10 @@ transformers' "run the custom code? [y/N]").
 from __future__ import annotations
 
 import json
+import math
 import os
 import pickle
+import stat
 import subprocess
 import sys
 import time
@@ -20,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from core import loading
+from core.util import file_sha256
 
 sys.path.insert(0, str(Path(__file__).parent))
 import bundle_kit  # noqa: E402
@@ -64,11 +67,11 @@ def _processes_naming(text: str) -> list[str]:
     return found
 
 
-def _check(bundle: Path, *where: str, status: int = 1) -> str:
+def _check(bundle: Path, *where: str, status: int = 1, timeout: int = 600) -> str:
     """check-bundle on `bundle`: the status, no traceback, each of `where` in the output, nothing changed under
     the bundle's parent, no process left; returns the output."""
     before = files(bundle.parent)
-    done = _cli("check-bundle", str(bundle))
+    done = _cli("check-bundle", str(bundle), timeout=timeout)
     out = done.stdout + done.stderr
     assert done.returncode == status, out
     assert "Traceback" not in out, out
@@ -184,6 +187,65 @@ def test_no_file_of_a_bundle_may_lead_out_of_it_and_outside_content_is_never_pri
     out = _check(linked, f"{shard.name} is a symbolic link leading out of the bundle")
     out += _check(passwd, "system_prompt.txt is a symbolic link leading out of the bundle")
     assert "root:" not in out
+
+
+def test_a_fifo_or_a_hard_link_in_a_bundle_is_refused_unread(made, tmp_path):
+    """A FIFO in serving_config.json's place waited for a writer forever; a hard link to a file outside the bundle
+    was read, and its first characters printed. Each is refused from its own stats, never opened."""
+    fifo = _copy(made, tmp_path, "fifo")
+    (fifo / "serving_config.json").unlink()
+    os.mkfifo(fifo / "serving_config.json")
+    linked = _copy(made, tmp_path, "hardlink")
+    outside = tmp_path / "outside-secret.txt"
+    outside.write_text("OUTSIDE-SECRET root:x:0:0")
+    (linked / "system_prompt.txt").unlink()
+    os.link(outside, linked / "system_prompt.txt")
+    t0 = time.monotonic()
+    out = _check(fifo, "serving_config.json: a named pipe (FIFO), not a regular file", timeout=120)
+    assert time.monotonic() - t0 < 60
+    out += _check(linked, "system_prompt.txt: a hard link (2 names of one file), not a file of its own", timeout=120)
+    assert "OUTSIDE-SECRET" not in out and "skipped reload" not in out  # refused before anything is read
+
+
+def test_a_device_in_a_bundle_is_refused_unopened(made, tmp_path):
+    """A character device (/dev/zero's numbers) as a tokenizer file the tokenizer's load reads was read without bound
+    (2.5 GB in 9 s, then a traceback)."""
+    dev = _copy(made, tmp_path, "device")
+    try:
+        os.mknod(dev / "special_tokens_map.json", 0o644 | stat.S_IFCHR, os.makedev(1, 5))
+    except PermissionError:
+        pytest.skip("making a device node needs CAP_MKNOD")
+    t0 = time.monotonic()
+    _check(dev, "special_tokens_map.json: a character device, not a regular file", timeout=120)
+    assert time.monotonic() - t0 < 60
+
+
+def test_a_shard_is_hashed_only_once_its_header_describes_its_size(made, tmp_path):
+    """A sparse terabyte in a shard's place, its size recorded in serving_config.json, was hashed in full (about 15
+    minutes of I/O): its header describes a few kB, so it is refused unread. A header whose tensors span other than
+    their shape says is refused before hashing too."""
+    sparse = _copy(made, tmp_path, "sparse")
+    shard = next(sparse.glob("model-*.safetensors"))
+    with open(shard, "r+b") as f:
+        f.truncate(1024**4)
+    bundle_kit.edit_json(sparse / "serving_config.json", lambda s: s["weights"]["files"][shard.name].update(bytes=1024**4))
+    t0 = time.monotonic()
+    out = _check(sparse, f"{shard.name}: {1024**4} bytes, but its header describes", timeout=120)
+    assert time.monotonic() - t0 < 90 and "skipped reload" in out
+    shaped = _copy(made, tmp_path, "shaped")
+    shard = next(shaped.glob("model-*.safetensors"))
+    data = shard.read_bytes()
+    length = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + length])
+    name = next(k for k, v in header.items() if k != "__metadata__" and math.prod(v["shape"]) > 1)
+    header[name]["shape"] = [1]  # one element, whatever its data_offsets span
+    text = json.dumps(header, separators=(",", ":")).encode().ljust(length)  # the same length: sizes stay recorded
+    assert len(text) == length
+    shard.write_bytes(data[:8] + text + data[8 + length:])
+    bundle_kit.edit_json(shaped / "serving_config.json", lambda s: s["weights"]["files"][shard.name].update(
+        sha256=file_sha256(shard)))
+    _check(shaped, f"{shard.name}: 1 tensors (e.g. {name}) span other than their shape times their dtype's size",
+           timeout=120)
 
 
 def test_no_name_in_the_serving_config_or_the_index_may_leave_the_bundle(made, tmp_path):

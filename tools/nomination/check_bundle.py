@@ -7,10 +7,14 @@ Command (exit 0 when every check passes, 1 when any fails, 2 when DIR is not a d
 
     python run_agent.py check-bundle DIR [--lab LAB]
 
-A bundle is someone else's data, never code: before anything is read, `files` refuses a symbolic link leading
-out of the bundle, Python files, an `auto_map`, pickled weights, oversized tokenizer files and malformed
+A bundle is someone else's data, never code: before anything is read, `files` refuses a symbolic link, a FIFO, a
+device, a socket or a hard link (a file with another name, which may lie outside the bundle), Python files, an `auto_map`, pickled weights, oversized tokenizer files and malformed
 safetensors headers (core/loading.py), and every name in serving_config.json and the shard index must be a
-plain file name of the bundle; every load pins trust_remote_code=False and reads safetensors only. Every check
+plain file name of the bundle; every load pins trust_remote_code=False and reads safetensors only. The text, JSON
+and hashed files check-bundle reads itself are opened as core.util.open_regular opens them (no link followed, no
+FIFO waited on, the type checked on the descriptor, so what was checked is what is read) and read with a bound: text
+and JSON files by their limits, the manifest's files by SERVED_FILE_LIMIT; a shard is hashed only once its size is
+the recorded one and the one its safetensors header describes, every tensor's bytes its dtype and shape. Every check
 is bounded: the ones that render the template run in a child process under a time and memory limit, after
 `template_bounds` streamed each rendering under TEMPLATE_OUTPUT_LIMIT; the reload runs in a child under a
 timeout, at most RELOAD_MAX_NEW_TOKENS tokens and RELOAD_SECONDS_PER_ANSWER seconds an answer. Messages are
@@ -73,9 +77,12 @@ seed 407). Without a notebook, or when the items can no longer be read, the relo
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+import os
 import resource
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -87,7 +94,15 @@ from safetensors import SafetensorError
 
 from core import chat, loading
 from core.display import bounded, shown
-from core.util import SHIPPED_FILE_MODE, address_space, dir_mode, file_sha256, shipped_file_mode
+from core.util import (
+    SHIPPED_FILE_MODE,
+    address_space,
+    dir_mode,
+    not_regular,
+    open_regular,
+    read_regular,
+    shipped_file_mode,
+)
 from memory.notebook import Notebook, NotebookError
 from tools.nomination.bundle import (
     ADAPTER_CONFIG,
@@ -146,6 +161,8 @@ RELOAD_SECONDS_PER_ANSWER = 60
 # The largest text file read whole (templates and the system prompt are a few kB; tokenizer files have their own
 # bound, core.loading.TOKENIZER_FILE_LIMIT, which also bounds every JSON file of the bundle).
 TEXT_LIMIT = 1024**2
+# The largest file of the manifest besides the weights (the bound of tokenizer files, which are the largest of them).
+SERVED_FILE_LIMIT = loading.TOKENIZER_FILE_LIMIT
 # The most entries a bundle directory may hold (a real one holds about 15 plus its shards).
 MAX_ENTRIES = 10_000
 # What the bundle writer puts in generation_config.json (tools.nomination.bundle._write_generation_config).
@@ -197,11 +214,34 @@ class BundleReport(BaseModel):
 
 
 def _read(path: Path, limit: int) -> str:
-    """A bundle text file, refused (ValueError naming it) past `limit` bytes before it is read."""
-    size = path.stat().st_size
-    if size > limit:
-        raise ValueError(f"{shown(path.name)}: {size} bytes; expected at most {limit}")
-    return path.read_text(encoding="utf-8")
+    """A bundle text file: a regular file of one name (core.util.open_regular), refused (ValueError naming it) past
+    `limit` bytes before it is read."""
+    return read_regular(path, limit, single_link=True).decode("utf-8")
+
+
+def _sha256(path: Path, limit: int) -> tuple[int, str | None]:
+    """The size of the bundle file at `path` and its sha256, read from the descriptor whose size was checked (at
+    most that many bytes); no sha256 (None, nothing read) for a file past `limit` bytes."""
+    with os.fdopen(open_regular(path, single_link=True), "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size > limit:
+            return size, None
+        digest, left = hashlib.sha256(), size
+        while left and (block := f.read(min(left, 1 << 20))):
+            digest.update(block)
+            left -= len(block)
+        return size, digest.hexdigest() if not left else None
+
+
+def _digest_problem(name: str, path: Path, want, limit: int, what: str) -> str | None:
+    """Why the bundle file at `path` is not the recorded one (`want`: its bytes and sha256; `what` says what a
+    difference means), or None; a file past `limit` bytes is not read."""
+    size, got = _sha256(path, limit)
+    if got == want.sha256 and size == want.bytes:
+        return None
+    found = f"with sha256 {got[:16]}..." if got is not None else f"(past {limit} bytes: not read)"
+    return (f"{shown(name)} is {size} bytes {found}; expected {want.bytes} bytes with sha256 {want.sha256[:16]}... "
+            f"({what})")
 
 
 def _json(path: Path) -> dict:
@@ -260,7 +300,7 @@ def _tokenizers(b: _Bundle):
         raise ValueError(f"serving_config.json training_template_file {name!r} is not a file of the bundle; expected "
                          "the template training rendered rows with")
     training = loading.load_tokenizer(b.path)
-    training.chat_template = (b.path / name).read_text(encoding="utf-8")
+    training.chat_template = _read(b.path / name, TEXT_LIMIT)
     return loading.load_tokenizer(b.path), training
 
 
@@ -455,18 +495,47 @@ def _shard_problems(b: _Bundle) -> list[str]:
 
 
 def check_weights(b: _Bundle) -> list[str]:
+    """Every weights file is the recorded one. What is hashed is bounded first: a file is hashed only once its size
+    is the recorded size and the size its safetensors header describes, each tensor's bytes its dtype and shape (and,
+    for a full model, the index is the shards'), so a sparse terabyte whose size was recorded is refused unread."""
+    files = sorted(b.serving.weights.files.items())
     problems = []
-    for name, want in sorted(b.serving.weights.files.items()):
+    for name, want in files:
         path = b.path / name
         if not path.is_file():
             problems.append(f"{name} is missing; expected {want.bytes} bytes")
-        elif path.stat().st_size != want.bytes or file_sha256(path) != want.sha256:
-            problems.append(f"{name} is {path.stat().st_size} bytes with sha256 {file_sha256(path)[:16]}...; expected "
-                            f"{want.bytes} bytes with sha256 {want.sha256[:16]}... (truncated or changed)")
+        elif (size := os.stat(path, follow_symlinks=False).st_size) != want.bytes:
+            problems.append(f"{name} is {size} bytes (not read); expected {want.bytes} bytes with sha256 "
+                            f"{want.sha256[:16]}... (truncated or changed)")
+        else:
+            problems += _tensor_problems(path)
+    if not problems and b.serving.weights.kind == "full":
+        problems = _shard_problems(b)
     if problems:
         return problems
-    if b.serving.weights.kind == "full":
-        return _shard_problems(b)
+    return [p for name, want in files
+            if (p := _digest_problem(name, b.path / name, want, want.bytes, "truncated or changed"))]
+
+
+# Bytes of one element of each safetensors dtype (a dtype not listed here is not size-checked: safetensors itself
+# refuses one it does not know).
+DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0": 1, "I16": 2, "U16": 2, "F16": 2,
+               "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8, "C64": 8}
+
+
+def _tensor_problems(path: Path) -> list[str]:
+    """Whether a weights file's header describes the file: its size (read_header), and each tensor's bytes the
+    product of its shape and its dtype's size."""
+    try:
+        header = read_header(path)
+    except ValueError as err:
+        return [f"{shown(str(err), limit=MESSAGE_LIMIT)}; expected a safetensors file whose header describes it (not "
+                "hashed)"]
+    wrong = sorted(t for t, v in header.items() if v["dtype"] in DTYPE_BYTES
+                   and v["data_offsets"][1] - v["data_offsets"][0] != math.prod(v["shape"]) * DTYPE_BYTES[v["dtype"]])
+    if wrong:
+        return [f"{shown(path.name)}: {len(wrong)} tensors (e.g. {shown(wrong[0], limit=80)}) span other than their "
+                "shape times their dtype's size; expected a safetensors header that describes its tensors (not hashed)"]
     return []
 
 
@@ -487,7 +556,7 @@ def check_adapter_base(b: _Bundle) -> list[str]:
 
 
 def check_decision_hash(b: _Bundle, notebook_path: Path) -> list[str]:
-    evidence = TrainingEvidence.model_validate_json((b.path / "training_evidence.json").read_text(encoding="utf-8"))
+    evidence = TrainingEvidence.model_validate_json(_read(b.path / "training_evidence.json", loading.CONFIG_FILE_LIMIT))
     want = evidence.last_decision
     with Notebook.open(notebook_path, readonly=True) as nb:
         found = [d for d in nb.decisions(evidence.session) if d.seq == want.seq]
@@ -584,9 +653,8 @@ def check_integrity(b: _Bundle) -> list[str]:
         path = b.path / name
         if not plain_name(name) or not path.is_file():
             problems.append(f"serving_config.json files names {shown(name)}, which is not a file of the bundle")
-        elif path.stat().st_size != want.bytes or file_sha256(path) != want.sha256:
-            problems.append(f"{shown(name)} is {path.stat().st_size} bytes with sha256 {file_sha256(path)[:16]}...; "
-                            f"expected {want.bytes} bytes with sha256 {want.sha256[:16]}... (edited since it was written)")
+        elif (problem := _digest_problem(name, path, want, SERVED_FILE_LIMIT, "edited since it was written")):
+            problems.append(problem)
     listed = set(recorded) | set(b.serving.weights.files) | set(UNSERVED)
     unlisted = sorted(p.name for p in b.path.iterdir() if p.name not in listed)
     problems += [f"{shown(name)} lies in the bundle but in no manifest of serving_config.json; expected only the "
@@ -599,7 +667,7 @@ def check_permissions(b: _Bundle, notebook_path: Path | None) -> list[str]:
     a server running as another user reads the bundle only then, whoever runs this check."""
     mode = SHIPPED_FILE_MODE
     if notebook_path is not None:
-        evidence = TrainingEvidence.model_validate_json((b.path / "training_evidence.json").read_text(encoding="utf-8"))
+        evidence = TrainingEvidence.model_validate_json(_read(b.path / "training_evidence.json", loading.CONFIG_FILE_LIMIT))
         with Notebook.open(notebook_path, readonly=True) as nb:
             mode = shipped_file_mode(nb.session(evidence.session).config)
     short = []
@@ -619,20 +687,35 @@ def check_permissions(b: _Bundle, notebook_path: Path | None) -> list[str]:
 
 
 def confinement_problems(path: Path) -> list[str]:
-    """What would make reading the bundle read something else: a link leading out of it, code, pickles, an
-    auto_map, an oversized tokenizer file. Checked before any file is read; a link's target is never read."""
+    """What would make reading the bundle read something else, or never end: a symbolic link, a FIFO (a read waits
+    for a writer forever), a device (/dev/zero reads without end), a socket, a hard link (its other name may lie
+    outside the bundle), code, pickles, an auto_map, an oversized tokenizer file. Checked before any file is read,
+    from each entry's own stats (a link's target, a device, a pipe are never opened)."""
     entries = sorted(path.iterdir())
     if len(entries) > MAX_ENTRIES:
         return [f"{len(entries)} entries; expected a bundle of at most {MAX_ENTRIES} files"]
-    root = path.resolve()
-    problems = [f"{shown(p.name)} is a symbolic link leading out of the bundle; expected every file inside it "
-                "(its target is not read)" for p in entries if p.is_symlink() and not p.resolve().is_relative_to(root)]
+    problems = [p for p in (_entry_problem(path.resolve(), e) for e in entries) if p]
     if problems:
         return problems
     try:
         return [m.replace(f"{shown(str(path))}/", "", 1) for m in loading.model_problems(path)]
     except loading.UnsafeModelError as err:
         return [str(err)]
+
+
+def _entry_problem(root: Path, entry: Path) -> str | None:
+    """Why one entry of the bundle is not a file of its own to read, or None (a directory is integrity's to name)."""
+    st = os.lstat(entry)
+    if stat.S_ISLNK(st.st_mode):
+        inside = Path(os.path.realpath(entry)).is_relative_to(root)  # realpath: a link loop is no exception here
+        where = "(inside the bundle)" if inside else "leading out of the bundle"
+        return (f"{shown(entry.name)} is a symbolic link {where}; expected every file inside it, a regular file of its "
+                "own (its target is not read)")
+    if stat.S_ISDIR(st.st_mode):
+        return None
+    why = not_regular(st, single_link=True)
+    return None if why is None else (f"{shown(entry.name)}: {why}; expected the bundle's own files, each a regular "
+                                     "file with one name (it is not opened)")
 
 
 def _name_problems(serving: ServingConfig) -> list[str]:
@@ -717,7 +800,7 @@ def reload_evidence(b: _Bundle, notebook_path: Path | None) -> tuple[MeasuredSto
     from it (the items, `bundle.stop_probes`, read from the lab's files); without one, the stops as the bundle's
     evidence recorded them when it was written (None for a bundle from before they were recorded) and no items (a
     bundle carries none: the reload then answers PROMPTS)."""
-    evidence = TrainingEvidence.model_validate_json((b.path / "training_evidence.json").read_text(encoding="utf-8"))
+    evidence = TrainingEvidence.model_validate_json(_read(b.path / "training_evidence.json", loading.CONFIG_FILE_LIMIT))
     if notebook_path is None:
         return evidence.stops, []
     with Notebook.open(notebook_path, readonly=True) as nb:
