@@ -20,8 +20,11 @@ turns off the lazy per-function Hub lookups that `use_kernels` does not reach. T
 
 from __future__ import annotations
 
+import contextlib
 import json
 import struct
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 from core.display import shown
@@ -162,6 +165,16 @@ def model_from_config(config, **kwargs):
     return AutoModelForCausalLM.from_config(config, trust_remote_code=False, **kwargs)
 
 
+@contextlib.contextmanager
+def peft_wrapping() -> Iterator[None]:
+    """Around every PeftModel construction (a load, `get_peft_model`): peft 0.21 reads transformers' deprecated
+    `is_gradient_checkpointing` there, which warns on 5.25 (a FutureWarning in every LoRA job's log) and is removed
+    in v6. The call is peft's, not ours; only that one warning is silenced, and only while peft wraps a model."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+        yield
+
+
 def load_adapter(base, path: str | Path, **kwargs):
     """A PEFT adapter directory over a loaded base model: safetensors only (peft would torch.load a .bin)."""
     from peft import PeftModel
@@ -169,4 +182,5 @@ def load_adapter(base, path: str | Path, **kwargs):
     refuse_unsafe(path)
     if not (Path(path) / "adapter_model.safetensors").is_file():
         raise UnsafeModelError(f"{shown(str(path))}: no adapter_model.safetensors; expected the adapter's weights as safetensors")
-    return PeftModel.from_pretrained(base, path, **kwargs)
+    with peft_wrapping():
+        return PeftModel.from_pretrained(base, path, **kwargs)

@@ -437,7 +437,7 @@ def load_policy(model_path: Path, dtype: str, lora: LoRASettings | None, seed: i
     attention and MoE blocks compiled, trainers/lora_experts.py) 170.0 -> 98.5 ms, against full fine-tuning's 107.8 ms
     compiled in the same call (bench/README.md, hybrid LoRA: that step is host-bound, and varies by machine); its
     Mamba mixers replayed from CUDA graphs (`graph_mamba_mixers`) 106.2-106.4 -> 99.4-99.6 ms (full fine-tuning
-    121.0-121.6 -> 101.0-104.2 ms; bench/README.md, fifth round).
+    121.0-121.6 -> 101.0-104.2 ms; bench/results/train_step_variants-nemotron-h-graphs-1.json and -2.json).
     """
     env = distributed.setup()
     config = loading.load_config(model_path)
@@ -494,7 +494,7 @@ def graph_mamba_mixers(model: torch.nn.Module) -> int:
     Nemotron-H bench shape (H200, 2 x 4096) that host work (30-34 ms a step for 6 layers) made the step host-bound,
     98.5-130.8 ms for 79.5 ms of kernels (bench/README.md, hybrid LoRA). Replayed, the 6 mixers take 3.8 ms of host
     time a step for their 39 ms of kernels; the step went 106.2-106.4 -> 99.4-99.6 ms with LoRA and 121.0-121.6 ->
-    101.0-104.2 ms with full fine-tuning in two calls (bench/README.md, fifth round)."""
+    101.0-104.2 ms with full fine-tuning in two calls (bench/results/train_step_variants-nemotron-h-graphs-1.json, -2)."""
     checkpointing = any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules())
     on_gpu = next(model.parameters()).is_cuda
     if checkpointing or not on_gpu or not mamba_kernels.on_triton(model):
@@ -544,10 +544,11 @@ def _make_trainable(model: PreTrainedModel, lora: LoRASettings | None, seed: int
 
     modules, params = lora_targets(model.config.model_type, lora)
     torch.manual_seed(seed)  # LoRA A matrices are random: same seed, same adapter init
-    peft_model = get_peft_model(model, LoraConfig(
-        r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=modules,
-        target_parameters=params or None, modules_to_save=["lm_head"] if lora.train_lm_head else None,
-    ))
+    with loading.peft_wrapping():
+        peft_model = get_peft_model(model, LoraConfig(
+            r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=modules,
+            target_parameters=params or None, modules_to_save=["lm_head"] if lora.train_lm_head else None,
+        ))
     if lora.train_lm_head:
         _fp32_trainable_head(peft_model)
     lora_experts.use_plain_experts(peft_model)  # peft's experts LoRA, without its per-call parametrization

@@ -639,7 +639,8 @@ def _lora_plan(base: Path, adapter: Path, base_entries: dict[str, _Entry],
     sources = _runtime_sources(skeleton, list(base_entries))
     shapes = {k: list(v.shape) for k, v in skeleton.state_dict().items()}
     try:
-        wrapped = get_peft_model(skeleton, config)
+        with loading.peft_wrapping():
+            wrapped = get_peft_model(skeleton, config)
     except ValueError as e:  # peft's refusal of targets the base lacks
         raise MergeError(f"{adapter}: the adapter does not fit {base}: {str(e).splitlines()[0]}") from None
     _check_adapter_tensors(adapter, {k: list(v.shape) for k, v in get_peft_model_state_dict(wrapped).items()},

@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import ownlab  # noqa: E402
 
 from memory.notebook import Notebook  # noqa: E402
+from tests.hubguard import guarded_env  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 SESSION = "own1"
@@ -41,13 +42,13 @@ class Ran:
     judge_authorized: list[bool]
 
 
-def cli(*args: str, timeout: int = TIMEOUT_S) -> subprocess.CompletedProcess:
+def cli(*args: str, timeout: int = TIMEOUT_S, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(REPO / "run_agent.py"), *args], cwd=REPO, capture_output=True,
-                          text=True, timeout=timeout, env=os.environ | {ownlab.JUDGE_KEY_ENV: "own-lab-judge-key"})
+                          text=True, timeout=timeout, env=(env or dict(os.environ)) | {ownlab.JUDGE_KEY_ENV: "own-lab-judge-key"})
 
 
-def run_session(lab: Path, *args: str) -> subprocess.CompletedProcess:
-    return cli("--budget", BUDGET, "--lab", str(lab), "--session", SESSION, "--quiet", *args)
+def run_session(lab: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return cli("--budget", BUDGET, "--lab", str(lab), "--session", SESSION, "--quiet", *args, env=env)
 
 
 def session_failure(ran: Ran) -> str:
@@ -58,11 +59,14 @@ def session_failure(ran: Ran) -> str:
 def combined(tmp_path_factory: pytest.TempPathFactory) -> Ran:
     """The combined playbook on the own lab (its delta bar on the judged holdout), at the full protocol: every
     first arm (winner SFT, DPO, KL-CE, RFT on the lab's verified pool), the sweep, trajectory selection, soup and
-    doses, serving alternatives."""
+    doses, serving alternatives.
+
+    The whole session, its jobs, their zygote and check-bundle's child included, runs under the Hub guard
+    (tests/hubguard): any call that would fetch or run code from the Hub is refused and logged to `hub.log`."""
     root = tmp_path_factory.mktemp("ownlab")
     with ownlab.judge_server() as (url, judge):
         lab = ownlab.make_lab(root / "lab", url)
-        proc = run_session(lab, "--protocol", "full")
+        proc = run_session(lab, "--protocol", "full", env=guarded_env(root / "hub.log"))
         return Ran(lab, proc, list(judge.requests), list(judge.authorized))
 
 
@@ -125,6 +129,31 @@ def test_the_session_opened_on_the_labs_own_model_and_template(combined: Ran):
     assert ref.source == "model" and ref.eot_token == ownlab.EOT
     # [train] method = "lora": every arm trained an adapter, merged into its checkpoint.
     assert trains and all(c.result["data"].get("adapter_id") is not None for c in trains)
+
+
+@pytest.mark.slow
+def test_no_load_of_the_session_reached_for_the_hub(combined: Ran):
+    """Every model job trained, evaluated, merged, bundled and reloaded with the Hub guard in place, and none of them
+    called a kernels entry point or a Hub download (the guard logs even a call its caller swallowed)."""
+    assert combined.proc.returncode == 0, session_failure(combined)
+    with Notebook.open(combined.lab / "notebook.db", readonly=True) as nb:
+        kinds = {job.kind for job in nb.jobs(session=SESSION) if job.state == "completed"}
+    assert {"reference", "sft", "dpo", "eval", "merge", "bundle"} <= kinds, kinds
+    hub_log = combined.lab.parent / "hub.log"
+    assert not hub_log.exists(), hub_log.read_text()
+
+
+@pytest.mark.slow
+def test_no_deprecation_warning_from_the_sessions_calls(combined: Ran):
+    """No FutureWarning or DeprecationWarning in the agent's output or any job's log: a call transformers deprecates
+    (`past_key_values` for `cache`, 5.25) is moved before the release that removes it breaks a session."""
+    assert combined.proc.returncode == 0, session_failure(combined)
+    logs = sorted((combined.lab / "jobs").rglob("*_log.*"))
+    assert len(logs) > 10
+    texts = [("agent", combined.proc.stdout + combined.proc.stderr), *((p.name, p.read_text(errors="replace")) for p in logs)]
+    warned = [f"{name}: {line.strip()}" for name, text in texts for line in text.splitlines()
+              if "FutureWarning" in line or "DeprecationWarning" in line]
+    assert not warned, "\n".join(warned[:10])
 
 
 @pytest.mark.slow
