@@ -15,8 +15,11 @@ and refuses, with one message naming the file, the key and what was expected (`L
   reaches neither the terminal nor the notebook. API keys live in the environment: `api_key_env`
   names the variable;
 - Slurm values that could add their own `#SBATCH` line: partition, account and qos are plain
-  Slurm names, and each `extra_sbatch` entry is one `--option[=value]` without whitespace that
-  does not override what the launcher sets itself (partition, time, resources, log paths).
+  Slurm names, and each `extra_sbatch` entry is one `--option[=value]` without whitespace whose
+  option is one of SBATCH_ALLOWED, by its full name (none overrides what the launcher sets itself:
+  partition, time, resources, log paths; sbatch would read an abbreviation as the whole option);
+- job resources past any machine (tools/jobs/executor.py: MAX_TIME_LIMIT_MIN, MAX_GPUS_PER_NODE, ...);
+  what the partition's nodes or this host have is checked before a session opens (agent/inputs.py).
 
 `[train]` holds the user's training recipe (trainers/recipe.py: per trainer family the method, LoRA, learning rate
 and its range, schedule, steps, batches, lengths and the family's own knobs); keys left out are derived from the base
@@ -178,9 +181,25 @@ TokenizerDir = Annotated[Path, _PathStr, AfterValidator(_a_tokenizer_dir)]
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", re.ASCII)
 _SLURM_WORD_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.,:+@-]{0,127}", re.ASCII)
 _SBATCH_RE = re.compile(r"--(?P<key>[a-z][a-z0-9_-]*)(?:=(?P<value>[!-~]+))?", re.ASCII)
-# Options the launcher sets itself (tools/jobs/launcher.py) or that would move the logs it reads.
-_RESERVED_SBATCH = {"partition", "account", "qos", "time", "job-name", "nodes", "ntasks-per-node", "gpus-per-node",
-                    "cpus-per-task", "mem", "signal", "output", "error", "array", "wrap", "chdir", "open-mode"}
+# The sbatch options extra_sbatch may pass, by their full names: each chooses or restricts the nodes a job runs on,
+# delays it, or labels it; none changes what the launcher sets or reads (partition, account, resources, tasks, time,
+# signals, requeue policy aside, the environment, the logs). An allow-list rather than a list of the reserved names:
+# sbatch reads its options with getopt_long, which takes any unambiguous prefix of a long option (`--arr=` is
+# `--array`, `--ch=` `--chdir`: both passed the reserved-name check), and a reserved list misses options the launcher
+# relies on (--gres, --gpus, --ntasks, --mem-per-cpu, --export, --hold, --wait, ...) and those later Slurm versions
+# add. Exact names from a fixed list leave no prefix and no new option to reason about. `requeue` is here because the
+# launcher admits a requeued run as a new attempt (tools/jobs/launcher.py); `begin` delays a job, which the pending
+# report then names.
+SBATCH_ALLOWED = frozenset({
+    "constraint", "prefer", "exclusive", "reservation", "nodelist", "exclude", "switches", "licenses", "hint",
+    "tmp", "core-spec", "thread-spec", "sockets-per-node", "cores-per-socket", "threads-per-core", "gpu-bind",
+    "gpu-freq", "cpu-freq", "mem-bind", "network", "begin", "requeue", "nice", "comment", "wckey", "mail-type",
+    "mail-user", "mcs-label", "acctg-freq", "profile"})
+# Options the launcher sets itself (tools/jobs/launcher.py) or that would move the logs it reads: named as such when
+# lab.toml gives one of them, or an abbreviation of one.
+_RESERVED_SBATCH = ("partition", "account", "qos", "time", "job-name", "nodes", "ntasks-per-node", "gpus-per-node",
+                    "cpus-per-task", "mem", "signal", "output", "error", "array", "wrap", "chdir", "open-mode",
+                    "no-requeue")
 
 
 def _name(value: str) -> str:
@@ -207,10 +226,17 @@ def _sbatch_line(line: str) -> str:
     if match is None or "#" in flag:
         raise ValueError(f"{line!r} is not one long option like '--constraint=h100' (no whitespace, newlines or '#')")
     key = match["key"].replace("_", "-")
+    if key in SBATCH_ALLOWED:
+        return line
     if key in _RESERVED_SBATCH:
         raise ValueError(f"{line!r}: --{key} is set by the launcher from [executor] / [executor.slurm]; "
                          "it cannot be overridden here")
-    return line
+    meant = [r for r in _RESERVED_SBATCH if r.startswith(key)]
+    if meant:  # sbatch (getopt_long) reads an unambiguous prefix as the whole option
+        raise ValueError(f"{line!r}: --{key} abbreviates --{meant[0]}, which the launcher sets from [executor] / "
+                         "[executor.slurm]; it cannot be overridden here")
+    raise ValueError(f"{line!r}: --{key} is not among the sbatch options extra_sbatch may pass; expected one of "
+                     f"{', '.join(sorted(SBATCH_ALLOWED))}, by its full name")
 
 
 def _sbatch_lines(lines: list[str]) -> list[str]:

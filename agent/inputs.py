@@ -33,6 +33,7 @@ from tools.data.datasets import DatasetError, read_chat_rows
 from tools.data.feedback import MAX_LISTED, FeedbackError, load_feedback
 from tools.data.leak import DEFAULT_NGRAM, Reference, audit, prompt_text
 from tools.data.splits import SplitConfig, max_unit, oversized_groups, split_file, split_problems
+from tools.jobs.executor import host_memory_gb, local_gpus, local_problems
 
 # Item fields each scorer reads besides the conversation (evals/<scorer>.py).
 SCORER_NEEDS: dict[str, tuple[str, ...]] = {
@@ -143,8 +144,9 @@ def _counter(tokenizer_file: Path, context: int) -> Callable[[list[str]], int]:
 def runtime_problems(cfg: LabConfig, env: Mapping[str, str], planner: str, executor: str = "local") -> list[str]:
     """What a session would otherwise find only at its first job (issue 43, items 4 and 7): an API key variable the
     lab names for an endpoint it uses that is unset or empty (the judge's; the planner's when `planner` is openai),
-    a tokenizer without a pad token, and, on Slurm (`executor`), job resources no node of the partition has (such
-    a job would pend forever).
+    a tokenizer without a pad token, and job resources no node can give: on Slurm (`executor`), those no node of the
+    partition has, or a time limit past the partition's (such a job would pend forever); on the local executor, GPUs
+    or memory this host lacks.
 
     A tokenizer without one is refused, not patched (Meta's Llama-3 tokenizers ship so): generation pads prompts on
     the left and the trainers pad batches, and the usual patch, the end-of-sequence token as pad, makes padding and
@@ -166,6 +168,8 @@ def runtime_problems(cfg: LabConfig, env: Mapping[str, str], planner: str, execu
         from tools.jobs.launcher import slurm_problems  # here: `check-feedback` imports this module, fast
 
         problems += slurm_problems(cfg.executor.model_copy(update={"kind": "slurm"}))
+    if executor == "local":
+        problems += local_problems(cfg.executor, local_gpus(env), host_memory_gb())
     return problems
 
 

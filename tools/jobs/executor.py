@@ -12,6 +12,16 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+# The most any job may ask for, past every machine a lab runs on: a value beyond is a slip or an attack, refused at
+# load (a time_limit_min of 2**63 - 1 was a 3,150-year limit, `gpus = 1000` on a host without GPUs was accepted and
+# then every eval refused by the budget). What the partition's nodes (sinfo) or this host really have is checked
+# before a session opens: tools.jobs.launcher.slurm_problems, local_problems below.
+MAX_TIME_LIMIT_MIN = 30 * 24 * 60  # 30 days: Slurm sites cap their partitions far below this
+MAX_GPUS_PER_NODE = 64
+MAX_NODES = 4096
+MAX_CPUS_PER_TASK = 4096
+MAX_MEM_GB = 64 * 1024  # per node
+
 
 class _Settings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -21,11 +31,11 @@ class SlurmSection(_Settings):
     partition: str = Field(description="Slurm partition jobs are submitted to.")
     account: str | None = Field(None, description="Slurm account to charge.")
     qos: str | None = Field(None, description="Slurm quality of service.")
-    gpus_per_node: int = Field(1, ge=0, description="GPUs of one node: a training job's default (one task per GPU); "
+    gpus_per_node: int = Field(1, ge=0, le=MAX_GPUS_PER_NODE, description="GPUs of one node: a training job's default (one task per GPU); "
                                "eval, reference, truth and bundle jobs default to 1 of them, merge and data jobs to 0.")
-    cpus_per_task: int = Field(8, ge=1, description="CPUs per task (a job runs one task per GPU): check them against "
+    cpus_per_task: int = Field(8, ge=1, le=MAX_CPUS_PER_TASK, description="CPUs per task (a job runs one task per GPU): check them against "
                                "the partition's nodes; a job no node can hold is refused before submission.")
-    mem_gb: int = Field(64, ge=1, description="Memory per job (per node) in GB.")
+    mem_gb: int = Field(64, ge=1, le=MAX_MEM_GB, description="Memory per job (per node) in GB.")
     pending_report_min: float = Field(10.0, gt=0, description="Minutes a job may wait in the queue before the session "
                                       "reports it (a `wait` decision and a CLI line, with Slurm's reason).")
     extra_sbatch: list[str] = Field(default_factory=list, description="Extra `#SBATCH` lines, verbatim.")
@@ -51,14 +61,14 @@ class KindResources(_Settings):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)  # lab.toml's `gpus = "2"` is an error
 
     gpus: int | None = Field(
-        None, ge=0, description="GPUs per node. Default: eval, reference, truth and bundle 1; merge and data 0; train "
+        None, ge=0, le=MAX_GPUS_PER_NODE, description="GPUs per node. Default: eval, reference, truth and bundle 1; merge and data 0; train "
         "executor.slurm.gpus_per_node on Slurm. On the local executor the GPU defaults are capped at the GPUs this "
         "host has (0 on a host without one).")
-    nodes: int = Field(1, ge=1, description="Nodes (Slurm; more than 1 only for train: one task per GPU on each, "
+    nodes: int = Field(1, ge=1, le=MAX_NODES, description="Nodes (Slurm; more than 1 only for train: one task per GPU on each, "
                        "the torch.distributed rendezvous from Slurm's environment).")
-    cpus: int | None = Field(None, ge=1, description="CPUs per task; default executor.slurm.cpus_per_task.")
-    mem_gb: int | None = Field(None, ge=1, description="Memory per node in GB; default executor.slurm.mem_gb.")
-    time_limit_min: int | None = Field(None, ge=1, description="Wall-clock limit of one run in minutes; default "
+    cpus: int | None = Field(None, ge=1, le=MAX_CPUS_PER_TASK, description="CPUs per task; default executor.slurm.cpus_per_task.")
+    mem_gb: int | None = Field(None, ge=1, le=MAX_MEM_GB, description="Memory per node in GB; default executor.slurm.mem_gb.")
+    time_limit_min: int | None = Field(None, ge=1, le=MAX_TIME_LIMIT_MIN, description="Wall-clock limit of one run in minutes; default "
                                        "executor.time_limit_min.")
 
 
@@ -103,9 +113,38 @@ def local_gpus(env: Mapping[str, str]) -> int:
     return min(present, len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"]))
 
 
+def host_memory_gb(meminfo: Path = Path("/proc/meminfo")) -> float:
+    """GB (2**30 bytes) of memory this host's jobs can have: MemTotal, or this process's cgroup limit when lower (a
+    container's memory.max)."""
+    total = next(int(line.split()[1]) * 1024 for line in meminfo.read_text().splitlines()
+                 if line.startswith("MemTotal:"))
+    limit = Path("/sys/fs/cgroup/memory.max")
+    if limit.is_file() and limit.read_text().strip().isdigit():
+        total = min(total, int(limit.read_text().strip()))
+    return total / 1024**3
+
+
+def local_problems(section: ExecutorSection, host_gpus: int, host_mem_gb: float) -> list[str]:
+    """Before a session opens on the local executor: the `[executor.resources.<kind>]` values this host cannot give
+    (every local job runs here): more GPUs than it has (each job would be refused by its forecast, or fail), more
+    memory than it has. One line per kind and key; [] when all fit. Defaults are not checked: the GPU defaults are
+    capped at the host's, and mem_gb's default is the Slurm section's, unused here."""
+    problems = []
+    for kind in ResourcesSection.model_fields:
+        given = getattr(section.resources, kind)
+        if given.gpus is not None and given.gpus > host_gpus:
+            problems.append(f"[executor.resources.{kind}] gpus = {given.gpus}: this host has {host_gpus} GPU(s) and "
+                            f"the local executor runs every job here; expected at most {host_gpus}")
+        if given.mem_gb is not None and given.mem_gb > host_mem_gb:
+            problems.append(f"[executor.resources.{kind}] mem_gb = {given.mem_gb}: this host has {host_mem_gb:.0f} GB "
+                            f"of memory and the local executor runs every job here; expected at most "
+                            f"{int(host_mem_gb)}")
+    return problems
+
+
 class ExecutorSection(_Settings):
     kind: Literal["local", "slurm"] = Field("local", description="Where jobs run: local subprocesses or Slurm.")
-    time_limit_min: int = Field(240, ge=1, description="Explicit wall-clock limit of every job, in minutes.")
+    time_limit_min: int = Field(240, ge=1, le=MAX_TIME_LIMIT_MIN, description="Explicit wall-clock limit of every job, in minutes.")
     slurm: SlurmSection | None = Field(None, description="Slurm parameters; required when kind = 'slurm'.")
     gpu_memory_gib: float | None = Field(
         None, gt=0,

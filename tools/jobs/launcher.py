@@ -542,7 +542,8 @@ class SlurmBackend:
     def need(self, resources: Resources) -> NodeNeed:
         """What one node of the job must have, as `executor` asks Slurm for it."""
         return NodeNeed(cpus=(resources.cpus or self.cpus_per_task) * self.tasks(resources),
-                        mem_gb=resources.mem_gb or self.mem_gb, gpus=self.gpus(resources))
+                        mem_gb=resources.mem_gb or self.mem_gb, gpus=self.gpus(resources),
+                        time_limit_min=math.ceil(resources.time_limit_min))
 
     def unfit(self, resources: Resources) -> str | None:
         """Why no node of the partition can run the job (it would pend forever), or None; None too when sinfo
@@ -562,12 +563,13 @@ class SlurmBackend:
 
 
 class PartitionNode(BaseModel):
-    """One shape of node of a Slurm partition, as `sinfo -o "%c %m %G"` groups them."""
+    """One shape of node of a Slurm partition, as `sinfo -o "%l %c %m %G"` groups them."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     cpus: int = Field(description="CPUs of one node.")
     mem_mb: int = Field(description="Memory of one node, MB.")
     gpus: int = Field(description="GPUs of one node (its gres/gpu).")
+    time_limit_min: int | None = Field(None, description="The partition's time limit in minutes; None: infinite.")
 
 
 class NodeNeed(BaseModel):
@@ -577,6 +579,7 @@ class NodeNeed(BaseModel):
     cpus: int = Field(description="CPUs per task times tasks per node.")
     mem_gb: int = Field(description="Memory per node, GB (sbatch --mem=<n>GB: n x 1024 MB).")
     gpus: int = Field(description="GPUs per node.")
+    time_limit_min: int | None = Field(None, description="The job's time limit in minutes (sbatch --time).")
 
 
 _LEADING_INT = re.compile(r"\d+")
@@ -584,24 +587,45 @@ _GRES_GPU = re.compile(r"(?:^|,)gpu(?::[^:,()]+)?:(\d+)")
 
 
 def partition_nodes(partition: str) -> list[PartitionNode] | None:
-    """The node shapes of a partition (`sinfo -h -p PART -o "%c %m %G"`); [] when the partition does not exist,
+    """The node shapes of a partition (`sinfo -h -p PART -o "%l %c %m %G"`); [] when the partition does not exist,
     None when sinfo cannot be asked (not installed, the controller down)."""
     try:
-        out = subprocess.run(["sinfo", "-h", "-p", partition, "-o", "%c %m %G"], capture_output=True, text=True,
+        out = subprocess.run(["sinfo", "-h", "-p", partition, "-o", "%l %c %m %G"], capture_output=True, text=True,
                              timeout=60, check=True).stdout
     except (OSError, subprocess.SubprocessError):
         return None
+    return sinfo_nodes(out)
+
+
+def sinfo_nodes(out: str) -> list[PartitionNode]:
+    """The node shapes of `sinfo -h -o "%l %c %m %G"`'s lines (time limit, CPUs, memory MB, gres)."""
     nodes = []
     for line in out.splitlines():
         fields = line.split()
-        if len(fields) < 2:
+        if len(fields) < 3:
             continue
-        cpus, mem = (_LEADING_INT.match(f) for f in fields[:2])  # "64+" when a group's nodes differ: its least
-        gres = fields[2] if len(fields) > 2 else ""
+        cpus, mem = (_LEADING_INT.match(f) for f in fields[1:3])  # "64+" when a group's nodes differ: its least
+        gres = fields[3] if len(fields) > 3 else ""
         if cpus and mem:
             nodes.append(PartitionNode(cpus=int(cpus.group()), mem_mb=int(mem.group()),
-                                       gpus=sum(int(n) for n in _GRES_GPU.findall(gres))))
+                                       gpus=sum(int(n) for n in _GRES_GPU.findall(gres)),
+                                       time_limit_min=sinfo_minutes(fields[0])))
     return nodes
+
+
+_SINFO_TIME = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
+
+
+def sinfo_minutes(text: str) -> int | None:
+    """A Slurm time limit as sinfo prints it (`infinite`, `D-HH:MM:SS`, `HH:MM:SS`, `MM:SS`, minutes), in whole
+    minutes (seconds round up); None: no limit (or one sinfo does not state)."""
+    match = _SINFO_TIME.fullmatch(text)
+    if match is None:
+        return None  # "infinite", "UNLIMITED", "n/a"
+    days, *parts = match.groups()
+    units = [int(p) for p in parts if p is not None]
+    hours, minutes, seconds = [0] * (3 - len(units)) + units if len(units) > 1 else [0, units[0], 0]
+    return int(days or 0) * 24 * 60 + hours * 60 + minutes + (1 if seconds else 0)
 
 
 def slurm_problems(section: ExecutorSection) -> list[str]:
@@ -625,6 +649,11 @@ def partition_problem(partition: str, nodes: Sequence[PartitionNode], need: Node
     forever, without a word from Slurm to the one who submitted it."""
     if not nodes:
         return f"Slurm partition {partition!r} has no nodes (sinfo -p {partition} lists none): check [executor.slurm] partition"
+    limits = [n.time_limit_min for n in nodes]
+    if need.time_limit_min is not None and None not in limits and need.time_limit_min > max(limits):
+        return (f"Slurm partition {partition!r} allows jobs of at most {max(limits)} minutes (sinfo's time limit) and "
+                f"the job asks {need.time_limit_min}; it would pend forever: set [executor] time_limit_min or "
+                "[executor.resources.<kind>] time_limit_min to at most the partition's limit")
     if any(n.cpus >= need.cpus and n.mem_mb >= need.mem_gb * 1024 and n.gpus >= need.gpus for n in nodes):
         return None
     big = max(nodes, key=lambda n: (n.gpus, n.cpus, n.mem_mb))
