@@ -36,6 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from core import loading
 from trainers.common import ACTIVATION_CHECKPOINTING_ABOVE, ConfigError, LoRASettings, TrainConfig
+from trainers.targets import adapter_sizes, names_of
 
 ACT_BYTES_PER_TOKEN_LAYER_PER_HIDDEN = 34  # Korthikanti et al. 2022, 16-bit activations, no s^2 term
 CUDA_RESERVE_BYTES = 2 * 1024**3  # CUDA context, NCCL buffers, allocator fragmentation
@@ -93,20 +94,38 @@ def model_shape(model_path: Path | str, lora: LoRASettings | None) -> ModelShape
 
 
 def shape_of(config, lora: LoRASettings | None) -> ModelShape:
-    """model_shape for a transformers config object (no files needed: the 30B extrapolation uses it)."""
-    from trainers.common import make_trainable
+    """model_shape for a transformers config object (no files needed: the 30B extrapolation uses it).
+
+    Counted on the base model built on the meta device, the adapter's parameters added from its targets' shapes
+    (trainers/targets.py): peft never runs here, so the launcher's admission, which calls this in the agent process,
+    builds no adapter there (a target list over embeddings at r = 4096 once made peft fail inside the agent)."""
+    from trainers.common import lora_targets
     from trainers.distributed import decoder_blocks
 
     with torch.device("meta"):
-        model = make_trainable(loading.model_from_config(config), None, lora, 0, False)
-    blocks = decoder_blocks(model)
-    in_blocks = sum(p.numel() for b in blocks for p in b.parameters())
+        model = loading.model_from_config(config)
+    names = names_of(model)
     total = sum(p.numel() for p in model.parameters())
-    adapted = any("lora_" in n and "experts" in n for n, _ in model.named_parameters())
-    folded = max(sum(p.numel() for p in b.parameters() if p.ndim == 3 and not p.requires_grad) for b in blocks)
+    adapters: dict[str, int] = {}
+    head = 0
+    if lora is not None:
+        modules, params = lora_targets(config.model_type, lora)
+        adapters = adapter_sizes(names, modules, params, lora.r)
+        head = model.get_output_embeddings().weight.numel() if lora.train_lm_head else 0  # its trainable copy
+    module_name = {id(m): n for n, m in model.named_modules()}
+    blocks = decoder_blocks(model)
+
+    def block_params(block: torch.nn.Module) -> int:
+        prefix = module_name[id(block)] + "."
+        return sum(p.numel() for p in block.parameters()) + sum(v for k, v in adapters.items() if k.startswith(prefix))
+
+    in_blocks = sum(block_params(b) for b in blocks)
+    trainable = total if lora is None else sum(adapters.values()) + head
+    total += 0 if lora is None else trainable
+    adapted = any("experts" in name for name in adapters)
+    folded = max(sum(p.numel() for p in b.parameters() if p.ndim == 3) for b in blocks)
     return ModelShape(
-        total_params=total, trainable_params=sum(p.numel() for p in model.parameters() if p.requires_grad),
-        largest_block_params=max(sum(p.numel() for p in b.parameters()) for b in blocks),
+        total_params=total, trainable_params=trainable, largest_block_params=max(block_params(b) for b in blocks),
         root_params=total - in_blocks, hidden_size=config.hidden_size, num_layers=len(blocks),
         vocab_size=config.vocab_size, folded_expert_params=folded if adapted else 0)
 
