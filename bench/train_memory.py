@@ -40,6 +40,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from any directory
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import transformers  # noqa: E402
 from transformers import AutoModelForCausalLM, NemotronHConfig  # noqa: E402
@@ -55,7 +56,8 @@ from trainers.sft import SFTObjective  # noqa: E402
 PATTERN_30B = "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME"
 
 
-def nemotron_h(shape: str) -> NemotronHConfig:
+def nemotron_h(shape: str, pattern: str | None = None) -> NemotronHConfig:
+    """The shape's config; `pattern` replaces its block pattern (bench/decode_hybrid.py's reduced-depth check)."""
     if shape == "30b-a3b":
         dims = dict(hidden_size=2688, pattern=PATTERN_30B, n_routed_experts=128, moe_intermediate_size=1856,
                     moe_shared_expert_intermediate_size=3712, mamba_num_heads=64)
@@ -65,7 +67,8 @@ def nemotron_h(shape: str) -> NemotronHConfig:
     else:  # tiny: the CPU smoke
         dims = dict(hidden_size=64, pattern="MEM*E", n_routed_experts=4, moe_intermediate_size=32,
                     moe_shared_expert_intermediate_size=32, mamba_num_heads=4)
-    pattern = dims.pop("pattern")
+    pattern = pattern or dims.pop("pattern")
+    dims.pop("pattern", None)
     big = shape != "tiny"
     return NemotronHConfig(
         vocab_size=131072 if big else 1024, hybrid_override_pattern=pattern, num_hidden_layers=len(pattern),
@@ -189,7 +192,36 @@ def _steps(config, lora, micro: int, seq_len: int, steps: int, dtype, env, chunk
            "tokens_per_s": micro * seq_len / steady[len(steady) // 2]}
     if torch.cuda.is_available():
         out |= {"peak_allocated_gib": peak, "peak_reserved_gib": torch.cuda.max_memory_reserved() / GIB}
+    if PROFILE["path"] is not None:  # after the peak is read: the profiled step's own cost is not in it
+        PROFILE["table"] = profiled_step(model, objective, optimizer, micro, config.vocab_size,
+                                         steady[len(steady) // 2])
     return out
+
+
+PROFILE: dict = {"path": None, "table": None}  # --profile: where the last run's profiled step goes
+
+
+def profiled_step(model, objective, optimizer, micro: int, vocab: int, wall_s: float) -> dict:
+    """One more step of the loop under torch.profiler, its kernels by category (bench/profile_categories.py:
+    expert grouped GEMMs and their adapters, head + loss, Mamba scan, attention, recomputation, optimizer),
+    against `wall_s`, the unprofiled step's median time."""
+    from profile_categories import categorize, labelled, phase
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with labelled(model), profile(activities=activities, record_shapes=True) as prof:
+        t0 = time.perf_counter()
+        with phase("forward_backward"):
+            loop._one_step(model, objective, list(range(micro)), micro)
+        with phase("optimizer"):
+            torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        profiled_s = time.perf_counter() - t0
+    return categorize(prof, 1, wall_s, mode="train", vocab=vocab) | {"profiled_wall_ms": profiled_s * 1e3,
+                                                                      "micro_batch_size": micro}
 
 
 def extrapolate(seq_len: int, micro: int, chunk: int) -> list[dict]:
@@ -256,6 +288,8 @@ def main() -> None:
     p.add_argument("--runs", nargs="+", default=["full:1", "full:2", "lora:1", "lora:2"],
                    help="KIND:MICRO_BATCH, KIND full or lora (r64, alpha 128, FP32 head)")
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--profile", type=Path, default=None,
+                   help="after the last run's timed steps, profile one more step and write its time by category here")
     p.add_argument("--extrapolate-only", action="store_true",
                    help="write only the 30B-A3B estimate on 1, 4 and 8 GPUs (CPU, no process group, no training)")
     p.add_argument("--summarize", type=Path, nargs="+", default=None,
@@ -267,6 +301,7 @@ def main() -> None:
     if args.extrapolate_only:
         write_extrapolation(args)
         return
+    PROFILE["path"] = args.profile
     env = distributed.setup()
     dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32
     config = nemotron_h(args.shape)
@@ -293,6 +328,13 @@ def main() -> None:
             print(f"{r['config']:>14} micro {r['micro_batch_size']} x {r['seq_len']}: {r['status']:>4}  peak "
                   f"{r.get('peak_allocated_gib', float('nan')):6.1f} GiB  estimate {r['estimate_gib']['total']:6.1f} GiB  "
                   f"{r.get('tokens_per_s', float('nan')):8.0f} tok/s")
+        if args.profile and PROFILE["table"] is not None:
+            from profile_categories import render
+
+            args.profile.write_text(json.dumps(PROFILE["table"] | {
+                "command": " ".join(sys.argv), "shape": args.shape, "seq_len": args.seq_len,
+                "hardware": report["hardware"], "lora": "r64 alpha 128, FP32 head"}, indent=2) + "\n")
+            print(f"profiled step, micro {PROFILE['table']['micro_batch_size']}:\n{render(PROFILE['table'])}")
     distributed.teardown()
 
 
