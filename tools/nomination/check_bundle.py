@@ -8,17 +8,17 @@ Command (exit 0 when every check passes, 1 when any fails, 2 when DIR is not a d
     python run_agent.py check-bundle DIR [--lab LAB]
 
 A bundle is someone else's data, never code: before anything is read, `files` refuses a symbolic link, a FIFO, a
-device, a socket or a hard link (a file with another name, which may lie outside the bundle), Python files, an `auto_map`, pickled weights, oversized tokenizer files and malformed
-safetensors headers (core/loading.py), and every name in serving_config.json and the shard index must be a
-plain file name of the bundle; every load pins trust_remote_code=False and reads safetensors only. The text, JSON
-and hashed files check-bundle reads itself are opened as core.util.open_regular opens them (no link followed, no
-FIFO waited on, the type checked on the descriptor, so what was checked is what is read) and read with a bound: text
-and JSON files by their limits, the manifest's files by SERVED_FILE_LIMIT; a shard is hashed only once its size is
-the recorded one and the one its safetensors header describes, every tensor's bytes its dtype and shape. Every check
-is bounded: the ones that render the template run in a child process under a time and memory limit, after
-`template_bounds` streamed each rendering under TEMPLATE_OUTPUT_LIMIT; the reload runs in a child under a
-timeout, at most RELOAD_MAX_NEW_TOKENS tokens and RELOAD_SECONDS_PER_ANSWER seconds an answer. Messages are
-printed escaped and bounded (core/display.py).
+device, a socket or a hard link (a file with another name, which may lie outside the bundle), Python files, an
+`auto_map`, pickled weights, oversized tokenizer files and malformed safetensors headers (core/loading.py), and
+every name in serving_config.json and the shard index must be a plain file name of the bundle; every load pins
+trust_remote_code=False and reads safetensors only. The text, JSON and hashed files check-bundle reads itself are
+opened as core.util.open_regular opens them (no link followed, no FIFO waited on, the type checked on the
+descriptor, so what was checked is what is read) and read with a bound: text and JSON files by their limits, the
+manifest's files by SERVED_FILE_LIMIT; a shard is hashed only once its size is the recorded one and the one its
+safetensors header describes, every tensor's bytes its dtype and shape. Every check is bounded: the ones that render
+the template run in a child process under a time and memory limit, after `template_bounds` streamed each rendering
+under TEMPLATE_OUTPUT_LIMIT; the reload runs in a child under a timeout, at most RELOAD_MAX_NEW_TOKENS tokens and
+RELOAD_SECONDS_PER_ANSWER seconds an answer. Messages are printed escaped and bounded (core/display.py).
 
 Checks, each reported with what was expected:
 - files: every file a server reads is present, and the bundle is confined (above);
@@ -85,6 +85,7 @@ import resource
 import stat
 import subprocess
 import sys
+from itertools import islice
 from pathlib import Path
 from typing import Literal
 
@@ -691,9 +692,9 @@ def confinement_problems(path: Path) -> list[str]:
     for a writer forever), a device (/dev/zero reads without end), a socket, a hard link (its other name may lie
     outside the bundle), code, pickles, an auto_map, an oversized tokenizer file. Checked before any file is read,
     from each entry's own stats (a link's target, a device, a pipe are never opened)."""
-    entries = sorted(path.iterdir())
+    entries = sorted(islice(path.iterdir(), MAX_ENTRIES + 1))  # a directory of millions is not listed whole
     if len(entries) > MAX_ENTRIES:
-        return [f"{len(entries)} entries; expected a bundle of at most {MAX_ENTRIES} files"]
+        return [f"more than {MAX_ENTRIES} entries; expected a bundle of at most {MAX_ENTRIES} files"]
     problems = [p for p in (_entry_problem(path.resolve(), e) for e in entries) if p]
     if problems:
         return problems
