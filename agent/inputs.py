@@ -26,6 +26,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from agent.config import LabConfig, LabConfigError
+from agent.train_settings import train_problems
 from core.jsonl import JSONLError, read_lines
 from evals import bars, synthetic
 from evals.types import Item
@@ -127,6 +128,16 @@ def _context(cfg: LabConfig) -> tuple[int, Path, Path] | None:
     return context, model / "config.json", tokenizer
 
 
+def prompt_tokens(cfg: LabConfig) -> list[int]:
+    """Tokens of each feedback battle's prompt, counted as length_problems counts them; [] when the model states no
+    context."""
+    found = _context(cfg)
+    if found is None:
+        return []
+    count = _counter(found[2], found[0])
+    return [count([m.content for m in b.messages]) for b in load_feedback(cfg.feedback.file).battles]
+
+
 def _counter(tokenizer_file: Path, context: int) -> Callable[[list[str]], int]:
     """Tokens of a conversation's contents (plus the template's), or context + 1 as soon as it is over."""
     from tokenizers import Tokenizer  # here: only a lab whose model states a context needs it
@@ -170,7 +181,7 @@ def runtime_problems(cfg: LabConfig, env: Mapping[str, str], planner: str, execu
         problems += slurm_problems(cfg.executor.model_copy(update={"kind": "slurm"}))
     if executor == "local":
         problems += local_problems(cfg.executor, local_gpus(env), host_memory_gb())
-    return problems
+    return problems + train_problems(cfg, env, executor, prompt_tokens(cfg))  # [train] against the parent, the data
 
 
 def _pad_token(tokenizer_dir: Path) -> str | None:

@@ -30,7 +30,7 @@ import json
 import math
 import struct
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -39,6 +39,21 @@ FAMILIES: tuple[Family, ...] = ("sft", "dpo", "klce", "rft")
 Method = Literal["full", "lora"]
 BatchUnit = Literal["sequences", "tokens"]
 Schedule = Literal["linear", "cosine"]
+
+
+# The elements of a `<key>_range`: the bounds of the key itself (a learning rate is positive, a batch at least one
+# row), so that `lr_range = [-1, 1]` or `batch_range = [0, 0]` is refused at load, naming the element, instead of
+# reaching a trainer (pydantic's traceback at `act: train`) or the gate (a division by the batch).
+LrBound = Annotated[float, Field(gt=0, le=1)]
+StepsBound = Annotated[int, Field(ge=1, le=10_000_000)]
+BatchBound = Annotated[int, Field(ge=1, le=1 << 30)]
+BetaBound = Annotated[float, Field(gt=0, le=100)]
+WeightBound = Annotated[float, Field(ge=0, le=100)]
+KBound = Annotated[int, Field(ge=1, le=256)]
+# A LoRA target: a module or parameter name suffix, dotted names of Python identifiers. The empty suffix would match
+# the model's root (peft then adapts whatever it finds, nothing the user named); which modules a suffix matches is
+# checked against the parent before a session opens (trainers/targets.py).
+TargetName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*$", max_length=200)]
 
 
 class _Strict(BaseModel):
@@ -56,6 +71,14 @@ def _check_inside(name: str, value: float | None, bounds: list[float] | None) ->
         raise ValueError(f"{name} = {value:g} is outside {name}_range [{bounds[0]:g}, {bounds[1]:g}]")
 
 
+def _check_multiple(batch: int | None, micro: int | None, where: str = "") -> None:
+    # Gradient accumulation runs whole micro-batches: a batch that is no multiple of the micro-batch the user wrote
+    # would train on another batch than the one written.
+    if batch is not None and micro is not None and batch % micro:
+        raise ValueError(f"{where}batch ({batch}) must be a multiple of micro_batch ({micro}): gradient "
+                         "accumulation runs whole micro-batches")
+
+
 class LoRASection(_Strict):
     """[train.lora] (or [train.<family>.lora]): the adapter; keys left out take the rules' defaults."""
 
@@ -63,11 +86,11 @@ class LoRASection(_Strict):
     alpha: float | None = Field(None, gt=0, le=65536, description="LoRA alpha; the update is scaled by alpha / r "
                                                                   "(default 2 x r).")
     dropout: float | None = Field(None, ge=0, lt=1, description="Dropout on the adapter input (default 0).")
-    target_modules: list[str] | None = Field(
-        None, min_length=1, description="Module name suffixes to adapt (default: the architecture's list, "
+    target_modules: list[TargetName] | None = Field(
+        None, min_length=1, max_length=64, description="Module name suffixes to adapt (default: the architecture's list, "
         "trainers/common.py: attention and MLP projections, and Nemotron-H's Mamba in_proj).")
-    target_parameters: list[str] | None = Field(
-        None, description="Parameter name suffixes adapted directly, e.g. routed experts stored as 3-D tensors "
+    target_parameters: list[TargetName] | None = Field(
+        None, max_length=64, description="Parameter name suffixes adapted directly, e.g. routed experts stored as 3-D tensors "
         "(default: Nemotron-H's experts, none for dense models).")
     fp32_head: bool | None = Field(None, description="Also train lm_head in full, kept in FP32 (default false).")
 
@@ -78,7 +101,7 @@ class CommonSection(_Strict):
     method: Method | None = Field(None, description="'full' fine-tuning or a 'lora' adapter (default full).")
     lora: LoRASection | None = Field(None, description="The LoRA adapter, when method = 'lora'.")
     lr: float | None = Field(None, gt=0, le=1, description="Peak learning rate (default: the rules table).")
-    lr_range: list[float] | None = Field(None, min_length=2, max_length=2,
+    lr_range: list[LrBound] | None = Field(None, min_length=2, max_length=2,
                                          description="[low, high] learning rates a planner may choose (default: "
                                                      "lr / 10 to lr x 3).")
     schedule: Schedule | None = Field(None, description="'cosine' decay to a floor, or 'linear' decay to zero, "
@@ -91,14 +114,14 @@ class CommonSection(_Strict):
     epochs: float | None = Field(None, gt=0, le=1000, description="Passes over the dataset, turned into steps "
                                                                   "when the arm trains (default 1 when steps is "
                                                                   "not given either).")
-    steps_range: list[int] | None = Field(None, min_length=2, max_length=2,
+    steps_range: list[StepsBound] | None = Field(None, min_length=2, max_length=2,
                                           description="[low, high] optimizer steps a planner may choose (default: "
                                                       "any).")
     batch_unit: BatchUnit | None = Field(None, description="Unit of batch and micro_batch: 'sequences' (rows, or "
                                                            "packs when packing) or 'tokens' (default sequences).")
     batch: int | None = Field(None, ge=1, le=1 << 30, description="Global batch per optimizer step, in batch_unit "
                                                                   "(default: the rules table).")
-    batch_range: list[int] | None = Field(None, min_length=2, max_length=2,
+    batch_range: list[BatchBound] | None = Field(None, min_length=2, max_length=2,
                                           description="[low, high] global batches a planner may choose, in "
                                                       "batch_unit (default: batch / 4 to batch x 4).")
     micro_batch: int | None = Field(None, ge=1, le=1 << 30, description="Per forward pass, in batch_unit; the "
@@ -126,6 +149,7 @@ class CommonSection(_Strict):
             raise ValueError("give steps or epochs, not both")
         if self.batch is not None and self.micro_batch is not None and self.micro_batch > self.batch:
             raise ValueError(f"micro_batch ({self.micro_batch}) cannot exceed batch ({self.batch})")
+        _check_multiple(self.batch, self.micro_batch)
         return self
 
 
@@ -140,10 +164,10 @@ class DPOSection(CommonSection):
     """[train.dpo]: DPO with an NLL term on the chosen answer."""
 
     beta: float | None = Field(None, gt=0, le=100, description="DPO inverse temperature (default 0.1).")
-    beta_range: list[float] | None = Field(None, min_length=2, max_length=2,
+    beta_range: list[BetaBound] | None = Field(None, min_length=2, max_length=2,
                                            description="[low, high] betas a planner may choose (default 0.01-1).")
     nll_weight: float | None = Field(None, ge=0, le=100, description="Weight of the chosen answer's NLL (default 1).")
-    nll_weight_range: list[float] | None = Field(None, min_length=2, max_length=2,
+    nll_weight_range: list[WeightBound] | None = Field(None, min_length=2, max_length=2,
                                                  description="[low, high] NLL weights a planner may choose "
                                                              "(default 0-2).")
 
@@ -159,7 +183,7 @@ class KLCESection(CommonSection):
     """[train.klce]: cross-entropy on preferred answers with a forward-KL leash to the frozen parent."""
 
     kl_coef: float | None = Field(None, ge=0, le=100, description="Weight of the KL to the parent (default 0.1).")
-    kl_coef_range: list[float] | None = Field(None, min_length=2, max_length=2,
+    kl_coef_range: list[WeightBound] | None = Field(None, min_length=2, max_length=2,
                                               description="[low, high] KL weights a planner may choose "
                                                           "(default 0-1).")
     replay_share: float | None = Field(None, ge=0, lt=1, description="Share of a KL-CE dataset's rows drawn from "
@@ -176,7 +200,7 @@ class RFTSection(CommonSection):
     """[train.rft]: rejection-sampling fine-tuning; the verifier is an eval suite's scorer."""
 
     k: int | None = Field(None, ge=1, le=256, description="Samples per prompt (default 4).")
-    k_range: list[int] | None = Field(None, min_length=2, max_length=2,
+    k_range: list[KBound] | None = Field(None, min_length=2, max_length=2,
                                       description="[low, high] samples per prompt a planner may choose "
                                                   "(default 1-16).")
     verifiers: list[str] | None = Field(None, min_length=1, description="[[evals]] suite names whose scorers "
@@ -473,6 +497,8 @@ def _family(family: Family, common: TrainSection, shape: ModelShape, verifier_su
     micro = pick("micro_batch") or min(batch, rule_micro_batch(shape) * per_row)
     if micro > batch:
         raise ValueError(f"train.{family}: micro_batch ({micro}) cannot exceed batch ({batch})")
+    if pick.source.get("batch") != "rule" and pick.source.get("micro_batch") != "rule":  # both written, apart
+        _check_multiple(batch, micro, f"train.{family}: ")
     steps, epochs = pick("steps"), pick("epochs")
     values: dict[str, Any] = dict(
         family=family, method=method, lora=_lora(pick), lr=lr, lr_range=lr_range,

@@ -1,0 +1,144 @@
+"""Hostile `[train]` settings (issue 44, item 1): values that cannot train are refused before a session opens, naming
+the key and what was expected; exit 2, nothing written, no budget spent. What lab.toml alone decides is refused when
+it loads (ranges, batch and micro-batch, target names); what needs the parent and the data (LoRA targets against the
+parent's modules, max_len against the lab's prompts, the micro-batch against the data and the memory) with the
+session's other inputs. No session runs: the checks are called as `run` calls them, and once through the CLI."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agent.config import LabConfigError, load_lab_config
+from agent.inputs import require_inputs
+from core import tiny
+
+sys.path.insert(0, str(Path(__file__).parent))
+from hostile_kit import LAB_TOML, REPO, assert_refused, files, make_lab, run_cli  # noqa: E402
+
+LOCAL = LAB_TOML.replace('kind = "slurm"', 'kind = "local"')
+
+
+@pytest.fixture(scope="module")
+def parent(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("tiny")
+    return tiny.build_model("llama", tiny.build_tokenizer(root / "tok"), root / "llama")
+
+
+@pytest.fixture
+def lab(tmp_path: Path, parent: Path) -> Path:
+    lab = make_lab(tmp_path / "lab")
+    for d in ("models/base", "models/parent"):
+        shutil.rmtree(lab / d)
+        shutil.copytree(parent, lab / d)
+    return lab
+
+
+def _load_refused(lab: Path, train: str) -> str:
+    (lab / "lab.toml").write_text(LOCAL + train)
+    with pytest.raises(LabConfigError) as err:
+        load_lab_config(lab)
+    return str(err.value)
+
+
+def _inputs_refused(lab: Path, train: str, env: dict[str, str] | None = None) -> str:
+    (lab / "lab.toml").write_text(LOCAL + train)
+    cfg = load_lab_config(lab)
+    with pytest.raises(LabConfigError) as err:
+        require_inputs(cfg, lab / "lab.toml", env or {"CUDA_VISIBLE_DEVICES": ""}, "playbook", "local")
+    return str(err.value)
+
+
+@pytest.mark.parametrize(("train", "expected"), [
+    ("[train]\nlr_range = [-1e-4, 1e-4]\n", "train.lr_range[0]: Input should be greater than 0"),
+    ("[train]\nlr_range = [2e-4, 1e-5]\n", "lr_range [0.0002, 1e-05] must be [low, high] with low <= high"),
+    ("[train]\nbatch_range = [0, 0]\n", "train.batch_range[0]: Input should be greater than or equal to 1"),
+    ("[train]\nsteps_range = [0, 10]\n", "train.steps_range[0]: Input should be greater than or equal to 1"),
+    ("[train.dpo]\nbeta_range = [-1.0, 0.5]\n", "train.dpo.beta_range[0]: Input should be greater than 0"),
+    ("[train.dpo]\nnll_weight_range = [-2.0, 1.0]\n", "train.dpo.nll_weight_range[0]: Input should be greater than or equal to 0"),
+    ("[train.klce]\nkl_coef_range = [0.5, -1.0]\n", "train.klce.kl_coef_range[1]: Input should be greater than or equal to 0"),
+    ("[train.rft]\nk_range = [0, 4]\n", "train.rft.k_range[0]: Input should be greater than or equal to 1"),
+    ("[train]\nbatch = 6\nmicro_batch = 4\n", "batch (6) must be a multiple of micro_batch (4)"),
+    ("[train]\nbatch = 6\n[train.sft]\nmicro_batch = 4\n", "train.sft: batch (6) must be a multiple of micro_batch (4)"),
+    ("[train]\nmicro_batch = 0\n", "train.micro_batch: Input should be greater than or equal to 1"),
+    ('[train.lora]\ntarget_modules = [""]\n', "train.lora.target_modules[0]: String should match pattern"),
+    ('[train.lora]\ntarget_modules = ["q_proj", "."]\n', "train.lora.target_modules[1]: String should match pattern"),
+    ('[train.lora]\ntarget_parameters = ["experts."]\n', "train.lora.target_parameters[0]: String should match pattern"),
+])
+def test_a_value_lab_toml_alone_refuses_is_named_at_load(lab: Path, train: str, expected: str):
+    message = _load_refused(lab, train)
+    assert expected in message, message
+    assert "Traceback" not in message
+
+
+@pytest.mark.parametrize(("train", "expected"), [
+    ('[train]\nmethod = "lora"\n[train.lora]\ntarget_modules = ["qkv"]\n',
+     "train.lora.target_modules[0] = 'qkv' matches no module of the parent; expected a suffix of a linear module's "
+     "name: down_proj, gate_proj, k_proj, lm_head, o_proj, q_proj, up_proj, v_proj"),
+    ('[train]\nmethod = "lora"\n[train.lora]\nr = 4096\ntarget_modules = ["embed_tokens", "input_layernorm"]\n',
+     "train.lora.target_modules[0] = 'embed_tokens' matches 1 module(s) LoRA cannot adapt (Embedding"),
+    ('[train]\nmethod = "lora"\n[train.lora]\ntarget_modules = ["input_layernorm"]\n',
+     "train.lora.target_modules[0] = 'input_layernorm' matches 2 module(s) LoRA cannot adapt (LlamaRMSNorm"),
+    ('[train]\nmethod = "lora"\n[train.lora]\ntarget_modules = ["layers"]\n', "'layers' matches 1 module(s) LoRA cannot adapt (ModuleList"),
+    ('[train.dpo]\nmethod = "lora"\n[train.dpo.lora]\ntarget_parameters = ["mixer.experts.up_proj"]\n',
+     "train.dpo.lora.target_parameters[0] = 'mixer.experts.up_proj' matches no parameter of the parent; expected a "
+     "suffix of a 3-D weight's name: none (this model has no 3-D weights)"),
+    ('[train]\nmethod = "lora"\n[train.lora]\ntarget_parameters = ["input_layernorm.weight"]\n',
+     "'input_layernorm.weight' matches 2 parameter(s) that are no weight matrix"),
+    ("[train]\nmax_len = 9\n", "train.max_len: 9 tokens leaves no room for an answer: every prompt of the lab's "
+                               "feedback is at least"),
+    ("[train.sft]\nbatch = 1073741824\nmicro_batch = 1073741824\n", "train.sft.micro_batch: 1073741824 sequences per forward pass is more "
+                                                "than the lab's data holds (11 rows"),
+])
+def test_a_value_the_parent_or_the_data_refuses_is_named_before_the_session(lab: Path, train: str, expected: str):
+    message = _inputs_refused(lab, train)
+    assert expected in message, message
+    assert message.count(expected.split(":")[0]) == 1, message  # inherited by four families, named once
+
+
+@pytest.mark.parametrize("gib", [1.5, 80.0])
+def test_a_micro_batch_past_one_gpu_is_refused_by_the_estimate(lab: Path, gib: float):
+    """Against [executor] gpu_memory_gib (on a GPU host without it, the GPU nvidia-smi shows): the tiny parent's
+    step needs the estimate's 2 GiB CUDA reserve alone, so 1.5 GiB is refused and 80 GiB is not."""
+    (lab / "lab.toml").write_text(LOCAL.replace("time_limit_min = 120", f"time_limit_min = 120\ngpu_memory_gib = {gib}")
+                                  + "[train]\nmicro_batch = 2\nbatch = 4\nmax_len = 512\n")
+    cfg = load_lab_config(lab)
+    if gib > 2:
+        require_inputs(cfg, lab / "lab.toml", {"CUDA_VISIBLE_DEVICES": ""}, "playbook", "local")
+        return
+    with pytest.raises(LabConfigError) as err:
+        require_inputs(cfg, lab / "lab.toml", {"CUDA_VISIBLE_DEVICES": ""}, "playbook", "local")
+    assert ("train.micro_batch and train.max_len: a sft step at micro_batch 2 x 512 tokens is estimated at 2.0 GiB, "
+            "more than one GPU has (1.5 GiB)") in str(err.value), err.value
+
+
+def test_the_estimate_builds_no_adapter_in_the_agent_process(parent: Path):
+    """The launcher's admission and this check estimate LoRA's memory from shapes: peft is never imported."""
+    code = ("import sys; from pathlib import Path; from trainers.common import LoRASettings; "
+            "from trainers.memory import model_shape; "
+            f"s = model_shape(Path({str(parent)!r}), LoRASettings(r=4096, target_modules=['q_proj'])); "
+            "assert s.trainable_params > 0; "
+            "print('peft' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"
+
+
+def test_defaults_and_sound_values_pass(lab: Path):
+    (lab / "lab.toml").write_text(LOCAL + '[train]\nmethod = "lora"\nbatch = 8\nmicro_batch = 2\nmax_len = 256\n'
+                                  '[train.lora]\ntarget_modules = ["q_proj", "self_attn.v_proj"]\n')
+    require_inputs(load_lab_config(lab), lab / "lab.toml", {"CUDA_VISIBLE_DEVICES": ""}, "playbook", "local")
+
+
+def test_the_cli_refuses_with_exit_2_and_writes_nothing(lab: Path):
+    (lab / "lab.toml").write_text(LOCAL + '[train]\nmethod = "lora"\n[train.lora]\nr = 4096\n'
+                                  'target_modules = ["embed_tokens", "norm"]\n')
+    before = files(lab)
+    [done] = run_cli([["--budget", "1gpuh", "--lab", str(lab), "--planner", "playbook"]])
+    assert_refused(done.returncode, done.stderr, str(lab / "lab.toml"), "train.lora.target_modules[0] = 'embed_tokens'",
+                   "train.lora.target_modules[1] = 'norm'")
+    assert files(lab) == before
