@@ -320,6 +320,16 @@ def test_adapter_bundle_passes_and_records_its_base(toy):
     assert (toy.adapter / "adapter_model.safetensors").is_file() and not (toy.adapter / "config.json").exists()
 
 
+def test_a_lora_arm_ships_its_merged_weights_by_default(toy, tmp_path):
+    """Issue 40: the bundle of a LoRA arm is the merged model unless the adapter form is asked for (vLLM and SGLang
+    do not in general load adapters on a hybrid MoE's routed experts; every engine loads merged weights)."""
+    out = write_bundle(toy.nb, SESSION, toy.merged, tmp_path / "merged-arm", parent_id=toy.nominee)
+    serving = ServingConfig.model_validate_json((out.path / "serving_config.json").read_text())
+    assert out.kind == serving.weights.kind == "full" and serving.weights.base is None
+    assert not (out.path / "adapter_config.json").exists() and (out.path / "config.json").is_file()
+    assert weights_sha256(out.path) == toy.nb.artifact(toy.merged).sha256  # the weights its evals measured
+
+
 def test_the_reload_judges_stops_by_the_nominees_measured_rate_from_the_notebook_or_the_evidence(toy, tmp_path):
     _, b = _parse(Path(toy.full))
     measured = reload_evidence(b, toy.nb.path)[0]

@@ -57,7 +57,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from core import chat
-from core.loading import header_problems
+from core.display import shown
+from core.loading import CONFIG_FILE_LIMIT, header_problems
 from core.util import (
     file_sha256,
     set_tree_modes,
@@ -458,6 +459,9 @@ def model_stop_ids(config_dir: Path, files: tuple[str, ...] = ("generation_confi
         path = config_dir / name
         if not path.is_file():
             continue
+        if path.stat().st_size > CONFIG_FILE_LIMIT:  # an adapter's base lies outside the bundle: bounded here too
+            raise BundleError(f"{shown(str(path))}: {path.stat().st_size} bytes; expected a config of at most "
+                              f"{CONFIG_FILE_LIMIT}")
         try:
             eos = json.loads(path.read_text(encoding="utf-8")).get("eos_token_id")
         except (ValueError, AttributeError) as err:
@@ -608,7 +612,8 @@ def write_bundle(nb: Notebook, session: str, nominee_id: int, out_dir: str | Pat
     nominee (the session's starting parent and the best candidate not nominated). `max_input_tokens`
     defaults to the context length less the served max_new_tokens. `ship="adapter"` ships the PEFT
     adapter the nominee was merged from (or the nominee itself when it is one) over its recorded
-    base instead of full weights. Raises BundleError (nothing written) when the nominee cannot be bundled.
+    base instead of full weights; the default ships a LoRA arm merged, the form every server loads (vLLM and SGLang do
+    not in general load adapters on a hybrid MoE's routed experts). Raises BundleError (nothing written) when the nominee cannot be bundled.
     """
     out = Path(out_dir)
     if out.exists():
