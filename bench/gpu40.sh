@@ -3,7 +3,7 @@
 # device tool runs it (repository root, $OUT set), the wheels built here first by scripts/gpu-wheels:
 #
 #     scripts/gpu-wheels .whl                                                  # here, once
-#     run(command="bash bench/gpu40.sh 540", carry=[".whl"], kind="nvidia-h200", needs_h200=true, timeout_s=600)
+#     run(command="bash bench/gpu40.sh 520", carry=[".whl"], kind="nvidia-h200", needs_h200=true, timeout_s=540)
 #
 # BUDGET_S is the call's budget in seconds. Parts run in this order, each in its own process under `timeout`
 # (its limit, or what is left of the budget); a part is skipped when its expected time (from the issue-32 and
@@ -79,3 +79,4 @@ done
 tar -czf "$OUTDIR/results.tgz" -C /tmp r
 cp "$R/summary.txt" "$OUTDIR/summary.txt" 2>/dev/null
 ls "$R"
+cat "$R/summary.txt"
