@@ -103,3 +103,34 @@ def test_token_agreement_counts_the_agreed_prefix():
     check = decode_hybrid.token_check(out, floor, chance)
     assert check["passed"] is (check["score"] >= decode_hybrid.AGREEMENT_OF_FLOOR)
     assert not decode_hybrid.token_check(chance, floor, chance)["passed"]
+
+
+def test_gpu_kernels_are_attributed_through_the_profilers_correlation_link():
+    """The H200's path, on events built as torch's profiler builds them: each kernel goes to the op (or range) whose
+    id is its linked correlation id, and from there up; a kernel with no link is classified by its name alone."""
+    from torch.autograd import DeviceType
+    from torch.autograd.profiler_util import EventList, FunctionEvent
+
+    def event(i, name, start, end, device=DeviceType.CPU, shapes=None, link=0, parent=None):
+        e = FunctionEvent(id=i, name=name, thread=1, start_us=start, end_us=end, device_type=device,
+                          input_shapes=shapes or [], linked_correlation_id=link)
+        e.cpu_parent = parent
+        return e
+
+    experts = event(1, "mod:experts", 0, 100)
+    cpu = [experts, event(2, "aten::_grouped_mm", 10, 20, parent=experts),
+           event(3, "aten::mm", 30, 40, shapes=[[256, 64], [64, 131072]]), event(4, "mod:mamba", 40, 80)]
+    gpu = [event(10, "cutlass_grouped_gemm", 10, 60, DeviceType.CUDA, link=2),
+           event(11, "nvjet_tst_256x128", 60, 90, DeviceType.CUDA, link=3),
+           event(12, "_selective_scan_update_kernel", 90, 95, DeviceType.CUDA, link=4),
+           event(13, "elementwise_kernel", 95, 99, DeviceType.CUDA)]
+
+    class Finished:
+        def events(self):
+            return EventList(cpu + gpu)
+
+    table = categorize(Finished(), 1, 200e-6, vocab=131072)
+    got = {k: round(v["ms_per_step"], 6) for k, v in table["categories"].items()}
+    assert got == {"expert GEMMs": 0.05, "head": 0.03, "Mamba state update": 0.005, "norms / elementwise": 0.004}
+    assert table["unlinked_kernels_ms_per_step"] == pytest.approx(0.004)
+    assert table["launch_gaps_ms_per_step"] == pytest.approx(0.2 - 0.089)
