@@ -8,7 +8,9 @@ decoder block, the chunked head + loss at supervised positions (`trainers.losses
 loop's own step (`trainers.loop._one_step`, clipping, AdamW). It records per configuration the peak allocated and
 reserved GPU memory over `--steps` optimizer steps, tokens/s, the loss, and `trainers.memory.estimate` for the
 same configuration; a configuration that runs out of memory is recorded as such and the next one runs. It also
-writes the estimate extrapolated to the 30B-A3B shape on 1, 4 and 8 GPUs.
+writes the estimate extrapolated to the 30B-A3B shape on 1, 4 and 8 GPUs. `--profile FILE`: after the last
+configuration's timed steps, one more step under torch.profiler, its time by category (bench/profile_categories.py:
+expert grouped GEMMs and their adapters, head + loss, Mamba scan, attention, recomputation, optimizer, FSDP copies).
 
 The shape `bench-3b`: the first 26 blocks of the Nemotron-3-Nano-30B-A3B layer pattern (13 Mamba-2, 10 MoE,
 3 attention), hidden 2048, 64 routed experts (top-6, intermediate 768) + a shared expert, vocabulary 131072:
