@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from core import loading
+from core.util import file_sha256
 from tools.nomination.check_bundle import _tensor_problems
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -218,6 +219,27 @@ def test_a_device_in_a_bundle_is_refused_unopened(made, tmp_path):
     t0 = time.monotonic()
     _check(dev, "special_tokens_map.json: a character device, not a regular file", timeout=120)
     assert time.monotonic() - t0 < 60
+
+
+def test_an_adapters_base_holding_a_fifo_is_refused_unread(made, tmp_path):
+    """An adapter bundle names its base, a directory outside it: a FIFO as the base's weights stopped the base's
+    hash forever. Its entries are checked from their stats before anything of it is read."""
+    b = _copy(made, tmp_path, "adapter")
+    base = tmp_path / "adapter" / "base"
+    base.mkdir()
+    (base / "config.json").write_text((made[0] / "config.json").read_text())
+    os.mkfifo(base / "model.safetensors")
+    adapter = b / "adapter_model.safetensors"
+    adapter.write_bytes(next(b.glob("model-*.safetensors")).read_bytes())
+    (b / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": str(base), "peft_type": "LORA"}))
+    digest = {"bytes": adapter.stat().st_size, "sha256": file_sha256(adapter)}
+    bundle_kit.edit_json(b / "serving_config.json", lambda s: s.update(weights={
+        "kind": "adapter", "files": {adapter.name: digest}, "index": None,
+        "base": {"path": str(base), "revision": "0" * 64}}))
+    t0 = time.monotonic()
+    _check(b, f"FAILED  adapter_base: the recorded base {base} holds model.safetensors: a named pipe (FIFO), not a "
+              "regular file", timeout=120)
+    assert time.monotonic() - t0 < 90
 
 
 def test_a_shard_is_hashed_only_once_its_header_describes_its_size(made, tmp_path):

@@ -550,10 +550,29 @@ def check_adapter_base(b: _Bundle) -> list[str]:
         return [f"{ADAPTER_CONFIG} base_model_name_or_path is {named!r}; expected the recorded base {base.path}"]
     if not (Path(base.path) / "config.json").is_file():
         return [f"the recorded base {base.path} is not a model directory; expected it present at that path"]
+    odd = _special_entries(Path(base.path))
+    if odd:  # the bundle names the base: a FIFO there would stop the hash below forever, a device feed it without end
+        return [f"the recorded base {shown(base.path)} holds {odd[0]}" + (f" (and {len(odd) - 1} more)" if len(odd) > 1
+                else "") + "; expected a model directory of regular files (nothing of it was read)"]
     revision = weights_sha256(Path(base.path))
     if revision != base.revision:
         return [f"the base at {base.path} has weights hash {revision}; expected the recorded revision {base.revision}"]
     return []
+
+
+def _special_entries(directory: Path) -> list[str]:
+    """The entries of a directory outside the bundle (an adapter's base) that are neither directories nor regular
+    files once links are followed (a model cache links its files to blobs), named with what they are."""
+    found = []
+    for entry in islice(directory.iterdir(), MAX_ENTRIES + 1):
+        try:
+            st = os.stat(entry)
+        except OSError:
+            continue  # a dangling link: nothing to read
+        why = None if stat.S_ISDIR(st.st_mode) else not_regular(st)
+        if why is not None:
+            found.append(f"{shown(entry.name)}: {why}")
+    return found
 
 
 def check_decision_hash(b: _Bundle, notebook_path: Path) -> list[str]:
