@@ -20,6 +20,12 @@ TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1) and Hub kernels (USE
 fetched from the Hub and run inside a job; core/loading.py), so a trainer only calls
 `torch.distributed.init_process_group()`.
 
+A local job runs beside its warden (tools/jobs/warden.py, one per task): its resident memory is bounded by
+`[executor.resources.<kind>] mem_gb`, else LOCAL_MEMORY_SHARE of the host's memory (split between its tasks); a
+SIGTERM ends it within TERM_GRACE_S (submitit's own handler ignores SIGTERM: a job once outlived its agent's end
+at 17 GB); and once its controller or the agent above it is gone, it ends at its time limit. Each end is recorded
+in the events file with its class and reason. Slurm's jobs are bounded by Slurm (--mem's cgroup, --time).
+
 A model job placed on the CPU runs with CUDA_VISIBLE_DEVICES empty (on the CPU, wherever it lands); one placed
 on CUDA that finds no usable GPU fails at once with a `no_gpu:` error (tools/jobs/failures.py: class no_gpu). A single-process function (`every_rank=False`: merges,
 data, bundle jobs) runs on rank 0 only, the other ranks return at once.
@@ -30,6 +36,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -42,7 +51,8 @@ from submitit.core.utils import JobPaths
 
 from core.placement import require_device
 from core.versions import installed
-from tools.jobs.failures import exception_type, raised_failure, safe_message
+from tools.jobs.executor import host_memory_gb
+from tools.jobs.failures import PREEMPTED_PREFIX, exception_type, raised_failure, safe_message
 
 HEARTBEAT_S = 1.0  # seconds between touches of a local run's heartbeat file
 # NVLink multicast (NCCL's NVLS, PyTorch's symmetric-memory multicast, NVSHMEM's NVLS) is off in every
@@ -53,6 +63,12 @@ NO_MULTICAST_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST":
 # No kernel code from the Hub in any job: transformers (5.25 on) reads this at every load and at every lazy kernel
 # lookup, which the loader's `use_kernels=False` alone does not reach (core/loading.py).
 NO_HUB_CODE_ENV = {"USE_HUB_KERNELS": "0"}
+# A local job without `mem_gb` may hold this share of the host's memory (its tasks together): the agent, the
+# zygote and the system keep the rest.
+LOCAL_MEMORY_SHARE = 0.8
+# Seconds a local job has, after a SIGTERM, to end before its warden kills it.
+TERM_GRACE_S = 30.0
+WARDEN = Path(__file__).with_name("warden.py")
 
 
 class RunPaths(JobPaths):
@@ -85,9 +101,15 @@ class Resumable(submitit.helpers.Checkpointable):
     keeps its state in its output directory resumes from it when the launcher submits it again).
     """
 
+    memory_gb: int | None = None  # a wrapper pickled before the bound existed: the host's share
+    term_grace_s: float = TERM_GRACE_S
+
     def __init__(self, fn: Callable[[Any], Any], time_limit_s: float, signal_delay_s: float,
-                 env: dict[str, str] | None = None, device: str | None = None, every_rank: bool = True):
+                 env: dict[str, str] | None = None, device: str | None = None, every_rank: bool = True,
+                 memory_gb: int | None = None, term_grace_s: float = TERM_GRACE_S):
         self.fn, self.time_limit_s, self.signal_delay_s = fn, time_limit_s, signal_delay_s
+        self.memory_gb = memory_gb  # local: the job's resident memory bound (all its tasks); None: a host share
+        self.term_grace_s = term_grace_s  # local: seconds from a SIGTERM to the warden's SIGKILL
         self.env = dict(env or {})  # set on the worker before the rendezvous is read (local: MASTER_ADDR/PORT)
         self.device = device  # where the job's model runs: cuda requires a usable GPU, cpu hides them; None: no model
         self.every_rank = every_rank  # False: a single-process function, which rank 0 alone runs
@@ -104,6 +126,8 @@ class Resumable(submitit.helpers.Checkpointable):
             # this when first initialised, which no job module does at import.
             os.environ["CUDA_VISIBLE_DEVICES"] = ""
         rank = submitit.JobEnvironment().global_rank
+        if submitit.JobEnvironment().cluster == "local":
+            start_warden(self.time_limit_s, self._started, self.memory_gb, self.term_grace_s)
         if rank != 0 and not self.every_rank:
             return None  # rank 0 runs the function once; the job's result is rank 0's
         if self.device == "cuda":
@@ -137,6 +161,51 @@ class Resumable(submitit.helpers.Checkpointable):
         reason = "timeout" if near_time_limit(elapsed, self.time_limit_s, self.signal_delay_s) else "preempted"
         raise RunInterrupted(f"{reason}: after {elapsed:.0f} s of a {self.time_limit_s:.0f} s limit; "
                              "a new run needs the launcher's admission")
+
+
+def start_warden(time_limit_s: float, started: float, memory_gb: int | None,
+                 grace_s: float = TERM_GRACE_S) -> subprocess.Popen[bytes]:
+    """Starts this local task's warden (tools/jobs/warden.py) and makes a SIGTERM end the task: the handler ends the
+    run with a 'preempted:' error where Python gets to it, and the signal's number reaches the warden at once through
+    the wakeup pipe, so a task busy in C code is killed after `grace_s` all the same."""
+    env = submitit.JobEnvironment()
+    share = memory_gb * 1024**3 if memory_gb else LOCAL_MEMORY_SHARE * host_memory_gb() * 1024**3
+    bound = int(share / max(1, env.num_tasks))
+    read, write = os.pipe()
+    os.set_blocking(write, False)
+    signal.set_wakeup_fd(write)
+    signal.signal(signal.SIGTERM, _terminated)
+    watched = [f"{pid}:{start}" for pid, start in _ancestors(_task_pid(), 2)]
+    warden = subprocess.Popen(
+        [sys.executable, str(WARDEN), str(os.getpid()), str(bound), repr(started), repr(time_limit_s), repr(grace_s),
+         str(_events_path()), str(read), *watched], pass_fds=(read,), stdin=subprocess.DEVNULL)
+    os.close(read)
+    return warden
+
+
+def _terminated(signum: int, frame: Any) -> NoReturn:
+    raise RunInterrupted(f"{PREEMPTED_PREFIX} SIGTERM from outside; the run ends here")
+
+
+def _task_pid() -> int:
+    """The process the executor started for this task: the zygote's client when the job was forked by the zygote."""
+    job, _, client = os.environ.get("POSTLAB_ZYGOTE_CLIENT", "").partition(":")
+    return int(client) if job == str(os.getpid()) else os.getpid()
+
+
+def _ancestors(pid: int, levels: int) -> list[tuple[int, str]]:
+    """(pid, /proc start time) of `pid`'s parent, its parent, ...: the local controller and the agent above it."""
+    out = []
+    for _ in range(levels):
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            start = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+        except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
+            break
+        if pid <= 1:
+            break
+        out.append((pid, start))
+    return out
 
 
 # The rendezvous port of a job whose wrapper set none: derived from the job id, the same on every rank, below

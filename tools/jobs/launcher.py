@@ -1068,7 +1068,7 @@ class Launcher:
     def _submit(self, key: str, spec: _Spec, folder: Path, attempt: int, args: BaseModel) -> None:
         wrapped = Resumable(spec.fn, spec.resources.time_limit_min * 60, spec.resources.signal_delay_s,
                             env=self.backend.worker_env(), device=spec.resources.device,
-                            every_rank=not spec.resources.single_process)
+                            every_rank=not spec.resources.single_process, memory_gb=spec.resources.mem_gb)
         sub = self.backend.submit(folder, spec.kind, spec.resources, wrapped, args)
         self.nb.update_job(key, attempt, external_id=sub.job_id, log_path=str(sub.paths.stderr))
 

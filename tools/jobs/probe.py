@@ -55,6 +55,30 @@ def fail(config: FailConfig) -> EmptyResult:
     raise ValueError(config.message)
 
 
+class HogConfig(_Model):
+    tag: str = Field(description="Distinguishes otherwise identical probes.")
+    grow_mb: int = Field(0, ge=0, description="MiB allocated, filled and kept at every step (0: none).")
+    steps: int = Field(1, ge=1, description="Steps; each sleeps `step_seconds` after its allocation.")
+    step_seconds: float = Field(0.0, ge=0, description="Sleep per step.")
+    ignore_sigterm: bool = Field(False, description="Handle SIGTERM by doing nothing, as submitit's own handler does.")
+    pid_file: Path | None = Field(None, description="Where the worker writes its pid when it starts.")
+
+
+def hog(config: HogConfig) -> EmptyResult:
+    """A job that grows its resident memory step by step and may ignore SIGTERM: the local job bounds' probe
+    (tools/jobs/warden.py)."""
+    t = time.time()
+    if config.ignore_sigterm:
+        signal.signal(signal.SIGTERM, lambda _signum, _frame: None)
+    if config.pid_file is not None:
+        write_atomic(config.pid_file, str(os.getpid()))
+    kept = []
+    for _ in range(config.steps):
+        kept.append(b"\x01" * (config.grow_mb * 2**20))  # filled: resident, unlike a zeroed (calloc'd) buffer
+        time.sleep(config.step_seconds)
+    return EmptyResult(started_at=t, ended_at=time.time(), pid=os.getpid())
+
+
 class JudgeCallConfig(_Model):
     judge: dict = Field(description="An evals.job judge spec (JSON): the judge one call is made to.")
 
