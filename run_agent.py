@@ -114,7 +114,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise UsageError(str(exc)) from None
     with LabPaths(root=args.lab).writer(f"run {session}"):
         if config is None:  # no lab configured: the embedded toy world, built (or found cached) in the lab dir
-            print(f"no {args.lab / LAB_FILE}: building the toy world in {args.lab} (cached after the first build)")
+            from core.display import shown
+
+            print(shown(f"no {args.lab / LAB_FILE}: building the toy world in {args.lab} (cached after the first build)"))
             build(args.lab, size="demo")
         return start(args.lab, session, budget, planner, executor, args.protocol, args.quiet, recipe=args.recipe)
 
@@ -221,16 +223,18 @@ def cmd_verify(args: argparse.Namespace) -> int:
     path = args.lab / NOTEBOOK_FILE
     if not path.exists():
         raise UsageError(f"{path}: no notebook here (run a session first, or pass --lab DIR)")
+    from core.display import shown  # the lab's name is a user's choice: printed escaped
+
     with _open_readonly(path) as nb:
         report = nb.verify()
     if not report.ok:
-        print(f"{path}: verify FAILED after {report.count} good decisions: {report.problem}", file=sys.stderr)
+        print(shown(f"{path}: verify FAILED after {report.count} good decisions: {report.problem}"), file=sys.stderr)
         return 1
     if args.expect_head and args.expect_head != report.head:
-        print(f"{path}: verify FAILED: the chain ends at {report.head}, expected {args.expect_head} "
+        print(f"{shown(str(path))}: verify FAILED: the chain ends at {report.head}, expected {shown(args.expect_head)} "
               "(decisions were removed from the end, or this is another notebook)", file=sys.stderr)
         return 1
-    print(f"{path}: {report.count} decisions verified; head {report.head}")
+    print(f"{shown(str(path))}: {report.count} decisions verified; head {report.head}")
     return 0
 
 
@@ -305,10 +309,11 @@ def add_report_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from core.display import shown
     from memory.report import write_report
 
     session, out = write_report(args.lab / NOTEBOOK_FILE, args.session, args.output or args.lab / "report.html")
-    print(f"{out}: report of session {session.name} ({out.stat().st_size} bytes)")
+    print(f"{shown(str(out))}: report of session {session.name} ({out.stat().st_size} bytes)")
     return 0
 
 
@@ -379,7 +384,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.handler(args)
     except _bad_input_errors() as exc:
-        print(f"error: {redact(str(exc))}", file=sys.stderr)
+        from core.display import shown  # a message names paths and files a user chose: escaped, never raw
+
+        print(f"error: {shown(redact(str(exc)), keep_newlines=True)}", file=sys.stderr)
         return 2
 
 

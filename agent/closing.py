@@ -20,8 +20,20 @@ from tools.jobs.launcher import Launcher
 from tools.paths import LabPaths
 
 
+def require_verified(nb: Notebook, verb: str) -> None:
+    """The notebook must pass verify before `verb` (resume, close, replay) acts on what it records: a tool call's
+    outcome, an artifact's path, an eval row or a session's status edited outside the agent would otherwise steer
+    the planner or be trained from. Rows a killed session wrote after its last decision are pending, not edits."""
+    report = nb.verify(pending=True)
+    if not report.ok:
+        raise SessionError(f"{nb.path}: the notebook fails verify: {report.problem}; {verb} refuses a notebook edited "
+                           "outside the agent (nothing was written)")
+
+
 def open_session(nb: Notebook, session: str, verb: str) -> Session:
-    """The session's record, which must be open for `verb` (resume, close) to act on it; SessionError otherwise."""
+    """The session's record, which must be open for `verb` (resume, close) to act on it, in a notebook that passes
+    verify; SessionError otherwise."""
+    require_verified(nb, verb)
     try:
         s = nb.session(session)
     except NotebookError as exc:

@@ -70,7 +70,7 @@ class PlainLog:
     def event(self, text: str) -> None:
         stamp = datetime.now(UTC).strftime("%H:%M:%S")
         with self._lock:
-            print(f"{stamp} [{self.session}] {redact(text)}", file=self.stream, flush=True)
+            print(f"{stamp} [{self.session}] {shown(redact(text))}", file=self.stream, flush=True)
 
     def _watch(self, notebook: Path, poll_s: float, ready: threading.Event) -> None:
         # Its own read-only connection, opened and used in this thread only (SQLite connections stay in theirs).

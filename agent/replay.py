@@ -30,6 +30,7 @@ from typing import Any
 from langgraph.checkpoint.memory import InMemorySaver
 from pydantic import BaseModel
 
+from agent.closing import require_verified
 from agent.config import LabConfig, load_lab_config
 from agent.errors import SessionError
 from agent.graph import Runtime, drive
@@ -202,6 +203,7 @@ def replay(lab_dir: Path, session: str, *, bars: Path | None = None, planner: st
         except NotebookError as exc:
             raise SessionError(str(exc)) from None
         _refuse_a_session_being_written(paths, s)
+        require_verified(original, "replay")
         settings = (PlaybookSettings.recorded(s.config["playbook"], session) if protocol is None
                     else PlaybookSettings.named(protocol, s.config["playbook"].get("verified_pool")))
         with ScratchNotebook.open(Path(tmp) / "notebook.db", lab=lab_dir) as scratch:

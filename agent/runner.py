@@ -23,6 +23,7 @@ from agent.live import reporter
 from agent.planners import Planner, recipes
 from agent.planners.playbook import Playbook, PlaybookSettings
 from core import redact as redaction
+from core.display import shown
 from core.util import sha256_text
 from evals.job import CallableJudgeSpec, OpenAIJudgeSpec
 from evals.judge import JudgePolicy
@@ -181,12 +182,12 @@ def _finish(rt: Runtime) -> int:
     s = nb.session(session)
     nominations = nb.decisions(session, kind="nominate")
     nominee = nb.artifact(nominations[-1].payload.get("artifact_id")) if nominations else None
-    print(closing_line(nb, session))
+    print(shown(closing_line(nb, session)))  # paths name the lab, whose name is a user's choice: printed escaped
     if nominee is not None:
-        print(f"nominee: {nominee.name} ({nominee.path})")
+        print(shown(f"nominee: {nominee.name} ({nominee.path})"))
     ledger = nb.ledger(session)
     print(f"budget: {ledger.spent_gpuh:.4f} of {ledger.budget_gpuh:g} GPU-h spent (reserve {ledger.reserve_gpuh:g})")
-    print(f"review: python run_agent.py verify --lab {rt.ctx.paths.root}; datasette {nb.path}")
+    print(shown(f"review: python run_agent.py verify --lab {rt.ctx.paths.root}; datasette {nb.path}"))
     return 0 if s.status == "done" else 1
 
 

@@ -13,6 +13,7 @@ budget's spent total, like every settled job's; no number of its result is).
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -20,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from agent.toolbox import HIDDEN_TOOLS, canonical_args
 from evals.decoding import Decoding
 from memory.notebook import Notebook
+from memory.place import LAB_MARK, rewrite, root_pattern
 from memory.records import GateRefusal
 from tools.data.datasets import audit_clean
 from tools.ground_truth import JOB_KIND as TRUTH_JOB_KIND
@@ -80,6 +82,8 @@ class Summary(_View):
     failures: list[str] = Field(description="Failed job attempts: kind and failure class.")
     nominee: int | None = Field(description="The nominated checkpoint, once nominated.")
     sealed_opened: bool = Field(description="Whether the sealed confirmation was opened.")
+    lab_roots: tuple[str, ...] = Field(default=(), description="Every spelling of the lab's root in the notebook's "
+                                       "records: what render() rewrites to '<lab>'. Never rendered.")
 
     @property
     def budget(self) -> Ledger:
@@ -104,13 +108,13 @@ class Summary(_View):
     def render(self) -> dict[str, Any]:
         """The summary as plain JSON for the LLM planner: the view's bars and verdicts rendered as lines (text
         exists only at this boundary and is never parsed back)."""
-        out = self.model_dump(mode="json", exclude={"view", "checkpoints"})
+        out = self.model_dump(mode="json", exclude={"view", "checkpoints", "lab_roots"})
         out["session_view"] = render(self.view)
         out["checkpoints"] = [c.model_dump(mode="json", exclude={"verdicts"})
                               | {"verdicts": [{"comparison_id": v.comparison_id, "incumbent": v.incumbent,
                                                "promoted": v.promoted, "bars": v.lines()} for v in c.verdicts]}
                               for c in self.checkpoints]
-        return out
+        return without_paths(out, self.lab_roots)
 
     def call(self, tool: str, args: dict[str, Any]) -> Call | None:
         """The recorded call of `tool` with these arguments (compared in canonical form, defaults filled)."""
@@ -127,6 +131,20 @@ class Summary(_View):
 
     def checkpoint(self, artifact_id: int) -> Checkpoint | None:
         return next((c for c in self.checkpoints if c.id == artifact_id), None)
+
+
+# An absolute path left once the lab's own are lab-relative: a place outside the lab (a base model the team keeps
+# elsewhere), named by a user.
+_OUTSIDE_PATH = re.compile(r"(?<![\w.~/<>-])/[^\s\"'`,;()\[\]{}]+")
+OUTSIDE = "<path outside the lab>"
+
+
+def without_paths(value: Any, lab_roots: tuple[str, ...]) -> Any:
+    """The planner's view of `value` (JSON): every path into the lab lab-relative ('<lab>/runs/...'), every other
+    absolute path replaced by a placeholder. A lab directory's name is a user's choice, and any text in it (an
+    instruction) would otherwise reach the LLM verbatim through the paths in outcome lines and refusals."""
+    relative = rewrite(value, root_pattern(lab_roots), LAB_MARK)
+    return rewrite(relative, _OUTSIDE_PATH, OUTSIDE, ("/",))
 
 
 def _recorded(tool: str, args: dict[str, Any]) -> dict[str, Any]:
@@ -203,4 +221,5 @@ def summarize(nb: Notebook, session: str) -> Summary:
         failures=failures,
         nominee=nominations[-1].payload.get("artifact_id") if nominations else None,
         sealed_opened=bool(nb.decisions(session, kind="confirm")),
+        lab_roots=tuple(sorted({nb.place.root, *nb.place.spellings})),
     )

@@ -13,6 +13,7 @@ Haber & Stornetta, "How to time-stamp a digital document", 1991.)
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 
 from core.util import canonical_json
 
@@ -24,19 +25,52 @@ EVAL_COLUMNS = ("id", "session", "artifact_id", "suite", "replicate", "decoding"
                 "metrics", "items", "job_key", "created_at")
 
 
+# The tool-call and artifact columns a digest covers: the whole row but its chaining.
+TOOL_CALL_COLUMNS = ("id", "session", "tool", "args", "args_hash", "decision_seq", "job_key", "status", "result",
+                     "started_at", "ended_at")
+ARTIFACT_COLUMNS = ("id", "session", "kind", "name", "path", "sha256", "parents", "recipe", "job_key", "created_at")
+
+
+@dataclass(frozen=True)
+class Covered:
+    """A table whose rows are chained into decisions: the key of its [id, digest] list in a decision's record, the
+    columns hashed, the columns that hold the covering decision's seq and the row's digest at chaining, the condition
+    a row meets once it is final (None: at once), and the schema version its chaining starts at."""
+
+    table: str
+    key: str
+    columns: tuple[str, ...]
+    seq_column: str
+    digest_column: str
+    final: str | None
+    since: int
+
+
+COVERED = (
+    Covered("eval", "evals", EVAL_COLUMNS, "decision_seq", "sha256", None, 5),
+    Covered("tool_call", "tool_calls", TOOL_CALL_COLUMNS, "chain_seq", "chain_sha256", "status != 'open'", 6),
+    Covered("artifact", "artifacts", ARTIFACT_COLUMNS, "chain_seq", "chain_sha256", None, 6),
+)
+
+
 def decision_hash(prev_hash: str, seq: int, session: str, at: str, kind: str, rationale: str, payload: str,
-                  evals: str | None = None) -> str:
-    """Hash of one decision; `payload` is already canonical JSON text, `evals` the canonical list of [eval id,
-    eval_digest] of the eval rows chained into it (None when none are: the record is then exactly the one a
-    decision had before evals were chained, so older chains verify unchanged)."""
+                  evals: str | None = None, **covered: str | None) -> str:
+    """Hash of one decision; `payload` is already canonical JSON text, `evals` (and each of `covered`, by its COVERED
+    key: tool_calls, artifacts) the canonical list of [row id, row_digest] of the rows chained into it (None when none
+    are: the record is then exactly the one a decision had before such rows were chained, so older chains verify
+    unchanged)."""
     fields = {"seq": seq, "session": session, "at": at, "kind": kind, "rationale": rationale, "payload": payload}
-    record = canonical_json(fields if evals is None else fields | {"evals": evals})
+    chained = {k: v for k, v in ({"evals": evals} | covered).items() if v is not None}
+    record = canonical_json(fields | chained)
     return hashlib.sha256(f"{prev_hash}\n{record}".encode()).hexdigest()
 
 
-def eval_digest(row: tuple) -> str:
-    """sha256 of one eval row's EVAL_COLUMNS values as stored (the JSON columns are canonical text already)."""
+def row_digest(row: tuple) -> str:
+    """sha256 of one covered row's columns as stored (the JSON columns are canonical text already)."""
     return hashlib.sha256(canonical_json(list(row)).encode()).hexdigest()
+
+
+eval_digest = row_digest  # an eval row's digest (EVAL_COLUMNS), by its older name
 
 
 def evals_text(chained: list[tuple[int, str]]) -> str | None:

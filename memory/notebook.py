@@ -28,7 +28,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from core.redact import redact, redact_data
 from core.util import canonical_json, sha256_text
-from memory.chain import EVAL_COLUMNS, GENESIS, decision_hash, eval_digest, evals_text
+from memory.chain import COVERED, GENESIS, Covered, decision_hash, evals_text, row_digest
 from memory.place import Place
 from memory.records import (
     DECISION,
@@ -52,7 +52,6 @@ from memory.records import (
     VerifyReport,
 )
 from memory.schema import (
-    EVALS_CHAINED_FROM,
     MIGRATIONS,
     SCHEMA_VERSION,
     expected_columns,
@@ -436,21 +435,25 @@ class Notebook:
         head = self.db.execute("SELECT seq, hash FROM decision ORDER BY seq DESC LIMIT 1").fetchone()
         seq, prev = (head[0] + 1, head[1]) if head else (1, GENESIS)
         at = now()
-        chained = self._chain_evals(session, seq)
-        digest = decision_hash(prev, seq, session, at, kind, rationale, canonical_json(body), evals_text(chained))
+        chained = {c.key: evals_text(self._chain_rows(c, session, seq)) for c in COVERED}
+        digest = decision_hash(prev, seq, session, at, kind, rationale, canonical_json(body), **chained)
         row = {"seq": seq, "session": session, "at": at, "kind": kind, "rationale": rationale, "payload": body,
                "prev_hash": prev, "hash": digest}
         self._insert("decision", row)
         return DECISION.validate_python(self.place.resolved(row))
 
-    def _chain_evals(self, session: str, seq: int) -> list[tuple[int, str]]:
-        """The session's eval rows not yet chained, marked as covered by decision `seq`: (id, digest) each."""
-        cols = ", ".join(EVAL_COLUMNS)
-        rows = self.db.execute(f"SELECT {cols} FROM eval WHERE session = ? AND decision_seq IS NULL ORDER BY id",
-                               [session]).fetchall()
-        chained = [(row[0], eval_digest(row)) for row in rows]
-        for eval_id, digest in chained:
-            self.db.execute("UPDATE eval SET decision_seq = ?, sha256 = ? WHERE id = ?", [seq, digest, eval_id])
+    def _chain_rows(self, c: Covered, session: str, seq: int) -> list[tuple[int, str]]:
+        """The rows of `c`'s table that its session (or no session: lab-level artifacts) wrote and that are final but
+        not yet chained, marked as covered by decision `seq`: (id, digest) each."""
+        cols = ", ".join(c.columns)
+        final = f" AND {c.final}" if c.final else ""
+        owner = "session = ?" if c.table == "eval" else "(session = ? OR session IS NULL)"
+        rows = self.db.execute(f"SELECT {cols} FROM {c.table} WHERE {owner} AND {c.seq_column} IS NULL{final} "
+                               "ORDER BY id", [session]).fetchall()
+        chained = [(row[0], row_digest(row)) for row in rows]
+        for row_id, digest in chained:
+            self.db.execute(f"UPDATE {c.table} SET {c.seq_column} = ?, {c.digest_column} = ? WHERE id = ?",
+                            [seq, digest, row_id])
         return chained
 
     def decisions(self, session: str | None = None, kind: str | None = None) -> list[Decision]:
@@ -462,70 +465,80 @@ class Notebook:
             sql, params = sql + " AND kind = ?", [*params, kind]
         return self._records(DECISION, sql + " ORDER BY seq", params)
 
-    def verify(self) -> VerifyReport:
-        """Re-walk the whole chain in storage order, then check every session row against its `open`
-        decision; report the first record that does not fit."""
+    def verify(self, pending: bool = False) -> VerifyReport:
+        """Re-walk the whole chain in storage order, then check every session row against its `open` and `stop`
+        decisions; report the first record that does not fit. `pending` (resume, replay): the final rows of a session
+        still open that no decision records yet (its process was killed between writing them and its next decision)
+        are pending, not a problem: that session's next decision chains them."""
         try:
-            report = self._verify_chain()
+            report = self._verify_chain(pending)
             problem = self._verify_sessions() if report.ok else None
         except sqlite3.DatabaseError as err:
             raise NotebookError(f"{self.path}: reading the decision log: {err}") from None
         return report.model_copy(update={"ok": False, "problem": problem}) if problem else report
 
-    def _verify_chain(self) -> VerifyReport:
+    def _verify_chain(self, pending: bool = False) -> VerifyReport:
         prev, expected, count = GENESIS, 1, 0
-        evals_chained = self._version() >= EVALS_CHAINED_FROM  # a read-only open of an older file is not migrated
-        chained, edited = self._chained_evals() if evals_chained else ({}, set())
+        covered = [c for c in COVERED if self._version() >= c.since]  # a read-only open of an older file is not migrated
+        chained: dict[str, dict[int, list[tuple[int, str]]]] = {}
+        edited: dict[str, set[int]] = {}
+        for c in covered:
+            chained[c.key], edited[c.key] = self._chained_rows(c)
         cursor = self.db.execute(
             "SELECT seq, session, at, kind, rationale, payload, prev_hash, hash FROM decision ORDER BY rowid"
         )
         for seq, session, at, kind, rationale, payload, prev_hash, digest in cursor:
             problem = None
-            evals = chained.pop(seq, [])
+            rows = {c.key: chained[c.key].pop(seq, []) for c in covered}
             if seq != expected:
                 problem = f"decision seq {seq}: expected seq {expected} (a decision was deleted or reordered)"
             elif prev_hash != prev:
                 problem = f"decision seq {seq}: prev_hash does not match decision {seq - 1} (chain broken)"
-            elif decision_hash(prev, seq, session, at, kind, rationale, payload, evals_text(evals)) != digest:
-                changed = [i for i, _ in evals if i in edited]
-                problem = (f"eval {changed[0]}: its row does not match the hash decision seq {seq} recorded for it "
-                           "(edited after it was recorded)" if changed else
+            elif decision_hash(prev, seq, session, at, kind, rationale, payload,
+                               **{k: evals_text(v) for k, v in rows.items()}) != digest:
+                changed = [(c.table, i) for c in covered for i, _ in rows[c.key] if i in edited[c.key]]
+                problem = (f"{changed[0][0]} {changed[0][1]}: its row does not match the hash decision seq {seq} "
+                           "recorded for it (edited after it was recorded)" if changed else
                            f"decision seq {seq}: content does not match its hash (edited after it was written)")
             if problem:
                 return VerifyReport(ok=False, count=count, head=prev, problem=problem)
             prev, expected, count = digest, expected + 1, count + 1
-        problem = self._unchained_eval(chained) if evals_chained else None
-        if problem:
-            return VerifyReport(ok=False, count=count, head=prev, problem=problem)
+        for c in covered:
+            problem = self._unchained_row(c, chained[c.key], pending)
+            if problem:
+                return VerifyReport(ok=False, count=count, head=prev, problem=problem)
         return VerifyReport(ok=True, count=count, head=prev)
 
-    def _chained_evals(self) -> tuple[dict[int, list[tuple[int, str]]], set[int]]:
-        """decision seq -> [(eval id, digest of the row as it is now)], and the ids whose digest differs from the
-        one stored when they were chained (to name an edited row; the decision's hash is what proves it)."""
+    def _chained_rows(self, c: Covered) -> tuple[dict[int, list[tuple[int, str]]], set[int]]:
+        """decision seq -> [(row id, digest of the row as it is now)] of `c`'s table, and the ids whose digest differs
+        from the one stored when they were chained (to name an edited row; the decision's hash is what proves it)."""
         by_seq: dict[int, list[tuple[int, str]]] = {}
         edited = set()
-        cols = ", ".join(EVAL_COLUMNS)
-        for row in self.db.execute(f"SELECT decision_seq, sha256, {cols} FROM eval WHERE decision_seq IS NOT NULL "
-                                   "ORDER BY id"):
-            digest = eval_digest(row[2:])
+        cols = ", ".join(c.columns)
+        for row in self.db.execute(f"SELECT {c.seq_column}, {c.digest_column}, {cols} FROM {c.table} "
+                                   f"WHERE {c.seq_column} IS NOT NULL ORDER BY id"):
+            digest = row_digest(row[2:])
             by_seq.setdefault(row[0], []).append((row[2], digest))
             if digest != row[1]:
                 edited.add(row[2])
         return by_seq, edited
 
-    def _unchained_eval(self, left: dict[int, list[tuple[int, str]]]) -> str | None:
-        """An eval row chained to no decision that exists, or (after the first chained row: older rows predate
-        chaining) to none at all."""
+    def _unchained_row(self, c: Covered, left: dict[int, list[tuple[int, str]]], pending: bool) -> str | None:
+        """A row of `c`'s table chained to no decision that exists, or (after the first chained row: older rows predate
+        chaining) final and chained to none at all (with `pending`: unless its session is still open)."""
         if left:
-            seq, evals = min(left.items())
-            return f"eval {evals[0][0]}: chained to decision seq {seq}, which is not in the notebook (added outside it)"
-        first = self.db.execute("SELECT MIN(id) FROM eval WHERE decision_seq IS NOT NULL").fetchone()[0]
+            seq, rows = min(left.items())
+            return f"{c.table} {rows[0][0]}: chained to decision seq {seq}, which is not in the notebook (added outside it)"
+        first = self.db.execute(f"SELECT MIN(id) FROM {c.table} WHERE {c.seq_column} IS NOT NULL").fetchone()[0]
         if first is None:
             return None
-        loose = self.db.execute("SELECT id, session FROM eval WHERE decision_seq IS NULL AND id > ? ORDER BY id "
-                                "LIMIT 1", [first]).fetchone()
+        final = f" AND {c.final}" if c.final else ""
+        other = " AND session NOT IN (SELECT name FROM session WHERE status = 'open')" if pending else ""
+        loose = self.db.execute(f"SELECT id, session FROM {c.table} WHERE {c.seq_column} IS NULL AND id > ?{final}"
+                                f"{other} ORDER BY id LIMIT 1", [first]).fetchone()
         if loose:
-            return (f"eval {loose[0]} (session {loose[1]!r}): in no decision's hash; expected every eval row to be "
+            what = "an eval" if c.table == "eval" else "a finished tool call" if c.table == "tool_call" else "an artifact"
+            return (f"{c.table} {loose[0]} (session {loose[1]!r}): in no decision's hash; expected {what} row to be "
                     "recorded by a decision (added outside the notebook, or written after the session's last decision: "
                     "resume the session to record it)")
         return None
@@ -536,6 +549,10 @@ class Notebook:
         for seq, name, payload in self.db.execute("SELECT seq, session, payload FROM decision WHERE kind = 'open' "
                                                   "ORDER BY seq"):
             opens.setdefault(name, (seq, _json_object(payload)))
+        stops: dict[str, tuple[str, int]] = {}  # a session's status is the one its last stop decision recorded
+        for seq, name, payload in self.db.execute("SELECT seq, session, payload FROM decision WHERE kind = 'stop' "
+                                                  "ORDER BY seq"):
+            stops[name] = (_json_object(payload).get("status"), seq)
         # As stored: the open decision hashed the row as it was written (its paths lab-relative, or in an older
         # notebook absolute at the location it was written in), not as read at the lab's current location.
         sessions = self._records(Session, "SELECT * FROM session ORDER BY started_at", as_stored=True)
@@ -553,6 +570,11 @@ class Notebook:
             if vouched.get("session_sha256") not in (None, session_sha256(s)):
                 return (f"session {s.name!r}: its row (lab or start time) does not match the hash in its open "
                         f"decision (seq {seq}): the row was edited after it opened")
+            ended, stop_seq = stops.get(s.name, ("open", None))
+            if s.status != ended:
+                said = f"its last stop decision (seq {stop_seq}) says {ended!r}" if stop_seq else "no stop decision ended it"
+                return (f"session {s.name!r}: status is {s.status!r} in its row but {said}: the row was edited after "
+                        "the fact")
         missing = sorted(set(opens) - {s.name for s in sessions})
         if missing:
             return f"session {missing[0]!r}: opened at decision seq {opens[missing[0]][0]} but its row is gone"
@@ -590,6 +612,9 @@ class Notebook:
         if decision_seq is not None:
             fields["decision_seq"] = decision_seq
         with self.transaction():
+            chained = self.db.execute("SELECT chain_seq FROM tool_call WHERE id = ?", [call_id]).fetchone()
+            if chained and chained[0] is not None:  # its outcome is in the chain: a second one would fail verify
+                raise NotebookError(f"tool call {call_id}: already finished and recorded by decision seq {chained[0]}")
             self._update("tool_call", "id = ?", [call_id], fields)
 
     def tool_calls(self, session: str) -> list[ToolCall]:

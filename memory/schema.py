@@ -189,8 +189,19 @@ ALTER TABLE eval ADD COLUMN sha256 TEXT;           -- memory.chain.eval_digest o
 CREATE INDEX eval_decision ON eval(decision_seq);
 """
 
-MIGRATIONS: list[str] = [V1, V2, V3, V4, V5]
-EVALS_CHAINED_FROM = 5  # the schema version whose eval rows carry decision_seq (read-only opens of older ones verify)
+# Tool calls and artifacts are chained like eval rows (memory/chain.py COVERED): a finished tool call (its status and
+# result, the outcome line the planner reads) and an artifact (its path and sha256, what resume trains from) are hashed
+# into the next decision their session writes, so an edit with sqlite3 fails verify, and resume and replay refuse it.
+V6 = """
+ALTER TABLE tool_call ADD COLUMN chain_seq INTEGER;  -- the decision whose hash covers this row; NULL while open, or before V6
+ALTER TABLE tool_call ADD COLUMN chain_sha256 TEXT;  -- memory.chain.row_digest of the row when it was chained
+ALTER TABLE artifact ADD COLUMN chain_seq INTEGER;
+ALTER TABLE artifact ADD COLUMN chain_sha256 TEXT;
+CREATE INDEX tool_call_chain ON tool_call(chain_seq);
+CREATE INDEX artifact_chain ON artifact(chain_seq);
+"""
+
+MIGRATIONS: list[str] = [V1, V2, V3, V4, V5, V6]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 SQLITE_MAGIC = b"SQLite format 3\x00"

@@ -38,7 +38,8 @@ DEADLINE_S = 1800
 # xdist 3.8's own `xdist_group` marks do nothing on pytest 9.2 (pytest-xdist issue 1386), hence this
 # scheduler; the units come from the test ids (any id naming Slurm joins its unit: a few unmarked ones do,
 # at no cost), and collection checks that every test sits in the unit it needs.
-FINISHED_FILES = {"tests/agent/test_session.py", "tests/agent/test_replay.py", "tests/memory/test_report.py"}
+FINISHED_FILES = {"tests/agent/test_session.py", "tests/agent/test_replay.py", "tests/memory/test_report.py",
+                  "tests/hostile/test_chain_coverage.py", "tests/hostile/test_planner_view.py"}
 WORLD_FILES = {"tests/test_decision_quality.py"}  # besides tests/world/: modules that call session_world()
 # Files of whole sessions on the test world that form units of their own rather than make the toy_world unit longer
 # than the rest of the suite: the world itself is built once per run, by whichever worker asks first

@@ -17,6 +17,7 @@ import fcntl
 import json
 import os
 import socket
+import stat
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -31,6 +32,9 @@ from core.display import shown
 from memory.place import LAB_MARK, rewrite, root_pattern
 
 LOCK_FILE = "lab.lock"
+# The lab's own entries that sessions write into: each must be the lab's own (a regular file or a directory in the
+# lab), never a symbolic link that leads a session's writes out of it. (lab.lock is checked as it is opened.)
+OWN_ENTRIES = ("jobs", "runs", "data", "evals", "merges", "bundles", "splits", "graph.sqlite")
 
 
 class LabLockError(ValueError):
@@ -127,7 +131,8 @@ class LabPaths(BaseModel):
         the file) is reported as stale. The descriptor is close-on-exec, so the jobs a session starts
         (which may outlive it) never hold the lab."""
         if os.path.lexists(self.root) and not self.root.is_dir():
-            raise LabLockError(f"{self.root}: not a directory (a lab is a directory)")
+            raise LabLockError(f"{shown(str(self.root))}: not a directory (a lab is a directory)")
+        self.check_own_entries()
         self.root.mkdir(parents=True, exist_ok=True)
         fd = self._acquire()
         try:
@@ -146,11 +151,34 @@ class LabPaths(BaseModel):
         finally:
             os.close(fd)  # closing drops the flock
 
+    def check_own_entries(self) -> None:
+        """LabLockError naming the first of the lab's own entries (OWN_ENTRIES, and the session's directories under
+        them) that is a symbolic link: a session writing through it would write outside the lab (another lab's runs,
+        a file the link names overwritten)."""
+        names = [*OWN_ENTRIES, *(f"{d}/{self.session}" for d in ("runs", "data", "evals", "merges") if self.session)]
+        for name in names:
+            entry = self.root / name
+            if entry.is_symlink():
+                raise LabLockError(f"{shown(str(entry))}: a symbolic link; the lab's own entries are never followed out "
+                                   "of the lab: remove it (it is created fresh) or put the real directory there")
+
     def _acquire(self) -> int:
         """The locked descriptor of the lock file. A file a releasing holder removed between our open and
-        our flock is not the lock any more: open the path again."""
+        our flock is not the lock any more: open the path again. The lock is truncated and written: it must be the
+        lab's own regular file (no symbolic link, nothing else, no second name), never a file elsewhere."""
         while True:
-            fd = os.open(self.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            try:
+                fd = os.open(self.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+            except OSError as err:
+                what = "a symbolic link" if self.lock.is_symlink() else f"cannot be opened ({err.strerror})"
+                raise LabLockError(f"{shown(str(self.lock))}: {what}; the lab's lock must be a regular file of the lab: "
+                                   "remove it (it is created fresh)") from None
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+                os.close(fd)
+                what = "not a regular file" if not stat.S_ISREG(st.st_mode) else f"a file with {st.st_nlink} names (a hard link)"
+                raise LabLockError(f"{shown(str(self.lock))}: {what}; the lab's lock must be a regular file of the lab: "
+                                   "remove it (it is created fresh)")
             try:
                 _lock_or_wait_out_a_probe(fd)
             except BlockingIOError:

@@ -19,7 +19,7 @@ import openai
 from agent import toolbox
 from agent.errors import SessionError
 from agent.planners import BadReply, ToolCall
-from agent.summary import Summary
+from agent.summary import Summary, without_paths
 from core import redact as redaction
 
 SYSTEM = """You plan the next step of a post-training research session. Call exactly one tool per reply.
@@ -50,6 +50,7 @@ class LLMPlanner:
     def messages(self, summary: Summary, feedback: list[str]) -> list[dict]:
         view = summary.render()
         user = "Notebook summary (JSON):\n" + json.dumps(view, sort_keys=True)
+        feedback = without_paths(feedback, summary.lab_roots)  # a refusal may quote an outcome line, paths and all
         if feedback:
             user += "\n\nYour previous replies could not be used:\n" + "\n".join(f"- {f}" for f in feedback)
         return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": redaction.redact(user)}]

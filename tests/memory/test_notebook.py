@@ -133,7 +133,7 @@ def test_sigkill_mid_write_keeps_every_committed_record(tmp_path: Path):
         report = nb.verify()
         assert report.ok, report.problem
         assert report.count >= committed
-        nb.record_decision("w", "stop", "after the kill", {"status": "stopped"})  # and it stays writable
+        nb.end_session("w", "stopped", "after the kill")  # and it stays writable
         assert nb.verify().ok
 
 

@@ -111,7 +111,12 @@ def test_the_views_are_read_only(nb: Notebook):
 
 
 def _unchain_evals(conn: sqlite3.Connection) -> None:
-    """The chain as a release before V5 wrote it: no eval columns, every decision hashed without evals."""
+    """The chain as a release before V5 wrote it: no eval, tool-call or artifact chain columns, every decision hashed
+    without them."""
+    for table in ("tool_call", "artifact"):
+        conn.execute(f"DROP INDEX {table}_chain")
+        conn.execute(f"ALTER TABLE {table} DROP COLUMN chain_seq")
+        conn.execute(f"ALTER TABLE {table} DROP COLUMN chain_sha256")
     conn.execute("DROP INDEX eval_decision")
     conn.execute("ALTER TABLE eval DROP COLUMN decision_seq")
     conn.execute("ALTER TABLE eval DROP COLUMN sha256")

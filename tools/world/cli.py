@@ -60,7 +60,7 @@ def _build(args: argparse.Namespace) -> int:
         manifest, rebuilt = build(args.lab, seed=args.seed, size=args.size, template=args.template, variant=args.variant)
     what = "built" if rebuilt else "cached (manifest sha256 matches; nothing rebuilt)"
     variant = "" if args.variant == "default" else f" variant {args.variant}"
-    print(f"toy world {args.size} seed {args.seed} template {args.template}{variant} in {args.lab}: {what}, "
+    print(f"toy world {args.size} seed {args.seed} template {args.template}{variant} in {shown(str(args.lab))}: {what}, "
           f"{len(manifest.files)} files, {time.perf_counter() - t0:.1f} s")
     return 0
 
@@ -78,7 +78,7 @@ def _truth(args: argparse.Namespace) -> int:
             print(f"error: {problem}", file=sys.stderr)
             return 2
     result = truth(args.lab, args.checkpoint, args.vs, n=args.n, seed=args.seed, device=args.device)
-    print(render(result))
+    print(shown(render(result), keep_newlines=True))  # checkpoint paths are a user's choice: escaped
     if args.json:
         write_json_atomic(args.json, result.model_dump(mode="json"))
     return 0
@@ -111,5 +111,5 @@ def main(args: argparse.Namespace) -> int:
     try:
         return _build(args) if args.world_command == "build" else _truth(args)
     except (WorldError, LabLockError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {shown(str(exc), keep_newlines=True)}", file=sys.stderr)
         return 2
