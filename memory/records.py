@@ -23,7 +23,7 @@ JobState = Literal["pending", "running", "completed", "failed"]
 # The launcher's failure classes (tools/jobs/failures.py keeps the same list; a test holds them equal:
 # memory sits below tools and cannot import it).
 FailureClass = Literal["oom", "preempted", "timeout", "nccl_timeout", "nan_loss", "node_failure", "cancelled", "no_gpu",
-                       "lost", "error"]
+                       "lost", "config", "error"]
 SessionStatus = Literal["open", "done", "failed", "stopped"]
 ToolCallStatus = Literal["open", "done", "failed", "refused"]
 

@@ -28,6 +28,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from memory.records import GateRefusal
 from tools.context import (
     ToolContext,
     ToolOutcome,
@@ -37,6 +38,7 @@ from tools.context import (
     record_once,
     served_of,
 )
+from tools.jobs.launcher import JobFailed
 from trainers import dpo, klce, merge, rft, sft
 from trainers import recipe as recipes
 from trainers.common import LoRASettings, weights_sha256
@@ -231,7 +233,12 @@ def _body(ctx: ToolContext, args: Args) -> ToolOutcome:
                                        "settings": arm.model_dump(mode="json"), "parent": parent.sha256,
                                        "data": data.sha256})
     fn, cfg = _config(ctx, args, arm, ctx.paths.run(name))
-    result, key = ctx.wait(args.trainer, fn, cfg, **sizing(ctx, args, arm))
+    try:
+        result, key = ctx.wait(args.trainer, fn, cfg, **sizing(ctx, args, arm))
+    except JobFailed as exc:
+        if exc.record.failure_class != "config":
+            raise
+        return _refused_arm(ctx, args, exc)
     train = result.train if args.trainer == "rft" else result
     # A LoRA run's adapters are merged into the parent first (jobs of their own): nothing is registered until
     # every merge is done, so a failed merge leaves no half-registered arm behind.
@@ -252,6 +259,18 @@ def _body(ctx: ToolContext, args: Args) -> ToolOutcome:
                                             "final_loss": train.final_loss, "job_key": key} | extra)
     data_out = {"artifact_id": artifact_id, "job_key": key} | extra
     return ToolOutcome(tool=NAME, status="done", summary=summary, data=data_out)
+
+
+def _refused_arm(ctx: ToolContext, args: Args, exc: JobFailed) -> ToolOutcome:
+    """A trainer that refused its own settings (class config: a [train] value the parent or the data cannot take,
+    found before any compute) refuses the arm: a `refuse` decision the gates read back (the same arm is not proposed
+    again), in words the project minted; the trainer's own message (it names the key) is kept for a person only."""
+    reason = (f"the {args.trainer} job refused its settings before training (class config, job {exc.record.key[:12]}): "
+              "a [train] value this parent or dataset cannot take; see the job's message")
+    ctx.nb.record_decision(ctx.session, "refuse", f"train arm refused: {reason}"[:300],
+                           GateRefusal(tool=NAME, args=args.model_dump(mode="json"), reason=reason))
+    return ToolOutcome(tool=NAME, status="refused", summary=f"arm refused: {reason}",
+                       data={"job_key": exc.record.key}, detail=exc.record.failure_detail or "")
 
 
 def _recipe(ctx: ToolContext, args: Args, arm: recipes.ArmSettings, train) -> dict[str, Any]:

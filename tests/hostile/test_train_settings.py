@@ -142,3 +142,44 @@ def test_the_cli_refuses_with_exit_2_and_writes_nothing(lab: Path):
     assert_refused(done.returncode, done.stderr, str(lab / "lab.toml"), "train.lora.target_modules[0] = 'embed_tokens'",
                    "train.lora.target_modules[1] = 'norm'")
     assert files(lab) == before
+
+
+def test_a_job_refusing_its_settings_is_a_refusal_of_the_arm(tmp_path: Path):
+    """Item 2: a [train] value found only by the trainer (here LoRA targets the lab's checks never saw: the runtime
+    is built without them) fails its job as class config, and the tool records a refusal of that arm, not an error."""
+    from agent import toolbox
+    from agent.planners.playbook import PlaybookSettings
+    from agent.runner import _runtime
+    from memory.notebook import Notebook
+    from tools.data.datasets import WinnerSFTConfig, build_winner_sft, record_dataset
+    from tools.data.splits import SplitConfig, ingest_feedback
+    from tools.promote import start_incumbent
+
+    sys.path.insert(0, str(REPO / "tests" / "agent"))
+    from labkit import SYSTEM
+    from labkit import make_lab as make_agent_lab
+
+    lab = make_agent_lab(tmp_path / "lab")
+    with open(lab / "lab.toml", "a") as f:
+        f.write('\n[train.lora]\nr = 4\ntarget_modules = ["qkv"]\n')
+    config = load_lab_config(lab)
+    nb = Notebook.open(lab / "notebook.db")
+    nb.open_session("s1", lab=str(lab), budget_gpuh=10.0, reserve_gpuh=0.5, planner="playbook", executor="local",
+                    config={})
+    rt = _runtime(nb, "s1", lab, config, config.executor, PlaybookSettings.test(), "playbook", True)
+    parent = start_incumbent(rt.ctx)
+    split, _ = ingest_feedback(nb, lab / "feedback.jsonl", SplitConfig(dev_fraction=0.2, sealed_fraction=0.1),
+                               lab / "splits", session="s1")
+    manifest = build_winner_sft(WinnerSFTConfig(out=lab / "data" / "winner.jsonl", tokenizer=lab / "tokenizer",
+                                                feedback=lab / "feedback.jsonl", split=split, system_prompt=SYSTEM))
+    dataset = record_dataset(nb, manifest, session="s1").id
+    args = {"trainer": "sft", "parent": parent, "dataset": dataset, "method": "lora", "steps": 2, "batch_size": 2}
+    outcome = toolbox.run(rt.ctx, "train", toolbox.args_model("train").model_validate(args), None)
+    assert outcome.status == "refused", outcome
+    assert "refused its settings before training (class config" in outcome.summary
+    assert "lora.target_modules: 'qkv' matches no module" in outcome.detail  # the trainer's own words, for a person
+    [job] = nb.jobs()
+    assert job.failure_class == "config"
+    [refusal] = nb.decisions("s1", kind="refuse")
+    assert refusal.payload.tool == "train" and refusal.payload.args["method"] == "lora"
+    nb.close()

@@ -26,7 +26,8 @@ from core.placement import NO_GPU_PREFIX
 from core.redact import redact
 
 FailureClass = Literal[
-    "oom", "preempted", "timeout", "nccl_timeout", "nan_loss", "node_failure", "cancelled", "no_gpu", "lost", "error"
+    "oom", "preempted", "timeout", "nccl_timeout", "nan_loss", "node_failure", "cancelled", "no_gpu", "lost", "config",
+    "error"
 ]
 Action = Literal["requeue", "retry_smaller_batch", "record"]
 C = TypeVar("C", bound=BaseModel)
@@ -37,6 +38,10 @@ TIMEOUT_PREFIX = "timeout:"
 PREEMPTED_PREFIX = "preempted:"
 # Trainers raise an exception whose message starts with this when the loss stops being finite.
 NAN_PREFIX = "nan_loss:"
+# Trainers raise this (trainers.common.ConfigError) for settings that cannot run, found before any compute (LoRA targets
+# that match nothing, a chat template they cannot train with): class config, recorded, never retried; the train tool
+# records it as a refusal of the arm (tools/train.py).
+CONFIG_ERROR = "trainers.common.ConfigError"
 # NO_GPU_PREFIX: a job given GPUs that finds none on its host (core/placement.py) says so; it is recorded, not
 # retried (it would fail the same way again).
 
@@ -143,6 +148,8 @@ def _from_exception(kind: str, message: str) -> Failure | None:
     so that text a message quotes (an input) cannot make an OOM retry or a requeue."""
     if kind.endswith(("OutOfMemoryError", "MemoryError")) or message.startswith(_OOM_MESSAGES):
         return Failure(failure_class="oom", detail=kind)
+    if kind == CONFIG_ERROR:  # a trainer refusing its own settings before any compute: the arm cannot train so
+        return Failure(failure_class="config", detail=f"{kind}: the job's settings cannot run")
     if (kind.endswith("DistStoreError") and message.startswith("Timed out")) or _NCCL.search(message[:300]):
         return Failure(failure_class="nccl_timeout", detail=f"a collective operation timed out ({kind})")
     for prefix, klass in _PREFIXES:
