@@ -381,9 +381,15 @@ def check_lora_targets(model_path: Path, lora: LoRASettings) -> None:
         skeleton = loading.model_from_config(loading.load_config(model_path))
     module_names = [n for n, _ in skeleton.named_modules()]
     param_names = [n for n, _ in skeleton.named_parameters()]
+    linear = {n for n, m in skeleton.named_modules() if isinstance(m, torch.nn.Linear)}
     for target in modules:
-        if not any(n == target or n.endswith("." + target) for n in module_names):
+        found = [n for n in module_names if n == target or n.endswith("." + target)]
+        if not found:
             raise ConfigError(f"lora.target_modules: {target!r} matches no module of {model_path}")
+        other = [n for n in found if n not in linear]
+        if other:  # an embedding, a norm, the root (trainers/targets.py: what lab.toml's check refuses before)
+            raise ConfigError(f"lora.target_modules: {target!r} matches {other[0]!r}, a "
+                              f"{type(skeleton.get_submodule(other[0])).__name__}: only linear projections are adapted")
     for target in params:
         if not any(n == target or n.endswith("." + target) for n in param_names):
             raise ConfigError(f"lora.target_parameters: {target!r} matches no parameter of {model_path}")

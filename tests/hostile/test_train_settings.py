@@ -183,3 +183,12 @@ def test_a_job_refusing_its_settings_is_a_refusal_of_the_arm(tmp_path: Path):
     [refusal] = nb.decisions("s1", kind="refuse")
     assert refusal.payload.tool == "train" and refusal.payload.args["method"] == "lora"
     nb.close()
+
+
+@pytest.mark.parametrize("target", ["embed_tokens", "norm", ""])
+def test_the_trainer_refuses_targets_lora_does_not_adapt(parent: Path, target: str):
+    """The job's own check (a lab.toml changed after its checks, a resumed session) refuses what the load check does."""
+    from trainers.common import ConfigError, LoRASettings, check_lora_targets
+
+    with pytest.raises(ConfigError, match="only linear projections are adapted"):
+        check_lora_targets(parent, LoRASettings(r=4, target_modules=[target]))

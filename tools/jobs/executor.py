@@ -67,7 +67,9 @@ class KindResources(_Settings):
     nodes: int = Field(1, ge=1, le=MAX_NODES, description="Nodes (Slurm; more than 1 only for train: one task per GPU on each, "
                        "the torch.distributed rendezvous from Slurm's environment).")
     cpus: int | None = Field(None, ge=1, le=MAX_CPUS_PER_TASK, description="CPUs per task; default executor.slurm.cpus_per_task.")
-    mem_gb: int | None = Field(None, ge=1, le=MAX_MEM_GB, description="Memory per node in GB; default executor.slurm.mem_gb.")
+    mem_gb: int | None = Field(None, ge=1, le=MAX_MEM_GB, description="Memory per node in GB; default executor.slurm.mem_gb. "
+                          "Local: the job's resident memory bound (its tasks together), default 80% of the host's "
+                          "(tools/jobs/warden.py).")
     time_limit_min: int | None = Field(None, ge=1, le=MAX_TIME_LIMIT_MIN, description="Wall-clock limit of one run in minutes; default "
                                        "executor.time_limit_min.")
 
