@@ -5,7 +5,10 @@ is the JSON of (seq, session, at, kind, rationale, payload) with sorted keys and
 edit changes that record's hash; a deletion or reordering breaks the seq sequence or a prev_hash
 link, so a re-walk names the first bad record. Eval rows (schema V5 on) are chained too: a decision's record
 also holds the [id, digest] of each eval row its session wrote since its previous decision (the rows the
-decision records), and an eval row written after the first chained one must be in some decision's record.
+decision records), and an eval row written after the first chained one must be in some decision's record. From schema
+V6 on, tool calls (once finished: their status and result are final), artifacts (their paths and hashes), noise
+floors, bars, comparisons and feedback splits are chained the same way, each under its own record key (COVERED); a
+decision that chains none of a kind has no such key, so every older chain verifies unchanged.
 (The construction is a plain hash chain, as in
 Haber & Stornetta, "How to time-stamp a digital document", 1991.)
 """
@@ -29,6 +32,13 @@ EVAL_COLUMNS = ("id", "session", "artifact_id", "suite", "replicate", "decoding"
 TOOL_CALL_COLUMNS = ("id", "session", "tool", "args", "args_hash", "decision_seq", "job_key", "status", "result",
                      "started_at", "ended_at")
 ARTIFACT_COLUMNS = ("id", "session", "kind", "name", "path", "sha256", "parents", "recipe", "job_key", "created_at")
+# The rows the judgments read back (noise floors, bars, comparisons) and the feedback splits a session's data comes from.
+NOISE_FLOOR_COLUMNS = ("id", "session", "suite", "metric", "k", "spread", "mean_abs_delta", "max_abs_t", "source_evals",
+                       "created_at")
+BARS_COLUMNS = ("id", "session", "spec", "sha256", "registered_at")
+COMPARISON_COLUMNS = ("id", "session", "candidate", "incumbent", "bars_id", "verdicts", "promoted", "adjustment",
+                      "created_at")
+SPLIT_COLUMNS = ("id", "session", "source_path", "source_sha256", "config", "sha256", "counts", "assignment", "created_at")
 
 
 @dataclass(frozen=True)
@@ -50,6 +60,10 @@ COVERED = (
     Covered("eval", "evals", EVAL_COLUMNS, "decision_seq", "sha256", None, 5),
     Covered("tool_call", "tool_calls", TOOL_CALL_COLUMNS, "chain_seq", "chain_sha256", "status != 'open'", 6),
     Covered("artifact", "artifacts", ARTIFACT_COLUMNS, "chain_seq", "chain_sha256", None, 6),
+    Covered("noise_floor", "noise_floors", NOISE_FLOOR_COLUMNS, "chain_seq", "chain_sha256", None, 6),
+    Covered("bars", "bars", BARS_COLUMNS, "chain_seq", "chain_sha256", None, 6),
+    Covered("comparison", "comparisons", COMPARISON_COLUMNS, "chain_seq", "chain_sha256", None, 6),
+    Covered("feedback_split", "splits", SPLIT_COLUMNS, "chain_seq", "chain_sha256", None, 6),
 )
 
 

@@ -447,7 +447,7 @@ class Notebook:
         not yet chained, marked as covered by decision `seq`: (id, digest) each."""
         cols = ", ".join(c.columns)
         final = f" AND {c.final}" if c.final else ""
-        owner = "session = ?" if c.table == "eval" else "(session = ? OR session IS NULL)"
+        owner = "(session = ? OR session IS NULL)"  # lab-level rows (artifacts, splits) join the next decision
         rows = self.db.execute(f"SELECT {cols} FROM {c.table} WHERE {owner} AND {c.seq_column} IS NULL{final} "
                                "ORDER BY id", [session]).fetchall()
         chained = [(row[0], row_digest(row)) for row in rows]
@@ -537,8 +537,8 @@ class Notebook:
         loose = self.db.execute(f"SELECT id, session FROM {c.table} WHERE {c.seq_column} IS NULL AND id > ?{final}"
                                 f"{other} ORDER BY id LIMIT 1", [first]).fetchone()
         if loose:
-            what = "an eval" if c.table == "eval" else "a finished tool call" if c.table == "tool_call" else "an artifact"
-            return (f"{c.table} {loose[0]} (session {loose[1]!r}): in no decision's hash; expected {what} row to be "
+            what = "every finished tool call" if c.table == "tool_call" else f"every {c.table} row"
+            return (f"{c.table} {loose[0]} (session {loose[1]!r}): in no decision's hash; expected {what} to be "
                     "recorded by a decision (added outside the notebook, or written after the session's last decision: "
                     "resume the session to record it)")
         return None

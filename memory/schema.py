@@ -189,16 +189,29 @@ ALTER TABLE eval ADD COLUMN sha256 TEXT;           -- memory.chain.eval_digest o
 CREATE INDEX eval_decision ON eval(decision_seq);
 """
 
-# Tool calls and artifacts are chained like eval rows (memory/chain.py COVERED): a finished tool call (its status and
-# result, the outcome line the planner reads) and an artifact (its path and sha256, what resume trains from) are hashed
-# into the next decision their session writes, so an edit with sqlite3 fails verify, and resume and replay refuse it.
+# Tool calls, artifacts, noise floors, bars, comparisons and feedback splits are chained like eval rows (memory/chain.py
+# COVERED): a finished tool call (its status and result, the outcome line the planner reads), an artifact (its path and
+# sha256, what resume trains from) and the rows the judgments read back are hashed into the next decision their session
+# writes, so an edit with sqlite3 fails verify, and resume and replay refuse it.
 V6 = """
 ALTER TABLE tool_call ADD COLUMN chain_seq INTEGER;  -- the decision whose hash covers this row; NULL while open, or before V6
 ALTER TABLE tool_call ADD COLUMN chain_sha256 TEXT;  -- memory.chain.row_digest of the row when it was chained
 ALTER TABLE artifact ADD COLUMN chain_seq INTEGER;
 ALTER TABLE artifact ADD COLUMN chain_sha256 TEXT;
+ALTER TABLE noise_floor ADD COLUMN chain_seq INTEGER;
+ALTER TABLE noise_floor ADD COLUMN chain_sha256 TEXT;
+ALTER TABLE bars ADD COLUMN chain_seq INTEGER;
+ALTER TABLE bars ADD COLUMN chain_sha256 TEXT;
+ALTER TABLE comparison ADD COLUMN chain_seq INTEGER;
+ALTER TABLE comparison ADD COLUMN chain_sha256 TEXT;
+ALTER TABLE feedback_split ADD COLUMN chain_seq INTEGER;
+ALTER TABLE feedback_split ADD COLUMN chain_sha256 TEXT;
 CREATE INDEX tool_call_chain ON tool_call(chain_seq);
 CREATE INDEX artifact_chain ON artifact(chain_seq);
+CREATE INDEX noise_floor_chain ON noise_floor(chain_seq);
+CREATE INDEX bars_chain ON bars(chain_seq);
+CREATE INDEX comparison_chain ON comparison(chain_seq);
+CREATE INDEX feedback_split_chain ON feedback_split(chain_seq);
 """
 
 MIGRATIONS: list[str] = [V1, V2, V3, V4, V5, V6]

@@ -1,5 +1,6 @@
 """What a decision or a resume relies on is in the hash chain (issue 44, item 4): a tool call's outcome (the summary
-the planner reads), an artifact's path and sha256 (what resume trains from), eval rows and a session's status.
+the planner reads), an artifact's path and sha256 (what resume trains from), eval rows, noise floors, bars, comparisons,
+feedback splits and a session's status.
 
 A copy of the finished session's lab (tests/conftest.py `finished`) is edited with sqlite3 the way a hostile reader of
 the file would; `verify`, `resume` and `replay` run through the command line's own entry (run_agent.main, in this
@@ -127,3 +128,16 @@ def test_an_edited_eval_row_is_refused_by_replay_too(lab: Path, capsys):
     _sql(lab, ("UPDATE eval SET metrics = ? WHERE id = ?", ['{"win_score":0.99}', eval_id]))
     code, err = _cli(capsys, "replay", "s1", "--lab", str(lab))
     assert_refused(code, err, "fails verify", f"eval {eval_id}")
+
+
+@pytest.mark.parametrize(("table", "edit"), [
+    ("noise_floor", "mean_abs_delta = mean_abs_delta + 0.5"),  # a wider floor lets any candidate through
+    ("bars", "spec = json_set(spec, '$.bar[0].rule', 'delta >= -100')"),
+    ("comparison", "promoted = 1 - promoted"),
+    ("feedback_split", "assignment = replace(assignment, '\"sealed\"', '\"train\"')"),  # the sealed holdout into training
+])
+def test_the_rows_judgments_read_back_are_chained_too(lab: Path, capsys, table: str, edit: str):
+    row_id, = _one(lab, f"SELECT MIN(id) FROM {table}")
+    _sql(lab, (f"UPDATE {table} SET {edit} WHERE id = ?", [row_id]))
+    assert _one(lab, f"SELECT chain_sha256 IS NOT NULL FROM {table} WHERE id = {row_id}") == (1,)
+    _verify_fails(capsys, lab, f"{table} {row_id}: its row does not match the hash decision seq")

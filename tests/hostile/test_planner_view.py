@@ -29,6 +29,7 @@ def test_the_planner_prompt_holds_neither_the_labs_name_nor_any_absolute_path(fi
         nominee = nb.artifact(summary.nominee)
         bundle = nb.artifacts(kind="bundle", session=finished.session)[-1]
     assert INSTRUCTION in bundle.path and INSTRUCTION in nominee.path  # the records read at the lab's place name it
+    assert INSTRUCTION in json.dumps(summary.model_dump(mode="json"))  # and so do outcome lines the playbook reads
     # a refusal fed back to the planner may quote an outcome line, paths and all
     feedback = [f"nominate with these arguments already ran: done: its bundle is at {bundle.path}",
                 f"the base model at {finished.lab.parent / 'models' / 'base'} is not a candidate"]
