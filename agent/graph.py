@@ -130,9 +130,15 @@ def plan(rt: Runtime, state: AgentState) -> dict[str, Any]:
 
 def gate(rt: Runtime, state: AgentState) -> dict[str, Any]:
     p = state["proposal"]
-    s = _without_own_reservation(rt, Summary.model_validate(state["summary"]), p["tool"], p["args"])
+    # A step interrupted mid-job (a resumed session) is gated again on the ledger without its own jobs' reservation,
+    # which would otherwise count against it twice: in the ledger and in its forecast's time limit, sized on what is
+    # left (the first run's forecast, not the whole time limit's).
+    own = own_reservation(rt.ctx.nb, rt.ctx.session, p["tool"], p["args"])
+    s = Summary.model_validate(state["summary"])
+    if own:
+        s = s.model_copy(update={"view": s.view.model_copy(update={"ledger": s.view.ledger.without(own)})})
     args = toolbox.args_model(p["tool"]).model_validate(p["args"])
-    forecast = toolbox.forecast_gpuh(rt.ctx, rt.forecaster, p["tool"], args)
+    forecast = toolbox.forecast_gpuh(rt.ctx, rt.forecaster, p["tool"], args, own)
     reason = gates.check(p["tool"], p["args"], s, forecast, rt.ctx.paths.root, lab_recipe(rt.ctx))
     if reason is None:
         return {"refusal": None}
@@ -143,15 +149,6 @@ def gate(rt: Runtime, state: AgentState) -> dict[str, Any]:
     bad = state.get("bad_replies", 0) + (1 if p["planner"] != "playbook" else 0)
     return {"refusal": reason, "bad_replies": bad, "refusals_in_row": state.get("refusals_in_row", 0) + 1,
             "feedback": [*state.get("feedback", []), f"refused by the gates: {reason}"]}
-
-
-def _without_own_reservation(rt: Runtime, s: Summary, tool: str, args: dict[str, Any]) -> Summary:
-    """A step interrupted mid-job (a resumed session) is gated again, on the ledger without its own jobs'
-    reservation, which would otherwise count against it twice."""
-    own = own_reservation(rt.ctx.nb, rt.ctx.session, tool, args)
-    if not own:
-        return s
-    return s.model_copy(update={"view": s.view.model_copy(update={"ledger": s.view.ledger.without(own)})})
 
 
 def act(rt: Runtime, state: AgentState) -> dict[str, Any]:

@@ -297,6 +297,12 @@ def resume(lab_dir: Path, session: str, quiet: bool) -> int:
         settings = PlaybookSettings.recorded(saved["playbook"], session)
         section = config.executor.model_copy(update={"kind": s.executor})
         rt = _runtime(nb, session, lab_dir, config, section, settings, s.planner, quiet)
+        # Jobs the dead agent left pending or running are settled first (one whose process is gone is lost), so the
+        # interrupted step is gated on what they spent, not on a reservation no process holds; its re-attach then
+        # runs a lost job again, admitted against the budget.
+        for job in rt.forecaster.settle_orphans():
+            rt.reporter.event(f"resume: job {job.kind} {job.key[:12]} attempt {job.attempt} ended while the agent "
+                              f"was gone: {job.state}" + (f" ({job.failure_class})" if job.failure_class else ""))
         start_incumbent(rt.ctx)
         _drive_checkpointed(rt)
         return _finish(rt)

@@ -88,9 +88,10 @@ def _job_kind(ctx: ToolContext, tool: str, args: Any) -> tuple[str, dict[str, An
     return None
 
 
-def forecast_gpuh(ctx: ToolContext, launcher: Launcher, tool: str, args: BaseModel) -> float:
-    """The launcher's own forecast of the call's job (0 for notebook-only tools and data jobs)."""
+def forecast_gpuh(ctx: ToolContext, launcher: Launcher, tool: str, args: BaseModel, own_gpuh: float = 0.0) -> float:
+    """The launcher's own forecast of the call's job (0 for notebook-only tools and data jobs); `own_gpuh`: what the
+    call's own unsettled jobs reserve (a resumed step), left out of the budget the job is sized on."""
     kind = _job_kind(ctx, tool, args)
     if kind is None:
         return 0.0
-    return launcher.forecast(kind[0], ctx.resources(kind=kind[0], **kind[1])).gpuh
+    return launcher.forecast(kind[0], ctx.resources(kind=kind[0], own_gpuh=own_gpuh, **kind[1])).gpuh

@@ -44,12 +44,12 @@ WORLD_FILES = {"tests/test_decision_quality.py"}  # besides tests/world/: module
 # Files of whole sessions on the test world that form units of their own rather than make the toy_world unit longer
 # than the rest of the suite: the world itself is built once per run, by whichever worker asks first
 # (tools/world/testing.session_world).
-OWN_WORLD_FILES = {"tests/world/test_variants.py": "variants"}
+OWN_WORLD_FILES = {"tests/world/test_variants.py": "variants", "tests/hostile/test_crash_resume.py": "crash_resume"}
 # Longest units first (longest processing time first): the workers then end on short units and finish
 # together. The three shared units lead; the files after them took 40-130 s each in a clean-clone run at
 # load 4-8 (tests ran in collection order before, and test_distributed.py's ~110 s came last). A unit not
 # named here keeps its collection order after these.
-HEAVY_FIRST = ("finished", "slurm", "toy_world", "variants", "tests/ownlab/test_own_lab.py",
+HEAVY_FIRST = ("finished", "slurm", "toy_world", "variants", "crash_resume", "tests/ownlab/test_own_lab.py",
                *(f"tests/ownlab/test_own_recipes.py::test_each_recipe_runs_to_a_checked_nomination_on_the_own_lab[{r}]"
                  for r in ("aspen", "islet", "delta", "brook", "ember")),
                "tests/hostile/test_lab_sessions.py", "tests/trainers/test_distributed.py", "tests/test_bench_scaling.py",

@@ -160,12 +160,15 @@ class ToolContext:
                 "time_limit_min": given.time_limit_min or self.lab.time_limit_min,
                 "single_process": family in SINGLE_PROCESS_KINDS}
 
-    def resources(self, nomination: bool = False, kind: str | None = None, **extra: Any) -> Resources:
+    def resources(self, nomination: bool = False, kind: str | None = None, own_gpuh: float = 0.0,
+                  **extra: Any) -> Resources:
         """A job's resources. Its time limit is the lab's, or shorter when only that much of the budget
         is left above the reserve: a run never costs more than its limit, so a job admitted under that
         bound cannot overrun the budget (with less than a minute left the launcher refuses it). The
         nomination's jobs (bundle, sealed confirmation) are what the reserve is kept for: they are
-        admitted on a declared 0 and their limit is what is left including the reserve."""
+        admitted on a declared 0 and their limit is what is left including the reserve. `own_gpuh`: what the
+        step's own unsettled jobs still reserve (a resumed step gated again, tools/session.py own_reservation),
+        left out of what is left, so the step is sized on the same budget as when it was first gated."""
         per_kind = self.kind_resources(kind) if kind is not None else {}
         fields = {"time_limit_min": self.lab.time_limit_min} | per_kind | {"model": self.lab.model_name} | extra
         if per_kind:  # a job of a lab kind runs where its GPUs are: checked on CUDA, GPUs hidden on the CPU
@@ -173,7 +176,8 @@ class ToolContext:
         r = Resources(**fields)
         if self.minute_gpuh is None or (r.estimate_gpuh is not None and not nomination):
             return r
-        limit = ledger(self.nb, self.session).time_limit_min(r.time_limit_min, self.minute_gpuh(r), nomination)
+        left = ledger(self.nb, self.session).without(own_gpuh)
+        limit = left.time_limit_min(r.time_limit_min, self.minute_gpuh(r), nomination)
         update: dict[str, Any] = {"estimate_gpuh": 0.0, "nomination": True} if nomination else {}
         return r.model_copy(update=update | {"time_limit_min": limit})
 

@@ -1,13 +1,15 @@
-"""Crash and resume (issue 34, section 5). A job killed with the agent is lost, not failed: when the agent's
-whole process group is SIGKILLed mid-job (a closed terminal, a double Ctrl-C), its local jobs die with it;
-resume classifies the dead attempt as `lost`, runs a new attempt admitted against the budget, gates the
-interrupted step again before acting on it, and the session completes with a nomination, no job attempt
-launched twice. The classification itself is checked on its own first (cheap); the whole session is slow."""
+"""Crash and resume (issue 34, section 5; issue 44, item 2). A job killed with the agent is lost, not failed: when
+the agent's whole process group is SIGKILLed mid-job (a closed terminal, a double Ctrl-C), its local jobs die with it;
+resume settles the dead attempt as `lost` (so the ledger holds no reservation of a process that is gone), gates the
+interrupted step again on the same budget its first run was gated on, runs a new attempt admitted against the budget,
+and the session completes with a nomination, no job attempt launched twice. The classification itself is checked on
+its own first (cheap); then one session on the test world is killed at every kill point in turn (calibration's
+reference and eval jobs, a training job, the nomination's bundle job), each time resumed, to its nomination."""
 
 from __future__ import annotations
 
-import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,15 +19,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from labkit import make_lab
 
-from evals import synthetic
 from memory.notebook import Notebook, NotebookError
 from tools.jobs.failures import classify, decide
+from tools.world.testing import session_world
 
 REPO = Path(__file__).resolve().parents[2]
 BUDGET = "5gpuh"
 DEADLINE_S = 1800
+# Where the agent's group is killed, in the order a session reaches them: calibration's first (reference) job, its
+# eval job, the first training arm, the nomination's bundle job.
+KILLS = ("reference", "eval", "sft", "bundle")
 WARNING = "Some weights of the model checkpoint were not used when initializing LlamaForCausalLM\n"
 
 
@@ -50,25 +54,26 @@ def test_a_death_with_its_own_word_is_not_lost():
     assert classify("TIMEOUT", None, "").failure_class == "timeout"
 
 
-# ---- the whole session ------------------------------------------------------------------------------
+# ---- one session, killed at each point ---------------------------------------------------------------
 
 
 @dataclass
-class Crash:
+class Crashes:
     lab: Path
-    killed_key: str
-    first_log: str
-    resume_rc: int
-    resume_log: str
+    killed: dict[str, str]  # kind -> the key of the job in flight when the agent's group was killed
+    logs: list[str]  # the first run's, then each resume's
+    last_rc: int
 
 
-def _eval_in_flight(lab: Path) -> str | None:
+def _in_flight(lab: Path, kind: str, killed: dict[str, str]) -> str | None:
+    """A job of `kind` running now, not one killed before."""
     try:
         with Notebook.open(lab / "notebook.db", readonly=True) as nb:
-            live = [j for j in nb.jobs(session="s1") if j.kind == "eval" and j.state == "running"]
+            live = [j.key for j in nb.jobs(session="s1") if j.kind == kind and j.state == "running"
+                    and j.key not in killed.values()]
     except NotebookError:
         return None
-    return live[0].key if live else None
+    return live[0] if live else None
 
 
 def _group_alive(pgid: int) -> bool:
@@ -79,69 +84,77 @@ def _group_alive(pgid: int) -> bool:
     return True
 
 
-def _slow_evals(lab: Path) -> Path:
-    """The open suite made long enough (300 items) that a calibration eval runs for seconds, not the fraction of
-    a second 8 items take: the kill lands while it runs."""
-    taken = {json.loads(line)["messages"][-1]["content"]
-             for name in ("feedback.jsonl", "confirm.jsonl") for line in (lab / name).read_text().splitlines()}
-    items = [t.item for t in synthetic.generate("digit_sum", 300, seed=12,
-                                                exclude=lambda it: it.messages[-1].content in taken)]
-    (lab / "digits.jsonl").write_text("".join(i.model_dump_json() + "\n" for i in items))
-    return lab
+def _agent(log: Path, *args: str) -> subprocess.Popen:
+    with open(log, "w") as out:  # its own process group, as a terminal gives one
+        return subprocess.Popen([sys.executable, str(REPO / "run_agent.py"), *args, "--quiet"], cwd=REPO, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
 
 
 @pytest.fixture(scope="module")
-def crash(tmp_path_factory: pytest.TempPathFactory) -> Crash:
+def crashes(tmp_path_factory: pytest.TempPathFactory) -> Crashes:
     root = tmp_path_factory.mktemp("crash")
-    lab = _slow_evals(make_lab(root / "lab"))
-    with open(root / "run.log", "w") as out:  # its own process group, as a terminal gives one
-        agent = subprocess.Popen([sys.executable, str(REPO / "run_agent.py"), "--budget", BUDGET, "--lab", str(lab),
-                                  "--session", "s1", "--protocol", "test", "--quiet"], cwd=REPO, stdout=out,
-                                 stderr=subprocess.STDOUT, start_new_session=True)
+    lab = Path(shutil.copytree(session_world(tmp_path_factory), root / "lab"))
+    logs, killed = [root / "run.log"], {}
+    agent = _agent(logs[0], "--budget", BUDGET, "--lab", str(lab), "--session", "s1", "--protocol", "test")
     deadline = time.monotonic() + DEADLINE_S
-    while (key := _eval_in_flight(lab)) is None:
-        assert agent.poll() is None, (root / "run.log").read_text()
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
-    os.killpg(agent.pid, signal.SIGKILL)  # the whole group: the agent, its job controllers and their clients
-    agent.wait()
-    while _group_alive(agent.pid) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    time.sleep(2)  # the zygote kills a job whose client ended; let it
-    resumed = subprocess.run([sys.executable, str(REPO / "run_agent.py"), "resume", "s1", "--lab", str(lab), "--quiet"],
-                             cwd=REPO, capture_output=True, text=True, timeout=DEADLINE_S)
-    return Crash(lab=lab, killed_key=key, first_log=(root / "run.log").read_text(), resume_rc=resumed.returncode,
-                 resume_log=resumed.stdout + resumed.stderr)
+    for kind in KILLS:
+        while (key := _in_flight(lab, kind, killed)) is None:
+            assert agent.poll() is None, f"the agent ended before a {kind} job ran:\n{logs[-1].read_text()}"
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        os.killpg(agent.pid, signal.SIGKILL)  # the whole group: the agent, its job controllers and their clients
+        agent.wait()
+        while _group_alive(agent.pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        killed[kind] = key
+        logs.append(root / f"resume-{len(logs)}.log")
+        agent = _agent(logs[-1], "resume", "s1", "--lab", str(lab))
+    agent.wait(timeout=DEADLINE_S)
+    return Crashes(lab=lab, killed=killed, logs=[p.read_text() for p in logs], last_rc=agent.returncode)
 
 
 @pytest.mark.slow
-def test_the_killed_job_is_lost_and_run_again(crash):
-    assert crash.resume_rc == 0, crash.resume_log
-    with Notebook.open(crash.lab / "notebook.db", readonly=True) as nb:
-        attempts = nb.jobs(session="s1", key=crash.killed_key)
-        assert [a.state for a in attempts] == ["failed", "completed"], [(a.state, a.failure_class) for a in attempts]
-        assert attempts[0].failure_class == "lost" and attempts[0].gpu_hours is not None  # settled, not reserved
-        launches = [d.payload for d in nb.decisions("s1", kind="launch") if d.payload.get("key") == crash.killed_key]
+@pytest.mark.parametrize("kind", KILLS)
+def test_the_job_killed_with_its_agent_is_lost_and_run_again(crashes, kind):
+    """Whatever the point: the dead attempt is settled lost (its run charged, nothing left reserved), and one new
+    attempt is launched, admitted against the budget, and completes; nothing is recorded as a failure."""
+    key = crashes.killed[kind]
+    with Notebook.open(crashes.lab / "notebook.db", readonly=True) as nb:
+        attempts = nb.jobs(session="s1", key=key)
+        assert [(a.state, a.failure_class) for a in attempts] == [("failed", "lost"), ("completed", None)]
+        assert attempts[0].gpu_hours is not None  # settled, not reserved
+        launches = [d.payload for d in nb.decisions("s1", kind="launch") if d.payload.key == key]
         assert [p.attempt for p in launches] == [1, 2]
-        assert not [d for d in nb.decisions("s1", kind="fail") if d.payload.get("key") == crash.killed_key]
+        assert not [d for d in nb.decisions("s1", kind="fail") if d.payload.key == key]
+        assert not [d for d in nb.decisions("s1", kind="refuse") if "budget" in d.rationale]
+    resumed = crashes.logs[KILLS.index(kind) + 1]
+    assert f"resume: job {kind} {key[:12]} attempt 1 ended while the agent was gone: failed (lost)" in resumed
 
 
 @pytest.mark.slow
-def test_the_session_completes_with_a_nomination_no_attempt_launched_twice(crash):
-    assert "session s1: done" in crash.resume_log and "nominee: " in crash.resume_log
-    with Notebook.open(crash.lab / "notebook.db", readonly=True) as nb:
+def test_the_session_completes_with_a_checked_nomination_no_attempt_launched_twice(crashes):
+    assert crashes.last_rc == 0, crashes.logs[-1]
+    assert "session s1: done" in crashes.logs[-1] and "nominee: " in crashes.logs[-1]
+    with Notebook.open(crashes.lab / "notebook.db", readonly=True) as nb:
         assert nb.session("s1").status == "done" and len(nb.decisions("s1", kind="nominate")) == 1
         assert nb.verify().ok
         jobs = nb.jobs(session="s1")
         assert Counter((j.key, j.attempt) for j in jobs).most_common(1)[0][1] == 1
+        assert all(j.state in ("completed", "failed") for j in jobs)  # nothing left running
         launches = [(d.payload.key, d.payload.attempt) for d in nb.decisions("s1", kind="launch")]
         assert len(launches) == len(set(launches)) == len(jobs)
         ledger = nb.ledger("s1")
         assert ledger.spent_gpuh <= ledger.budget_gpuh and ledger.reserved_gpuh == 0
-        assert not [d for d in nb.decisions("s1", kind="refuse") if "budget" in d.rationale]
+        # The bundle killed mid-build was built again and passed check-bundle (the nominate step runs it), and the
+        # nominee's bundle was published.
+        assert [c.status for c in nb.tool_calls("s1") if c.tool in ("nominate", "publish")] == ["done", "done"]
 
 
 @pytest.mark.slow
-def test_the_interrupted_step_was_gated_again_before_acting(crash):
-    assert "act: calibrate" in crash.first_log
-    assert "resume: gating plan" in crash.resume_log and "(calibrate) again before acting" in crash.resume_log
+def test_each_interrupted_step_was_gated_again_before_acting(crashes):
+    """The calibration step killed at its reference job is gated again on the budget it was first admitted on (its
+    forecast is not the lab's whole time limit), and so on at each kill inside the research loop."""
+    assert "act: calibrate" in crashes.logs[0]
+    for resumed, step in zip(crashes.logs[1:3], ("calibrate", "calibrate"), strict=True):
+        assert "resume: gating plan" in resumed and f"({step}) again before acting" in resumed
+    assert "(train) again before acting" in crashes.logs[3]

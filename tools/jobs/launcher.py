@@ -57,7 +57,7 @@ import subprocess
 import time
 import typing
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Generic, Literal, Protocol, TypeVar
@@ -809,11 +809,12 @@ def _spec_of_call(kind: str, fn: Callable[..., Any], args: BaseModel, resources:
     return _Spec(kind, fn, args, resources, result_type)
 
 
-def _spec_of_record(first: JobRecord, args: BaseModel | None = None) -> _Spec:
-    """The spec stored with a job's first attempt: its function, result model, resources and config (`args`:
-    the config as its caller has it, used instead of validating the stored one again: a config's checks of
-    the world held when it was made, and no longer do once the job ran, e.g. a merge's fresh output directory
-    that the job, living on after its agent was killed, has since created)."""
+def _spec_of_record(first: JobRecord, args: BaseModel | None = None, latest: JobRecord | None = None) -> _Spec:
+    """The spec stored with a job's first attempt: its function, result model and config (`args`: the config as
+    its caller has it, used instead of validating the stored one again: a config's checks of the world held when it
+    was made, and no longer do once the job ran, e.g. a merge's fresh output directory that the job, living on after
+    its agent was killed, has since created), with the resources of its `latest` attempt (a requeue's time limit is
+    shortened to what the budget has left, Launcher._requeue_spec)."""
     if first.fn is None or first.result_type is None:
         raise LookupError(f"job {first.key[:12]} was recorded before jobs named their function; "
                           "submit it again with its function to re-attach")
@@ -824,8 +825,9 @@ def _spec_of_record(first: JobRecord, args: BaseModel | None = None) -> _Spec:
                           f"no longer imports ({err})") from err
     hints = typing.get_type_hints(fn)
     config_type = hints[next(iter(inspect.signature(fn).parameters))]
-    stored = dict(first.resources)
-    recorded = stored.pop("args")
+    recorded = first.resources["args"]
+    stored = dict((latest or first).resources)
+    stored.pop("args")
     args = args if args is not None else config_type.model_validate(recorded)
     stored.pop("memory", None)  # the memory estimate recorded with a training job, not a resource
     return _Spec(first.kind, fn, args, Resources.model_validate(stored), result_type)
@@ -878,7 +880,7 @@ class Launcher:
         if first.fn is None:  # a row from before jobs named their function: only the call has it
             self._specs.setdefault(key, spec)
         else:  # the caller's config is the recorded one (same key), already validated where it was made
-            self._specs.setdefault(key, _spec_of_record(first, spec.args))
+            self._specs.setdefault(key, _spec_of_record(first, spec.args, self.nb.get_job(key)))
         return self.attach(key)
 
     def attach(self, key: str) -> Job[Any]:
@@ -911,7 +913,7 @@ class Launcher:
         if key not in self._specs:
             first = self.nb.get_job(key, 1)
             assert first is not None, "specs are looked up for recorded keys only"
-            self._specs[key] = _spec_of_record(first)
+            self._specs[key] = _spec_of_record(first, latest=self.nb.get_job(key))
         return self._specs[key]
 
     # -- admission -------------------------------------------------------------------------------
@@ -1046,8 +1048,24 @@ class Launcher:
         raise BudgetRefused(f"{what}: forecast {forecast.gpuh:.3f} GPU-h does not fit; "
                             f"{admission.left_gpuh:.3f} GPU-h left above the reserve")
 
+    def _requeue_spec(self, key: str, spec: _Spec) -> _Spec:
+        """A later attempt's spec: its time limit shortened, like a new job's (tools/session.py time_limit_min), to
+        what the budget has left now that the runs before it are spent (a job sized to the budget's last minutes
+        would otherwise never fit again after a lost run); the key's spec from here on."""
+        r = spec.resources
+        minute_gpuh = self._run_bound(r.model_copy(update={"time_limit_min": 1.0})).gpuh
+        limit = session_ledger(self.nb, self.session).time_limit_min(r.time_limit_min, minute_gpuh, r.nomination)
+        if limit >= r.time_limit_min:
+            return spec
+        lead = None if r.signal_delay_s is None else max(1, min(r.signal_delay_s, int(limit * 60 // 2)))
+        spec = replace(spec, resources=r.model_copy(update={"time_limit_min": limit, "signal_delay_s": lead}))
+        self._specs[key] = spec
+        return spec
+
     def _launch(self, key: str, spec: _Spec, attempt: int, reason: str) -> None:
         """Admission, then the attempt row and the launch decision, then the submission."""
+        if attempt > 1:
+            spec = self._requeue_spec(key, spec)
         args = self._attempt_args(key, spec)
         self.check_partition(key, spec.kind, spec.resources, attempt)
         memory = self.check_memory(key, spec.kind, args, spec.resources, attempt)
@@ -1114,8 +1132,24 @@ class Launcher:
 
     # -- observing and settling ------------------------------------------------------------------
 
-    def poll(self, key: str) -> JobRecord:
-        """Bring the notebook up to date with the executor; apply the failure policy once per attempt."""
+    def settle_orphans(self) -> list[JobRecord]:
+        """The session's attempts left pending or running by an agent that died, brought up to date with the
+        executor: one that ended meanwhile is settled (its cost spent, its result stored, or its failure classified:
+        killed with the agent, it is lost), so the ledger holds no reservation of a process that is gone. Its failure
+        policy (a requeue, admitted against the budget) is left to the step that re-attaches to it (`_recover`),
+        after the gates have seen that step again. The attempts settled."""
+        latest = {j.key: j for j in self.nb.jobs(session=self.session)}
+        settled = []
+        for key, record in latest.items():
+            if record.state in {"pending", "running"} and record.external_id:
+                after = self.poll(key, follow_up=False)
+                if after.state in {"completed", "failed"}:
+                    settled.append(after)
+        return settled
+
+    def poll(self, key: str, follow_up: bool = True) -> JobRecord:
+        """Bring the notebook up to date with the executor; apply the failure policy once per attempt
+        (`follow_up`; otherwise `_recover` applies it when the job is re-attached)."""
         record = self.record(key)
         if record.state in {"completed", "failed"} or not record.external_id:
             return record
@@ -1131,7 +1165,7 @@ class Launcher:
             if last.state == "PENDING":
                 self._report_pending(key, record)
             return record
-        return self._settle(key, spec, record, last, folder)
+        return self._settle(key, spec, record, last, folder, follow_up)
 
     def cancel(self, key: str) -> None:
         record = self.record(key)
@@ -1182,7 +1216,8 @@ class Launcher:
                                 "did not fit the budget", payload)
         return record
 
-    def _settle(self, key: str, spec: _Spec, record: JobRecord, run: Run, folder: Path) -> JobRecord:
+    def _settle(self, key: str, spec: _Spec, record: JobRecord, run: Run, folder: Path,
+                follow_up: bool = True) -> JobRecord:
         """The last run is over: settle its cost, store the result or classify the failure."""
         outcome = self._outcome(spec, folder, record.external_id or "", completed=run.state == "COMPLETED")
         if isinstance(outcome, BaseModel):
@@ -1198,7 +1233,8 @@ class Launcher:
             failure = failure.model_copy(update={"failure_class": "timeout"})
         record = self.nb.update_job(key, record.attempt, state="failed", failure_class=failure.failure_class,
                                     failure_detail=failure.line(), **self._cost(run))
-        self._apply_policy(key, spec, record, failure)
+        if follow_up:
+            self._apply_policy(key, spec, record, failure)
         return self.record(key)
 
     def _outcome(self, spec: _Spec, folder: Path, job_id: str, completed: bool) -> BaseModel | str:
