@@ -42,3 +42,40 @@ def test_a_settled_jobs_cost_is_never_forgiven(tmp_path):
         nb.update_job("k" * 64, 1, state="completed", gpu_hours=0.6, result={})
         assert own_reservation(nb, "s1", "train", ARGS) == 0.0
         assert not ledger(nb, "s1").admission(0.6).admitted
+
+
+def test_a_resumed_steps_forecast_is_sized_on_the_budget_its_first_run_saw(tmp_path):
+    """Issue 44, item 2: calibration's reference job reserved its forecast (the run bound of a time limit sized to
+    what was left, 1.9 of 30 minutes); the agent died. Re-gated with that reservation in the ledger, less than a
+    minute was left, the time limit stayed the lab's 30 minutes and the forecast became 63.9 GPU-h: the step its
+    first run admitted was refused. Sized without its own reservation, the forecast is the first run's."""
+    from agent import toolbox
+    from agent.runner import minute_cost
+    from evals.decoding import Decoding
+    from tools import calibrate
+    from tools.context import LabSpec, LabSuite, ToolContext
+    from tools.jobs.executor import ExecutorSection, ResourcesSection
+    from tools.jobs.launcher import Launcher
+    from tools.paths import LabPaths
+
+    section = ExecutorSection(kind="local", time_limit_min=30, simulated_gpuh_per_device_s=0.0355)
+    lab = LabSpec(parent=tmp_path / "parent", tokenizer=tmp_path / "parent", feedback=tmp_path / "feedback.jsonl",
+                  dev_fraction=0.2, sealed_fraction=0.1, bars=None, served=Decoding(), time_limit_min=30,
+                  suites=[LabSuite(name=n, scorer="synthetic", file=tmp_path / "x.jsonl") for n in "abcd"],
+                  job_resources={k: section.kind_resources(k, 0) for k in ResourcesSection.model_fields})
+    args = calibrate.Args(artifact=1)
+    with Notebook.open(tmp_path / "notebook.db") as nb:
+        nb.open_session("s1", lab=str(tmp_path), budget_gpuh=5.0, reserve_gpuh=0.75, planner="playbook",
+                        executor="local", config={})
+        launcher = Launcher.from_section(nb, "s1", section, tmp_path / "jobs")
+        ctx = ToolContext(nb=nb, session="s1", paths=LabPaths(root=tmp_path), lab=lab, jobs=launcher,
+                          minute_gpuh=minute_cost(launcher))
+        first = toolbox.forecast_gpuh(ctx, launcher, "calibrate", args)
+        assert first < 4.25  # what was left above the reserve, not the lab's 30 minutes (63.9 GPU-h)
+        nb.record_tool_call("s1", "calibrate", args.model_dump(mode="json"))
+        nb.start_job("r" * 64, session="s1", kind="reference", executor="local", resources={}, forecast_gpuh=first)
+        own = own_reservation(nb, "s1", "calibrate", args.model_dump(mode="json"))
+        assert own == first
+        assert toolbox.forecast_gpuh(ctx, launcher, "calibrate", args) > 60  # the reservation counted against it
+        again = toolbox.forecast_gpuh(ctx, launcher, "calibrate", args, own)
+        assert again == first and ledger(nb, "s1").without(own).admission(again).admitted
