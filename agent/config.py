@@ -10,6 +10,10 @@ and refuses, with one message naming the file, the key and what was expected (`L
 - paths that are not what they must be: empty, missing, a directory where a file belongs (or the
   reverse), a model directory without a parseable `config.json` naming its `model_type`, or
   without a tokenizer where one is needed;
+- a model directory whose own files are out of bounds (core/loading.py model_dir_problems): a config.json size or
+  count that is not an integer in its range (a list where an int belongs, a string vocab_size, 50 million layers,
+  absurd expert counts), remote code (`auto_map`, Python files), pickled weights, a safetensors header whose
+  length, entries or tensors do not describe its file, or weights of more than MAX_PARAMS parameters;
 - anything that looks like a secret, in any key or value (API keys such as sk-/ghp_/xox*/AKIA...,
   "Bearer ..." tokens, private keys, URLs with user:password@). The value is never echoed, so it
   reaches neither the terminal nor the notebook. API keys live in the environment: `api_key_env`
@@ -54,6 +58,7 @@ from pydantic import (
 
 from core.display import bounded, shown
 from core.jsonl import JSONLineError, describe_non_file, loads
+from core.loading import CONFIG_FILE_LIMIT, MAX_PARAMS, model_dir_problems
 from core.redact import secret_kind
 from core.util import parse_file_mode
 from evals.decoding import Decoding
@@ -146,12 +151,20 @@ def _a_model_dir(value: Path, info: ValidationInfo) -> Path:
     why = describe_non_file(config)
     if why is not None:
         raise ValueError(f"path {str(value)!r} is no model directory: its config.json {why}")
+    if config.stat().st_size > CONFIG_FILE_LIMIT:
+        raise ValueError(f"path {str(value)!r}: config.json: {config.stat().st_size} bytes; expected a config file of "
+                         f"at most {CONFIG_FILE_LIMIT} bytes")
     try:
         parsed = loads(config.read_bytes().decode("utf-8"))
     except (UnicodeDecodeError, JSONLineError) as e:
         raise ValueError(f"path {str(value)!r}: config.json does not parse ({e})") from None
     if not isinstance(parsed, dict) or not isinstance(parsed.get("model_type"), str):
         raise ValueError(f"path {str(value)!r}: config.json names no `model_type` (not a loadable transformers config)")
+    # The model's own files are inputs too: read bounded, before anything hands them to transformers.
+    problems = model_dir_problems(resolved)
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise ValueError(f"path {str(value)!r}: {problems[0]}{more}")
     return resolved
 
 
@@ -306,6 +319,16 @@ class ModelSection(_Section):
         if self.tokenizer is None and not has_tokenizer(self.base):
             raise ValueError(f"base: {self.base} holds no tokenizer ({' or '.join(TOKENIZER_FILES)}); "
                              "add one or set `tokenizer` to the directory that has it")
+        return self
+
+    @model_validator(mode="after")
+    def _shape_in_bounds(self) -> ModelSection:
+        # Each size within its bound can still multiply past any model (4096 experts of the widest MLP in every one
+        # of 1024 layers): the estimate the rules and the memory admission use must describe a trainable model.
+        total = model_shape(self.base).params_total
+        if total > MAX_PARAMS:
+            raise ValueError(f"base: {self.base / 'config.json'} describes a model of {total:.3g} parameters (layers x "
+                             f"experts x widths); expected at most {MAX_PARAMS:.0e}")
         return self
 
 

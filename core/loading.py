@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
+import os
 import struct
 import warnings
 from collections.abc import Iterator
@@ -43,6 +45,37 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 CONFIG_FILE_LIMIT = 16 * 1024**2
 # safetensors refuses headers past 100 MB itself; a header is read whole to be checked, so the same bound.
 HEADER_LIMIT = 100 * 1024**2
+
+
+# Bytes of one element of each safetensors dtype (a dtype not listed here is not size-checked: safetensors itself
+# refuses one it does not know).
+DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0": 1, "I16": 2, "U16": 2, "F16": 2,
+               "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8, "C64": 8}
+# The most parameters a model's weights may hold (the largest open models hold about 10^12): a header claiming more
+# describes no model the lab can train, only work (the shape estimate, a job that fails inside its load).
+MAX_PARAMS = 10**13
+# A config.json's sizes and counts, each with the range it may take (null: the key is left to its default). Real
+# models sit far inside them (126 layers, hidden 16384, 512 experts, 262144 tokens of vocabulary, a context of
+# 10M); a config past one describes no model the lab can train, and reading it would cost work in the config (50
+# million layers took the shape estimate 48 s of CPU) or fail inside the first job.
+MAX_LAYERS = 1024
+_WIDTH, _HEADS, _EXPERTS = (1, 2**17), (1, 2**12), (0, 2**12)
+CONFIG_INT_BOUNDS: dict[str, tuple[int, int]] = {
+    **dict.fromkeys(("num_hidden_layers", "n_layer", "num_layers"), (1, MAX_LAYERS)),
+    **dict.fromkeys(("hidden_size", "n_embd", "d_model"), _WIDTH),
+    **dict.fromkeys(("intermediate_size", "ffn_hidden_size", "moe_intermediate_size",
+                     "moe_shared_expert_intermediate_size"), (1, 2**20)),
+    **dict.fromkeys(("num_attention_heads", "n_head", "num_key_value_heads", "mamba_num_heads", "n_groups"), _HEADS),
+    **dict.fromkeys(("head_dim", "mamba_head_dim", "ssm_state_size"), (1, 2**14)),
+    "vocab_size": (1, 2**23),
+    **dict.fromkeys(("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "max_sequence_length"),
+                    (1, 2**26)),
+    **dict.fromkeys(("num_experts", "n_routed_experts", "num_local_experts", "moe_num_experts", "n_shared_experts",
+                     "num_experts_per_tok", "moe_topk", "num_experts_per_token", "top_k"), _EXPERTS),
+}
+# Keys holding a list of per-layer names, or a pattern string of one character per layer.
+CONFIG_LAYER_LISTS = ("layers_block_type", "layer_types")
+CONFIG_LAYER_PATTERNS = ("hybrid_override_pattern",)
 
 
 class UnsafeModelError(ValueError):
@@ -97,6 +130,110 @@ def header_problems(path: Path) -> list[str]:
     if bad:
         return [f"{len(bad)} header entries (e.g. {shown(bad[0], limit=80)}) that are not a tensor's dtype, shape and "
                 "data_offsets"]
+    return []
+
+
+def config_problems(config: object, where: str) -> list[str]:
+    """What is wrong with a config.json's contents (`where` names the file): sizes and counts that are not integers
+    within CONFIG_INT_BOUNDS, per-layer lists and patterns longer than MAX_LAYERS, architectures that are not names;
+    its `text_config` (a multimodal model's language model) by the same rules. Each problem names the file and key."""
+    if not isinstance(config, dict):
+        return [f"{where}: a JSON {type(config).__name__}; expected an object"]
+    problems = []
+    if not isinstance(config.get("model_type"), str) or not 0 < len(config["model_type"]) <= 100:
+        problems.append(f"{where}: model_type: expected the name of a transformers model type (1-100 characters)")
+    for key, (low, high) in CONFIG_INT_BOUNDS.items():
+        value = config.get(key)
+        if value is not None and (type(value) is not int or not low <= value <= high):
+            problems.append(f"{where}: {key}: {_what(value)}; expected an integer from {low} to {high}")
+    for key in CONFIG_LAYER_LISTS:
+        value = config.get(key)
+        if value is not None and not (isinstance(value, list) and len(value) <= MAX_LAYERS
+                                      and all(isinstance(v, str) and len(v) <= 100 for v in value)):
+            problems.append(f"{where}: {key}: {_what(value)}; expected a list of at most {MAX_LAYERS} layer names")
+    for key in CONFIG_LAYER_PATTERNS:
+        value = config.get(key)
+        if value is not None and not (isinstance(value, str) and len(value) <= MAX_LAYERS):
+            problems.append(f"{where}: {key}: {_what(value)}; expected a string of at most {MAX_LAYERS} characters, "
+                            "one per layer")
+    archs = config.get("architectures")
+    if archs is not None and not (isinstance(archs, list) and len(archs) <= 16
+                                  and all(isinstance(a, str) and 0 < len(a) <= 100 for a in archs)):
+        problems.append(f"{where}: architectures: {_what(archs)}; expected a list of class names")
+    if config.get("tie_word_embeddings") not in (None, True, False):
+        problems.append(f"{where}: tie_word_embeddings: {_what(config['tie_word_embeddings'])}; expected true or false")
+    text = config.get("text_config")
+    if text is not None:
+        if isinstance(text, dict):  # its model_type may be the outer one's
+            problems += config_problems({"model_type": config.get("model_type"), **text}, f"{where} text_config")
+        else:
+            problems.append(f"{where}: text_config: {_what(text)}; expected an object")
+    return problems
+
+
+def _what(value: object) -> str:
+    """A config value described for a message: its type, and a number's value (never someone's text)."""
+    if type(value) is int:
+        return f"{value}" if len(str(value)) <= 30 else f"an integer of {len(str(value))} digits"
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, (list, dict, str)):
+        return f"a JSON {'string' if isinstance(value, str) else type(value).__name__} of length {len(value)}"
+    return f"{json.dumps(value)}"
+
+
+def weights_problems(path: Path) -> tuple[list[str], int]:
+    """(what is wrong with a safetensors file's tensors, its parameter count): every tensor's data lies in the file
+    and spans its shape times its dtype's size, and the file holds at most MAX_PARAMS parameters. Its header is
+    read alone and bounded; call after header_problems found nothing."""
+    with open(path, "rb") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        data = os.fstat(f.fileno()).st_size - 8 - length
+        header = json.loads(f.read(length))
+    tensors = {k: v for k, v in header.items() if k != "__metadata__"}
+    count = 0
+    for name, v in tensors.items():
+        n = math.prod(v["shape"])
+        start, end = v["data_offsets"]
+        width = DTYPE_BYTES.get(v["dtype"])
+        if count + n > MAX_PARAMS:
+            return [f"tensors of more than {MAX_PARAMS} parameters; expected a model's weights"], count + n
+        if end > data:
+            return [f"tensor {shown(name, limit=80)} ends at byte {end} of {data} bytes of data; expected its data "
+                    "in the file"], count
+        if width is not None and end - start != n * width:
+            return [f"tensor {shown(name, limit=80)} spans {end - start} bytes, its shape and dtype {n * width}; "
+                    "expected a header that describes its tensors"], count
+        count += n
+    return [], count
+
+
+def model_dir_problems(path: Path) -> list[str]:
+    """Everything the lab refuses in a model directory before a session opens (lab.toml's [model] paths): what
+    model_problems refuses (code, auto_map, pickles, malformed headers), a config.json out of CONFIG_INT_BOUNDS,
+    and safetensors weights whose tensors lie outside their file or hold more than MAX_PARAMS parameters in all.
+    Every file is read bounded; config.json must be a regular file of at most CONFIG_FILE_LIMIT bytes."""
+    where = shown(str(path))
+    config = path / "config.json"
+    size = config.stat().st_size
+    if size > CONFIG_FILE_LIMIT:
+        return [f"{where}/config.json: {size} bytes; expected a config file of at most {CONFIG_FILE_LIMIT} bytes"]
+    try:
+        parsed = json.loads(config.read_bytes())
+    except (ValueError, RecursionError):
+        return [f"{where}/config.json: not JSON; expected a transformers config"]
+    problems = config_problems(parsed, f"{where}/config.json") + model_problems(path)
+    if problems:
+        return problems
+    total = 0
+    for shard in sorted(path.glob("*.safetensors")):
+        wrong, count = weights_problems(shard)
+        total += count
+        if wrong:
+            return [f"{where}/{shown(shard.name)}: {wrong[0]}"]
+        if total > MAX_PARAMS:
+            return [f"{where}: safetensors files of more than {MAX_PARAMS} parameters in all; expected a model's "
+                    "weights"]
     return []
 
 
