@@ -112,7 +112,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             check_build(args.lab, 0, "demo")  # before the lock file: a refused build leaves nothing behind
         except WorldError as exc:
             raise UsageError(str(exc)) from None
-    with LabPaths(root=args.lab).writer(f"run {session}"):
+    with LabPaths(root=args.lab, session=session).writer(f"run {session}"):
         if config is None:  # no lab configured: the embedded toy world, built (or found cached) in the lab dir
             from core.display import shown
 
@@ -142,7 +142,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     problem = file_problem(path)  # a directory or a damaged file says what it is, as every other command does
     if problem:
         raise UsageError(f"{path}: {problem}")
-    with LabPaths(root=args.lab).writer(f"resume {args.session}"):
+    with LabPaths(root=args.lab, session=args.session).writer(f"resume {args.session}"):
         return resume(args.lab, args.session, args.quiet)
 
 

@@ -76,3 +76,13 @@ def test_a_lab_named_with_terminal_escapes_is_printed_escaped(tmp_path: Path, ca
         text = out.out + out.err
         assert "\x1b" not in text and "\x07" not in text, text
         assert "lab\\x1b]0;owned\\x07\\x1b[2J" in text, text
+
+
+def test_resume_refuses_a_sessions_run_directory_linked_to_another_labs(tmp_path: Path, capsys):
+    lab, precious = _lab(tmp_path), _outside(tmp_path)
+    (lab / "runs").mkdir()
+    (lab / "runs" / "s1").symlink_to(precious.parent)  # another lab's runs: a trainer would resume from its state
+    assert run_agent.main(["resume", "s1", "--lab", str(lab)]) == 2
+    err = capsys.readouterr().err
+    assert "runs/s1: a symbolic link" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert sorted(os.listdir(precious.parent)) == ["precious.txt"] and not (lab / "lab.lock").exists()
