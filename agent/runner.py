@@ -15,7 +15,7 @@ from typing import Any
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.checkpoint.sqlite import SqliteSaver
 
-from agent.closing import open_session
+from agent.closing import open_session, require_verified
 from agent.config import LabConfig, base_license, load_lab_config
 from agent.errors import SessionError
 from agent.graph import Runtime, drive
@@ -43,12 +43,16 @@ def chat_template_ref(tokenizer_dir: Path) -> ChatTemplateRef:
     the end-of-turn token and stop ids derived from it); SessionError with the reason when the template
     cannot be trained with, so such a lab is refused before a session opens."""
     from core import chat, loading
+    from core.template_bounds import tokenizer_template_problem
 
     try:
         tokenizer = loading.load_tokenizer(tokenizer_dir)
     except (OSError, ValueError) as err:
         raise SessionError(f"{tokenizer_dir}: the tokenizer does not load ({type(err).__name__}); expected a "
                            "transformers tokenizer directory") from None
+    bounds = tokenizer_template_problem(tokenizer)  # rendered in a bounded child before this process renders it
+    if bounds is not None:
+        raise SessionError(f"{tokenizer_dir}: chat template: {bounds}; no session was opened")
     try:
         fmt = chat.chat_format(tokenizer)
     except chat.ChatTemplateError as err:
@@ -272,6 +276,7 @@ def start(lab_dir: Path, session: str, budget_gpuh: float, planner: str, executo
     section = config.executor.model_copy(update={"kind": executor})
     chat_ref = chat_template_ref(config.model.tokenizer or config.model.parent or config.model.base)
     with Notebook.open(LabPaths(root=lab_dir).notebook) as nb:
+        require_verified(nb, "run")  # its first decision would chain rows added outside the agent
         nb.open_session(session, lab=str(lab_dir), budget_gpuh=budget_gpuh,
                         reserve_gpuh=budget_gpuh * config.budget.reserve_fraction, planner=planner,
                         executor=executor, config=snapshot(config, protocol, settings), policy=settings.ref(),

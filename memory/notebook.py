@@ -533,7 +533,8 @@ class Notebook:
         if first is None:
             return None
         final = f" AND {c.final}" if c.final else ""
-        other = " AND session NOT IN (SELECT name FROM session WHERE status = 'open')" if pending else ""
+        # a lab-level row (no session) is never pending: the next decision of any session would chain it
+        other = " AND (session IS NULL OR session NOT IN (SELECT name FROM session WHERE status = 'open'))" if pending else ""
         loose = self.db.execute(f"SELECT id, session FROM {c.table} WHERE {c.seq_column} IS NULL AND id > ?{final}"
                                 f"{other} ORDER BY id LIMIT 1", [first]).fetchone()
         if loose:

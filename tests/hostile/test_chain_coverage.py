@@ -141,3 +141,16 @@ def test_the_rows_judgments_read_back_are_chained_too(lab: Path, capsys, table: 
     _sql(lab, (f"UPDATE {table} SET {edit} WHERE id = ?", [row_id]))
     assert _one(lab, f"SELECT chain_sha256 IS NOT NULL FROM {table} WHERE id = {row_id}") == (1,)
     _verify_fails(capsys, lab, f"{table} {row_id}: its row does not match the hash decision seq")
+
+
+def test_a_forged_lab_level_split_is_never_pending_and_a_new_session_refuses_the_notebook(lab: Path, capsys):
+    # A split of no session would be chained by the next decision of any session: a new run must not launder it.
+    _sql(lab, ("INSERT INTO feedback_split (session, source_path, source_sha256, config, sha256, counts, assignment, "
+               "created_at) SELECT NULL, source_path, source_sha256, config, sha256, counts, "
+               "replace(assignment, '\"sealed\"', '\"train\"'), created_at FROM feedback_split WHERE id = 1", []))
+    forged, = _one(lab, "SELECT MAX(id) FROM feedback_split")
+    _verify_fails(capsys, lab, f"feedback_split {forged} (session None): in no decision's hash")
+    before = _decisions(lab)
+    code, err = _cli(capsys, "--budget", "1gpuh", "--lab", str(lab), "--session", "s2", "--protocol", "test", "--quiet")
+    assert_refused(code, err, "fails verify", f"feedback_split {forged}")
+    assert _decisions(lab) == before and _one(lab, "SELECT COUNT(*) FROM session WHERE name = 's2'") == (0,)
