@@ -95,8 +95,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         from agent.inputs import feedback_notes, require_inputs
 
         require_inputs(config, args.lab / LAB_FILE, os.environ, planner, executor)
+        from core.display import shown  # notes name the lab's files and battle ids: someone else's text
+
         for note in feedback_notes(config):
-            print(note)
+            print(shown(note, keep_newlines=True))
     from agent.runner import start
 
     if config is None and named_lab and not args.lab.is_dir():

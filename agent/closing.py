@@ -14,6 +14,7 @@ from pathlib import Path
 
 from agent.config import load_lab_config
 from agent.errors import SessionError
+from core.display import shown
 from memory.notebook import Notebook, NotebookError
 from memory.records import Session
 from tools.jobs.launcher import Launcher
@@ -55,7 +56,7 @@ def close(lab_dir: Path, session: str, why: str, wait_s: float = 120.0) -> int:
         cancelled = _cancel_jobs(nb, session, lab_dir, s.executor, [j.key for j in open_jobs], wait_s) if open_jobs else 0
         nb.end_session(session, "stopped", f"closed by a person: {why}")
         print(f"session {session}: stopped ({cancelled} of {len(open_jobs)} open job(s) cancelled and settled); "
-              f"notebook {nb.path}")
+              f"notebook {shown(str(nb.path))}")
     return 0
 
 
