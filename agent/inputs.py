@@ -155,7 +155,7 @@ def _counter(tokenizer_file: Path, context: int) -> Callable[[list[str]], int]:
 def runtime_problems(cfg: LabConfig, env: Mapping[str, str], planner: str, executor: str = "local") -> list[str]:
     """What a session would otherwise find only at its first job (issue 43, items 4 and 7): an API key variable the
     lab names for an endpoint it uses that is unset or empty (the judge's; the planner's when `planner` is openai),
-    a tokenizer without a pad token, and job resources no node can give: on Slurm (`executor`), those no node of the
+    a tokenizer without a pad token or with a chat template that does not render in bounds, and job resources no node can give: on Slurm (`executor`), those no node of the
     partition has, or a time limit past the partition's (such a job would pend forever); on the local executor, GPUs
     or memory this host lacks.
 
@@ -172,9 +172,7 @@ def runtime_problems(cfg: LabConfig, env: Mapping[str, str], planner: str, execu
             problems.append(f"[{section}] api_key_env: the environment variable {name} is not set (or empty); "
                             f"the {section} endpoint's API key is read from it: export {name}=...")
     tokenizer_dir = cfg.model.tokenizer or cfg.model.parent or cfg.model.base
-    pad = _pad_token(tokenizer_dir)
-    if pad is not None:
-        problems.append(pad)
+    problems += _tokenizer_problems(tokenizer_dir)
     if executor == "slurm" and cfg.executor.slurm is not None:
         from tools.jobs.launcher import slurm_problems  # here: `check-feedback` imports this module, fast
 
@@ -184,20 +182,26 @@ def runtime_problems(cfg: LabConfig, env: Mapping[str, str], planner: str, execu
     return problems + train_problems(cfg, env, executor, prompt_tokens(cfg))  # [train] against the parent, the data
 
 
-def _pad_token(tokenizer_dir: Path) -> str | None:
-    """The problem of a tokenizer with no pad token, or None (a tokenizer that does not load is refused later, by
-    agent/runner.py chat_template_ref, with its own message)."""
+def _tokenizer_problems(tokenizer_dir: Path) -> list[str]:
+    """A tokenizer with no pad token, and a chat template that does not render in bounds, the same twice, in a
+    bounded child (core/template_bounds.py; before the agent process renders it: agent/runner.py chat_template_ref).
+    A tokenizer that does not load is refused later, by chat_template_ref, with its own message."""
     from core import loading  # transformers: only `run` of a configured lab needs it
+    from core.template_bounds import tokenizer_template_problem
 
     try:
         tokenizer = loading.load_tokenizer(tokenizer_dir)
     except (OSError, ValueError):
-        return None
-    if tokenizer.pad_token_id is not None:
-        return None
-    return (f"[model] tokenizer {tokenizer_dir}: the tokenizer has no pad token (generation and training pad with it); "
-            "set `pad_token` in its tokenizer_config.json to a token the model never emits (Llama-3.1: "
-            "<|finetune_right_pad_id|>), not the end-of-sequence token")
+        return []
+    problems = []
+    if tokenizer.pad_token_id is None:
+        problems.append(f"[model] tokenizer {tokenizer_dir}: the tokenizer has no pad token (generation and training "
+                        "pad with it); set `pad_token` in its tokenizer_config.json to a token the model never emits "
+                        "(Llama-3.1: <|finetune_right_pad_id|>), not the end-of-sequence token")
+    template = tokenizer_template_problem(tokenizer)
+    if template is not None:
+        problems.append(f"[model] tokenizer {tokenizer_dir}: chat template: {template}")
+    return problems
 
 
 def require_inputs(cfg: LabConfig, lab_file: Path, env: Mapping[str, str] | None = None,

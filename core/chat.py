@@ -166,6 +166,14 @@ def _probe_conversations(system_turns: str) -> list[list[dict]]:
     return [_fold(with_system) if system_turns == "folded" else with_system, turns]
 
 
+def format_probes() -> list[list[dict]]:
+    """Every conversation chat_format renders (_prefix_spans renders their prefixes too): what the agent process
+    may render only after core/template_bounds.py saw the template render them in bounds in a child."""
+    return [[{"role": "system", "content": "Sysprobe7"}, {"role": "user", "content": "Userprobe"}],
+            [{"role": "user", "content": "Userprobe"}, {"role": "assistant", "content": "Answerprobe"}],
+            *_probe_conversations("native"), *_probe_conversations("folded")]
+
+
 def chat_format(tokenizer: PreTrainedTokenizerBase) -> ChatFormat:
     """The tokenizer's chat format (cached per tokenizer and template); ChatTemplateError with the reason
     when the template cannot be trained with."""

@@ -81,9 +81,7 @@ import hashlib
 import json
 import math
 import os
-import resource
 import stat
-import subprocess
 import sys
 from itertools import islice
 from pathlib import Path
@@ -94,10 +92,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from safetensors import SafetensorError
 
 from core import chat, loading
+from core.bounded import limit_memory, run_bounded, streamed
 from core.display import bounded, shown
+from core.loading import DTYPE_BYTES
 from core.util import (
     SHIPPED_FILE_MODE,
-    address_space,
     dir_mode,
     not_regular,
     open_regular,
@@ -518,12 +517,6 @@ def check_weights(b: _Bundle) -> list[str]:
             if (p := _digest_problem(name, b.path / name, want, want.bytes, "truncated or changed"))]
 
 
-# Bytes of one element of each safetensors dtype (a dtype not listed here is not size-checked: safetensors itself
-# refuses one it does not know).
-DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0": 1, "I16": 2, "U16": 2, "F16": 2,
-               "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8, "C64": 8}
-
-
 def _tensor_problems(path: Path) -> list[str]:
     """Whether a weights file's header describes the file: its size (read_header), and each tensor's bytes the
     product of its shape and its dtype's size."""
@@ -624,19 +617,13 @@ def check_template_bounds(b: _Bundle) -> list[str]:
 
 
 def _streamed_length(compiled, messages: list[dict], generation: bool) -> int:
-    """Characters the template renders, counted as they stream and stopped past the limit; a template that raises
-    has rendered what it had (its error is the other checks' to report)."""
-    n = 0
+    """Characters the template renders, counted as they stream and stopped past the limit (core.bounded.streamed);
+    a template that raises has rendered less than the limit (its error is the other checks' to report)."""
     try:
-        for chunk in compiled.generate(messages=messages, add_generation_prompt=generation):
-            n += len(chunk)
-            if n > TEMPLATE_OUTPUT_LIMIT:
-                break
-    except MemoryError:  # one expression too big to build ('x' * 10**12): past any limit
-        return TEMPLATE_OUTPUT_LIMIT + 1
+        text = streamed(compiled, TEMPLATE_OUTPUT_LIMIT, messages=messages, add_generation_prompt=generation)
     except (jinja2.TemplateError, TypeError, ValueError, ArithmeticError, LookupError, AttributeError, RecursionError):
-        pass
-    return n
+        return 0
+    return TEMPLATE_OUTPUT_LIMIT + 1 if text is None else len(text)
 
 
 def check_served_prompts(b: _Bundle) -> list[str]:
@@ -1003,23 +990,12 @@ def _bounded_reload(path: Path, notebook_path: Path | None) -> tuple[list[Answer
 def _in_child(group: str, path: Path, notebook_path: Path | None, seconds: int, memory: int | None,
               wall_seconds: int | None = None) -> dict | str:
     """Runs one group of checks in `python -m tools.nomination.check_bundle --child GROUP BUNDLE [NOTEBOOK]` under
-    a timeout, a CPU limit and (when given) an address-space limit; its JSON result, or why there is none."""
-    def limits() -> None:  # in the child, before exec; the memory bound the child sets itself (_bound_memory)
-        resource.setrlimit(resource.RLIMIT_CPU, (seconds, seconds))
-
-    repo = Path(__file__).resolve().parents[2]
-    command = [sys.executable, "-m", "tools.nomination.check_bundle", "--child", group, str(memory or 0),
-               str(path.resolve()), *([str(notebook_path.resolve())] if notebook_path is not None else [])]
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=wall_seconds or seconds,
-                              preexec_fn=limits, cwd=repo)
-    except subprocess.TimeoutExpired:
-        return f"stopped after {wall_seconds or seconds} s"
-    lines = done.stdout.strip().splitlines()
-    if done.returncode != 0 or not lines:
-        limit = f"{memory // 1024**2} MiB of memory beyond its libraries or " if memory is not None else ""
-        return f"stopped by its limits ({limit}{seconds} s of CPU)"
-    return json.loads(lines[-1])
+    core.bounded's limits (a timeout, a CPU limit, and when given an address-space limit); its JSON result, or why
+    there is none."""
+    return run_bounded("tools.nomination.check_bundle",
+                       ["--child", group, str(memory or 0), str(path.resolve()),
+                        *([str(notebook_path.resolve())] if notebook_path is not None else [])],
+                       seconds=seconds, wall_seconds=wall_seconds, memory=memory)
 
 
 def _child(group: str, path: Path, notebook_path: Path | None) -> dict:
@@ -1106,8 +1082,7 @@ def _bound_memory(memory: int) -> None:
     from transformers.models.auto import modeling_auto  # noqa: F401
     from transformers.utils import chat_template_utils  # noqa: F401
 
-    _, hard = resource.getrlimit(resource.RLIMIT_AS)
-    resource.setrlimit(resource.RLIMIT_AS, (address_space() + memory, hard))
+    limit_memory(memory)
 
 
 if __name__ == "__main__":  # the bounded child of _in_child: `--child GROUP MEMORY BUNDLE [NOTEBOOK]`
