@@ -16,6 +16,7 @@ Haber & Stornetta, "How to time-stamp a digital document", 1991.)
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass
 
 from core.util import canonical_json
@@ -80,8 +81,10 @@ def decision_hash(prev_hash: str, seq: int, session: str, at: str, kind: str, ra
 
 
 def row_digest(row: tuple) -> str:
-    """sha256 of one covered row's columns as stored (the JSON columns are canonical text already)."""
-    return hashlib.sha256(canonical_json(list(row)).encode()).hexdigest()
+    """sha256 of one covered row's columns as stored (the JSON columns are canonical text already); a REAL column that
+    is not finite (a noise floor's max |t| of two identical replicates is inf) is hashed as its text."""
+    values = [repr(v) if isinstance(v, float) and not math.isfinite(v) else v for v in row]
+    return hashlib.sha256(canonical_json(values).encode()).hexdigest()
 
 
 eval_digest = row_digest  # an eval row's digest (EVAL_COLUMNS), by its older name

@@ -154,3 +154,18 @@ def test_a_forged_lab_level_split_is_never_pending_and_a_new_session_refuses_the
     code, err = _cli(capsys, "--budget", "1gpuh", "--lab", str(lab), "--session", "s2", "--protocol", "test", "--quiet")
     assert_refused(code, err, "fails verify", f"feedback_split {forged}")
     assert _decisions(lab) == before and _one(lab, "SELECT COUNT(*) FROM session WHERE name = 's2'") == (0,)
+
+
+def test_a_noise_floor_with_an_infinite_t_is_chained_and_an_edit_of_it_named(tmp_path: Path):
+    # Two identical replicates give max |t| = inf: the row is hashed all the same, and an edit to it is named.
+    with Notebook.open(tmp_path / "notebook.db") as nb:
+        nb.open_session("s1", lab=str(tmp_path), budget_gpuh=1, reserve_gpuh=0.1, planner="playbook",
+                        executor="local", config={})
+        floor = nb.add_noise_floor(session="s1", suite="math", metric="correct", k=3, spread=0.0, mean_abs_delta=0.0,
+                                   max_abs_t=float("inf"), source_evals=[])
+        nb.record_decision("s1", "calibrate", "floors", {"suite": "math", "artifact_id": 1,
+                                                         "noise_floor_ids": [floor.id]})
+        assert nb.verify().ok
+        nb.db.execute("UPDATE noise_floor SET max_abs_t = 0.5 WHERE id = ?", [floor.id])
+        report = nb.verify()
+    assert not report.ok and f"noise_floor {floor.id}: its row does not match" in report.problem
