@@ -155,7 +155,8 @@ def _counter(tokenizer_file: Path, context: int) -> Callable[[list[str]], int]:
 def runtime_problems(cfg: LabConfig, env: Mapping[str, str], planner: str, executor: str = "local") -> list[str]:
     """What a session would otherwise find only at its first job (issue 43, items 4 and 7): an API key variable the
     lab names for an endpoint it uses that is unset or empty (the judge's; the planner's when `planner` is openai),
-    a tokenizer without a pad token or with a chat template that does not render in bounds, and job resources no node can give: on Slurm (`executor`), those no node of the
+    a model directory without weights (a session on one failed at its first job with a traceback), a tokenizer
+    without a pad token or with a chat template that does not render in bounds, and job resources no node can give: on Slurm (`executor`), those no node of the
     partition has, or a time limit past the partition's (such a job would pend forever); on the local executor, GPUs
     or memory this host lacks.
 
@@ -171,6 +172,10 @@ def runtime_problems(cfg: LabConfig, env: Mapping[str, str], planner: str, execu
         if used and not env.get(name):
             problems.append(f"[{section}] api_key_env: the environment variable {name} is not set (or empty); "
                             f"the {section} endpoint's API key is read from it: export {name}=...")
+    for key, model in (("base", cfg.model.base), ("parent", cfg.model.parent)):
+        if model is not None and not any(model.glob("*.safetensors")):  # its config then describes no parameters
+            problems.append(f"[model] {key} {model}: holds no safetensors weights; expected the model's weights "
+                            "(model.safetensors, or shards and their index) beside its config.json")
     tokenizer_dir = cfg.model.tokenizer or cfg.model.parent or cfg.model.base
     problems += _tokenizer_problems(tokenizer_dir)
     if executor == "slurm" and cfg.executor.slurm is not None:

@@ -131,3 +131,16 @@ def test_the_cli_refuses_them_with_exit_2_and_writes_nothing(tmp_path):
         expected = WEIGHTS[case][1] if case in WEIGHTS else CONFIGS[case][1]
         assert_refused(proc.returncode, proc.stderr, "lab.toml", "model.base", expected)
         assert files(lab) == before, case
+
+
+def test_a_model_directory_without_weights_is_refused_before_a_session_opens(tmp_path):
+    """A config.json alone passed every check, opened a session and failed its first job with a traceback (the
+    parent's active parameters, 0, refused by the job's resources), the session left open."""
+    from agent.inputs import runtime_problems
+
+    lab = _lab(tmp_path)
+    _header(lab / "models/base/model.safetensors", {"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}},
+            b"\0" * 8)
+    problems = runtime_problems(load_lab_config(lab), {"CUDA_VISIBLE_DEVICES": ""}, "playbook", "local")
+    weightless = [p for p in problems if "holds no safetensors weights" in p]
+    assert len(weightless) == 1 and weightless[0].startswith("[model] parent "), problems
