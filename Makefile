@@ -5,10 +5,10 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 PYTEST_ARGS ?=
-# pytest-xdist workers, each process on one intra-op thread. Three on a 2-core machine: the suite waits more than
-# it computes (Slurm scheduling, time limits, subprocess start-up); the whole suite took 13:07 with 3 workers
-# (138% CPU), where 2 kept the machine about half idle. PYTEST_WORKERS=0 runs the suite in this one process.
-PYTEST_WORKERS ?= 3
+# pytest-xdist workers, each process on one intra-op thread. Four on a 2-core machine: the suite waits more than
+# it computes (Slurm scheduling, time limits, subprocess start-up); with 3 workers the whole suite kept the machine at
+# 140% CPU (20:40 on 2026-12-05), and 2 kept it about half idle. PYTEST_WORKERS=0 runs the suite in this one process.
+PYTEST_WORKERS ?= 4
 
 .PHONY: demo test install install-dev lock upgrade slurm-up slurm-down chromium lint clean
 

@@ -31,7 +31,7 @@ BUDGET = "5gpuh"
 DEADLINE_S = 1800
 
 
-# `make test` runs three pytest-xdist workers (`-n 3 --dist loadgroup`). A work unit's tests run on one
+# `make test` runs four pytest-xdist workers (`-n 4 --dist loadgroup`). A work unit's tests run on one
 # worker, so a session fixture too costly to build twice must keep its tests in one unit, and so must
 # every Slurm test: the loopback cluster is one node, and one of them stops and restarts it. Any other
 # test stays with its file, so module fixtures (a whole session, in places) are built once as well.

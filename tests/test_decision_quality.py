@@ -1,15 +1,15 @@
-"""The decision-quality benchmark on a reduced run (3 session seeds at `--size test`, the test protocol),
+"""The decision-quality benchmark on a reduced run (2 session seeds at `--size test`, the test protocol),
 one of its sessions' bundles through check-bundle, and the playbook's decision rules on hand-made summaries.
 
-Real parts throughout the reduced run: the test suite's shared toy world (seed 0, copied), three feedback
-redraws of it, three real sessions through run_agent.py (run side by side), greedy holdout evals as real
+Real parts throughout the reduced run: the test suite's shared toy world (seed 0, copied), two feedback
+redraws of it, two real sessions through run_agent.py (run side by side), greedy holdout evals as real
 eval jobs, and the truth sample answered by every checkpoint. Every promotion of every policy is then
 judged again here from the notebooks alone (raw SQL on the promote decisions and artifacts, the truth sample
 redrawn, the oracle applied to the cached answers, the interval computed here): its win rate and interval
 must equal the benchmark's, and so must the false-promotion counts.
 
 The reduced run is the `test` protocol (one 4-step SFT arm, its dose and one serving alternative), not the
-benchmark's `short` one: a session of it is about 12 jobs, and three of them are what `make test` can afford.
+benchmark's `short` one: a session of it is about 12 jobs, and two of them are what `make test` can afford.
 Measured on the shared 2-core machine: 296 s for the whole run at load ~7, about 200 CPU-s with the jobs'
 fork server (the shared world's build included, ~40 of them); 545 CPU-s with POSTLAB_ZYGOTE=0.
 """
@@ -43,7 +43,7 @@ from tools.world.truth import draw_sample
 
 REPO = Path(__file__).resolve().parents[1]
 TRUTH_N = 60
-SEEDS = (1, 2, 3)
+SEEDS = (1, 2)
 PROTOCOL = "test"
 POLICIES = {"playbook", "greedy", "last_arm", "oracle_best"}
 SESSION_KEYS = {"seed", "session", "lab", "status", "budget_gpuh", "spent_gpuh", "replay_reproduced", "parent", "candidates",
@@ -70,7 +70,7 @@ def bench_run(tmp_path_factory) -> tuple[dict, Path]:
     # the parent's calibration on a forecast of 287 GPU-h).
     proc = subprocess.run([sys.executable, str(REPO / "bench/decision_quality.py"), "--seed-list",
                            ",".join(map(str, SEEDS)), "--size", "test", "--protocol", PROTOCOL, "--budget", "5000gpuh",
-                           "--truth-n", str(TRUTH_N), "--work", str(work), "--out", str(out), "--parallel", "3"],
+                           "--truth-n", str(TRUTH_N), "--work", str(work), "--out", str(out), "--parallel", "2"],
                           cwd=REPO, capture_output=True, text=True, timeout=3600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads(out.read_text()), work

@@ -4,7 +4,7 @@ with nothing of the toy world in any dataset it built, the recipe's defining ste
 same decisions; or, for a recipe the lab cannot run, a refusal before any session opens that says what to add.
 
 The recipe labs register permissive bars (`recipe-bars.toml`: the judged holdout's p bar holds at p <= 1, the guards
-at 100 noise floors), so candidates are promoted and each recipe's later steps (a round from a merged round, a soup,
+at 100 noise floors, one replicate per eval), so candidates are promoted and each recipe's later steps (a round from a merged round, a soup,
 a dose) run: the mechanics are under test here, not the bars (tests/evals/test_bars_compare.py and the own lab's
 combined session hold those).
 
@@ -33,7 +33,6 @@ from core import tiny  # noqa: E402
 from memory.notebook import Notebook  # noqa: E402
 
 PERMISSIVE = """p_family = 10
-replicates = 3
 
 [[bar]]
 suite = "holdout"
