@@ -210,7 +210,7 @@ def all_reduce(config: AllReduceConfig) -> AllReduceResult:
 
 class CallsConfig(_Model):
     output_dir: Path = Field(description="Directory of calls.txt, one line per process that ran the function.")
-    fail_rank: int | None = Field(None, description="This rank raises after writing its line.")
+    fail_rank: int | None = Field(None, description="This rank raises once every rank wrote its line.")
     others_sleep_s: float = Field(0.0, ge=0, description="With fail_rank: how long the other ranks sleep after "
                                                           "their line (a rank waiting for one that died).")
 
@@ -228,6 +228,11 @@ def calls(config: CallsConfig) -> CallsResult:
         f.write(f"{rank} {os.getpid()}\n")
     if config.fail_rank is not None:
         if rank == config.fail_rank:
+            # Fail once every rank has written its line (as a rank dies while the others wait on it in a
+            # collective): on a loaded machine a rank still importing when this one failed would be killed unseen.
+            world, deadline = int(os.environ.get("WORLD_SIZE", "1")), time.monotonic() + 60
+            while time.monotonic() < deadline and len((config.output_dir / "calls.txt").read_text().splitlines()) < world:
+                time.sleep(0.1)
             raise RuntimeError(f"rank {rank} fails on purpose")
         time.sleep(config.others_sleep_s)
     return CallsResult(rank=rank, cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
