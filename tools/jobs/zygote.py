@@ -519,14 +519,14 @@ class Server:
     def reap(self) -> None:
         while self.jobs:
             try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
+                pid, status, usage = os.wait4(-1, os.WNOHANG)
             except ChildProcessError:
                 return
             if pid == 0:
                 return
             conn = self.jobs.pop(pid, None)
             self.last_active = time.monotonic()
-            log(f"job {pid}: ended with status {status}")
+            log(f"job {pid}: ended with status {status} after {usage.ru_utime + usage.ru_stime:.1f} CPU-s")
             if conn is not None:
                 reply = {"killed": os.WTERMSIG(status)} if os.WIFSIGNALED(status) else {"exit": os.waitstatus_to_exitcode(status)}
                 _send(conn, reply)
