@@ -32,6 +32,7 @@ from memory.records import ReconfigurePayload
 from memory.skips import skipped_steps
 from tools.context import LabSpec, LabSuite, LabTruth, ToolContext
 from tools.data.datasets import ReplaySource, VerifiedSource
+from tools.jobs.accounts import accounts_line, session_accounts
 from tools.jobs.executor import ExecutorSection, ResourcesSection, local_gpus
 from tools.jobs.launcher import Launcher, Resources
 from tools.paths import LabPaths, portable
@@ -122,9 +123,10 @@ def make_planner(kind: str, config: LabConfig, playbook: Playbook) -> Planner:
 
 
 def minute_cost(launcher: Launcher):
-    """One minute of a job's time-limit bound, as the launcher forecasts it (simulated charge included)."""
+    """One minute of a job's time-limit bound (simulated charge included): the most a minute of it can cost, whatever
+    the job's forecast (a forecast from its tokens once stood in here, so jobs kept the lab's whole time limit)."""
     def cost(r: Resources) -> float:
-        return launcher.forecast("time-limit-bound", r.model_copy(update={"time_limit_min": 1.0, "work_units": None})).gpuh
+        return launcher.run_bound(r.model_copy(update={"time_limit_min": 1.0})).gpuh
     return cost
 
 
@@ -191,6 +193,7 @@ def _finish(rt: Runtime) -> int:
         print(shown(f"nominee: {nominee.name} ({nominee.path})"))
     ledger = nb.ledger(session)
     print(f"budget: {ledger.spent_gpuh:.4f} of {ledger.budget_gpuh:g} GPU-h spent (reserve {ledger.reserve_gpuh:g})")
+    print(accounts_line(session_accounts(nb, session)))
     print(shown(f"review: python run_agent.py verify --lab {rt.ctx.paths.root}; datasette {nb.path}"))
     return 0 if s.status == "done" else 1
 

@@ -77,8 +77,8 @@ def _job_kind(ctx: ToolContext, tool: str, args: Any) -> tuple[str, dict[str, An
                 return args.trainer, {}
         case "merge":
             return "merge", {}
-        case "evaluate":
-            return "eval", {"work_units": float(len(args.suites or ctx.lab.open_suites))}
+        case "evaluate":  # each replicate generates every suite again
+            return "eval", {"work_units": float(len(args.suites or ctx.lab.open_suites) * args.replicates)}
         case "tune_serving":
             return "eval", {"work_units": float(n_open)}
         case "sealed_open":
@@ -94,4 +94,9 @@ def forecast_gpuh(ctx: ToolContext, launcher: Launcher, tool: str, args: BaseMod
     kind = _job_kind(ctx, tool, args)
     if kind is None:
         return 0.0
-    return launcher.forecast(kind[0], ctx.resources(kind=kind[0], own_gpuh=own_gpuh, **kind[1])).gpuh
+    gpuh = launcher.forecast(kind[0], ctx.resources(kind=kind[0], own_gpuh=own_gpuh, **kind[1])).gpuh
+    judged = [s for s in ctx.lab.open_suites if s.judged]
+    if tool == "calibrate" and judged:  # its reference answers are a job of their own, before the K replicates
+        gpuh += launcher.forecast("reference", ctx.resources(kind="reference", own_gpuh=own_gpuh,
+                                                             work_units=float(len(judged)))).gpuh
+    return gpuh

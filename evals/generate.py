@@ -43,6 +43,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import time
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
@@ -335,8 +336,11 @@ class _Decoder:
         self.graph: torch.cuda.CUDAGraph | None = None
         self.logits = None
         # A captured step with a choice ends by opening the next slot, so it needs two new tokens at least.
+        self.capture_s = 0.0  # seconds its warm-up and graph capture took (an eval job's start-up, core/wall.py)
         if device.type == "cuda" and new_tokens > 1:
+            began = time.perf_counter()
             self._capture()
+            self.capture_s = time.perf_counter() - began
 
     def _forward(self) -> torch.Tensor:
         mask = self.bias if self.hybrid is None else decode_hybrid.decode_masks(self.bias)

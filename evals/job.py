@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from core.jsonl import read_values
 from core.placement import Placement, measured, require_device
 from core.versions import Versions
+from core.wall import Laps, Wall
 from evals import constraints, judge, length_stop, loops, math, mcq, synthetic
 from evals.decoding import Decoding
 from evals.judge import JudgeRecord
@@ -175,6 +176,7 @@ class EvalResult(BaseModel):
                                         "per second of the job (None: recorded before jobs said where they ran).")
     batch_size: int | None = Field(None, description="Prompts generated together (the configured or chosen size).")
     versions: Versions | None = Field(None, description="The versions of torch, transformers, peft, trl and mamba-ssm the job ran with (stamped by the job wrapper, tools/jobs/jobrun.py).")
+    wall: Wall | None = Field(None, description="Start-up, work and write-out seconds of the job (core/wall.py; completed by the job wrapper, tools/jobs/jobrun.py).")
 
 
 def read_items(path: Path) -> list[Item]:
@@ -394,14 +396,17 @@ def run(cfg: EvalJobConfig) -> EvalResult:
     In a job of several ranks each loads the model on its own GPU and generates its share (generate_all); rank 0
     scores and writes everything and returns the result, the other ranks return None (the launcher reads a job's
     result from rank 0: tools/jobs/launcher.py)."""
+    laps = Laps()
     require_device(cfg.device)  # a GPU job on a host without one fails here, never quietly on the CPU
     ranks = Ranks.from_env()
     device = cfg.device
-    if cfg.device == "cuda" and ranks.world > 1:
+    if cfg.device == "cuda":
         import torch
 
+        torch.cuda.init()
         # One model per GPU; modulo the GPUs this task sees (all of the node's, or only its own when bound).
-        device = f"cuda:{ranks.local_rank % torch.cuda.device_count()}"
+        device = f"cuda:{ranks.local_rank % torch.cuda.device_count()}" if ranks.world > 1 else device
+    laps.startup("cuda_init")
     if ranks.rank == 0:
         cfg.output_dir.mkdir(parents=True, exist_ok=True)
         (cfg.output_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
@@ -412,21 +417,27 @@ def run(cfg: EvalJobConfig) -> EvalResult:
     loaded = load(cfg.checkpoint, device=device, dtype=cfg.dtype)
     load_s = time.perf_counter() - start
     batch_size = choose_batch_size(cfg, loaded)
+    main = ranks.rank == 0  # rank 0 scores: the reward model and the judge are its own
+    tools = Tools(
+        reward_model=reward_proxy.load(cfg.reward_model, device, cfg.dtype) if main and cfg.reward_model else None,
+        judge=make_judge(cfg.judge) if main and cfg.judge is not None else None,
+    )
+    laps.startup("load")
     stats = {"generation_s": 0.0, "generated_tokens": 0}
     generated = generate_all(cfg, loaded, batch_size, ranks, stats)
     if ranks.rank != 0:
         return typing.cast(EvalResult, None)
-    tools = Tools(
-        reward_model=None if cfg.reward_model is None else reward_proxy.load(cfg.reward_model, device, cfg.dtype),
-        judge=None if cfg.judge is None else make_judge(cfg.judge),
-    )
     suites = [r for spec in cfg.suites for r in run_suite(cfg, spec, loaded, tools, generated)]
+    laps.work()
     placement = measured(device, cfg.dtype, stats["generated_tokens"], stats["generation_s"], devices=ranks.world)
+    # The static decoders' warm-up and graph capture ran inside the generation: start-up, not work.
+    capture_s = sum(d.capture_s for d in loaded.decoders.values())
     result = EvalResult(checkpoint=str(cfg.checkpoint), decoding=cfg.decoding,
                         decoding_sha256=cfg.decoding.fingerprint(), served=cfg.served, suites=suites,
                         generated_tokens=stats["generated_tokens"], generation_s=stats["generation_s"], load_s=load_s,
-                        placement=placement, batch_size=batch_size)
-    (cfg.output_dir / "result.json").write_text(result.model_dump_json(indent=2))
+                        placement=placement, batch_size=batch_size,
+                        wall=laps.wall().to_startup("compile", capture_s))
+    (cfg.output_dir / "result.json").write_text(result.model_dump_json(indent=2))  # after the last lap: write-out
     return result
 
 

@@ -127,7 +127,7 @@ def reference_completions(ctx: ToolContext, artifact_id: int, names: list[str],
                         output_dir=ctx.paths.evaluation(name), **engine_options(ctx, "reference"))
     # Its own kind: one generation pass with no scoring, so its seconds per suite say nothing about an eval
     # job's (counted as "eval", they made the launcher forecast a K = 3 calibration at several times its cost).
-    result, _ = ctx.wait("reference", run_eval, cfg, work_units=float(len(specs)), nomination=nomination)
+    result, _ = ctx.wait("reference", run_eval, cfg, nomination=nomination, **eval_sizing(cfg))
     return {r.suite.removesuffix("-reference"): r.completions_path for r in result.suites}
 
 

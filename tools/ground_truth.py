@@ -20,7 +20,7 @@ answers against the parent's, both at the world's served decoding.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -62,6 +62,20 @@ def truth_job(cfg: TruthJob) -> TruthResult:
     return truth(cfg.lab, cfg.checkpoint, str(cfg.other), n=cfg.n, seed=cfg.seed, device=cfg.device, dtype=cfg.dtype)
 
 
+def truth_sizing(cfg: TruthJob) -> dict[str, Any]:
+    """What the launcher forecasts the truth job from: both sides' answers to the sample at the served cap (the
+    tokens it generates at most) with the nominee's active parameters."""
+    from tools.world.build import TOKENIZER, load_spec, served_decoding
+    from trainers.recipe import model_shape
+
+    cap = served_decoding(cfg.lab / TOKENIZER, load_spec(cfg.lab).sizes).max_new_tokens
+    try:
+        return {"job_class": "eval", "tokens": float(2 * cfg.n * cap),
+                "active_params": model_shape(cfg.checkpoint).params_active}
+    except (OSError, ValueError, KeyError):  # no readable config.json: the forecast falls back to its bound
+        return {"job_class": "eval", "tokens": float(2 * cfg.n * cap)}
+
+
 def scorer_problem(kind: str, lab_dir: Path) -> str | None:
     """Why a declared scorer cannot score in this lab (None when it can): lab.toml's loader asks."""
     if kind == "world" and not (lab_dir / WORLD_SPEC).is_file():
@@ -72,7 +86,7 @@ def scorer_problem(kind: str, lab_dir: Path) -> str | None:
 
 def payload(result: TruthResult, artifact_id: int, parent_id: int, kind: str, job_key: str) -> TruthPayload:
     """The `truth` decision of a result (the checkpoint paths are in the two artifacts' rows)."""
-    kept = result.model_dump(exclude={"checkpoint", "other", "placement", "versions"})
+    kept = result.model_dump(exclude={"checkpoint", "other", "placement", "versions", "wall"})
     return TruthPayload(artifact_id=artifact_id, parent=parent_id, scorer=kind, job_key=job_key, **kept)
 
 
@@ -84,7 +98,7 @@ def _body(ctx: ToolContext, args: Args) -> ToolOutcome:
     cfg = TruthJob(kind=spec.kind, lab=ctx.paths.root, checkpoint=Path(ctx.nb.artifact(args.artifact).path),
                    other=Path(ctx.nb.artifact(parent).path), n=spec.n, seed=spec.seed,
                    device=ctx.placement(JOB_KIND)[0], dtype=ctx.placement(JOB_KIND)[1])
-    result, key = ctx.wait(JOB_KIND, truth_job, cfg, nomination=True)
+    result, key = ctx.wait(JOB_KIND, truth_job, cfg, nomination=True, **truth_sizing(cfg))
     found = payload(result, args.artifact, parent, spec.kind, key)
     summary = (f"ground truth of {ctx.nb.artifact(args.artifact).name} vs the parent ({spec.kind}, n = {found.n}): "
                f"win rate {found.win_rate:.3f} [{found.ci_low:.3f}, {found.ci_high:.3f}]")

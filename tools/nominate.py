@@ -22,12 +22,14 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from core.placement import Placement, measured
 from core.versions import Versions
+from core.wall import Wall
 from memory.notebook import Notebook
 from memory.records import BundleRefusal
 from tools.context import ToolContext, ToolOutcome, invoke, record_once, served_of
 from tools.nomination.bundle import BundleError, bundle_files, bundle_sha256, write_bundle
-from tools.nomination.check_bundle import check_bundle
+from tools.nomination.check_bundle import check_bundle, reload_device
 
 NAME = "nominate"
 STAGED_SUFFIX = ".candidate"
@@ -65,6 +67,9 @@ class BundleOutcome(BaseModel):
     files: dict[str, str] = Field(default_factory=dict, description="sha256 of every file of the bundle as checked.")
     versions: Versions | None = Field(None, description="The versions of torch, transformers, peft, trl and mamba-ssm "
                                       "the bundle job ran with (stamped by the job wrapper, tools/jobs/jobrun.py).")
+    placement: Placement | None = Field(None, description="The device the job held: where check-bundle's reload "
+                                        "served the bundle (its GPU in bfloat16, else the CPU in float32).")
+    wall: Wall | None = Field(None, description="Start-up, work and write-out seconds (completed by the job wrapper).")
 
 
 def staged_dir(ctx: ToolContext, artifact_id: int) -> Path:
@@ -82,6 +87,10 @@ def checked(path: Path, notebook: Path) -> BundleOutcome:
 
 
 def bundle_job(cfg: BundleJob) -> BundleOutcome:
+    return _bundle(cfg).model_copy(update={"placement": measured(*reload_device(), tokens=0, seconds=0.0)})
+
+
+def _bundle(cfg: BundleJob) -> BundleOutcome:
     if not cfg.out_dir.exists():  # (a requeued job whose bundle was written checks it again)
         with Notebook.open(cfg.notebook, readonly=True) as nb:
             try:

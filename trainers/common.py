@@ -24,6 +24,7 @@ from core import chat, loading
 from core.placement import Placement
 from core.util import file_sha256, write_json_atomic
 from core.versions import Versions
+from core.wall import Wall
 from trainers import distributed, lora_experts, mamba_kernels
 
 # LoRA targets that work on Nemotron-H: peft refuses the Mamba mixer's out_proj and conv1d.
@@ -209,6 +210,7 @@ class TrainResult(BaseModel):
     placement: Placement | None = Field(None, description="Device, dtype, device name, ranks and trained tokens per "
                                         "second of the run's last session (None: recorded before runs said so).")
     versions: Versions | None = Field(None, description="The versions of torch, transformers, peft, trl and mamba-ssm the job ran with (stamped by the job wrapper, tools/jobs/jobrun.py).")
+    wall: Wall | None = Field(None, description="Start-up, work and write-out seconds of the job (core/wall.py; completed by the job wrapper, tools/jobs/jobrun.py).")
 
 
 class RunPaths(BaseModel):

@@ -27,6 +27,7 @@ import math
 import random
 import shutil
 import signal
+import statistics
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -42,6 +43,7 @@ from torch.distributed.tensor import DTensor
 from core import chat
 from core.placement import measured
 from core.util import file_sha256, write_json_atomic
+from core.wall import Laps
 from trainers import checkpoint, distributed, memory
 from trainers.common import (
     ConfigError,
@@ -97,6 +99,7 @@ class LoopState:
     last_metrics: dict[str, float] = field(default_factory=dict)
     save_s: float = 0.0  # longest resume save so far (the launcher's signal lead time must exceed it)
     lr_sum: float = 0.0  # the per-step learning rates summed: how far the schedule carried the weights so far
+    warmup_s: float = 0.0  # this session's first step beyond its typical one: compilation, graph capture (start-up)
 
 
 @lru_cache(maxsize=8)
@@ -256,6 +259,7 @@ def run_loop(config: TrainConfig, paths: RunPaths, model, objective: Objective, 
     state = load_resume(paths, model, optimizer, scheduler, config.seed) if resuming else LoopState()
     model.train()
     last_save = time.monotonic()
+    steps_s: list[float] = []
     with preemption_flag() as flag, open(paths.metrics, "a") if env.is_main else nullcontext() as metrics:
         while state.step < config.steps:
             t0 = time.perf_counter()
@@ -269,6 +273,7 @@ def run_loop(config: TrainConfig, paths: RunPaths, model, objective: Objective, 
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
             dt = time.perf_counter() - t0
+            steps_s.append(dt)
             state.step += 1
             state.tokens += counts.tokens
             state.supervised += counts.supervised
@@ -295,6 +300,8 @@ def run_loop(config: TrainConfig, paths: RunPaths, model, objective: Objective, 
             if due or (config.save_every and state.step % config.save_every == 0):
                 state.save_s = max(state.save_s, save_resume(paths, model, optimizer, scheduler, state))
                 last_save = time.monotonic()
+    if len(steps_s) > 1:
+        state.warmup_s = max(0.0, steps_s[0] - statistics.median(steps_s[1:]))
     return state
 
 
@@ -309,6 +316,7 @@ def run_job(
     The caller has validated config and data and built the objective. A finished run returns its stored result; a run
     directory with resume state continues from it. Rank 0 writes the run directory's files.
     """
+    laps = Laps()
     env = distributed.setup()
     done = finished_result(config)
     if done is not None:
@@ -324,13 +332,16 @@ def run_job(
     tokenizer.chat_template = chat.chat_format(tokenizer).template
     model = load_policy(config.model_path, config.compute_dtype, config.lora, config.seed,
                         config.activation_checkpointing, config.compile_blocks)
+    laps.startup("load")
     state = run_loop(config, paths, model, objective, tokenizer)
+    laps.work()
     model.eval()
     metrics = {**state.last_metrics, **(final_metrics(model) if final_metrics else {}), "max_save_s": state.save_s,
                "estimated_peak_gib": estimate.total / memory.GIB}
     if torch.cuda.is_available():
         metrics["peak_gpu_gib"] = torch.cuda.max_memory_allocated() / memory.GIB
     checkpoint.save_final(model, tokenizer, paths.model, save_dtype(config))
+    laps.write()
     result = TrainResult(
         run_dir=paths.root, model_dir=paths.model, adapter=config.lora is not None, base_model_path=config.model_path,
         steps=state.step, tokens_seen=state.tokens, supervised_tokens=state.supervised, truncated_rows=truncated_rows,
@@ -339,6 +350,8 @@ def run_job(
         snapshots=[read_snapshot(paths, step) for step in config.snapshot_steps],
         placement=measured(str(distributed.device(env)), config.compute_dtype, state.tokens, state.wall_time_s,
                            devices=env.world_size),
+        # the first step's compilation or graph capture is start-up; the result file after the last lap, write-out
+        wall=laps.wall().to_startup("compile", state.warmup_s),
     )
     if env.is_main:
         write_json_atomic(paths.result, json.loads(result.model_dump_json()))

@@ -57,6 +57,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from safetensors import safe_open
 
 from core.versions import Versions
+from core.wall import Wall
 from trainers.common import SAFETENSORS_DTYPES, write_weights_manifest
 
 INDEX = "model.safetensors.index.json"
@@ -175,6 +176,7 @@ class MergeResult(BaseModel):
     shards: int = Field(description="Number of safetensors shards written.")
     weights_sha256: str = Field(description="sha256 over the output shards (names and bytes).")
     versions: Versions | None = Field(None, description="The versions of torch, transformers, peft, trl and mamba-ssm the job ran with (stamped by the job wrapper, tools/jobs/jobrun.py).")
+    wall: Wall | None = Field(None, description="Start-up, work and write-out seconds of the job (core/wall.py; completed by the job wrapper, tools/jobs/jobrun.py).")
 
 
 def shard_map(model_dir: Path) -> dict[str, str]:

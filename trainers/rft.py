@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from core.util import write_json_atomic
 from core.versions import Versions
+from core.wall import Wall
 from evals.decoding import Decoding
 from evals.types import Completion, Item, Outcome
 from trainers import distributed
@@ -90,6 +91,7 @@ class RFTResult(BaseModel):
     sampling: SamplingStats = Field(description="pass@1, pass@k and what was kept.")
     train: TrainResult = Field(description="The SFT run on the kept answers.")
     versions: Versions | None = Field(None, description="The versions of torch, transformers, peft, trl and mamba-ssm the job ran with (stamped by the job wrapper, tools/jobs/jobrun.py).")
+    wall: Wall | None = Field(None, description="Start-up, work and write-out seconds of the job (core/wall.py; completed by the job wrapper, tools/jobs/jobrun.py).")
 
 
 def load_scorer(path: str) -> Scorer:

@@ -151,6 +151,63 @@ def eval_forecast(tokens: float, model: ModelCompute, gpus: int, measured: Seque
     return _forecast(tokens, rate, gpus, source, len(runs))
 
 
+class MeasuredRun(_Frozen):
+    """One completed job of this lab with its wall split (core/wall.py), as the launcher reads it from the notebook."""
+
+    kind: str = Field(description="Launcher kind: sft, eval, reference, merge, bundle, ...")
+    model_job: bool = Field(description="Whether a model ran in it (its resources named a device).")
+    fixed_s: float = Field(ge=0, description="Start-up and write-out seconds: what the job costs whatever its size.")
+    work_s: float = Field(ge=0, description="Seconds of work.")
+    units: float | None = Field(None, description="Its work units (rows x steps, suites x replicates), when sized.")
+    tokens: float | None = Field(None, description="Tokens it was sized by (trained, or generated at most).")
+    active_params: int | None = Field(None, description="Active parameters of its model.")
+
+
+class RunSize(_Frozen):
+    """What is known before launch of the job to forecast."""
+
+    kind: str
+    model_job: bool
+    units: float | None = None
+    tokens: float | None = None
+    active_params: int | None = None
+    job_class: Literal["train", "eval"] | None = None
+
+
+TRAIN_KINDS = frozenset({"sft", "dpo", "klce", "rft"})
+EVAL_KINDS = frozenset({"eval", "reference", "truth"})
+
+
+def run_seconds(size: RunSize, runs: Sequence[MeasuredRun]) -> float | None:
+    """Wall seconds of one run of a job, from this lab's earlier runs: a fixed part (start-up and write-out, measured
+    on jobs of its kind, else on jobs that load a model like it does, or that do not) plus its work (its units at
+    its kind's seconds per unit; else its tokens at its class's seconds per token, rescaled by active parameters;
+    else its kind's mean work). None when no earlier run says anything about it. A job's fixed part does not
+    grow with its size: pooling whole runs per unit (the throughput forecast) charged a 3-replicate eval three
+    start-ups."""
+    same = [r for r in runs if r.kind == size.kind]
+    alike = same or [r for r in runs if r.model_job == size.model_job]
+    if not alike:
+        return None
+    fixed = sum(r.fixed_s for r in alike) / len(alike)
+    return fixed + _work_seconds(size, same, runs)
+
+
+def _work_seconds(size: RunSize, same: Sequence[MeasuredRun], runs: Sequence[MeasuredRun]) -> float:
+    sized = [r for r in same if r.units]
+    if size.units and sized:
+        return size.units * sum(r.work_s for r in sized) / sum(r.units or 0.0 for r in sized)
+    kinds = TRAIN_KINDS if size.job_class == "train" else EVAL_KINDS
+    by_tokens = [r for r in runs if r.kind in kinds and r.tokens and r.active_params]
+    if size.tokens and size.active_params and by_tokens:
+        # seconds per (token x active parameter), pooled: a step reads (decode) or multiplies (train) every weight
+        per = sum(r.work_s for r in by_tokens) / sum((r.tokens or 0.0) * (r.active_params or 0) for r in by_tokens)
+        return size.tokens * size.active_params * per
+    if same:
+        return sum(r.work_s for r in same) / len(same)
+    return 0.0
+
+
 def _forecast(tokens: float, tokens_per_s_per_gpu: float, gpus: int, source: Literal["measured", "declared_mfu"],
               n: int) -> JobForecast:
     gpu_seconds = tokens / tokens_per_s_per_gpu

@@ -51,6 +51,7 @@ from submitit.core.utils import JobPaths
 
 from core.placement import require_device
 from core.versions import installed
+from core.wall import completed
 from tools.jobs.executor import host_memory_gb
 from tools.jobs.failures import PREEMPTED_PREFIX, exception_type, raised_failure, safe_message
 
@@ -138,6 +139,7 @@ class Resumable(submitit.helpers.Checkpointable):
         stop = threading.Event()
         if submitit.JobEnvironment().cluster == "local":
             threading.Thread(target=_heartbeat, args=(stop,), daemon=True).start()
+        entered = time.time()
         try:
             result = self.fn(config)
         except BaseException as err:
@@ -151,8 +153,9 @@ class Resumable(submitit.helpers.Checkpointable):
             raise
         finally:
             stop.set()
-        _append_event({"event": "end", "t": time.time(), "ok": True})
-        return stamped(result)
+        returned = time.time()
+        _append_event({"event": "end", "t": returned, "ok": True})
+        return stamped(result, self._started, entered, returned)
 
     def checkpoint(self, config: Any) -> NoReturn:
         # Raised from submitit's signal handler into the job function: the run ends as a failure
@@ -272,12 +275,21 @@ def _run_paths() -> RunPaths:
     return RunPaths(env.paths.folder, env.job_id)
 
 
-def stamped(result: Any) -> Any:
+def stamped(result: Any, process_started: float | None = None, entered: float | None = None,
+            returned: float | None = None) -> Any:
     """The result with the versions this worker ran with (core/versions.py), where its model has a `versions` field
-    that the job function left empty: every job's result says what made it, whoever wrote the job."""
-    if isinstance(result, BaseModel) and "versions" in type(result).model_fields and result.versions is None:
-        return result.model_copy(update={"versions": installed()})
-    return result
+    that the job function left empty: every job's result says what made it, whoever wrote the job. Where it has a
+    `wall` field, the job's own split of its time completed with what the wrapper saw (core/wall.py `completed`):
+    the process's start before the function, the function's time after its last lap (epoch seconds)."""
+    if not isinstance(result, BaseModel):
+        return result
+    fields = type(result).model_fields
+    update: dict[str, Any] = {}
+    if "versions" in fields and result.versions is None:
+        update["versions"] = installed()
+    if "wall" in fields and process_started is not None and entered is not None and returned is not None:
+        update["wall"] = completed(result.wall, process_started, entered, returned)
+    return result.model_copy(update=update) if update else result
 
 
 def _events_path() -> Path:

@@ -68,6 +68,7 @@ from submitit.core.utils import FailedJobError, JobPaths, UncompletedJobError
 
 from core.display import shown
 from core.redact import redact
+from core.wall import wall_of
 from memory.notebook import JobRecord, Notebook, now, tool_call_key
 from memory.records import (
     BudgetRefusal,
@@ -830,6 +831,7 @@ def _spec_of_record(first: JobRecord, args: BaseModel | None = None, latest: Job
     stored.pop("args")
     args = args if args is not None else config_type.model_validate(recorded)
     stored.pop("memory", None)  # the memory estimate recorded with a training job, not a resource
+    stored.pop("forecast", None)  # the attempt's forecast, recorded beside what it cost
     return _Spec(first.kind, fn, args, Resources.model_validate(stored), result_type)
 
 
@@ -838,6 +840,8 @@ def _spec_of_record(first: JobRecord, args: BaseModel | None = None, latest: Job
 class Forecast(BaseModel):
     gpuh: float = Field(description="Forecast GPU-hours of the job, in the units the ledger charges.")
     source: Literal["declared", "throughput", "model", "time_limit"] = Field(description="Where the forecast came from.")
+    device_s: float = Field(0.0, description="The same forecast in device-seconds (seconds held x devices), the unit "
+                            "a settled run records (JobRecord.device_seconds).")
 
 
 class Launcher:
@@ -919,14 +923,45 @@ class Launcher:
     # -- admission -------------------------------------------------------------------------------
 
     def forecast(self, kind: str, resources: Resources) -> Forecast:
+        """The job's cost: as declared; else one run's seconds from this lab's earlier runs, their start-up and
+        write-out apart from their work (forecast.run_seconds); else its work units at the throughput of earlier jobs
+        of its kind and model; else from its tokens and model; else its time limit on its devices. Never above one
+        run's bound."""
         if resources.estimate_gpuh is not None:
-            return Forecast(gpuh=resources.estimate_gpuh, source="declared")
+            return self._forecast(resources.estimate_gpuh, "declared")
+        bound = self.run_bound(resources)
+        devices = self.backend.devices(resources)
+        size = forecast.RunSize(kind=kind, model_job=resources.device is not None, units=resources.work_units,
+                                tokens=resources.tokens, active_params=resources.active_params,
+                                job_class=resources.job_class)
+        seconds = forecast.run_seconds(size, self.measured_runs())
+        if seconds is not None:
+            made = self._forecast(self.backend.charge(seconds * devices).gpu_hours, "throughput")
+            return min(made, bound, key=lambda f: f.gpuh)
         rate = self._throughput(kind, resources.model)
         if rate is not None and resources.work_units is not None:
-            return Forecast(gpuh=resources.work_units / rate, source="throughput")
+            return self._forecast(resources.work_units / rate, "throughput")
         if resources.tokens is not None and resources.active_params is not None and resources.job_class is not None:
             return self._model_forecast(resources)
-        return self._run_bound(resources)
+        return bound
+
+    def _forecast(self, gpuh: float, source: Literal["declared", "throughput", "model", "time_limit"]) -> Forecast:
+        per_device_s = self.backend.charge(1.0).gpu_hours
+        return Forecast(gpuh=gpuh, source=source, device_s=gpuh / per_device_s if per_device_s else 0.0)
+
+    def measured_runs(self) -> list[forecast.MeasuredRun]:
+        """This notebook's completed jobs whose results split their wall (core/wall.py), for run_seconds."""
+        runs = []
+        for j in self.nb.jobs():
+            wall = wall_of(j.result) if j.state == "completed" else None
+            if wall is None:
+                continue
+            r = j.resources
+            runs.append(forecast.MeasuredRun(
+                kind=j.kind, model_job=r.get("device") is not None, fixed_s=wall.startup_s + wall.write_s,
+                work_s=wall.work_s, units=r.get("work_units"), tokens=r.get("tokens"),
+                active_params=r.get("active_params")))
+        return runs
 
     def _model_forecast(self, resources: Resources) -> Forecast:
         """From the job's tokens and its model's active parameters, at the speed this lab's earlier jobs of the same
@@ -939,14 +974,23 @@ class Launcher:
         model = forecast.ModelCompute(total_params=resources.active_params, active_params=resources.active_params)
         size = forecast.train_forecast if resources.job_class == "train" else forecast.eval_forecast
         gpus = max(1, self.backend.devices(resources))
-        bound = self._run_bound(resources)
-        return min(Forecast(gpuh=size(resources.tokens, model, gpus, measured).gpu_hours, source="model"), bound,
+        bound = self.run_bound(resources)
+        return min(self._forecast(size(resources.tokens, model, gpus, measured).gpu_hours, "model"), bound,
                    key=lambda f: f.gpuh)
 
-    def _run_bound(self, resources: Resources) -> Forecast:
+    def run_bound(self, resources: Resources) -> Forecast:
         """The most one run can cost: its whole time limit on all its devices, charged as runs are."""
         device_seconds = resources.time_limit_min * 60 * self.backend.devices(resources)
-        return Forecast(gpuh=self.backend.charge(device_seconds).gpu_hours, source="time_limit")
+        return Forecast(gpuh=self.backend.charge(device_seconds).gpu_hours, source="time_limit",
+                        device_s=device_seconds)
+
+    def predicted(self, kind: str, resources: Resources, payload: LaunchPayload) -> Forecast:
+        """What the attempt is expected to cost, recorded on its row beside what it then cost: its admission
+        forecast, or for a job admitted on a declared cost (the nomination's jobs on the reserve, data jobs declared
+        free) the launcher's own forecast of it."""
+        if resources.estimate_gpuh is None:
+            return self._forecast(payload.forecast_gpuh, payload.forecast_source)
+        return self.forecast(kind, resources.model_copy(update={"estimate_gpuh": None}))
 
     def admission_forecast(self, kind: str, resources: Resources, attempt: int) -> Forecast:
         """What an attempt is admitted on: the job's forecast; for a requeue or retry at least one run's
@@ -954,7 +998,7 @@ class Launcher:
         forecast = self.forecast(kind, resources)
         if attempt == 1:
             return forecast
-        bound = self._run_bound(resources)
+        bound = self.run_bound(resources)
         return bound if bound.gpuh > forecast.gpuh else forecast
 
     def with_signal_lead(self, kind: str, resources: Resources) -> Resources:
@@ -1053,7 +1097,7 @@ class Launcher:
         what the budget has left now that the runs before it are spent (a job sized to the budget's last minutes
         would otherwise never fit again after a lost run); the key's spec from here on."""
         r = spec.resources
-        minute_gpuh = self._run_bound(r.model_copy(update={"time_limit_min": 1.0})).gpuh
+        minute_gpuh = self.run_bound(r.model_copy(update={"time_limit_min": 1.0})).gpuh
         limit = session_ledger(self.nb, self.session).time_limit_min(r.time_limit_min, minute_gpuh, r.nomination)
         if limit >= r.time_limit_min:
             return spec
@@ -1071,7 +1115,8 @@ class Launcher:
         memory = self.check_memory(key, spec.kind, args, spec.resources, attempt)
         payload = self.admit(key, spec.kind, spec.resources, attempt)
         folder = self.root / f"{key[:16]}-{attempt}"
-        resources = {**spec.resources.model_dump(mode="json"), "args": args.model_dump(mode="json")}
+        resources = {**spec.resources.model_dump(mode="json"), "args": args.model_dump(mode="json"),
+                     "forecast": self.predicted(spec.kind, spec.resources, payload).model_dump(mode="json")}
         if memory is not None:
             resources["memory"] = memory
         # The row and its decision together; the submission after them (a crash in between is

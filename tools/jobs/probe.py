@@ -23,6 +23,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from core.util import address_space, write_atomic
+from core.wall import Laps, Wall
 
 
 class _Model(BaseModel):
@@ -236,3 +237,28 @@ def calls(config: CallsConfig) -> CallsResult:
             raise RuntimeError(f"rank {rank} fails on purpose")
         time.sleep(config.others_sleep_s)
     return CallsResult(rank=rank, cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+
+class StagedConfig(_Model):
+    load_s: float = Field(ge=0, description="Seconds standing in for a model load (start-up).")
+    units: int = Field(ge=1, description="Units of work.")
+    unit_s: float = Field(ge=0, description="Seconds per unit of work.")
+    write_s: float = Field(ge=0, description="Seconds standing in for writing the outputs.")
+
+
+class StagedResult(_Model):
+    units: int = Field(description="Units done.")
+    wall: Wall | None = Field(None, description="Start-up, work and write-out (core/wall.py).")
+
+
+def staged(config: StagedConfig) -> StagedResult:
+    """A job in the three stretches every model job has (load, work, write), each timed by its laps."""
+    laps = Laps()
+    time.sleep(config.load_s)
+    laps.startup("load")
+    for _ in range(config.units):
+        time.sleep(config.unit_s)
+    laps.work()
+    time.sleep(config.write_s)
+    laps.write()
+    return StagedResult(units=config.units, wall=laps.wall())

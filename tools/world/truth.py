@@ -24,6 +24,7 @@ from pydantic import Field
 
 from core.placement import Placement, measured
 from core.versions import Versions
+from core.wall import Wall
 from memory.records import TruthFamily, TruthFigures
 from tools.data.leak import DEFAULT_NGRAM, Reference, ReferenceIndex, audit, prompt_text
 from tools.world import opponent, oracle
@@ -55,6 +56,7 @@ class TruthResult(TruthFigures):
     placement: Placement | None = Field(None, description="Where the answers were generated: device, dtype, device "
                                         "name and tokens/s over both models' answers.")
     versions: Versions | None = Field(None, description="The versions of torch, transformers, peft, trl and mamba-ssm the job ran with (stamped by the job wrapper, tools/jobs/jobrun.py).")
+    wall: Wall | None = Field(None, description="Start-up, work and write-out seconds of the job (core/wall.py; completed by the job wrapper, tools/jobs/jobrun.py).")
 
 
 def world_references(lab: Path) -> list[Reference]:
@@ -84,8 +86,11 @@ def _answers(path: Path, items, decoding, seed: int, device: str, dtype: str = "
     from evals.generate import generate, load
 
     with one_thread():  # see tools.world.build.one_thread
+        began = time.perf_counter()
         loaded = load(path, device=device, dtype=dtype)
         start = time.perf_counter()
+        if stats is not None:  # the loads are the job's start-up (core/wall.py)
+            stats["load_s"] = stats.get("load_s", 0.0) + start - began
         comps = generate(loaded, items, decoding, seed=seed, batch_size=64 if device == "cpu" else 512)
     if stats is not None:  # generated tokens and seconds, for the job's placement
         stats["tokens"] = stats.get("tokens", 0) + sum(c.n_tokens for c in comps)
@@ -111,6 +116,7 @@ def truth(lab: Path, checkpoint: Path, other: str | None = None, n: int = 2000, 
     """The checkpoint's true win rate against `other` (a checkpoint path, 'opponent', or None = the parent)."""
     from evals.judge import judged_prompt
 
+    began, began_at = time.perf_counter(), time.time()
     tasks, refs = draw_sample(lab, n, seed)
     result = audit([t.prompt() for t in tasks], refs, DEFAULT_NGRAM, ids=[t.id for t in tasks])
     if not result.passed:
@@ -144,7 +150,9 @@ def truth(lab: Path, checkpoint: Path, other: str | None = None, n: int = 2000, 
         ci_high=high, outcomes={o: outcomes.count(o) for o in _POINTS}, accuracy=sum(right) / len(right),
         other_accuracy=sum(other_right) / len(other_right), per_family=per_family, audit_passed=result.passed,
         audit_sha256=result.sha256(), audit_references=result.references,
-        placement=measured(device, dtype, stats.get("tokens", 0), stats.get("seconds", 0.0)))
+        placement=measured(device, dtype, stats.get("tokens", 0), stats.get("seconds", 0.0)),
+        wall=Wall(startup_s=stats["load_s"], work_s=time.perf_counter() - began - stats["load_s"], write_s=0.0,
+                  parts={"load": stats["load_s"]}, began_at=began_at))
 
 
 def render(result: TruthResult) -> str:
