@@ -1,6 +1,6 @@
 """The world builder: a complete miniature lab, generated offline and deterministically from a seed.
 
-    python run_agent.py world build [--lab DIR] [--seed N] [--size demo|test] [--template chatml|llama3|gemma]
+    python run_agent.py world build [--lab DIR] [--seed N] [--size demo|test|gpu|gpu-test] [--template chatml|llama3|gemma]
                                     [--variant default|noisy-judge|small-holdout|harmful-arms|strong-parent|misleading-screens]
 
 A variant (tools/world/variants.py) makes the world hard in one named way; `default` is the world itself.
@@ -54,7 +54,7 @@ from tools.world import cost, opponent, oracle, parts, tokenizer, variants
 from tools.world.tasks import WORLD_FAMILIES, WorldTask, draw, draw_mix, hash_seed
 from tools.world.variants import Variant, VariantName
 
-Size = Literal["demo", "test"]
+Size = Literal["demo", "test", "gpu", "gpu-test"]
 # The chat templates a world can be built on (`world build --template`); a session on it trains, evaluates
 # and ships in that template.
 WorldTemplate = Literal["chatml", "llama3", "gemma"]
@@ -76,7 +76,9 @@ STAGE1_DATA = "world/data/stage1_sft.jsonl"
 AUDITED_FILES = (("eval:synthetic", SYNTHETIC_SUITE), ("eval:loops", LOOPS_SUITE), ("data:stage1", STAGE1_DATA),
                  ("data:verified", parts.VERIFIED_POOL))
 # Items of the verified pool ([[data]] kind = "verified"), per size preset.
-VERIFIED_ITEMS = {"test": 32, "demo": 120}
+VERIFIED_ITEMS = {"test": 32, "demo": 120, "gpu": 240, "gpu-test": 32}
+# Prompts of the ground truth lab.toml's [truth] measures the nominee on, per size preset.
+TRUTH_N = {"test": 40, "demo": 300, "gpu": 1000, "gpu-test": 40}
 # Share of the feedback lab.toml holds out for selection (small-holdout cuts it to fit its cap).
 DEV_FRACTION = 0.3
 # Served sampling (lab.toml [serving.decoding]); max_new_tokens comes from the size preset.
@@ -86,6 +88,26 @@ TOP_P = 0.95
 # answer, so a parent that learned to run on does not stop (and, when it repeats exactly, the loop scorer's
 # tail of 4+ copies and 24+ word tokens is reached: 6 repeats of "Answer: 3" fell short of it).
 LOOP_REPEATS = 12
+
+
+class ModelDims(BaseModel):
+    """A Nemotron-H's widths beyond its hidden size, for presets that state them (the GPU world's parent); the toy
+    presets derive them from the hidden size (init_model)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    heads: int = Field(description="Attention heads.")
+    kv_heads: int = Field(description="Key/value heads.")
+    head_dim: int = Field(description="Attention head width.")
+    intermediate: int = Field(description="MLP blocks' inner width.")
+    mamba_heads: int = Field(description="Mamba-2 heads.")
+    mamba_head_dim: int = Field(description="Mamba-2 head width.")
+    ssm_state: int = Field(description="Mamba-2 state size.")
+    n_groups: int = Field(description="Mamba-2 groups.")
+    chunk: int = Field(description="Mamba-2 scan chunk.")
+    experts_per_tok: int = Field(description="Routed experts a token goes to.")
+    moe_intermediate: int = Field(description="A routed expert's inner width.")
+    shared_intermediate: int = Field(description="The shared expert's inner width.")
+    context: int = Field(description="max_position_embeddings.")
 
 
 class SizeSpec(BaseModel):
@@ -114,6 +136,26 @@ class SizeSpec(BaseModel):
     experts: int = Field(description="Routed experts per MoE block.")
     vocab: int = Field(description="Tokenizer vocabulary size.")
     max_new_tokens: int = Field(description="Served cap on generated tokens.")
+    # The fields below are written only when they differ from the toy presets', so the toy worlds' bytes never moved.
+    lab: Literal["toy", "gpu"] = Field("toy", exclude_if=lambda v: v == "toy", description=(
+        "toy: the CPU lab (full fine-tuning of the tiny model, simulated cost); gpu: a lab as a team's on one GPU "
+        "(LoRA arms at the recipe defaults for the parent's shape, bf16, measured GPU-hours, gpu_memory_gib)."))
+    dims: ModelDims | None = Field(None, exclude_if=lambda v: v is None,
+                                   description="The parent's widths; None: derived from `hidden`.")
+    build_max_len: int = Field(384, exclude_if=lambda v: v == 384,
+                               description="Row token limit of the build's own training (pretraining, stage 1).")
+
+
+# The GPU world's parent: 24 Nemotron-H blocks in the 30B-A3B's pattern of Mamba-2 and MoE blocks with attention
+# every sixth, 332M parameters (201M in the routed experts, 181M active per token).
+GPU_LAYERS = ("linear_attention", "moe", "linear_attention", "moe", "full_attention", "moe") * 4
+GPU_DIMS = ModelDims(heads=16, kv_heads=4, head_dim=64, intermediate=4096, mamba_heads=32, mamba_head_dim=64,
+                     ssm_state=128, n_groups=8, chunk=128, experts_per_tok=2, moe_intermediate=1024,
+                     shared_intermediate=2048, context=4096)
+# The same code at the test's size: the suite builds it on the CPU (tests/world/test_gpu_world.py).
+GPU_TEST_DIMS = ModelDims(heads=4, kv_heads=2, head_dim=16, intermediate=128, mamba_heads=8, mamba_head_dim=16,
+                          ssm_state=16, n_groups=2, chunk=16, experts_per_tok=2, moe_intermediate=64,
+                          shared_intermediate=64, context=2048)
 
 
 SIZES: dict[Size, SizeSpec] = {
@@ -133,6 +175,18 @@ SIZES: dict[Size, SizeSpec] = {
                      stage1_loop_share=0.3, batch_size=8, pretrain_lr=4e-3, sft_lr=1e-3, hidden=128,
                      layers=("linear_attention", "moe", "full_attention", "mlp", "linear_attention", "moe"),
                      experts=4, vocab=1024, max_new_tokens=64),
+    # A parent of real size for one GPU (issue 39): the demo's tasks and stage 1 over bigger pools, pretrained and
+    # trained to stage 1 by the project's trainers in bf16 on the GPU, in at most a few minutes on an H200.
+    "gpu": SizeSpec(battles=960, synthetic_per_family=24, loops_items=48, pretrain_rows=8000, pretrain_steps=500,
+                    sft_rows=1600, sft_steps=80, stage1_families=("letter_count", "word_count", "digit_sum",
+                                                                 "long_division", "arithmetic_chain"),
+                    stage1_loop_share=0.3, batch_size=32, pretrain_lr=6e-4, sft_lr=1e-4, hidden=1024,
+                    layers=GPU_LAYERS, experts=8, vocab=1024, max_new_tokens=64, lab="gpu", dims=GPU_DIMS,
+                    build_max_len=512),
+    "gpu-test": SizeSpec(battles=64, synthetic_per_family=4, loops_items=16, pretrain_rows=200, pretrain_steps=60,
+                         sft_rows=96, sft_steps=40, stage1_worked=False, batch_size=8, pretrain_lr=3e-3, sft_lr=3e-3,
+                         hidden=64, layers=("linear_attention", "moe", "full_attention", "moe"), experts=4, vocab=512,
+                         max_new_tokens=32, lab="gpu", dims=GPU_TEST_DIMS, build_max_len=512),
 }
 
 
@@ -328,14 +382,8 @@ def init_model(tokenizer_dir: Path, out: Path, spec: SizeSpec, seed: int) -> int
 
     tok = PreTrainedTokenizerFast.from_pretrained(tokenizer_dir)
     ids = special_ids(tok)  # pad, the template's end of turn (EOS) and BOS: derived, never named here
-    config = NemotronHConfig(
-        vocab_size=len(tok), hidden_size=spec.hidden, layers_block_type=list(spec.layers),
-        num_attention_heads=4, num_key_value_heads=2, head_dim=spec.hidden // 4, intermediate_size=2 * spec.hidden,
-        mamba_num_heads=8, mamba_head_dim=spec.hidden // 4, ssm_state_size=16, n_groups=2, chunk_size=16,
-        n_routed_experts=spec.experts, num_experts_per_tok=2, moe_intermediate_size=spec.hidden,
-        moe_shared_expert_intermediate_size=spec.hidden, max_position_embeddings=2048, tie_word_embeddings=False,
-        **ids,
-    )
+    config = NemotronHConfig(vocab_size=len(tok), hidden_size=spec.hidden, layers_block_type=list(spec.layers),
+                             n_routed_experts=spec.experts, tie_word_embeddings=False, **widths(spec), **ids)
     torch.manual_seed(seed)
     model = NemotronHForCausalLM(config)
     model.generation_config = GenerationConfig(eos_token_id=stop_ids(tok), pad_token_id=ids["pad_token_id"],
@@ -345,13 +393,30 @@ def init_model(tokenizer_dir: Path, out: Path, spec: SizeSpec, seed: int) -> int
     return sum(p.numel() for p in model.parameters())
 
 
+def widths(spec: SizeSpec) -> dict[str, int]:
+    """NemotronHConfig's widths: the preset's own, else the toy presets' rule from the hidden size."""
+    d = spec.dims
+    if d is None:
+        h = spec.hidden
+        return dict(num_attention_heads=4, num_key_value_heads=2, head_dim=h // 4, intermediate_size=2 * h,
+                    mamba_num_heads=8, mamba_head_dim=h // 4, ssm_state_size=16, n_groups=2, chunk_size=16,
+                    num_experts_per_tok=2, moe_intermediate_size=h, moe_shared_expert_intermediate_size=h,
+                    max_position_embeddings=2048)
+    return dict(num_attention_heads=d.heads, num_key_value_heads=d.kv_heads, head_dim=d.head_dim,
+                intermediate_size=d.intermediate, mamba_num_heads=d.mamba_heads, mamba_head_dim=d.mamba_head_dim,
+                ssm_state_size=d.ssm_state, n_groups=d.n_groups, chunk_size=d.chunk, num_experts_per_tok=d.experts_per_tok,
+                moe_intermediate_size=d.moe_intermediate, moe_shared_expert_intermediate_size=d.shared_intermediate,
+                max_position_embeddings=d.context)
+
+
 def sft(model: Path, data: Path, run_dir: Path, out: Path, steps: int, lr: float, spec: SizeSpec,
         system_prompt: str | None, seed: int) -> None:
     """One run of the project's SFT trainer; the trained weights are moved to `out`."""
     from trainers.sft import SFTConfig, train
 
     config = SFTConfig(model_path=model, data_path=data, output_dir=run_dir, system_prompt=system_prompt, lr=lr,
-                       steps=steps, batch_size=spec.batch_size, micro_batch_size=spec.batch_size, max_len=384,
+                       steps=steps, batch_size=spec.batch_size, micro_batch_size=spec.batch_size,
+                       max_len=spec.build_max_len,
                        warmup_steps=max(1, steps // 10), seed=seed, log_every=max(1, steps // 5))
     result = train(config)
     shutil.move(str(result.model_dir), out)
@@ -394,7 +459,11 @@ def battles(parent: Path, tasks: list[WorldTask], decoding, seed: int,
     from evals.generate import generate, load
     from trainers.common import device
 
-    answers = generate(load(parent, device=str(device())), [t.item("battle") for t in tasks], decoding, seed=seed)
+    where = device()
+    loaded = load(parent, device=str(where), dtype="bfloat16" if where.type == "cuda" else "float32")
+    on_gpu = where.type == "cuda"
+    answers = generate(loaded, [t.item("battle") for t in tasks], decoding, seed=seed,
+                       batch_size=512 if on_gpu else 64, static_cache=on_gpu)
     return voted_battles(tasks, [a.text for a in answers], seed, noise)
 
 
@@ -469,7 +538,7 @@ license = "apache-2.0"
 
 [truth]
 kind = "world"
-n = {300 if size == "demo" else 40}
+n = {TRUTH_N[size]}
 
 [feedback]
 file = "{FEEDBACK}"
@@ -583,6 +652,85 @@ top_p = {TOP_P}
 repetition_penalty = 1.0
 max_new_tokens = {spec.max_new_tokens}
 """
+
+
+# The GPU world's [executor] and [budget]: real GPU-hours measured on the GPU the jobs hold (no simulated cost),
+# training admitted against one H200's memory, every model job in bf16, a time limit a one-GPU session can spend.
+GPU_EXECUTOR = """[executor]
+kind = "local"
+time_limit_min = 10
+# One H200 (139 GiB): a training job whose estimate per GPU is larger is refused before launch.
+gpu_memory_gib = 139
+# Eval, reference, truth and bundle jobs generate in bf16 on the GPU (training computes in bf16 there too).
+gpu_dtype = "bfloat16"
+
+[budget]
+# The nomination's jobs (bundle, sealed confirmation) run on this share alone.
+reserve_fraction = 0.15
+"""
+# Steps and lengths of the GPU world's arms: what a one-GPU session has time for, at lengths a GPU wants (the
+# world's rows are short: 512 tokens holds every one).
+GPU_STEPS = 24
+GPU_MAX_LEN = 512
+
+
+def gpu_train_table(shape) -> str:
+    """[train] of the GPU world: LoRA arms at the recipe's defaults for the parent's shape (trainers/recipe.py rules:
+    learning rates by size, batch, micro-batch, adapter, schedule), stated in full, with the session's steps and
+    lengths."""
+    from trainers.recipe import TrainSection, resolve
+
+    recipe = resolve(TrainSection(method="lora", steps=GPU_STEPS, max_len=GPU_MAX_LEN), shape, ["synthetic"])
+    sft, dpo, klce, rft = (recipe.families[f] for f in ("sft", "dpo", "klce", "rft"))
+    return f"""[train]
+# LoRA arms at the recipe's defaults for this parent ({shape.params_total:,} parameters, \
+{shape.params_active:,} active; trainers/recipe.py), stated in full; steps and lengths sized for one GPU.
+method = "lora"
+schedule = "{sft.schedule}"
+warmup_ratio = {sft.warmup_ratio}
+min_lr_ratio = {sft.min_lr_ratio}
+steps = {GPU_STEPS}
+steps_range = [1, 1000]
+batch_unit = "{sft.batch_unit}"
+batch = {sft.batch}
+batch_range = [{sft.batch_range[0]}, {sft.batch_range[1]}]
+micro_batch = {sft.micro_batch}
+max_len = {GPU_MAX_LEN}
+weight_decay = {sft.weight_decay}
+grad_clip = {sft.grad_clip}
+lr = {sft.lr:g}
+lr_range = [{sft.lr_range[0]:g}, {sft.lr_range[1]:g}]
+
+[train.lora]
+r = {sft.lora.r}
+alpha = {sft.lora.alpha:g}
+dropout = {sft.lora.dropout:g}
+
+[train.sft]
+packing = false
+
+[train.dpo]
+lr = {dpo.lr:g}
+lr_range = [{dpo.lr_range[0]:g}, {dpo.lr_range[1]:g}]
+beta = {dpo.beta:g}
+nll_weight = {dpo.nll_weight:g}
+
+[train.klce]
+kl_coef = {klce.kl_coef:g}
+
+[train.rft]
+k = {rft.k}
+max_answer_len = 256
+verifiers = ["synthetic"]
+"""
+
+
+def gpu_lab_toml(text: str, shape) -> str:
+    """The toy lab.toml with the GPU world's [executor], [budget] and [train] in place of the toy's."""
+    start, end = text.index("[executor]\n"), text.index("[planner]\n")
+    text = text[:start] + GPU_EXECUTOR + "\n" + text[end:]
+    start, end = text.index("[train]\n"), text.index("[serving]\n")
+    return text[:start] + gpu_train_table(shape) + "\n" + text[end:]
 
 
 def variant_lab_toml(text: str, v: Variant, n_battles: int) -> str:
@@ -715,12 +863,18 @@ def _build_into(stage: Path, seed: int, size: Size, template: WorldTemplate, v: 
                                          for t in parts.verified_pool(seed, VERIFIED_ITEMS[size], taken)])
     write_atomic(world / "bars.toml", BARS)
     write_atomic(world / "serving" / "system_prompt.txt", SYSTEM_PROMPT + "\n")
-    write_atomic(stage / "lab.toml", variant_lab_toml(lab_toml(seed, size, spec, len(pools.stage1)), v, len(rows)))
+    toml = lab_toml(seed, size, spec, len(pools.stage1))
+    if spec.lab == "gpu":
+        from trainers.recipe import model_shape
+
+        toml = gpu_lab_toml(toml, model_shape(stage / PARENT))
+    write_atomic(stage / "lab.toml", variant_lab_toml(toml, v, len(rows)))
     shutil.rmtree(stage / "scratch")
     votes = {name: sum(r["vote"] == name for r in rows) for name in ("own", "other", "tie", "both_bad")}
     info = WorldSpec(version=WORLD_VERSION, seed=seed, size=size, template=template, variant=v.name, sizes=spec,
                      system_prompt=SYSTEM_PROMPT, oracle_noise=v.oracle_noise, opponent_error_rate=dict(opponent.ERROR_RATE),
-                     gpuh_per_device_s=cost.GPUH_PER_DEVICE_S, battles_dropped=dropped, votes=votes, params=params,
+                     gpuh_per_device_s=cost.GPUH_PER_DEVICE_S if spec.lab == "toy" else 1 / 3600,
+                     battles_dropped=dropped, votes=votes, params=params,
                      reward_model=reward)
     write_json_atomic(world / "world.json", json.loads(_dumped(info)))
 

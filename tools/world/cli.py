@@ -1,6 +1,6 @@
 """`python run_agent.py world ...`: build the toy world, or measure a checkpoint's ground truth in it.
 
-    python run_agent.py world build [--lab DIR] [--seed N] [--size demo|test] [--template chatml|llama3|gemma]
+    python run_agent.py world build [--lab DIR] [--seed N] [--size demo|test|gpu|gpu-test] [--template chatml|llama3|gemma]
                                     [--variant default|noisy-judge|small-holdout|harmful-arms|strong-parent|misleading-screens]
     python run_agent.py world truth CHECKPOINT [--lab DIR] [--vs OTHER|opponent] [--n 2000] [--seed S] [--json FILE]
                                                [--device cpu|cuda]
@@ -27,7 +27,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     b = sub.add_parser("build", help="build (or find cached) the toy world in a lab directory")
     b.add_argument("--lab", type=Path, default=Path("lab"), help="lab directory to build into")
     b.add_argument("--seed", type=int, default=0, help="world seed (same seed, same files)")
-    b.add_argument("--size", choices=["demo", "test"], default="demo", help="demo (the default lab) or test (fast)")
+    b.add_argument("--size", choices=["demo", "test", "gpu", "gpu-test"], default="demo",
+                   help="demo (the default lab), test (fast), gpu (a 332M-parameter hybrid parent and a LoRA lab for "
+                        "one GPU; built on the GPU) or gpu-test (the gpu world's code at the test's size)")
     b.add_argument("--template", choices=["chatml", "llama3", "gemma"], default="chatml",
                    help="chat-template family of the world's tokenizer and models (a session on it trains, evaluates "
                         "and ships in that template)")
