@@ -39,12 +39,14 @@ DEADLINE_S = 1800
 # scheduler; the units come from the test ids (any id naming Slurm joins its unit: a few unmarked ones do,
 # at no cost), and collection checks that every test sits in the unit it needs.
 FINISHED_FILES = {"tests/agent/test_session.py", "tests/agent/test_replay.py", "tests/memory/test_report.py",
-                  "tests/hostile/test_chain_coverage.py", "tests/hostile/test_planner_view.py"}
+                  "tests/hostile/test_chain_coverage.py", "tests/hostile/test_planner_view.py",
+                  "tests/test_bench_gpu_session.py"}
 WORLD_FILES = {"tests/test_decision_quality.py"}  # besides tests/world/: modules that call session_world()
 # Files of whole sessions on the test world that form units of their own rather than make the toy_world unit longer
 # than the rest of the suite: the world itself is built once per run, by whichever worker asks first
 # (tools/world/testing.session_world).
-OWN_WORLD_FILES = {"tests/world/test_variants.py": "variants", "tests/hostile/test_crash_resume.py": "crash_resume"}
+OWN_WORLD_FILES = {"tests/world/test_variants.py": "variants", "tests/hostile/test_crash_resume.py": "crash_resume",
+                   "tests/world/test_gpu_world.py": "gpu_world"}
 # Longest units first (longest processing time first): the workers then end on short units and finish
 # together. The three shared units lead; the files after them took 40-130 s each in a clean-clone run at
 # load 4-8 (tests ran in collection order before, and test_distributed.py's ~110 s came last). A unit not

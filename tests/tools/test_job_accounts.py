@@ -44,11 +44,14 @@ def test_laps_book_each_stretch() -> None:
 def test_fixed_cost_counts_once_and_work_scales_with_units() -> None:
     runs = [MeasuredRun(kind="eval", model_job=True, fixed_s=10.0, work_s=4.0, units=2.0),
             MeasuredRun(kind="eval", model_job=True, fixed_s=12.0, work_s=8.0, units=4.0),
-            MeasuredRun(kind="ingest", model_job=False, fixed_s=3.0, work_s=1.0)]
+            MeasuredRun(kind="ingest", model_job=False, fixed_s=3.0, work_s=1.0),
+            MeasuredRun(kind="sft", model_job=True, fixed_s=40.0, work_s=20.0, units=10.0)]
     # 11 s of start-up and write-out, then 6 units at 2 s each: a K = 3 eval of two suites is not three start-ups
     assert run_seconds(RunSize(kind="eval", model_job=True, units=6.0), runs) == pytest.approx(11.0 + 12.0)
-    # a kind never run before: the fixed part of jobs that load a model, no work known
+    # a kind never run before: the fixed part of its group (jobs that serve a model, not training's), no work known
     assert run_seconds(RunSize(kind="bundle", model_job=True), runs) == pytest.approx(11.0)
+    assert run_seconds(RunSize(kind="dpo", model_job=True), runs) == pytest.approx(40.0)
+    assert run_seconds(RunSize(kind="merge", model_job=True), runs) == pytest.approx((10 + 12 + 40) / 3)
     assert run_seconds(RunSize(kind="build", model_job=False), runs) == pytest.approx(3.0)
     assert run_seconds(RunSize(kind="eval", model_job=True), []) is None
     by_tokens = [MeasuredRun(kind="eval", model_job=True, fixed_s=5.0, work_s=10.0, tokens=1000.0,

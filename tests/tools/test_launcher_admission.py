@@ -146,16 +146,18 @@ def test_a_first_job_is_forecast_from_its_tokens_and_model_then_from_what_the_la
     slurm = Launcher(nb, SESSION, SlurmBackend(SlurmSection(partition="gpu", gpus_per_node=8)), tmp_path / "j")
     first = Resources(time_limit_min=240, gpus=8, tokens=2e8, active_params=3_000_000_000, job_class="train")
     made = slurm.forecast("sft", first)
-    # 6 x 3e9 x 2e8 FLOPs at the declared 25% of 989 TFLOP/s: 0.67 GPU-h, not the 32 GPU-h of 240 min x 8 GPUs.
-    assert made.source == "model" and made.gpuh == pytest.approx(6 * 3e9 * 2e8 / (0.25 * 989e12) / 3600)
-    assert slurm.forecast("sft", first.model_copy(update={"tokens": 4e8})).gpuh == pytest.approx(2 * made.gpuh)
+    # 6 x 3e9 x 2e8 FLOPs at the declared 25% of 989 TFLOP/s: 0.67 GPU-h, not the 32 GPU-h of 240 min x 8 GPUs;
+    # after the declared start-up of a job that loads a model, on each of its 8 GPUs.
+    startup, work = 8 * 15.0 / 3600, 6 * 3e9 * 2e8 / (0.25 * 989e12) / 3600
+    assert made.source == "model" and made.gpuh == pytest.approx(startup + work)
+    assert slurm.forecast("sft", first.model_copy(update={"tokens": 4e8})).gpuh == pytest.approx(startup + 2 * work)
     assert slurm.forecast("sft", first.model_copy(update={"active_params": 6_000_000_000})).gpuh == pytest.approx(
-        2 * made.gpuh)
+        startup + 2 * work)
     # A job of the lab measured at half that speed (in the ledger's own GPU-hours) refines every later forecast.
     nb.start_job("k" * 64, session=SESSION, kind="dpo", executor="slurm", forecast_gpuh=1.0,
                  resources={"tokens": 1e8, "active_params": 3_000_000_000, "job_class": "train"})
     nb.update_job("k" * 64, 1, state="completed", gpu_hours=2 * 6 * 3e9 * 1e8 / (0.25 * 989e12) / 3600)
-    assert slurm.forecast("sft", first).gpuh == pytest.approx(2 * made.gpuh)
+    assert slurm.forecast("sft", first).gpuh == pytest.approx(startup + 2 * work)
     # Never above one run's bound, and none without its model: the bound of the time limit on every GPU.
     huge = first.model_copy(update={"tokens": 1e15})
     assert slurm.forecast("sft", huge).gpuh == slurm.forecast("sft", huge.model_copy(update={"tokens": None})).gpuh

@@ -62,6 +62,9 @@ class Hardware(_Frozen):
                                 "training job of this lab has measured its own.")
     declared_decode_mfu: float = Field(0.02, gt=0, le=1, description="Share of peak FLOP/s assumed for decoding until "
                                        "an eval job has measured its throughput (decoding is bound by memory, not compute).")
+    declared_startup_s: float = Field(15.0, ge=0, description="Start-up and write-out of a job that loads a model "
+                                      "(process, CUDA initialisation, model load, graph capture) until one has "
+                                      "measured it: about 10 s of process and CUDA on an H200, and the load.")
 
 
 DEFAULT_HARDWARE = Hardware()
@@ -176,17 +179,22 @@ class RunSize(_Frozen):
 
 TRAIN_KINDS = frozenset({"sft", "dpo", "klce", "rft"})
 EVAL_KINDS = frozenset({"eval", "reference", "truth"})
+# Kinds whose start-up is alike: training (model load, compiled blocks, checkpoint), serving a model (load, graph
+# capture: evals, reference answers, the truth scorer, the bundle's reload).
+KIND_GROUPS = (TRAIN_KINDS, EVAL_KINDS | {"bundle"})
 
 
 def run_seconds(size: RunSize, runs: Sequence[MeasuredRun]) -> float | None:
     """Wall seconds of one run of a job, from this lab's earlier runs: a fixed part (start-up and write-out, measured
-    on jobs of its kind, else on jobs that load a model like it does, or that do not) plus its work (its units at
+    on jobs of its kind, else of its group (KIND_GROUPS), else on jobs that load a model like it does, or that do
+    not) plus its work (its units at
     its kind's seconds per unit; else its tokens at its class's seconds per token, rescaled by active parameters;
     else its kind's mean work). None when no earlier run says anything about it. A job's fixed part does not
     grow with its size: pooling whole runs per unit (the throughput forecast) charged a 3-replicate eval three
     start-ups."""
     same = [r for r in runs if r.kind == size.kind]
-    alike = same or [r for r in runs if r.model_job == size.model_job]
+    group = next((g for g in KIND_GROUPS if size.kind in g), frozenset())
+    alike = same or [r for r in runs if r.kind in group] or [r for r in runs if r.model_job == size.model_job]
     if not alike:
         return None
     fixed = sum(r.fixed_s for r in alike) / len(alike)

@@ -942,7 +942,11 @@ class Launcher:
         if rate is not None and resources.work_units is not None:
             return self._forecast(resources.work_units / rate, "throughput")
         if resources.tokens is not None and resources.active_params is not None and resources.job_class is not None:
-            return self._model_forecast(resources)
+            # Nothing measured yet: the model's work at a declared MFU after a declared start-up (a first job's
+            # forecast was its work alone, near zero, while its start-up alone took seconds).
+            startup = self.backend.charge(forecast.DEFAULT_HARDWARE.declared_startup_s * devices).gpu_hours
+            work = self._model_forecast(resources)
+            return min(self._forecast(startup + work.gpuh, "model"), bound, key=lambda f: f.gpuh)
         return bound
 
     def _forecast(self, gpuh: float, source: Literal["declared", "throughput", "model", "time_limit"]) -> Forecast:

@@ -177,7 +177,7 @@ SIZES: dict[Size, SizeSpec] = {
                      experts=4, vocab=1024, max_new_tokens=64),
     # A parent of real size for one GPU (issue 39): the demo's tasks and stage 1 over bigger pools, pretrained and
     # trained to stage 1 by the project's trainers in bf16 on the GPU, in at most a few minutes on an H200.
-    "gpu": SizeSpec(battles=960, synthetic_per_family=24, loops_items=48, pretrain_rows=8000, pretrain_steps=500,
+    "gpu": SizeSpec(battles=960, synthetic_per_family=24, loops_items=48, pretrain_rows=6000, pretrain_steps=400,
                     sft_rows=1600, sft_steps=80, stage1_families=("letter_count", "word_count", "digit_sum",
                                                                  "long_division", "arithmetic_chain"),
                     stage1_loop_share=0.3, batch_size=32, pretrain_lr=6e-4, sft_lr=1e-4, hidden=1024,
