@@ -51,6 +51,8 @@ def test_fixed_cost_counts_once_and_work_scales_with_units() -> None:
     # a kind never run before: the fixed part of its group (jobs that serve a model, not training's), no work known
     assert run_seconds(RunSize(kind="bundle", model_job=True), runs) == pytest.approx(11.0)
     assert run_seconds(RunSize(kind="dpo", model_job=True), runs) == pytest.approx(40.0)
+    # no training measured: not an eval's start-up (the launcher's declared training start-up, compiled blocks)
+    assert run_seconds(RunSize(kind="dpo", model_job=True), runs[:3]) is None
     assert run_seconds(RunSize(kind="merge", model_job=True), runs) == pytest.approx((10 + 12 + 40) / 3)
     assert run_seconds(RunSize(kind="build", model_job=False), runs) == pytest.approx(3.0)
     assert run_seconds(RunSize(kind="eval", model_job=True), []) is None

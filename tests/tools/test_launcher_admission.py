@@ -147,8 +147,8 @@ def test_a_first_job_is_forecast_from_its_tokens_and_model_then_from_what_the_la
     first = Resources(time_limit_min=240, gpus=8, tokens=2e8, active_params=3_000_000_000, job_class="train")
     made = slurm.forecast("sft", first)
     # 6 x 3e9 x 2e8 FLOPs at the declared 25% of 989 TFLOP/s: 0.67 GPU-h, not the 32 GPU-h of 240 min x 8 GPUs;
-    # after the declared start-up of a job that loads a model, on each of its 8 GPUs.
-    startup, work = 8 * 15.0 / 3600, 6 * 3e9 * 2e8 / (0.25 * 989e12) / 3600
+    # after the declared start-up of a training job (its compiled blocks' first step), on each of its 8 GPUs.
+    startup, work = 8 * 45.0 / 3600, 6 * 3e9 * 2e8 / (0.25 * 989e12) / 3600
     assert made.source == "model" and made.gpuh == pytest.approx(startup + work)
     assert slurm.forecast("sft", first.model_copy(update={"tokens": 4e8})).gpuh == pytest.approx(startup + 2 * work)
     assert slurm.forecast("sft", first.model_copy(update={"active_params": 6_000_000_000})).gpuh == pytest.approx(

@@ -32,6 +32,11 @@ if TYPE_CHECKING:  # the trainers (torch, transformers) load only when memory ad
 
 TRAIN_FLOPS_PER_PARAM = 6  # forward + backward, per token per active parameter
 DECODE_FLOPS_PER_PARAM = 2  # forward only
+TRAIN_KINDS = frozenset({"sft", "dpo", "klce", "rft"})
+EVAL_KINDS = frozenset({"eval", "reference", "truth"})
+# Kinds whose start-up is alike: training (model load, compiled blocks, checkpoint), serving a model (load, graph
+# capture: evals, reference answers, the truth scorer, the bundle's reload).
+KIND_GROUPS = (TRAIN_KINDS, EVAL_KINDS | {"bundle"})
 
 
 class _Frozen(BaseModel):
@@ -65,6 +70,14 @@ class Hardware(_Frozen):
     declared_startup_s: float = Field(15.0, ge=0, description="Start-up and write-out of a job that loads a model "
                                       "(process, CUDA initialisation, model load, graph capture) until one has "
                                       "measured it: about 10 s of process and CUDA on an H200, and the load.")
+    declared_train_startup_s: float = Field(45.0, ge=0, description="The same for a training job until one has "
+                                            "measured it: the load and the compiled blocks' first step (29 s on an "
+                                            "H200 for a 0.9B hybrid: bench/results/train_throughput-nemotron-h-graphs-"
+                                            "b4-2.json), then the checkpoint.")
+
+    def startup_s(self, kind: str) -> float:
+        """The declared start-up of a job of launcher kind `kind` that loads a model."""
+        return self.declared_train_startup_s if kind in TRAIN_KINDS else self.declared_startup_s
 
 
 DEFAULT_HARDWARE = Hardware()
@@ -177,13 +190,6 @@ class RunSize(_Frozen):
     job_class: Literal["train", "eval"] | None = None
 
 
-TRAIN_KINDS = frozenset({"sft", "dpo", "klce", "rft"})
-EVAL_KINDS = frozenset({"eval", "reference", "truth"})
-# Kinds whose start-up is alike: training (model load, compiled blocks, checkpoint), serving a model (load, graph
-# capture: evals, reference answers, the truth scorer, the bundle's reload).
-KIND_GROUPS = (TRAIN_KINDS, EVAL_KINDS | {"bundle"})
-
-
 def run_seconds(size: RunSize, runs: Sequence[MeasuredRun]) -> float | None:
     """Wall seconds of one run of a job, from this lab's earlier runs: a fixed part (start-up and write-out, measured
     on jobs of its kind, else of its group (KIND_GROUPS), else on jobs that load a model like it does, or that do
@@ -194,7 +200,10 @@ def run_seconds(size: RunSize, runs: Sequence[MeasuredRun]) -> float | None:
     start-ups."""
     same = [r for r in runs if r.kind == size.kind]
     group = next((g for g in KIND_GROUPS if size.kind in g), frozenset())
-    alike = same or [r for r in runs if r.kind in group] or [r for r in runs if r.model_job == size.model_job]
+    alike = same or [r for r in runs if r.kind in group]
+    if not alike and size.kind in TRAIN_KINDS:
+        return None  # no training measured: an eval's start-up says nothing of compiled blocks (the declared one)
+    alike = alike or [r for r in runs if r.model_job == size.model_job]
     if not alike:
         return None
     fixed = sum(r.fixed_s for r in alike) / len(alike)

@@ -944,7 +944,7 @@ class Launcher:
         if resources.tokens is not None and resources.active_params is not None and resources.job_class is not None:
             # Nothing measured yet: the model's work at a declared MFU after a declared start-up (a first job's
             # forecast was its work alone, near zero, while its start-up alone took seconds).
-            startup = self.backend.charge(forecast.DEFAULT_HARDWARE.declared_startup_s * devices).gpu_hours
+            startup = self.backend.charge(forecast.DEFAULT_HARDWARE.startup_s(kind) * devices).gpu_hours
             work = self._model_forecast(resources)
             return min(self._forecast(startup + work.gpuh, "model"), bound, key=lambda f: f.gpuh)
         return bound
