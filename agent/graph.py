@@ -189,8 +189,8 @@ def _gated_run(rt: Runtime, tool: str, args: dict[str, Any]) -> ToolOutcome | No
 
 def _nominees(s: Summary) -> list[int]:
     """Who to nominate, in order: the incumbent, earlier incumbents (latest first), then the parent."""
-    promoted = [c.id for c in reversed(s.checkpoints) if any(v.promoted for v in c.verdicts)]
-    order = [s.incumbent, *promoted, s.parent]
+    cleared = [c.id for c in reversed(s.checkpoints) if any(v.cleared for v in c.verdicts)]
+    order = [s.incumbent, *cleared, s.parent]
     return [i for n, i in enumerate(order) if i is not None and i not in order[:n]]
 
 

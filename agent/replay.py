@@ -10,11 +10,13 @@ attempts, result and launch/fail decisions into the scratch notebook. A job the 
 is not launched: its tool reports "would launch: <kind> <key>" and the loop goes on without it.
 
 The lab's latest feedback split from before the session is carried into the scratch notebook (a
-re-ingestion keeps its assignments). Without `--bars` the session's own registered bars are registered again,
-read back from the notebook (`Bars.from_canonical`), not the lab's bars file as read today: a session registered
-before `floor_unit` existed used the replicates' floor, which its unchanged file now reads as `resolvable`. The recorded and replayed decision sequences are compared kind by kind, payloads normalised (row
-ids that differ between notebooks are dropped, artifact ids become artifact names, the bars' hash is
-left out since other bars are the point of `--bars`). Identical: exit 0. Otherwise the first decision
+re-ingestion keeps its assignments). Without `--bars` the session's own registered bars are registered again, as the
+typed spec its session state holds (`LabSpec.recorded_bars`: never written out as text and read back), not the
+lab's bars file as read today: a session registered before `floor_unit` existed used the replicates' floor, which
+its unchanged file now reads as `resolvable`. The recorded and replayed decision sequences are compared kind by
+kind, payloads normalised (row ids that differ between notebooks are dropped, artifact ids become artifact names,
+the bars' hash is left out since other bars are the point of `--bars`; a notebook from before the `incumbent`
+kind recorded the change of incumbent as a `promote` decision, which compares as the `incumbent` it is). Identical: exit 0. Otherwise the first decision
 that differs and everything after it are printed side by side, each replayed step that would have
 needed a new job marked, and the exit status is 1.
 """
@@ -38,7 +40,9 @@ from agent.live import Silent
 from agent.planners.playbook import Playbook, PlaybookSettings
 from evals import bars as bars_file
 from memory.notebook import Artifact, Decision, JobRecord, Notebook, NotebookError, Session, now
-from tools.context import LabSpec, ToolContext, WouldLaunch
+from memory.records import BarsSpec, FailPayload, IncumbentPayload, LaunchPayload, RefusePayload
+from memory.state import fold
+from tools.context import ToolContext, WouldLaunch
 from tools.jobs.launcher import JobFailed, Launcher, Resources
 from tools.paths import LabPaths
 from tools.promote import start_incumbent
@@ -48,6 +52,8 @@ _ARTIFACT_LISTS = {"models", "parents"}
 _ROW_IDS = {"comparison_id", "bars_id", "eval_ids", "noise_floor_ids", "split_id", "plan_seq", "sha256",
             "config_sha256", "session_sha256"}
 _COPIED = ("start_job", "update_job")
+# The decisions a recorded job's attempts wrote (its launches, failures and refusals): copied with the job.
+_JOB_PAYLOADS = tuple(t for t in (LaunchPayload, FailPayload, *typing.get_args(RefusePayload)) if "key" in t.model_fields)
 
 
 class ScratchNotebook(Notebook):
@@ -115,7 +121,7 @@ class ReplaySubmitter:
                                         log_path=a.log_path, result=a.result, device_seconds=a.device_seconds,
                                         charge=a.charge)
             for d in self.original.decisions(self.session):
-                if d.kind in ("launch", "fail", "refuse") and d.payload.get("key") == key:
+                if isinstance(d.payload, _JOB_PAYLOADS) and d.payload.key == key:
                     self.scratch.record_decision(self.session, d.kind, d.rationale, d.payload)
 
 
@@ -136,7 +142,8 @@ def _normalise(value: Any, names: dict[int, str], key: str | None = None) -> Any
 
 def signature(d: Decision, names: dict[int, str]) -> tuple[str, Any]:
     """What must match between the recorded and the replayed decision."""
-    return d.kind, _normalise(d.payload.model_dump(mode="json"), names)
+    kind = "incumbent" if isinstance(d.payload, IncumbentPayload) else d.kind  # a `promote` of before the kind
+    return kind, _normalise(d.payload.model_dump(mode="json"), names)
 
 
 def _names(nb: Notebook, session: str) -> dict[int, str]:
@@ -179,7 +186,7 @@ class ReplayResult(BaseModel):
     first_difference: int | None
     lines: list[str]
     would_launch: list[str]
-    bars_spec: dict[str, Any] | None = None  # the bars the replay registered (canonical spec), None when it registered none
+    bars_spec: BarsSpec | None = None  # the bars the replay registered (typed spec), None when it registered none
 
 
 def replay(lab_dir: Path, session: str, *, bars: Path | None = None, planner: str | None = None,
@@ -214,7 +221,8 @@ def replay(lab_dir: Path, session: str, *, bars: Path | None = None, planner: st
             if bars is not None:
                 lab = lab.model_copy(update={"bars": bars.resolve()})
             else:  # the bars the session registered, as it read them (its floor unit too), not the file's reading today
-                lab = _recorded_bars(original, session, lab, Path(tmp))
+                recorded = fold(original, session).registrations
+                lab = lab.model_copy(update={"recorded_bars": recorded[0].spec if recorded else None})
             section = config.executor.model_copy(update={"kind": s.executor})
             forecaster = Launcher.from_section(scratch, session, section, Path(tmp) / "jobs",
                                                lab_roots=paths.spellings(s.lab))
@@ -240,20 +248,6 @@ def _refuse_a_session_being_written(paths: LabPaths, s: Session) -> None:
     if writer is not None:
         raise SessionError(f"{paths.lock}: session {s.name} is being written by {writer}; replay it once that "
                            "process ends (a finished or a killed session replays)")
-
-
-def _recorded_bars(original: Notebook, session: str, lab: LabSpec, tmp: Path) -> LabSpec:
-    """The lab spec with its bars file replaced by the session's first registered bars, written out from the
-    notebook's record. A session registered before `floor_unit` existed recorded no such key and reads back as
-    `replicates`, while its lab's bars file, read today, would give the `resolvable` floor: replaying from the file
-    would judge it by a floor it never used."""
-    registered = original.decisions(session, kind="register_bars")
-    if not registered:
-        return lab
-    spec = original.bars(registered[0].payload.bars_id).spec
-    path = tmp / "recorded-bars.toml"
-    path.write_text(bars_file.Bars.from_canonical(spec).toml(), encoding="utf-8")
-    return lab.model_copy(update={"bars": path})
 
 
 def _check_bars(path: Path, config: LabConfig) -> None:
@@ -292,10 +286,10 @@ def _compare(original: Notebook, scratch: Notebook, session: str) -> ReplayResul
         first = min(len(a), len(b))
     launches = _would_launch(scratch, session)
     lines = [] if first is None else side_by_side(recorded, replayed, first, launches)
-    registered = scratch.decisions(session, kind="register_bars")
+    registered = fold(scratch, session).registrations
     return ReplayResult(same=first is None, recorded=len(recorded), replayed=len(replayed), first_difference=first,
                         lines=lines, would_launch=sorted(launches.values()),
-                        bars_spec=scratch.bars(registered[0].payload.bars_id).spec if registered else None)
+                        bars_spec=registered[0].spec if registered else None)
 
 
 def replay_command(lab_dir: Path, session: str, *, bars: Path | None, planner: str | None, protocol: str | None) -> int:

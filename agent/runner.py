@@ -30,6 +30,7 @@ from evals.judge import JudgePolicy
 from memory.notebook import ChatTemplateRef, Notebook
 from memory.records import ReconfigurePayload
 from memory.skips import skipped_steps
+from memory.state import fold
 from tools.context import LabSpec, LabSuite, LabTruth, ToolContext
 from tools.data.datasets import ReplaySource, VerifiedSource
 from tools.jobs.accounts import accounts_line, session_accounts
@@ -185,13 +186,12 @@ def closing_line(nb: Notebook, session: str) -> str:
 def _finish(rt: Runtime) -> int:
     rt.reporter.close()
     nb, session = rt.ctx.nb, rt.ctx.session
-    s = nb.session(session)
-    nominations = nb.decisions(session, kind="nominate")
-    nominee = nb.artifact(nominations[-1].payload.get("artifact_id")) if nominations else None
+    s, state = nb.session(session), fold(nb, session)
+    nominee = nb.artifact(state.nominee) if state.nominee is not None else None
     print(shown(closing_line(nb, session)))  # paths name the lab, whose name is a user's choice: printed escaped
     if nominee is not None:
         print(shown(f"nominee: {nominee.name} ({nominee.path})"))
-    ledger = nb.ledger(session)
+    ledger = state.ledger
     print(f"budget: {ledger.spent_gpuh:.4f} of {ledger.budget_gpuh:g} GPU-h spent (reserve {ledger.reserve_gpuh:g})")
     print(accounts_line(session_accounts(nb, session)))
     print(shown(f"review: python run_agent.py verify --lab {rt.ctx.paths.root}; datasette {nb.path}"))

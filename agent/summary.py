@@ -1,9 +1,10 @@
 """The planner's view of a session, read from the notebook alone: aggregates and ids, never battle text.
 
 `summarize(nb, session)` is what both planners observe at every step (the LLM planner gets its rendering,
-`Summary.render()`, as JSON). Its rules come from the session view (tools/session.py). It holds the budget, the split's counts, the registered bars, the incumbent, every candidate
-with its served metrics and verdict, noise floors, datasets, every tool call with its outcome line,
-recent refusals and failures. Nothing in it comes from anywhere but the notebook, so a resumed or
+`Summary.render()`, as JSON). Its facts and rules come from the session state (memory/state.py): the budget, the
+split's counts, the registered bars with their noise floors (in the unit each bar's threshold uses), the incumbent,
+every verdict; around them it adds every candidate with its served metrics, datasets, every tool call with its
+outcome line, recent refusals and failures. Nothing in it comes from anywhere but the notebook, so a resumed or
 replayed session sees exactly what the original saw.
 
 The ground truth (tools/ground_truth.py) is never in it: not its `truth` decision, its tool call, its
@@ -22,10 +23,11 @@ from agent.toolbox import HIDDEN_TOOLS, canonical_args
 from evals.decoding import Decoding
 from memory.notebook import Notebook
 from memory.place import LAB_MARK, rewrite, root_pattern
-from memory.records import GateRefusal
+from memory.records import BudgetRefusal, GateRefusal, Ledger, MemoryRefusal, PartitionRefusal
+from memory.state import BarFloor, RegisteredBars, SessionState, Split, Verdict, fold
 from tools.data.datasets import audit_clean
 from tools.ground_truth import JOB_KIND as TRUTH_JOB_KIND
-from tools.session import Ledger, RegisteredBars, SessionView, Verdict, render, view
+from tools.session import render
 
 
 class _View(BaseModel):
@@ -69,11 +71,16 @@ class Refused(_View):
 
 class Summary(_View):
     session: str = Field(description="Session name.")
-    view: SessionView = Field(description="The session view: ledger, incumbent chain, typed bars and verdicts, "
-                                          "p-value family, failed arms in a row (tools/session.py).")
-    split: dict[str, Any] | None = Field(description="The feedback split: id, sha256 and per-split counts.")
+    view: SessionState = Field(description="The session state: ledger, incumbent chain, typed bars and verdicts, "
+                               "noise floors, p-value family, failed arms in a row (memory/state.py); its ground "
+                               "truth left out.")
+    split: Split | None = Field(description="The feedback split: id, sha256 and per-split counts.")
     calibrated: list[int] = Field(description="Checkpoints with noise floors.")
-    noise_floors: dict[str, float] = Field(description="'suite/metric' -> first floor (mean abs delta).")
+    noise_floors: list[BarFloor] = Field(description="Per noise-floor bar in force, the floor a comparison against "
+                                         "the incumbent reads, in the unit the bar's threshold uses.")
+    screen_floors: dict[str, float] = Field(description="'suite/metric' -> the session's first floor's mean absolute "
+                                            "delta: the unit the playbook's screen ranks candidates in (every "
+                                            "policy version), not a bar's unit.")
     checkpoints: list[Checkpoint] = Field(description="Every checkpoint of the session.")
     datasets: list[Dataset] = Field(description="Every dataset built in the session.")
     calls: list[Call] = Field(description="Every tool call, in order.")
@@ -108,11 +115,11 @@ class Summary(_View):
     def render(self) -> dict[str, Any]:
         """The summary as plain JSON for the LLM planner: the view's bars and verdicts rendered as lines (text
         exists only at this boundary and is never parsed back)."""
-        out = self.model_dump(mode="json", exclude={"view", "checkpoints", "lab_roots"})
+        out = self.model_dump(mode="json", exclude={"view", "checkpoints", "lab_roots", "noise_floors"})
         out["session_view"] = render(self.view)
         out["checkpoints"] = [c.model_dump(mode="json", exclude={"verdicts"})
                               | {"verdicts": [{"comparison_id": v.comparison_id, "incumbent": v.incumbent,
-                                               "promoted": v.promoted, "bars": v.lines()} for v in c.verdicts]}
+                                               "cleared": v.cleared, "bars": v.lines()} for v in c.verdicts]}
                               for c in self.checkpoints]
         return without_paths(out, self.lab_roots)
 
@@ -186,40 +193,34 @@ def _fingerprint(decoding: dict[str, Any] | None) -> str:
 
 def summarize(nb: Notebook, session: str) -> Summary:
     """Everything the planner may know, read from the notebook."""
-    v = view(nb, session)
-    ingests = nb.decisions(session, kind="ingest")
-    split = ({"id": ingests[-1].payload.get("split_id"), "sha256": ingests[-1].payload.get("sha256"),
-              "counts": ingests[-1].payload.get("counts")} if ingests else None)
+    state = fold(nb, session)
     calls = [Call(id=c.id, tool=c.tool, args=_recorded(c.tool, c.args), status=c.status,
                   summary=(c.result or {}).get("summary", ""),
                   data=(c.result or {}).get("data", {})) for c in nb.tool_calls(session) if c.tool not in HIDDEN_TOOLS]
-    checkpoints = _checkpoints(nb, session, v.verdicts)
-    floors, calibrated = {}, set()
-    for cp in checkpoints:
-        for suite, metrics in cp.metrics.items():
-            for metric in metrics:
-                found = nb.noise_floors(session, suite, metric)
-                if found:
-                    floors.setdefault(f"{suite}/{metric}", round(found[0].mean_abs_delta, 6))
-                for f in found:
-                    if all(nb.eval(i).artifact_id == cp.id for i in f.source_evals):
-                        calibrated.add(cp.id)
+    checkpoints = _checkpoints(nb, session, state.verdicts)
+    screen = {f"{suite}/{metric}": round(found.record.mean_abs_delta, 6)
+              for cp in checkpoints for suite, metrics in cp.metrics.items() for metric in metrics
+              if (found := state.first_floor(suite, metric)) is not None}
     datasets = [Dataset(id=a.id, name=a.name, builder=a.recipe.get("builder", ""), row_kind=a.recipe.get("row_kind", ""),
                         rows=a.recipe.get("rows", 0), audit_passed=audit_clean(a.recipe))
                 for a in nb.artifacts(kind="dataset", session=session)]
-    refused = [d for d in nb.decisions(session, kind="refuse")
-               if d.payload.get("tool") not in HIDDEN_TOOLS and d.payload.get("kind") != TRUTH_JOB_KIND]
+    refused = [d for d in state.refusals if not _hidden(d.payload)]
     refusals = [d.rationale for d in refused][-5:]
     gate_refusals = [Refused(tool=d.payload.tool, args=_recorded(d.payload.tool, d.payload.args),
                              reason=d.payload.reason) for d in refused if isinstance(d.payload, GateRefusal)]
     failures = [f"{j.kind} {j.key[:12]} attempt {j.attempt}: {j.failure_class}" for j in nb.jobs(session=session)
                 if j.state == "failed" and j.kind != TRUTH_JOB_KIND]
-    nominations = nb.decisions(session, kind="nominate")
     return Summary(
-        session=session, view=v, split=split, calibrated=sorted(calibrated), noise_floors=floors,
-        checkpoints=checkpoints, datasets=datasets, calls=calls, refusals=refusals, gate_refusals=gate_refusals,
-        failures=failures,
-        nominee=nominations[-1].payload.get("artifact_id") if nominations else None,
-        sealed_opened=bool(nb.decisions(session, kind="confirm")),
-        lab_roots=tuple(sorted({nb.place.root, *nb.place.spellings})),
+        session=session, view=state.model_copy(update={"truths": []}), split=state.split,
+        calibrated=[a for a in state.calibrated() if any(cp.id == a for cp in checkpoints)],
+        noise_floors=state.bar_floors(), screen_floors=screen, checkpoints=checkpoints, datasets=datasets, calls=calls,
+        refusals=refusals, gate_refusals=gate_refusals, failures=failures, nominee=state.nominee,
+        sealed_opened=bool(state.confirmations), lab_roots=tuple(sorted({nb.place.root, *nb.place.spellings})),
     )
+
+
+def _hidden(refusal: BaseModel) -> bool:
+    """A refusal the planner never sees: of a hidden tool (the ground truth's), or of the ground truth's job."""
+    if isinstance(refusal, GateRefusal):
+        return refusal.tool in HIDDEN_TOOLS
+    return isinstance(refusal, BudgetRefusal | MemoryRefusal | PartitionRefusal) and refusal.kind == TRUTH_JOB_KIND

@@ -85,7 +85,8 @@ from agent.summary import summarize  # noqa: E402
 from core.util import file_sha256  # noqa: E402
 from evals.decoding import Decoding  # noqa: E402
 from memory.notebook import Notebook  # noqa: E402
-from tools.session import parent_of, registered_bars, verdicts_of  # noqa: E402
+from memory.state import fold  # noqa: E402
+from tools.session import registered_bars, verdicts_of  # noqa: E402
 from tools.world.build import build  # noqa: E402
 from tools.world.decision_quality import PairTruth, TruthBank, answer_key, redraw_feedback  # noqa: E402
 from tools.world.variants import VARIANT_NAMES  # noqa: E402
@@ -151,15 +152,14 @@ def session_facts(nb: Notebook, lab: Path) -> dict[str, Any]:
         cands.append({"id": c.id, "name": c.name, "origin": c.origin, "path": a.path, "sha256": a.sha256,
                       "snapshot": "snapshot" in a.recipe,  # a run's mid-way save (trajectory selection), not an arm
                       "decoding": decoding.model_dump(mode="json"), "key": answer_key(a.sha256, decoding)})
-    promotions = [(d.payload.get("previous"), d.payload.get("artifact_id")) for d in nb.decisions(SESSION, kind="promote")
-                  if d.payload.get("action") == "incumbent"]
-    nominations = nb.decisions(SESSION, kind="nominate")
-    parent = parent_of(nb, SESSION)
+    state = fold(nb, SESSION)
+    promotions = [(c.previous, c.artifact_id) for c in state.changes]
+    parent = state.parent
     return {"parent": parent, "candidates": cands, "promotions": promotions,
             # a session that nominated nothing (every bundle refused, or it failed) ships nothing: the parent stays
-            "nominee": nominations[-1].payload.get("artifact_id") if nominations else parent,
-            "nominated": bool(nominations),
-            "spent_gpuh": nb.ledger(SESSION).spent_gpuh, "making_gpuh": _making_gpuh(nb),
+            "nominee": state.nominee if state.nominee is not None else parent,
+            "nominated": state.nominee is not None,
+            "spent_gpuh": state.ledger.spent_gpuh, "making_gpuh": _making_gpuh(nb),
             "parent_reference_gpuh": _parent_reference_gpuh(nb), "status": nb.session(SESSION).status,
             "budget_gpuh": nb.session(SESSION).budget_gpuh}
 
@@ -580,14 +580,14 @@ def oracle_reach(rows: list[dict[str, Any]]) -> dict[str, Any]:
     for r in rows:
         oracle = r["policies"]["oracle_best"]
         with Notebook.open(Path(r["lab"]) / "notebook.db", readonly=True) as nb:
-            opened = nb.decisions(r["session"], kind="open")
-            versions.add(((opened[0].payload.get("policy") or {}) if opened else {}).get("version"))
+            opened = fold(nb, r["session"]).opened
+            versions.add(opened.policy.version if opened is not None and opened.policy is not None else None)
             calls = nb.tool_calls(r["session"])
             compared = {c.args.get("candidate") for c in calls if c.tool == "compare"}
             judged = {rule.suite for rule in registered_bars(nb, r["session"]).p_rules}
             looked = {c.args.get("artifact") for c in calls if c.tool == "evaluate" and judged & set(c.args.get("suites", []))}
             bars = [f"{b.bar.suite}/{b.bar.metric}" for v in verdicts_of(nb, r["session"])
-                    if v.candidate == oracle["nominee"] and not v.promoted for b in v.bars if not b.holds]
+                    if v.candidate == oracle["nominee"] and not v.cleared for b in v.bars if not b.holds]
         if oracle["nominee"] == r["parent"] or not oracle["nominee_truly_better"]:
             continue
         better.append(r["seed"])

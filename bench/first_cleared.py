@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from agent.planners.stages import screen_score as _screen  # noqa: E402
 from agent.summary import summarize  # noqa: E402
 from memory.notebook import Notebook  # noqa: E402
+from memory.state import fold  # noqa: E402
 
 SESSION = "dq"
 
@@ -34,8 +35,7 @@ def first_cleared(work: Path, seed: int) -> dict:
     parent = row["parent"]
     with Notebook.open(work / f"lab-{seed}" / "notebook.db", readonly=True) as nb:
         s = summarize(nb, SESSION).model_copy(update={"incumbent": parent})  # the first stage's view
-        promoted = [nb.artifact(d.payload.get("artifact_id")) for d in nb.decisions(SESSION, kind="promote")
-                    if d.payload.get("action") == "incumbent"]
+        promoted = [nb.artifact(c.artifact_id) for c in fold(nb, SESSION).changes]
     arms = sorted((c for c in s.checkpoints if c.origin.startswith("train:") and _screen(s, c) > 0),
                   key=lambda c: (-_screen(s, c), c.id))
     old: int | None = parent
@@ -44,7 +44,7 @@ def first_cleared(work: Path, seed: int) -> dict:
         if not verdicts:
             old = None  # a comparison the old rule would read was never made
             break
-        if verdicts[0].promoted:
+        if verdicts[0].cleared:
             old = arm.id
             break
     new = row["policies"]["playbook"]["nominee"]

@@ -28,6 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from memory.notebook import Notebook  # noqa: E402
+from memory.state import fold  # noqa: E402
 from tools.world.recipe_labs import prepare  # noqa: E402
 
 SESSION = "r1"
@@ -58,13 +59,12 @@ def _session(world: Path, work: Path, recipe: str, budget: str) -> dict[str, Any
 def _read(lab: Path) -> dict[str, Any]:
     with Notebook.open(lab / "notebook.db", readonly=True) as nb:
         s, ledger = nb.session(SESSION), nb.ledger(SESSION)
-        promoted = [nb.artifact(d.payload.get("artifact_id")).name for d in nb.decisions(SESSION, kind="promote")
-                    if d.payload.get("action") == "incumbent"]
-        nominated = nb.decisions(SESSION, kind="nominate")
+        state = fold(nb, SESSION)
+        promoted = [nb.artifact(c.artifact_id).name for c in state.changes]
         truth = nb.decisions(SESSION, kind="truth")
         figures = truth[-1].payload if truth else None
         return {"status": s.status, "gpuh": round(ledger.spent_gpuh, 3), "promoted": promoted,
-                "nominee": nb.artifact(nominated[-1].payload.get("artifact_id")).name if nominated else None,
+                "nominee": nb.artifact(state.nominee).name if state.nominee is not None else None,
                 "truth": None if figures is None else {"n": figures.n, "win_rate": round(figures.win_rate, 4),
                                                        "ci_low": round(figures.ci_low, 4),
                                                        "ci_high": round(figures.ci_high, 4)}}

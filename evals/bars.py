@@ -52,7 +52,6 @@ its scorer does not produce (SCORER_METRICS).
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import tomllib
@@ -73,9 +72,8 @@ from pydantic import (
 from core.display import bounded, shown
 from core.jsonl import JSONLError, read_file_bytes
 from memory.notebook import BarsRecord, Notebook
+from memory.records import BarsSpec, Op, Rule, Statistic
 
-Statistic = Literal["delta", "t", "p", "ci_low", "ci_high"]
-Op = Literal[">=", "<=", ">", "<"]
 # Per-item metrics each scorer writes into Outcome.values (tests/hostile/test_bars.py runs the
 # scorers that need no model and checks their outcomes against this table).
 SCORER_METRICS: dict[str, frozenset[str]] = {
@@ -93,31 +91,6 @@ SCORER_METRICS: dict[str, frozenset[str]] = {
 _STRICT = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 _RULE = re.compile(r"^\s*(delta|t|p|ci_low|ci_high)\s*(>=|<=|>|<)\s*([-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)"
                    r"\s*(\*\s*noise_floor)?\s*$")
-
-
-class Rule(BaseModel):
-    """A bar in its parsed, canonical form: what is registered (hashed), recorded in each verdict, and read back
-    typed (the session view, the playbook, the report) instead of parsing a rule string again."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    suite: str = Field(description="Suite the bar reads.")
-    metric: str = Field(description="Per-item metric of that suite.")
-    statistic: Statistic = Field(description="delta, t, p, ci_low or ci_high (candidate minus incumbent).")
-    op: Op = Field(description="Comparison of the statistic with the threshold.")
-    value: float = Field(description="The threshold as written (in noise floors when unit is noise_floor).")
-    unit: Literal["absolute", "noise_floor"] = Field(description="Unit of value.")
-    test: Literal["mcnemar_exact", "paired_t", "wilcoxon"] | None = Field(description="Paired test of a p bar.")
-    confidence: float | None = Field(description="Bootstrap CI level of a ci bar.")
-
-    @property
-    def higher_is_better(self) -> bool:
-        """Whether the bar asks the statistic to be large (a lower bound); a p bar bounds p from above, yet
-        still asks the candidate to beat the incumbent."""
-        return self.statistic == "p" or self.op in (">", ">=")
-
-    @property
-    def target(self) -> str:
-        return f"{self.suite}/{self.metric}"
 
 
 class Bar(BaseModel):
@@ -205,38 +178,15 @@ class Bars(BaseModel):
             raise ValueError(f"p_family = {family} is smaller than the {n_p} p bars (every comparison tests each of them)")
         return family
 
+    def spec(self) -> BarsSpec:
+        """The typed canonical form: what is registered, hashed, and read back by everyone (memory/state.py)."""
+        return BarsSpec(bars=tuple(b.parsed() for b in self.bar), p_family=self.p_family,
+                        replicates=self.replicates, floor_unit=self.floor_unit)
+
     def canonical(self) -> dict[str, Any]:
-        # replicates = 1 and floor_unit = replicates are left out, so that bars registered before those keys existed
-        # keep their sha256 and read back as what they were.
-        return {"bars": [b.canonical() for b in self.bar], "p_family": self.p_family} | (
-            {"replicates": self.replicates} if self.replicates != 1 else {}) | (
-            {"floor_unit": self.floor_unit} if self.floor_unit != "replicates" else {})
-
-    @staticmethod
-    def rules(spec: dict[str, Any]) -> tuple[Rule, ...]:
-        """The parsed bars of a stored canonical spec, in the bars file's order."""
-        return tuple(Rule.model_validate(c) for c in spec["bars"])
-
-    def toml(self) -> str:
-        """These bars as a bars file that `load` reads back to the same canonical spec (floor unit and replicates
-        always written): what replay registers when it re-derives a session under the bars that session registered."""
-        head = ([f"p_family = {self.p_family}"] if self.p_family is not None else []) + [
-            f"replicates = {self.replicates}", f"floor_unit = {json.dumps(self.floor_unit)}"]
-        tables = [f"[[bar]]\nsuite = {json.dumps(b.suite)}\nmetric = {json.dumps(b.metric)}\nrule = {json.dumps(b.rule)}\n"
-                  + (f"test = {json.dumps(b.test)}\n" if b.test is not None else "") + f"confidence = {b.confidence!r}\n"
-                  for b in self.bar]
-        return "\n".join(head) + "\n\n" + "\n".join(tables)
-
-    @classmethod
-    def from_canonical(cls, spec: dict[str, Any]) -> Bars:
-        """Rebuild from the stored canonical spec (what compare reads back from the notebook)."""
-        bars = []
-        for c in spec["bars"]:
-            unit = " * noise_floor" if c["unit"] == "noise_floor" else ""
-            bars.append(Bar(suite=c["suite"], metric=c["metric"], rule=f"{c['statistic']} {c['op']} {c['value']!r}{unit}",
-                            test=c["test"], confidence=c["confidence"] or 0.95))
-        return cls(bar=tuple(bars), p_family=spec.get("p_family"), replicates=spec.get("replicates", 1),
-                   floor_unit=spec.get("floor_unit", "replicates"))
+        """The stored form (BarsSpec.canonical: replicates = 1 and floor_unit = replicates left out, so that bars
+        registered before those keys existed keep their sha256 and read back as what they were)."""
+        return self.spec().canonical()
 
 
 class BarsError(ValueError):
@@ -374,6 +324,7 @@ def load(path: str | Path, suites: Mapping[str, str] | None = None) -> Bars:
     return parsed
 
 
-def register(nb: Notebook, session: str, bars: Bars) -> BarsRecord:
-    """Store the bars' canonical form, sha256 and registration time (and a register_bars decision)."""
-    return nb.register_bars(session, bars.canonical())
+def register(nb: Notebook, session: str, spec: BarsSpec) -> BarsRecord:
+    """Store the bars' canonical form, sha256 and registration time (and a register_bars decision). A bars file is
+    registered as `load(path).spec()`; replay registers the typed spec its session recorded, never re-read as text."""
+    return nb.register_bars(session, spec)

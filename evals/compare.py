@@ -1,12 +1,15 @@
 """Compare a candidate with the incumbent against registered bars; promote only if all hold.
 
-    verdict = judge(nb, session, candidate, incumbent, nb.bars(bars_id), served)   # writes nothing
+    state = fold(nb, session)                                                      # memory/state.py
+    verdict = judge(nb, state, candidate, incumbent, state.bars, served)          # writes nothing
     outcome = record(nb, session, verdict, tool_call=call)                         # the one writer
     outcome = compare(nb, session, candidate, incumbent, bars_id, served)          # both, atomically
 
 `judge` returns a `ComparisonVerdict` or a `Refusal` listing every reason; `record` writes a
-comparison row and its promote/reject decision, or one `refuse` decision, in one transaction with
-the tool call. Refusals when:
+comparison row and its verdict decision (`promote`: every bar held, the candidate cleared the bars; `reject`
+otherwise; neither moves the incumbent, the promote tool's `incumbent` decision does), or one `refuse` decision, in
+one transaction with the tool call. The session's facts (bars, noise floors, earlier p-values) come from the
+session state (memory/state.py); the bars are typed rules, never a rule string parsed again. Refusals when:
 - the bars were registered after any eval of the candidate's weights (any artifact with its sha256)
   on the bars' suites began
   (invariant 2: bars before scores);
@@ -43,30 +46,17 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from evals import stats
-from evals.bars import Bar, Bars, Rule
 from evals.decoding import Decoding
 from evals.judgment import Refusal, close_tool_call
-from evals.noise import resolution
-from evals.records import item_values, served_draws, started_at
-from memory.notebook import BarsRecord, EvalRecord, NoiseFloor, Notebook, ToolCall
-from memory.records import CompareRefusal
+from evals.records import served_draws, started_at
+from memory.notebook import EvalRecord, Notebook, ToolCall
+from memory.records import BarVerdict, CompareRefusal, FloorRule, Rule
+from memory.state import Floor, RegisteredBars, SessionState, fold
 
 # Metrics entries that name the rules a scorer applied (evals/constraints.py: plain vs ifeval).
 SCORING_MODE_KEY = "scoring_mode"
 _OPS = {">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operator.lt}
 _TESTS = {"mcnemar_exact": stats.mcnemar_exact, "paired_t": stats.paired_t, "wilcoxon": stats.wilcoxon}
-
-
-class BarVerdict(BaseModel):
-    """One bar's statistic, threshold and verdict."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    bar: Rule = Field(description="The bar, canonical form.")
-    n: int = Field(description="Items paired.")
-    value: float | str = Field(description="The statistic (Holm-adjusted for p bars); 'inf'/'-inf' when infinite.")
-    raw_p: float | None = Field(None, description="Unadjusted p-value for p bars.")
-    threshold: float = Field(description="Threshold after converting noise-floor units.")
-    holds: bool = Field(description="Whether the bar is cleared.")
 
 
 class CompareOutcome(BaseModel):
@@ -76,7 +66,7 @@ class CompareOutcome(BaseModel):
     refused: bool = Field(description="True when the comparison was refused.")
     reasons: list[str] = Field(description="Why it was refused (empty otherwise).")
     verdicts: list[BarVerdict] = Field(description="Per-bar verdicts (empty when refused).")
-    promoted: bool = Field(description="True only if every bar holds.")
+    cleared: bool = Field(description="True only if every bar holds (a verdict: the incumbent does not move).")
     comparison_id: int | None = Field(description="Notebook comparison row (None when refused).")
 
 
@@ -88,7 +78,7 @@ class ComparisonVerdict(BaseModel):
     incumbent: int = Field(description="Incumbent artifact id.")
     bars_id: int = Field(description="bars row judged by.")
     verdicts: list[BarVerdict] = Field(description="One verdict per bar, in the bars file's order.")
-    promoted: bool = Field(description="True only if every bar holds.")
+    cleared: bool = Field(description="True only if every bar holds.")
     adjustment: dict[str, Any] = Field(description="Holm adjustment: family, tested count, raw and adjusted p-values.")
     rationale: str = Field(description="One line: all bars hold, or which failed.")
 
@@ -115,19 +105,19 @@ def _same_weights(nb: Notebook, artifact_id: int) -> list[int]:
     return [a.id for a in nb.artifacts(sha256=nb.artifact(artifact_id).sha256)]
 
 
-def _check_candidate(nb: Notebook, session: str, candidate: int, bars: Bars, registered_at: str,
-                     served: Decoding) -> list[str]:
+def _check_candidate(nb: Notebook, session: str, candidate: int, bars: RegisteredBars, served: Decoding) -> list[str]:
     """Reasons to refuse found in the candidate's evals on the bars' suites."""
     reasons = []
     twins = _same_weights(nb, candidate)
-    for suite in sorted({b.suite for b in bars.bar}):
+    for suite in sorted({r.suite for r in bars.rules}):
         evs = nb.evals(artifact_id=candidate, suite=suite, session=session)
         looks = [e for twin in twins for e in nb.evals(artifact_id=twin, suite=suite, session=session)]
         for ev in sorted(looks, key=lambda e: e.id):
             # Any look at the candidate's weights on a bar's suite before the bars existed taints
             # them, also under another artifact id (the same checkpoint registered twice).
-            if started_at(nb, ev) < registered_at:
-                reasons.append(f"bars registered at {registered_at}, after eval {ev.id} ({suite}, artifact {ev.artifact_id}) began")
+            if started_at(nb, ev) < bars.registered_at:
+                reasons.append(f"bars registered at {bars.registered_at}, after eval {ev.id} ({suite}, artifact "
+                               f"{ev.artifact_id}) began")
         others = sorted({e.decoding_sha256[:12] for e in evs if e.decoding_sha256 != served.fingerprint()})
         if others and not any(e.decoding_sha256 == served.fingerprint() and e.served for e in evs):
             reasons.append(f"suite {suite} was evaluated only at decoding {', '.join(others)}, "
@@ -135,23 +125,23 @@ def _check_candidate(nb: Notebook, session: str, candidate: int, bars: Bars, reg
     return reasons
 
 
-def _mean_values(nb: Notebook, session: str, first: EvalRecord, bar: Bar, draws: int) -> dict[str, float]:
+def _mean_values(nb: Notebook, session: str, first: EvalRecord, bar: Rule, draws: int) -> dict[str, float]:
     """item id -> the metric's value in `first` (a side's first look), or its mean over the side's replicates
     0 .. draws-1 at the same decoding (the first eval of each index); one look under greedy decoding."""
     if draws == 1 or Decoding.model_validate(first.decoding).greedy:
-        return item_values(first, bar.metric)
+        return first.values(bar.metric)
     found = served_draws(nb, session, first.artifact_id, bar.suite, first.decoding_sha256)
     missing = [k for k in range(draws) if k not in found]
     if missing:
         raise _Refused(f"suite {bar.suite}: the bars read the mean of {draws} served draws a side, and artifact "
                        f"{first.artifact_id} lacks replicate(s) {missing} (evaluate it with replicates = {draws})")
-    values = [item_values(found[k], bar.metric) for k in range(draws)]
+    values = [found[k].values(bar.metric) for k in range(draws)]
     if any(set(v) != set(values[0]) for v in values):
         raise _Refused(f"suite {bar.suite}: the replicates of artifact {first.artifact_id} scored different items")
     return {i: sum(v[i] for v in values) / draws for i in values[0]}
 
 
-def _pairs(nb: Notebook, session: str, candidate: int, incumbent: int, bar: Bar,
+def _pairs(nb: Notebook, session: str, candidate: int, incumbent: int, bar: Rule,
            served: Decoding, replicates: int = 1) -> tuple[list[float], list[float], EvalRecord]:
     """Per-item values of both sides lined up by item id (each bar other than a p bar averaged over `replicates`
     served draws a side), and the incumbent eval (its first look) they came from."""
@@ -187,7 +177,7 @@ def _scoring_mode(ev: EvalRecord) -> str:
     return ", ".join(f"{k}={v}" for k, v in entries.items()) or "none declared"
 
 
-def _statistic(bar: Bar, cand: list[float], inc: list[float]) -> float:
+def _statistic(bar: Rule, cand: list[float], inc: list[float]) -> float:
     match bar.statistic:
         case "delta":
             return sum(c - i for c, i in zip(cand, inc, strict=True)) / len(cand)
@@ -202,98 +192,43 @@ def _statistic(bar: Bar, cand: list[float], inc: list[float]) -> float:
             return res.ci_low if bar.statistic == "ci_low" else res.ci_high
 
 
-def _incumbent_floor(nb: Notebook, session: str, bar: Bar, inc_eval: EvalRecord) -> NoiseFloor:
+def _incumbent_floor(state: SessionState, bar: Rule, inc_eval: EvalRecord) -> Floor:
     """The FIRST floor of the bar's suite/metric calibrated on the incumbent at its compared decoding.
 
     A floor measured on another model or decoding (say a noisier, high-temperature one) would widen
     the bar at will, and so would recalibrating until a wide floor comes up: the first one counts.
     """
-    floors = nb.noise_floors(session, bar.suite, bar.metric)
-    if not floors:
+    if state.first_floor(bar.suite, bar.metric) is None:
         raise _Refused(f"bar on {bar.suite}/{bar.metric} is in noise-floor units but no noise floor was calibrated")
-    for floor in floors:
-        sources = [nb.eval(i) for i in floor.source_evals]
-        if all(e.artifact_id == inc_eval.artifact_id and e.decoding_sha256 == inc_eval.decoding_sha256 for e in sources):
-            return floor
-    raise _Refused(f"no noise floor of {bar.suite}/{bar.metric} was calibrated on the incumbent "
-                   f"(artifact {inc_eval.artifact_id}) at decoding {inc_eval.decoding_sha256[:12]}; calibrate it")
+    floor = state.floor(bar.suite, bar.metric, inc_eval.artifact_id, inc_eval.decoding_sha256)
+    if floor is None:
+        raise _Refused(f"no noise floor of {bar.suite}/{bar.metric} was calibrated on the incumbent "
+                       f"(artifact {inc_eval.artifact_id}) at decoding {inc_eval.decoding_sha256[:12]}; calibrate it")
+    return floor
 
 
-def floor_unit(nb: Notebook, floor: NoiseFloor, rule: str) -> float:
-    """One noise floor in a bar's threshold: the replicates' mean absolute delta, and under the `resolvable` rule
-    never finer than the suite resolves on the incumbent's first calibration replicate (evals.noise.resolution)."""
-    if rule == "replicates":
-        return floor.mean_abs_delta
-    first = nb.eval(floor.source_evals[0])
-    return max(floor.mean_abs_delta, resolution(list(item_values(first, floor.metric).values())))
-
-
-def _threshold(nb: Notebook, session: str, bar: Bar, inc_eval: EvalRecord, rule: str = "replicates") -> float:
-    """The bar's threshold; noise-floor units only from the incumbent's own calibration (invariant 3)."""
+def _threshold(state: SessionState, bar: Rule, inc_eval: EvalRecord, rule: FloorRule) -> tuple[float, Floor | None]:
+    """The bar's threshold, and the floor it is written in; noise-floor units only from the incumbent's own
+    calibration (invariant 3), in the unit `Floor.unit` gives under the bars' floor rule."""
     if not bar.in_noise_units:
-        return bar.value
-    floor = _incumbent_floor(nb, session, bar, inc_eval)
-    unit = floor_unit(nb, floor, rule)
+        return bar.value, None
+    floor = _incumbent_floor(state, bar, inc_eval)
+    unit = floor.unit(rule)
     demands_margin = bar.value > 0 if bar.op in (">=", ">") else bar.value < 0
     if unit == 0 and demands_margin:
         # A zero floor turns "beat the incumbent by k noise floors" into "do not lose", so no
         # margin is demanded; bars that allow a loss of k floors only get stricter, and stand.
-        raise _Refused(f"noise floor {floor.id} of {bar.suite}/{bar.metric} is 0 (identical replicates): "
+        raise _Refused(f"noise floor {floor.record.id} of {bar.suite}/{bar.metric} is 0 (identical replicates): "
                        f"the margin of {bar.value} noise floors would vanish")
-    return bar.value * unit
+    return bar.value * unit, floor
 
 
-class PFamily(BaseModel):
-    """The session's pre-registered family of p-values (Holm): its size, how many were tested, how many are left.
-    The one count of p-values spent: compare refuses past it, and the planner reads it (through the session view)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    size: int | None = Field(description="p_family of the session's first bars declaring one; None: no p bars.")
-    spent: int = Field(description="Raw p-values tested by the session's comparisons so far.")
-    per_comparison: int = Field(description="p bars of the latest registered bars: what one comparison tests.")
-
-    @property
-    def left(self) -> int | None:
-        return None if self.size is None else self.size - self.spent
-
-    @property
-    def fits_one_more(self) -> bool:
-        """Whether one more comparison under the latest bars fits the family."""
-        return self.size is None or self.size - self.spent >= self.per_comparison
-
-
-def _session_family(nb: Notebook, session: str) -> int | None:
-    """The session's p-value family size: the p_family of its first bars that declare one.
-
-    Fixed once: a later, larger family registered after some p-values were seen would re-spend
-    error already spent under the smaller one.
-    """
-    for decision in nb.decisions(session, kind="register_bars"):
-        family = nb.bars(decision.payload.bars_id).spec.get("p_family")
-        if family is not None:
-            return family
-    return None
-
-
-def _tested(nb: Notebook, session: str) -> list[tuple[int, float]]:
-    """(comparison id, raw p) of every p-value the session's comparisons tested, oldest first."""
-    return [(c.id, p) for c in nb.comparisons(session) for p in c.adjustment.get("raw_p", [])]
-
-
-def p_family(nb: Notebook, session: str) -> PFamily:
-    registered = nb.decisions(session, kind="register_bars")
-    per = 0
-    if registered:
-        per = sum(r.statistic == "p" for r in Bars.rules(nb.bars(registered[-1].payload.bars_id).spec))
-    return PFamily(size=_session_family(nb, session), spent=len(_tested(nb, session)), per_comparison=per)
-
-
-def _holm(nb: Notebook, session: str, raw: list[float], family_size: int | None) -> tuple[list[float], dict[str, Any]]:
+def _holm(state: SessionState, raw: list[float], family_size: int | None) -> tuple[list[float], dict[str, Any]]:
     """Adjust this comparison's p-values within the session's pre-registered family of p-values."""
-    if raw and _session_family(nb, session) != family_size:
+    if raw and state.p_family.size != family_size:
         raise _Refused(f"p_family {family_size} differs from the session's pre-registered family "
-                       f"of {_session_family(nb, session)} p-values")
-    prior = _tested(nb, session)
+                       f"of {state.p_family.size} p-values")
+    prior = state.tested
     seen = [p for _, p in prior] + raw
     if raw and len(seen) > family_size:
         raise _Refused(f"the session's pre-registered family of {family_size} p-values is used up "
@@ -309,63 +244,66 @@ def _json_float(x: float) -> float | str:
     return x if math.isfinite(x) else ("inf" if x > 0 else "-inf")
 
 
-def judge(nb: Notebook, session: str, candidate: int, incumbent: int, bars: BarsRecord,
+def judge(nb: Notebook, state: SessionState, candidate: int, incumbent: int, bars: RegisteredBars,
           served: Decoding) -> ComparisonVerdict | Refusal:
     """Judge `candidate` against `incumbent` by `bars` at the candidate's `served` decoding; writes nothing.
 
-    Reads the session's evals, noise floors, registered bars and earlier comparisons. `bars` is a
-    record (usually `nb.bars(bars_id)`), so replay can ask what other bars would have decided.
+    Reads the session's evals, and from its state (`fold`) its noise floors and earlier p-values. `bars` are
+    typed registered bars (usually `state.bars`), so replay can ask what other bars would have decided.
     A refusal lists every reason found, candidate checks first, then each bar in order.
     """
-    spec = Bars.from_canonical(bars.spec)
-    reasons = _check_candidate(nb, session, candidate, spec, bars.registered_at, served)
-    if bars.session != session:
-        reasons.append(f"bars {bars.id} belong to session {bars.session}, not {session}")
+    session = state.session
+    reasons = _check_candidate(nb, session, candidate, bars, served)
+    if state.registered(bars.id) is None:
+        reasons.append(f"bars {bars.id} were not registered in session {session}")
     rows = []
-    for bar in spec.bar:
+    for bar in bars.rules:
         try:
-            cand, inc, inc_eval = _pairs(nb, session, candidate, incumbent, bar, served, spec.replicates)
-            rows.append((bar, len(cand), _statistic(bar, cand, inc), _threshold(nb, session, bar, inc_eval, spec.floor_unit)))
+            cand, inc, inc_eval = _pairs(nb, session, candidate, incumbent, bar, served, bars.replicates)
+            threshold, floor = _threshold(state, bar, inc_eval, bars.floor_unit)
+            rows.append((bar, len(cand), _statistic(bar, cand, inc), threshold, floor))
         except _Refused as refusal:
             reasons.extend(refusal.args)
     try:
-        adjusted, adjustment = _holm(nb, session, [v for b, _, v, _ in rows if b.statistic == "p"], spec.p_family)
+        adjusted, adjustment = _holm(state, [row[2] for row in rows if row[0].statistic == "p"], bars.p_family)
     except _Refused as refusal:
         reasons.extend(refusal.args)
     if reasons:
         return Refusal(payload=CompareRefusal(candidate=candidate, incumbent=incumbent, bars_id=bars.id,
                                               reasons=list(dict.fromkeys(reasons))))
     verdicts, p_index = [], 0
-    for bar, n, value, threshold in rows:
+    for bar, n, value, threshold, floor in rows:
         raw_p = None
         if bar.statistic == "p":
             raw_p, value, p_index = value, adjusted[p_index], p_index + 1
-        verdicts.append(BarVerdict(bar=bar.parsed(), n=n, value=_json_float(value), raw_p=raw_p,
-                                   threshold=threshold, holds=_OPS[bar.op](value, threshold)))
-    promoted = all(v.holds for v in verdicts)
+        verdicts.append(BarVerdict(bar=bar, n=n, value=_json_float(value), raw_p=raw_p, threshold=threshold,
+                                   holds=_OPS[bar.op](value, threshold),
+                                   floor=None if floor is None else floor.unit(bars.floor_unit),
+                                   floor_id=None if floor is None else floor.record.id))
+    cleared = all(v.holds for v in verdicts)
     failed = [f"{v.bar.target} {v.bar.statistic}" for v in verdicts if not v.holds]
     return ComparisonVerdict(candidate=candidate, incumbent=incumbent, bars_id=bars.id, verdicts=verdicts,
-                             promoted=promoted, adjustment=adjustment,
-                             rationale="all bars hold" if promoted else "bars failed: " + ", ".join(failed))
+                             cleared=cleared, adjustment=adjustment,
+                             rationale="all bars hold" if cleared else "bars failed: " + ", ".join(failed))
 
 
 def record(nb: Notebook, session: str, judgment: ComparisonVerdict | Refusal, *,
            tool_call: ToolCall | None = None) -> CompareOutcome:
-    """Write a judgment's outcome (comparison row + promote/reject, or one refuse decision) and close
+    """Write a judgment's outcome (comparison row + its promote/reject verdict, or one refuse decision) and close
     `tool_call` with it, all in one transaction."""
     with nb.transaction():
         if isinstance(judgment, Refusal):
-            outcome = CompareOutcome(refused=True, reasons=judgment.reasons, verdicts=[], promoted=False,
+            outcome = CompareOutcome(refused=True, reasons=judgment.reasons, verdicts=[], cleared=False,
                                      comparison_id=None)
             decision = nb.record_decision(session, "refuse", "comparison refused: " + "; ".join(judgment.reasons),
                                           judgment.payload)
         else:
             row, decision = nb.add_comparison(
                 session=session, candidate=judgment.candidate, incumbent=judgment.incumbent,
-                bars_id=judgment.bars_id, verdicts=[v.model_dump(mode="json") for v in judgment.verdicts],
-                promoted=judgment.promoted, adjustment=judgment.adjustment, rationale=judgment.rationale)
+                bars_id=judgment.bars_id, verdicts=judgment.verdicts, promoted=judgment.cleared,
+                adjustment=judgment.adjustment, rationale=judgment.rationale)
             outcome = CompareOutcome(refused=False, reasons=[], verdicts=judgment.verdicts,
-                                     promoted=judgment.promoted, comparison_id=row.id)
+                                     cleared=judgment.cleared, comparison_id=row.id)
         close_tool_call(nb, tool_call, decision, "refused" if outcome.refused else "done", outcome)
     return outcome
 
@@ -373,7 +311,14 @@ def record(nb: Notebook, session: str, judgment: ComparisonVerdict | Refusal, *,
 def compare(nb: Notebook, session: str, candidate: int, incumbent: int, bars_id: int, served: Decoding, *,
             tool_call: ToolCall | None = None) -> CompareOutcome:
     """Judge and record in one transaction: no other writer can add a comparison (and shift the
-    Holm family) between the judgment and its record."""
+    Holm family) between the judgment and its record. `bars_id` must be bars registered in the session."""
     with nb.transaction():
-        return record(nb, session, judge(nb, session, candidate, incumbent, nb.bars(bars_id), served),
-                      tool_call=tool_call)
+        state = fold(nb, session)
+        bars = state.registered(bars_id)
+        if bars is None:
+            judgment = Refusal(payload=CompareRefusal(candidate=candidate, incumbent=incumbent, bars_id=bars_id,
+                                                      reasons=[f"bars {bars_id} were not registered in session "
+                                                               f"{session}"]))
+        else:
+            judgment = judge(nb, state, candidate, incumbent, bars, served)
+        return record(nb, session, judgment, tool_call=tool_call)

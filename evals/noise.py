@@ -48,16 +48,6 @@ def _t_between(a: list[tuple[str, float]], b: list[tuple[str, float]]) -> float:
     return 0.0 if math.isnan(t) else abs(float(t))
 
 
-def resolution(values: list[float]) -> float:
-    """The finest difference of means a suite of these per-item values can resolve: one item (1/n), or the standard
-    error of the mean at the observed values (the binomial sqrt(p(1-p)/n) for 0/1 metrics), whichever is larger."""
-    n = len(values)
-    if n == 0:
-        return 0.0
-    se = float(np.std(values, ddof=1)) / math.sqrt(n) if n > 1 else 0.0
-    return max(1.0 / n, se)
-
-
 def floor_stats(replicates: list[list[tuple[str, float]]], metric: str) -> FloorStats:
     """Noise floor of one metric from K replicates of (item id, value) lists."""
     if len(replicates) < 3:

@@ -4,7 +4,7 @@
     rows = record_result(nb, session, artifact_id, result)       # judges, then writes every row at once
 
 The agent's evaluate tool calls `record_result` with the job's result; comparisons and the noise
-floor read per-item values back with `item_values`.
+floor read per-item values back with `EvalRecord.values(metric)`.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from evals.sealed import SealedRefused
 from evals.types import Outcome
 from memory.notebook import EvalRecord, Notebook, ToolCall
 from memory.records import SealedRefusal
+from memory.state import fold
 
 
 class Admitted(BaseModel):
@@ -42,9 +43,9 @@ def judge_result(nb: Notebook, session: str, artifact_id: int, result: EvalResul
     `open_sealed` for this artifact, or with the suite already scored, the result is refused.
     """
     reasons, refused = [], []
+    confirmed = {c.suite for c in fold(nb, session).confirmed(artifact_id)}
     for suite in sorted({r.suite for r in result.suites if r.sealed}):
-        opened = [d for d in nb.decisions(session, kind="confirm")
-                  if d.payload.suite == suite and d.payload.artifact_id == artifact_id]
+        opened = suite in confirmed
         before = len(reasons)
         if not opened:
             reasons.append(f"sealed suite {suite} was not opened for artifact {artifact_id} (open_sealed first)")
@@ -90,11 +91,6 @@ def _write_rows(nb: Notebook, session: str, artifact_id: int, result: EvalResult
 
 def outcomes(ev: EvalRecord) -> list[Outcome]:
     return [Outcome.model_validate(o) for o in ev.items]
-
-
-def item_values(ev: EvalRecord, metric: str) -> dict[str, float]:
-    """item id -> value of `metric` for the items that have it (resampled duplicates collapse)."""
-    return {o.item_id: o.values[metric] for o in outcomes(ev) if metric in o.values}
 
 
 def served_draws(nb: Notebook, session: str, artifact_id: int, suite: str,

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from evals.judgment import Refusal, close_tool_call
 from memory.notebook import Decision, Notebook, ToolCall
 from memory.records import ConfirmPayload, SealedRefusal
+from memory.state import fold
 
 
 class SealedRefused(Exception):
@@ -33,17 +34,16 @@ class SealedOpen(BaseModel):
 
 def nominee(nb: Notebook, session: str) -> int | None:
     """The artifact id named by the session's latest nominate decision, if any."""
-    nominations = nb.decisions(session, kind="nominate")
-    return nominations[-1].payload.artifact_id if nominations else None
+    return fold(nb, session).nominee
 
 
 def judge_open(nb: Notebook, session: str, suite: str, artifact_id: int) -> SealedOpen | Refusal:
     """Whether `suite` may be opened for `artifact_id` now (every reason if not); writes nothing."""
-    reasons = []
-    opened = [d for d in nb.decisions(session, kind="confirm") if d.payload.suite == suite]
+    reasons, state = [], fold(nb, session)
+    opened = [c for c in state.confirmations if c.suite == suite]
     if opened:
         reasons.append(f"sealed suite {suite} was already opened in session {session} (decision {opened[0].seq})")
-    if nominee(nb, session) != artifact_id:
+    if state.nominee != artifact_id:
         reasons.append(f"sealed suite {suite} is scored for the nominee only; artifact {artifact_id} is not the nominee")
     if reasons:
         return Refusal(payload=SealedRefusal(suite=suite, artifact_id=artifact_id, sealed=True, reasons=reasons))

@@ -35,6 +35,8 @@ from memory.records import (
     PAYLOADS,
     Artifact,
     BarsRecord,
+    BarsSpec,
+    BarVerdict,
     ChatTemplateRef,
     Comparison,
     Decision,
@@ -749,16 +751,24 @@ class Notebook:
             })
             return self._record(NoiseFloor, "SELECT * FROM noise_floor WHERE id = ?", [rowid])
 
+    def noise_floor(self, floor_id: int) -> NoiseFloor:
+        found = self._record(NoiseFloor, "SELECT * FROM noise_floor WHERE id = ?", [floor_id])
+        if found is None:
+            raise NotebookError(f"no noise floor {floor_id} in {self.path}")
+        return found
+
     def noise_floors(self, session: str, suite: str, metric: str) -> list[NoiseFloor]:
         """Every calibration of (suite, metric) in a session, oldest first."""
         return self._records(NoiseFloor, "SELECT * FROM noise_floor WHERE session = ? AND suite = ? AND metric = ? "
                              "ORDER BY id", [session, suite, metric])
 
-    def register_bars(self, session: str, spec: dict[str, Any]) -> BarsRecord:
+    def register_bars(self, session: str, spec: BarsSpec) -> BarsRecord:
         """Store the canonical bars spec with its sha256 and time, plus a register_bars decision."""
-        digest = sha256_text(canonical_json(spec))
+        canonical = spec.canonical()
+        digest = sha256_text(canonical_json(canonical))
         with self.transaction():
-            rowid = self._insert("bars", {"session": session, "spec": spec, "sha256": digest, "registered_at": now()})
+            rowid = self._insert("bars", {"session": session, "spec": canonical, "sha256": digest,
+                                          "registered_at": now()})
             self._append_decision(session, "register_bars", "promotion bars registered before scoring",
                                   {"bars_id": rowid, "sha256": digest})
             return self.bars(rowid)
@@ -770,14 +780,14 @@ class Notebook:
         return found
 
     def add_comparison(
-        self, *, session: str, candidate: int, incumbent: int, bars_id: int, verdicts: list[dict[str, Any]],
+        self, *, session: str, candidate: int, incumbent: int, bars_id: int, verdicts: list[BarVerdict],
         promoted: bool, adjustment: dict[str, Any], rationale: str,
     ) -> tuple[Comparison, Decision]:
-        """Store a comparison and its promote/reject decision in one transaction."""
+        """Store a comparison and its verdict decision (`promote`: every bar held, else `reject`) in one transaction."""
         with self.transaction():
             rowid = self._insert("comparison", {
                 "session": session, "candidate": candidate, "incumbent": incumbent, "bars_id": bars_id,
-                "verdicts": verdicts, "promoted": int(promoted), "adjustment": adjustment, "created_at": now(),
+                "verdicts": [v.model_dump(mode="json") for v in verdicts], "promoted": int(promoted), "adjustment": adjustment, "created_at": now(),
             })
             decision = self._append_decision(session, "promote" if promoted else "reject", rationale, {
                 "comparison_id": rowid, "candidate": candidate, "incumbent": incumbent, "bars_id": bars_id,

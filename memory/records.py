@@ -10,12 +10,13 @@ discriminated by `kind` (pydantic picks the subclass from the kind column).
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 DecisionKind = Literal[
-    "open", "plan", "launch", "refuse", "compare", "promote", "reject", "calibrate",
+    "open", "plan", "launch", "refuse", "compare", "promote", "reject", "incumbent", "calibrate",
     "register_bars", "ingest", "build", "evaluate", "confirm", "fail", "nominate", "truth", "stop",
     "wait", "reconfigure",
 ]
@@ -26,6 +27,7 @@ FailureClass = Literal["oom", "preempted", "timeout", "nccl_timeout", "nan_loss"
                        "lost", "config", "error"]
 SessionStatus = Literal["open", "done", "failed", "stopped"]
 ToolCallStatus = Literal["open", "done", "failed", "refused"]
+_EPS = 1e-12  # float slack of sums of settled costs
 
 
 class _Record(BaseModel):
@@ -52,10 +54,6 @@ class Session(_Record):
 
 class _Payload(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-
-    def get(self, key: str, default: Any = None) -> Any:
-        """Dict-style read, kept for callers written before payloads were typed (tools/jobs/launcher.py)."""
-        return getattr(self, key, default)
 
 
 class PolicyRef(_Payload):
@@ -112,7 +110,8 @@ class RegisterBarsPayload(_Payload):
 
 
 class VerdictPayload(_Payload):
-    """A comparison's outcome (promote or reject)."""
+    """A comparison's verdict: `promote` when every bar held (the candidate cleared the bars), `reject` otherwise.
+    A verdict changes no incumbent; the promote tool's `incumbent` decision does."""
 
     comparison_id: int = Field(description="comparison row id.")
     candidate: int = Field(description="Candidate artifact id.")
@@ -121,7 +120,8 @@ class VerdictPayload(_Payload):
 
 
 class IncumbentPayload(_Payload):
-    """A promoted candidate made the incumbent (the agent's promote tool, after a promoting verdict)."""
+    """A candidate whose verdict cleared every bar made the incumbent (the agent's promote tool): the `incumbent`
+    decision. Notebooks written before that kind existed recorded it as a `promote` decision with this payload."""
 
     action: Literal["incumbent"] = Field(description="Marks the change of incumbent.")
     artifact_id: int = Field(description="The new incumbent.")
@@ -135,6 +135,25 @@ class CalibratePayload(_Payload):
     suite: str = Field(description="Suite calibrated.")
     artifact_id: int = Field(description="Artifact evaluated K times.")
     noise_floor_ids: list[int] = Field(description="noise_floor rows written, one per metric.")
+
+
+class IngestPayload(_Payload):
+    """The session's feedback split (tools/ingest.py)."""
+
+    split_id: int = Field(description="feedback_split row.")
+    sha256: str = Field(description="sha256 of its canonical assignment.")
+    counts: dict[str, int] = Field(description="Battles per split (train, dev, sealed).")
+    job_key: str | None = Field(None, description="The split job.")
+
+
+class EvaluatePayload(_Payload):
+    """Evals recorded for one artifact (tools/evaluate.py, tools/tune_serving.py, the sealed confirmation)."""
+
+    artifact_id: int = Field(description="Artifact evaluated.")
+    eval_ids: list[int] = Field(description="eval rows it added (or found recorded).")
+    job_key: str | None = Field(None, description="The eval job; None when nothing had to run.")
+    sealed: bool = Field(False, description="The sealed confirmation of the nominee.")
+    undecided: list[str] = Field(default_factory=list, description="Sealed battle suites with no decisive vote.")
 
 
 class ConfirmPayload(_Payload):
@@ -231,8 +250,8 @@ class StepFailPayload(_Payload):
 
 
 class NotePayload(_Payload):
-    """Kinds no tool writes yet (plan, compare, ingest, build, evaluate): any JSON object, until their
-    producer fixes the shape."""
+    """Kinds whose shape no reader relies on (plan, compare, build): any JSON object, until a reader needs a field
+    (then the kind gets its own model, as ingest and evaluate did)."""
 
     model_config = ConfigDict(extra="allow", frozen=True)
 
@@ -363,8 +382,24 @@ class RegisterBarsDecision(Decision):
 
 
 class VerdictDecision(Decision):
-    kind: Literal["promote", "reject"] = Field(description="A comparison's outcome.")
-    payload: VerdictPayload | IncumbentPayload = Field(description="The comparison judged, or the change of incumbent it allowed.")
+    kind: Literal["promote", "reject"] = Field(description="A comparison's verdict: every bar held, or not.")
+    payload: VerdictPayload | IncumbentPayload = Field(
+        description="The comparison judged; IncumbentPayload only in notebooks from before the `incumbent` kind.")
+
+
+class IncumbentDecision(Decision):
+    kind: Literal["incumbent"] = Field(description="A candidate that cleared the bars made the incumbent.")
+    payload: IncumbentPayload = Field(description="The new incumbent, the one it replaces and the comparison.")
+
+
+class IngestDecision(Decision):
+    kind: Literal["ingest"] = Field(description="The feedback split.")
+    payload: IngestPayload = Field(description="Which split, and its sizes.")
+
+
+class EvaluateDecision(Decision):
+    kind: Literal["evaluate"] = Field(description="Evals recorded.")
+    payload: EvaluatePayload = Field(description="The artifact and its eval rows.")
 
 
 class CalibrateDecision(Decision):
@@ -413,13 +448,13 @@ class RefuseDecision(Decision):
 
 
 class NoteDecision(Decision):
-    kind: Literal["plan", "compare", "ingest", "build", "evaluate"] = Field(description="Kinds with an open payload.")
+    kind: Literal["plan", "compare", "build"] = Field(description="Kinds with an open payload.")
     payload: NotePayload = Field(description="Any JSON object.")
 
 
 AnyDecision = Annotated[
-    OpenDecision | StopDecision | RegisterBarsDecision | VerdictDecision | CalibrateDecision | ConfirmDecision
-    | NominateDecision | TruthDecision | LaunchDecision | FailDecision | RefuseDecision | NoteDecision | WaitDecision
+    OpenDecision | StopDecision | RegisterBarsDecision | VerdictDecision | IncumbentDecision | CalibrateDecision
+    | ConfirmDecision | IngestDecision | EvaluateDecision | NominateDecision | TruthDecision | LaunchDecision | FailDecision | RefuseDecision | NoteDecision | WaitDecision
     | ReconfigureDecision,
     Field(discriminator="kind"),
 ]
@@ -478,18 +513,62 @@ class JobRecord(_Record):
         None, description="How gpu_hours was settled from device_seconds.")
 
 
-class Ledger(_Record):
-    """GPU-hours of one session as the notebook sums them: spent (settled), reserved (forecasts of unsettled jobs).
-    Admission and time limits are the session view's (tools/session.py)."""
+class Admission(_Record):
+    """Whether a job of this forecast is admitted, and the arithmetic when it is not."""
 
-    budget_gpuh: float = Field(description="The session's budget.")
-    reserve_gpuh: float = Field(description="Kept back for the nomination.")
-    spent_gpuh: float = Field(description="Settled cost of every attempt.")
-    reserved_gpuh: float = Field(description="Forecasts of attempts not settled yet.")
+    admitted: bool = Field(description="Whether the forecast fits what is left.")
+    forecast_gpuh: float = Field(description="The job's forecast.")
+    left_gpuh: float = Field(description="What is left for it: above the reserve, or including it (nomination).")
+    reason: str | None = Field(None, description="Why it was refused; None when admitted.")
+
+
+class Ledger(_Record):
+    """The session's GPU-hours: budget, settled spend, reservations of unsettled jobs, the nomination reserve. The one
+    budget arithmetic: launcher admission, the tools' time limits, the stop rule, the report and the progress line
+    ask it (`Notebook.ledger` sums it from the job rows)."""
+
+    budget_gpuh: float = Field(description="Session budget.")
+    spent_gpuh: float = Field(description="Settled GPU-hours.")
+    reserved_gpuh: float = Field(description="Forecasts of jobs not yet settled.")
+    reserve_gpuh: float = Field(description="Kept back for the nomination checks.")
 
     @property
-    def left_gpuh(self) -> float:
-        return self.budget_gpuh - self.spent_gpuh - self.reserved_gpuh
+    def left_above_reserve_gpuh(self) -> float:
+        """What new research jobs may still use."""
+        return self.left_gpuh(nomination=False)
+
+    def left_gpuh(self, nomination: bool = False) -> float:
+        """What is left for a job: above the reserve, or including it for the nomination's own checks (bundle,
+        sealed confirmation), which the reserve is kept for."""
+        reserve = 0.0 if nomination else self.reserve_gpuh
+        return self.budget_gpuh - self.spent_gpuh - self.reserved_gpuh - reserve
+
+    def without(self, reservation_gpuh: float) -> Ledger:
+        """The ledger without one pending reservation (a job's own, when its attempt is admitted again)."""
+        return self.model_copy(update={"reserved_gpuh": max(0.0, self.reserved_gpuh - reservation_gpuh)})
+
+    def admission(self, forecast_gpuh: float, nomination: bool = False) -> Admission:
+        left = self.left_gpuh(nomination)
+        if forecast_gpuh <= left + _EPS:
+            return Admission(admitted=True, forecast_gpuh=forecast_gpuh, left_gpuh=left)
+        reserve = 0.0 if nomination else self.reserve_gpuh
+        return Admission(admitted=False, forecast_gpuh=forecast_gpuh, left_gpuh=left, reason=(
+            f"forecast {forecast_gpuh:.3f} GPU-h + spent {self.spent_gpuh:.3f} + reserved {self.reserved_gpuh:.3f} "
+            f"+ reserve {reserve:.3f} > budget {self.budget_gpuh:.3f}"))
+
+    def time_limit_min(self, limit_min: float, minute_gpuh: float, nomination: bool = False) -> float:
+        """A job's time limit: the lab's, or shorter (in tenths of a minute) when only that much of what is left
+        pays for it. A run never costs more than its limit, so a job admitted under this bound cannot overrun the
+        budget; with less than one minute left the limit stays the lab's and admission refuses the job. A job that
+        costs nothing per minute (a Slurm CPU job: no GPU charged) keeps the lab's limit."""
+        if minute_gpuh <= 0:
+            return limit_min
+        fit = math.floor(self.left_gpuh(nomination) / minute_gpuh * 10) / 10
+        return fit if 1.0 <= fit < limit_min else limit_min
+
+    @property
+    def exhausted(self) -> bool:
+        return self.left_above_reserve_gpuh <= 0
 
 
 class Artifact(_Record):
@@ -523,6 +602,11 @@ class EvalRecord(_Record):
     job_key: str | None = Field(description="Eval job that produced it.")
     created_at: str = Field(description="ISO-8601 UTC time recorded.")
 
+    def values(self, metric: str) -> dict[str, float]:
+        """item id -> value of `metric` for the items that have it (resampled duplicates collapse): what the paired
+        statistics and the noise floor's resolution read."""
+        return {o["item_id"]: o["values"][metric] for o in self.items if metric in o["values"]}
+
 
 class NoiseFloor(_Record):
     """How much one metric of one suite moves under evaluation noise alone."""
@@ -539,14 +623,85 @@ class NoiseFloor(_Record):
     created_at: str = Field(description="ISO-8601 UTC time recorded.")
 
 
+Statistic = Literal["delta", "t", "p", "ci_low", "ci_high"]
+Op = Literal[">=", "<=", ">", "<"]
+FloorRule = Literal["replicates", "resolvable"]
+
+
+class Rule(_Record):
+    """A bar in its parsed, canonical form (evals/bars.py parses the bars file into it): what is registered (hashed),
+    recorded in each verdict, and read back typed by everyone, never as a rule string parsed again."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    suite: str = Field(description="Suite the bar reads.")
+    metric: str = Field(description="Per-item metric of that suite.")
+    statistic: Statistic = Field(description="delta, t, p, ci_low or ci_high (candidate minus incumbent).")
+    op: Op = Field(description="Comparison of the statistic with the threshold.")
+    value: float = Field(description="The threshold as written (in noise floors when unit is noise_floor).")
+    unit: Literal["absolute", "noise_floor"] = Field(description="Unit of value.")
+    test: Literal["mcnemar_exact", "paired_t", "wilcoxon"] | None = Field(description="Paired test of a p bar.")
+    confidence: float | None = Field(description="Bootstrap CI level of a ci bar.")
+
+    @property
+    def higher_is_better(self) -> bool:
+        """Whether the bar asks the statistic to be large (a lower bound); a p bar bounds p from above, yet
+        still asks the candidate to beat the incumbent."""
+        return self.statistic == "p" or self.op in (">", ">=")
+
+    @property
+    def target(self) -> str:
+        return f"{self.suite}/{self.metric}"
+
+    @property
+    def in_noise_units(self) -> bool:
+        return self.unit == "noise_floor"
+
+    def text(self) -> str:
+        """The rule as a person reads it (`delta >= -1 * noise_floor`): rendered for a person or the LLM planner,
+        never parsed back."""
+        return f"{self.statistic} {self.op} {self.value:g}" + (" * noise_floor" if self.in_noise_units else "")
+
+
+class BarsSpec(_Record):
+    """A bars row's canonical spec, typed: the rules in the bars file's order and the keys that say how they read."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    bars: tuple[Rule, ...] = Field(min_length=1, description="The rules; the first is the primary.")
+    p_family: int | None = Field(description="Pre-registered p-value family size (None: no p bars).")
+    replicates: int = Field(1, description="Served draws a side that every bar without a p-value averages.")
+    floor_unit: FloorRule = Field("replicates", description="What one noise floor is (evals/bars.py); a spec "
+                                  "registered before the key reads as `replicates`, what it was judged by.")
+
+    def canonical(self) -> dict[str, Any]:
+        """The stored form, hashed at registration: keys at their defaults left out, so that bars registered before
+        `replicates` and `floor_unit` existed keep their sha256."""
+        return self.model_dump(mode="json", exclude_defaults=True)
+
+
 class BarsRecord(_Record):
     """Promotion bars, registered (hashed, time-stamped) before the scores they judge."""
 
     id: int = Field(description="Row id.")
     session: str = Field(description="Session it belongs to.")
-    spec: dict[str, Any] = Field(description="Canonical bars spec (evals.bars.Bars.canonical()).")
+    spec: BarsSpec = Field(description="Canonical bars spec (evals.bars.Bars.spec()).")
     sha256: str = Field(description="sha256 of the canonical spec.")
     registered_at: str = Field(description="ISO-8601 UTC time registered.")
+
+
+class BarVerdict(_Record):
+    """One bar's statistic, threshold and verdict in a comparison."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    bar: Rule = Field(description="The bar, canonical form.")
+    n: int = Field(description="Items paired.")
+    value: float | str = Field(description="The statistic (Holm-adjusted for p bars); 'inf'/'-inf' when infinite.")
+    raw_p: float | None = Field(None, description="Unadjusted p-value for p bars.")
+    threshold: float = Field(description="Threshold after converting noise-floor units.")
+    holds: bool = Field(description="Whether the bar is cleared.")
+    floor: float | None = Field(None, description="A noise-floor bar's floor in the unit its threshold used "
+                                "(threshold = value x floor); None for other bars and in comparisons recorded "
+                                "before it was kept (the session state derives it then).")
+    floor_id: int | None = Field(None, description="The noise_floor row that floor came from.")
 
 
 class Comparison(_Record):
@@ -557,8 +712,9 @@ class Comparison(_Record):
     candidate: int = Field(description="Candidate artifact id.")
     incumbent: int = Field(description="Incumbent artifact id.")
     bars_id: int = Field(description="bars row used.")
-    verdicts: list[dict[str, Any]] = Field(description="One verdict per bar: statistic, value, threshold, holds.")
-    promoted: bool = Field(description="Whether every bar held.")
+    verdicts: list[BarVerdict] = Field(description="One verdict per bar: statistic, value, threshold, holds.")
+    promoted: bool = Field(description="Whether every bar held (the candidate cleared the bars; a verdict, not a "
+                           "change of incumbent).")
     adjustment: dict[str, Any] = Field(description="Multiple-comparison method, family and adjusted p-values.")
     created_at: str = Field(description="ISO-8601 UTC time recorded.")
 

@@ -34,7 +34,6 @@ from core.util import shipped_file_mode, write_atomic
 from memory import report_svg as svg
 from memory.notebook import (
     Artifact,
-    Comparison,
     Decision,
     EvalRecord,
     JobRecord,
@@ -44,6 +43,7 @@ from memory.notebook import (
 )
 from memory.records import StepFailPayload
 from memory.skips import skipped_steps
+from memory.state import Verdict, fold
 
 
 def escape(text: str) -> str:
@@ -81,24 +81,21 @@ def method(a: Artifact) -> str:
 
 
 class _Data:
-    """Everything the report reads, fetched once from the read-only notebook."""
+    """Everything the report reads, fetched once from the read-only notebook: the session's facts from its state
+    (memory/state.py), the decision log itself for the timeline."""
 
     def __init__(self, nb: Notebook, session: Session):
         self.session = session
-        self.decisions = nb.decisions(session.name)
+        self.state = fold(nb, session.name)
+        self.decisions = nb.decisions(session.name)  # the log itself, for the timeline
         self.jobs = nb.jobs(session=session.name)
         self.artifacts = {a.id: a for a in nb.artifacts()}
         self.evals = nb.evals(session=session.name)
-        self.comparisons = nb.comparisons(session.name)
-        self.floors: dict[tuple[str, str], list] = {}
-        for suite, metric in _bar_keys(self.comparisons):
-            self.floors[(suite, metric)] = nb.noise_floors(session.name, suite, metric)
-        self.ledger = nb.ledger(session.name)
+        self.ledger = self.state.ledger
         self.skipped = skipped_steps(nb, session.name)
         self.verify = nb.verify()
-        self.chain = _incumbent_chain(self.decisions, self.artifacts)
-        nominations = [d for d in self.decisions if d.kind == "nominate"]
-        self.nominee = nominations[-1].payload.artifact_id if nominations else None
+        self.chain = self.state.chain
+        self.nominee = self.state.nominee
 
     def first_eval(self, artifact_id: int, suite: str) -> EvalRecord | None:
         """The first served replicate-0 eval: the look that counts (evals/compare.py)."""
@@ -114,20 +111,6 @@ class _Data:
                 if candidate in among:
                     return candidate
         return None
-
-
-def _bar_keys(comparisons: list[Comparison]) -> set[tuple[str, str]]:
-    """(suite, metric) of every bar the session's comparisons judged."""
-    return {(v["bar"]["suite"], v["bar"]["metric"]) for c in comparisons for v in c.verdicts}
-
-
-def _incumbent_chain(decisions: list[Decision], artifacts: dict[int, Artifact]) -> list[int]:
-    """The incumbents in order: the first one replaced, then each promoted artifact (or the parent alone)."""
-    changes = [d.payload for d in decisions if d.kind == "promote" and getattr(d.payload, "action", None) == "incumbent"]
-    if changes:
-        return [changes[0].previous, *(p.artifact_id for p in changes)]
-    parents = [a.id for a in artifacts.values() if a.recipe.get("role") == "parent"]
-    return parents[:1]
 
 
 # ---- opening -------------------------------------------------------------------------------------
@@ -237,33 +220,32 @@ def _budget_section(d: _Data) -> str:
             "simulated_gpuh_per_device_s), not measured on a GPU.</p>" if simulated else
             "<p>Every settled GPU-hour is measured (device-seconds held).</p>")
     return (f"<h3>Budget</h3><p>Budget <b>{led.budget_gpuh:g}</b> GPU-h: spent <b>{led.spent_gpuh:.4f}</b>, "
-            f"reserved for running jobs {led.reserved_gpuh:.4f}, left <b>{led.left_gpuh:.4f}</b> "
+            f"reserved for running jobs {led.reserved_gpuh:.4f}, left <b>{led.left_gpuh(nomination=True):.4f}</b> "
             f"(of which {led.reserve_gpuh:g} is the nomination reserve).</p>{note}"
             + _table("budget", ["family", "attempts", "measured GPU-h", "simulated GPU-h"], rows))
 
 
 def _confirmation(d: _Data) -> str:
-    confirms = [x for x in d.decisions if x.kind == "confirm"]
+    confirms = d.state.confirmations
     if not confirms:
         return "<p>Sealed confirmation: <b>not opened</b> in this session.</p>"
     out = []
     for c in confirms:
-        ev = d.first_eval(c.payload.artifact_id, c.payload.suite)
+        ev = d.first_eval(c.artifact_id, c.suite)
         metrics = ", ".join(f"{escape(k)} = {_num(v)}" for k, v in sorted(ev.metrics.items())
                             if isinstance(v, int | float)) if ev else "no eval recorded"
-        out.append(f"<li>{escape(c.payload.suite)} for {_artifact_link(d, c.payload.artifact_id)} "
+        out.append(f"<li>{escape(c.suite)} for {_artifact_link(d, c.artifact_id)} "
                    f"({_a('decision', c.seq, f'decision {c.seq}')}): {metrics}</li>")
     return f"<p>Sealed confirmation:</p><ul>{''.join(out)}</ul>"
 
 
 def _truth(d: _Data) -> str:
     """The nominee's ground truth (its `truth` decision), when the lab declares a scorer ([truth] of lab.toml)."""
-    found = [x for x in d.decisions if x.kind == "truth" and x.payload.artifact_id == d.nominee]
-    if not found:
+    x = d.state.truth(d.nominee) if d.nominee is not None else None
+    if x is None:
         declared = (d.session.config.get("lab") or {}).get("truth")
         why = "the lab declares no scorer ([truth] in lab.toml)" if not declared else "declared, but no result recorded"
         return f"<p>Ground truth: none ({escape(why)}).</p>"
-    x = found[-1]
     t = x.payload
     families = "".join(f"<tr><td>{escape(name)}</td><td>{f.n}</td><td>{_num(f.accuracy)}</td>"
                        f"<td>{_num(f.other_accuracy)}</td><td>{_num(f.win_rate)}</td></tr>" for name, f in t.per_family.items())
@@ -354,43 +336,35 @@ def paired_delta(cand: EvalRecord | None, inc: EvalRecord | None, metric: str) -
     return m, (m - half, m + half), len(diffs)
 
 
-def _floor(d: _Data, suite: str, metric: str, incumbent: int) -> float | None:
-    """The first noise floor of (suite, metric) calibrated on the incumbent (the one compare uses)."""
-    evals = {e.id: e.artifact_id for e in d.evals}
-    for f in d.floors.get((suite, metric), []):
-        if f.source_evals and all(evals.get(i) == incumbent for i in f.source_evals):
-            return f.mean_abs_delta
-    return None
-
-
-def _comparison(d: _Data, c: Comparison) -> str:
+def _comparison(d: _Data, c: Verdict) -> str:
+    """One comparison: per bar its statistic, threshold, recomputed delta and CI, and the noise floor in the unit the
+    threshold used (`Verdict.floors`, the session state's one floor rule)."""
     rows, table = [], []
-    for v in c.verdicts:
-        bar = v["bar"]
-        suite, metric = bar["suite"], bar["metric"]
-        delta, ci, n = paired_delta(d.first_eval(c.candidate, suite), d.first_eval(c.incumbent, suite), metric)
-        floor = _floor(d, suite, metric, c.incumbent)
-        unit = " x noise floor" if bar["unit"] == "noise_floor" else ""
-        label = f"{suite}/{metric} {bar['statistic']} {bar['op']} {bar['value']:g}{unit}"
+    for v, f in zip(c.bars, c.floors, strict=True):
+        bar = v.bar
+        delta, ci, n = paired_delta(d.first_eval(c.candidate, bar.suite), d.first_eval(c.incumbent, bar.suite), bar.metric)
+        floor = None if f is None else f.unit
+        label = f"{bar.target} {bar.text()}"
         rows.append(svg.DeltaRow(label=label, delta=delta, ci=ci, floor=floor,
-                                 threshold=v["threshold"] if bar["statistic"] == "delta" else None, holds=v["holds"]))
+                                 threshold=v.threshold if bar.statistic == "delta" else None, holds=v.holds))
         ci_text = f"[{ci[0]:.4g}, {ci[1]:.4g}]" if ci else ""
-        verdict = '<span class="ok">holds</span>' if v["holds"] else '<span class="bad">fails</span>'
-        table.append(f"<tr><td>{escape(label)}</td><td>{_num(v['value'])}</td><td>{_num(v['threshold'])}</td>"
-                     f"<td>{n}</td><td>{_num(delta)}</td><td>{escape(ci_text)}</td><td>{_num(floor)}</td><td>{verdict}</td></tr>")
-    decision = next((x for x in d.decisions if x.kind in ("promote", "reject")
-                     and getattr(x.payload, "comparison_id", None) == c.id and not hasattr(x.payload, "action")), None)
-    outcome = '<span class="ok">promoted</span>' if c.promoted else '<span class="bad">rejected</span>'
-    link = f" ({_a('decision', decision.seq, f'decision {decision.seq}')})" if decision else ""
-    plot = svg.deltas(rows, f"Comparison {c.id}: paired delta (dot), 95% CI (whisker), noise-floor band (grey), "
-                            "threshold (dashed)")
-    header = ["bar", "statistic", "threshold", "pairs", "delta", "95% CI", "noise floor", "verdict"]
-    return (f'<article id="comparison-{c.id}"><h3>Comparison {c.id}: {_artifact_link(d, c.candidate)} vs incumbent '
-            f"{_artifact_link(d, c.incumbent)}: {outcome}{link}</h3>{plot}{_table('verdicts', header, table)}</article>")
+        verdict = '<span class="ok">holds</span>' if v.holds else '<span class="bad">fails</span>'
+        unit = "" if f is None else f" ({escape(f.floor_unit)})"
+        table.append(f"<tr><td>{escape(label)}</td><td>{_num(v.value)}</td><td>{_num(v.threshold)}</td>"
+                     f"<td>{n}</td><td>{_num(delta)}</td><td>{escape(ci_text)}</td><td>{_num(floor)}{unit}</td>"
+                     f"<td>{verdict}</td></tr>")
+    outcome = '<span class="ok">cleared every bar</span>' if c.cleared else '<span class="bad">rejected</span>'
+    link = f" ({_a('decision', c.seq, f'decision {c.seq}')})"
+    plot = svg.deltas(rows, f"Comparison {c.comparison_id}: paired delta (dot), 95% CI (whisker), noise-floor band "
+                            "(grey), threshold (dashed)")
+    header = ["bar", "statistic", "threshold", "pairs", "delta", "95% CI", "noise floor (bar unit)", "verdict"]
+    return (f'<article id="comparison-{c.comparison_id}"><h3>Comparison {c.comparison_id}: '
+            f"{_artifact_link(d, c.candidate)} vs incumbent {_artifact_link(d, c.incumbent)}: {outcome}{link}</h3>"
+            f"{plot}{_table('verdicts', header, table)}</article>")
 
 
 def _comparisons(d: _Data) -> str:
-    body = "".join(_comparison(d, c) for c in d.comparisons) or "<p>No comparison was made in this session.</p>"
+    body = "".join(_comparison(d, c) for c in d.state.verdicts) or "<p>No comparison was made in this session.</p>"
     return f'<section id="comparisons"><h2>Comparisons</h2>{body}</section>'
 
 
@@ -418,7 +392,7 @@ def _sweeps(d: _Data) -> dict[tuple[int, int], list[tuple[float, int]]]:
 
 def _dose(d: _Data) -> str:
     suites = sorted({e.suite for e in d.evals})
-    bar_metrics = _bar_keys(d.comparisons)
+    bar_metrics = {(b.bar.suite, b.bar.metric) for c in d.state.verdicts for b in c.bars}
     out = []
     for (start, end), points in sorted(_sweeps(d).items()):
         series: dict[str, list[svg.DosePoint]] = {}

@@ -11,7 +11,7 @@ import functools
 import sqlite3
 from pathlib import Path
 
-from memory.views import V4
+from memory.views import V4, V7
 
 V1 = """
 CREATE TABLE session (
@@ -214,7 +214,8 @@ CREATE INDEX comparison_chain ON comparison(chain_seq);
 CREATE INDEX feedback_split_chain ON feedback_split(chain_seq);
 """
 
-MIGRATIONS: list[str] = [V1, V2, V3, V4, V5, V6]
+# V7 (memory/views.py): the lineage view reads the `incumbent` decision kind.
+MIGRATIONS: list[str] = [V1, V2, V3, V4, V5, V6, V7]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 SQLITE_MAGIC = b"SQLite format 3\x00"

@@ -27,6 +27,27 @@ _METHOD = """CASE
 # The artifact a decision is about: an explicit artifact_id, else a comparison's or refusal's candidate.
 _SUBJECT = "COALESCE(json_extract(d.payload, '$.artifact_id'), json_extract(d.payload, '$.candidate'))"
 
+
+def _lineage(incumbent_kinds: str) -> str:
+    """The lineage view; `incumbent_kinds` is the SQL condition on the decision kinds that record a change of
+    incumbent (V4: `promote` with `action: incumbent`; V7: the `incumbent` kind as well)."""
+    return f"""CREATE VIEW lineage AS
+SELECT a.id AS artifact_id, a.session, a.name, {_METHOD} AS method,
+       p.value AS parent_id, pa.name AS parent_name,
+       a.job_key, j.kind AS job_kind, j.external_id AS job_external_id,
+       EXISTS (SELECT 1 FROM decision AS d WHERE {incumbent_kinds} AND d.session = a.session
+               AND json_extract(d.payload, '$.action') = 'incumbent'
+               AND json_extract(d.payload, '$.artifact_id') = a.id) AS became_incumbent,
+       a.sha256, a.path, a.created_at
+FROM artifact AS a
+LEFT JOIN json_each(a.parents) AS p
+LEFT JOIN artifact AS pa ON pa.id = p.value
+LEFT JOIN job AS j ON j.key = a.job_key AND j.attempt = (SELECT MAX(attempt) FROM job WHERE key = a.job_key)
+WHERE a.kind = 'checkpoint'
+ORDER BY a.id, p.value;
+"""
+
+
 V4 = f"""
 CREATE VIEW decisions_readable AS
 SELECT d.seq, d.session, d.at, d.kind, d.rationale,
@@ -65,18 +86,8 @@ FROM job
 GROUP BY session, kind, state, charge
 ORDER BY session, gpu_hours DESC;
 
-CREATE VIEW lineage AS
-SELECT a.id AS artifact_id, a.session, a.name, {_METHOD} AS method,
-       p.value AS parent_id, pa.name AS parent_name,
-       a.job_key, j.kind AS job_kind, j.external_id AS job_external_id,
-       EXISTS (SELECT 1 FROM decision AS d WHERE d.kind = 'promote' AND d.session = a.session
-               AND json_extract(d.payload, '$.action') = 'incumbent'
-               AND json_extract(d.payload, '$.artifact_id') = a.id) AS became_incumbent,
-       a.sha256, a.path, a.created_at
-FROM artifact AS a
-LEFT JOIN json_each(a.parents) AS p
-LEFT JOIN artifact AS pa ON pa.id = p.value
-LEFT JOIN job AS j ON j.key = a.job_key AND j.attempt = (SELECT MAX(attempt) FROM job WHERE key = a.job_key)
-WHERE a.kind = 'checkpoint'
-ORDER BY a.id, p.value;
-"""
+""" + _lineage("d.kind = 'promote'")
+
+# V7: the change of incumbent is its own decision kind (`incumbent`); a notebook from before it recorded the change
+# as a `promote` decision with `action: incumbent`, so the lineage view reads both.
+V7 = "\nDROP VIEW lineage;\n" + _lineage("d.kind IN ('incumbent', 'promote')")

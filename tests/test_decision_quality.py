@@ -111,9 +111,9 @@ def test_json_has_every_field_and_the_baselines(bench_run):
 def _promotions(db: Path) -> list[tuple[int, int]]:
     """(previous, new) of every change of incumbent, straight from the decision rows."""
     with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
-        rows = conn.execute("SELECT payload FROM decision WHERE kind = 'promote' ORDER BY seq").fetchall()
+        rows = conn.execute("SELECT payload FROM decision WHERE kind = 'incumbent' ORDER BY seq").fetchall()
     payloads = [json.loads(r[0]) for r in rows]
-    return [(p["previous"], p["artifact_id"]) for p in payloads if p.get("action") == "incumbent"]
+    return [(p["previous"], p["artifact_id"]) for p in payloads]
 
 
 def _artifact(db: Path, artifact: int, lab_served: dict) -> tuple[str, str]:
@@ -256,7 +256,7 @@ def _summary(checkpoints: list[Checkpoint], calls: list[Call], *, incumbent: int
     budget = ledger(100, 10, 0, 5)
     return make_summary(budget=budget, split={"id": 1, "sha256": "x", "counts": {}},
                    bars=bars(*RULES, p_family=p_family), parent=1, incumbent=incumbent,
-                   calibrated=[incumbent], noise_floors=FLOORS, checkpoints=checkpoints, datasets=[], calls=calls,
+                   calibrated=[incumbent], screen_floors=FLOORS, checkpoints=checkpoints, datasets=[], calls=calls,
                    refusals=[], gate_refusals=refused or [], failures=[], consecutive_failed_arms=0, nominee=None,
                    sealed_opened=False)
 

@@ -72,7 +72,7 @@ def test_feedback_to_promotion_verdict_through_real_jobs(tmp_path: Path):
     # Bars first, then the incumbent's K=3 replicates and its noise floor.
     (tmp_path / "bars.toml").write_text('[[bar]]\nsuite = "digits"\nmetric = "correct"\n'
                                         'rule = "delta >= -1.0 * noise_floor"\n')
-    registered = bars.register(nb, SESSION, bars.load(tmp_path / "bars.toml"))
+    registered = bars.register(nb, SESSION, bars.load(tmp_path / "bars.toml").spec())
     served = Decoding(system_prompt=SYSTEM, temperature=1.0, top_p=0.95, max_new_tokens=12, stop_token_ids=(3,))
     launcher = Launcher.from_section(nb, SESSION, ExecutorSection(kind="local", time_limit_min=10), tmp_path / "jobs")
     suites = (SuiteSpec(name="digits", scorer="synthetic", items_path=suite_file),)
@@ -104,7 +104,7 @@ def test_feedback_to_promotion_verdict_through_real_jobs(tmp_path: Path):
     assert refused.refused  # no eval at that decoding: the bars cannot be applied to it
     verdict = compare(nb, SESSION, candidate.id, incumbent.id, registered.id, served)
     assert not verdict.refused and len(verdict.verdicts) == 1 and verdict.verdicts[0].n == len(items)
-    assert verdict.promoted == verdict.verdicts[0].holds
+    assert verdict.cleared == verdict.verdicts[0].holds
 
     # The notebook tells the whole story, and it verifies.
     ledger = nb.ledger(SESSION)

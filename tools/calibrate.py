@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from evals import noise
 from tools.context import ToolContext, ToolOutcome, invoke, served_of
 from tools.evaluate import MissingReference, eval_job, metrics_line, reference_completions, run_and_record
+from tools.session import view
 
 NAME = "calibrate"
 
@@ -32,11 +33,12 @@ def _body(ctx: ToolContext, args: Args) -> ToolOutcome:
     except MissingReference as exc:
         return ToolOutcome(tool=NAME, status="failed", summary=str(exc))
     evals, key = run_and_record(ctx, args.artifact, cfg)
-    floors = []
+    floors, state = [], view(ctx.nb, ctx.session)
     for suite in names:
         reps = [e for e in evals if e.suite == suite]
-        known = [f for name in reps[0].metrics for f in ctx.nb.noise_floors(ctx.session, suite, name)
-                 if sorted(f.source_evals) == sorted(e.id for e in reps)]
+        known = [f.record for name in reps[0].metrics for f in state.floors
+                 if (f.record.suite, f.record.metric) == (suite, name)
+                 and sorted(f.record.source_evals) == sorted(e.id for e in reps)]
         floors += known or noise.calibrate(ctx.nb, ctx.session, reps)
     name = ctx.nb.artifact(args.artifact).name
     widths = ", ".join(f"{f.suite}/{f.metric}={f.mean_abs_delta:.3f}" for f in floors if not f.metric.startswith("n_"))

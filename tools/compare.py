@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from evals.compare import BarVerdict, compare
+from evals.compare import compare
+from memory.records import BarVerdict
 from tools.context import ToolContext, ToolOutcome, invoke, served_of
-from tools.session import incumbent_of
+from tools.session import view
 
 NAME = "compare"
 
@@ -20,11 +21,6 @@ class Args(BaseModel):
     candidate: int = Field(description="Artifact id of the evaluated candidate.")
 
 
-def latest_bars(ctx: ToolContext) -> int | None:
-    registered = ctx.nb.decisions(ctx.session, kind="register_bars")
-    return registered[-1].payload.get("bars_id") if registered else None
-
-
 def _verdict_line(verdicts: list[BarVerdict]) -> str:
     return "; ".join(f"{v.bar.target} {v.bar.statistic}={v.value:.4g} {v.bar.op} {v.threshold:.4g} "
                      f"{'holds' if v.holds else 'fails'}" if isinstance(v.value, float) else f"{v.bar.target} {v.value}"
@@ -32,27 +28,26 @@ def _verdict_line(verdicts: list[BarVerdict]) -> str:
 
 
 def _body(ctx: ToolContext, args: Args) -> ToolOutcome:
-    incumbent, bars_id = incumbent_of(ctx.nb, ctx.session), latest_bars(ctx)
-    if bars_id is None:
+    state = view(ctx.nb, ctx.session)
+    incumbent, bars = state.incumbent, state.bars
+    if bars is None:
         return ToolOutcome(tool=NAME, status="failed", summary="no bars registered in this session")
     name = ctx.nb.artifact(args.candidate).name
-    done = [c for c in ctx.nb.comparisons(ctx.session)
-            if (c.candidate, c.incumbent, c.bars_id) == (args.candidate, incumbent, bars_id)]
+    done = [v for v in state.verdicts if (v.candidate, v.incumbent, v.bars_id) == (args.candidate, incumbent, bars.id)]
     if done:  # a resumed call whose comparison committed before the crash
-        c = done[0]
-        verdicts, promoted, cid = [BarVerdict.model_validate(v) for v in c.verdicts], c.promoted, c.id
+        verdicts, cleared, cid = done[0].bars, done[0].cleared, done[0].comparison_id
     else:
-        outcome = compare(ctx.nb, ctx.session, args.candidate, incumbent, bars_id, served_of(ctx, args.candidate))
+        outcome = compare(ctx.nb, ctx.session, args.candidate, incumbent, bars.id, served_of(ctx, args.candidate))
         if outcome.refused:
             return ToolOutcome(tool=NAME, status="failed", summary=f"comparison of {name} refused: " + "; ".join(outcome.reasons),
                                data={"refused": True, "candidate": args.candidate})
-        verdicts, promoted, cid = outcome.verdicts, outcome.promoted, outcome.comparison_id
-    verdict = "clears every bar" if promoted else "fails the bars"
-    draws = ctx.nb.bars(bars_id).spec.get("replicates", 1)
+        verdicts, cleared, cid = outcome.verdicts, outcome.cleared, outcome.comparison_id
+    verdict = "clears every bar" if cleared else "fails the bars"
+    draws = bars.replicates
     means = f" (bars without a p-value on the mean of {draws} served draws a side)" if draws > 1 else ""
     summary = f"{name} vs incumbent {ctx.nb.artifact(incumbent).name} {verdict}{means}: {_verdict_line(verdicts)}"
     return ToolOutcome(tool=NAME, status="done", summary=summary,
-                       data={"comparison_id": cid, "promoted": promoted, "candidate": args.candidate, "incumbent": incumbent})
+                       data={"comparison_id": cid, "cleared": cleared, "candidate": args.candidate, "incumbent": incumbent})
 
 
 def run(ctx: ToolContext, args: Args, decision_seq: int | None = None) -> ToolOutcome:

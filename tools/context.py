@@ -21,7 +21,7 @@ from core.util import canonical_json, sha256_text
 from evals.decoding import Decoding
 from evals.job import CallableJudgeSpec, OpenAIJudgeSpec
 from memory.notebook import Notebook
-from memory.records import StepFailPayload
+from memory.records import PAYLOADS, BarsSpec, StepFailPayload
 from tools.data.datasets import ReplaySource, VerifiedSource
 from tools.jobs.executor import SINGLE_PROCESS_KINDS, KindResources, job_family
 from tools.jobs.launcher import BudgetRefused, JobFailed, Resources
@@ -75,6 +75,8 @@ class LabSpec(BaseModel):
     verified: list[VerifiedSource] = Field(default_factory=list, description="The lab's verified item pools (RFT "
                                            "items apart from the eval suites; [[data]] kind = 'verified').")
     bars: Path | None = Field(description="Promotion bars file registered before any scoring.")
+    recorded_bars: BarsSpec | None = Field(None, description="Typed bars registered instead of the file: the ones a "
+                                           "replayed session recorded (agent/replay.py); None in a live session.")
     served: Decoding = Field(description="The decoding and system prompt the parent is served with.")
     judge: OpenAIJudgeSpec | CallableJudgeSpec | None = Field(None, description="Judge for judge suites.")
     reward_model: Path | None = Field(None, description="Sequence-classification reward model of reward_proxy suites "
@@ -250,8 +252,10 @@ def artifact_of_job(ctx: ToolContext, job_key: str) -> int | None:
     return found[0] if found else None
 
 
-def record_once(ctx: ToolContext, kind: str, rationale: str, payload: dict[str, Any]) -> None:
-    """Record a tool's decision unless a resumed run of the same call already did (same kind and payload)."""
-    if any(d.payload.model_dump(mode="json") == payload for d in ctx.nb.decisions(ctx.session, kind=kind)):
+def record_once(ctx: ToolContext, kind: str, rationale: str, payload: dict[str, Any] | BaseModel) -> None:
+    """Record a tool's decision unless a resumed run of the same call already did (same kind and payload, compared
+    as the kind's typed payload: defaults filled in)."""
+    typed = PAYLOADS[kind].validate_python(payload.model_dump(mode="json") if isinstance(payload, BaseModel) else payload)
+    if any(d.payload == typed for d in ctx.nb.decisions(ctx.session, kind=kind)):
         return
     ctx.nb.record_decision(ctx.session, kind, rationale, payload)

@@ -1,10 +1,10 @@
-"""Tool `promote`: make a candidate the incumbent, only on a comparison under the bars that
-promoted it against the current incumbent at its served decoding.
+"""Tool `promote`: make a candidate the incumbent, only on its verdict that cleared every bar against the current
+incumbent at its served decoding (the session state's one eligibility rule, memory/state.py `promotion`).
 
-The session's first incumbent is its parent checkpoint (`start_incumbent`, at session start); after
-that the incumbent is the artifact of the latest `promote` decision whose payload says
-`action: incumbent`. (A comparison that clears the bars is itself recorded as a `promote` verdict;
-making the candidate the incumbent is this separate, explicit step.)
+The session's first incumbent is its parent checkpoint (`start_incumbent`, at session start); after that the
+incumbent is the artifact of the latest `incumbent` decision, which this tool records. A comparison's verdict
+(`promote`: every bar held; `reject`) moves no incumbent: making the candidate the incumbent is this separate,
+explicit step, its own event.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from core.util import file_sha256
+from memory.records import IncumbentPayload
 from tools.context import ToolContext, ToolOutcome, invoke, record_once
 from tools.session import parent_of, view
 from trainers.common import weights_sha256
@@ -46,8 +47,8 @@ def _body(ctx: ToolContext, args: Args) -> ToolOutcome:
     name = ctx.nb.artifact(args.candidate).name
     summary = (f"{name} becomes the incumbent (was {ctx.nb.artifact(previous).name}): comparison "
                f"{eligibility.comparison_id} cleared every bar")
-    record_once(ctx, "promote", summary, {"action": "incumbent", "artifact_id": args.candidate,
-                                          "comparison_id": eligibility.comparison_id, "previous": previous})
+    record_once(ctx, "incumbent", summary, IncumbentPayload(action="incumbent", artifact_id=args.candidate,
+                                                            comparison_id=eligibility.comparison_id, previous=previous))
     return ToolOutcome(tool=NAME, status="done", summary=summary, data={"artifact_id": args.candidate})
 
 

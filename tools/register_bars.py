@@ -1,7 +1,8 @@
 """Tool `register_bars`: register the lab's promotion bars (hashed, time-stamped) before any scoring.
 
 The bars file is the one lab.toml names (replay may substitute another with `--bars FILE`); the
-planner can only name a file inside the lab, and the gates refuse anything else before this runs.
+planner can only name a file inside the lab, and the gates refuse anything else before this runs. Replay without
+`--bars` registers the typed bars its session recorded (`LabSpec.recorded_bars`), never re-read from text.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from evals import bars
 from tools.context import ToolContext, ToolOutcome, invoke
+from tools.session import view
 
 NAME = "register_bars"
 
@@ -22,22 +24,21 @@ class Args(BaseModel):
 
 
 def _body(ctx: ToolContext, args: Args) -> ToolOutcome:
-    path = ctx.paths.root / args.file if args.file else ctx.lab.bars
-    if path is None:
-        return ToolOutcome(tool=NAME, status="failed", summary="the lab names no bars file ([bars] in lab.toml)")
-    try:
-        spec = bars.load(path)
-    except (ValueError, OSError) as exc:
-        return ToolOutcome(tool=NAME, status="failed", summary=f"bars not registered: {exc}")
-    canonical = spec.canonical()
-    # A resumed call whose registration committed before the crash: the same spec is already there.
-    for d in ctx.nb.decisions(ctx.session, kind="register_bars"):
-        if ctx.nb.bars(d.payload.get("bars_id")).spec == canonical:
-            record = ctx.nb.bars(d.payload.get("bars_id"))
-            break
+    if args.file is None and ctx.lab.recorded_bars is not None:  # replay: the bars its session registered, typed
+        spec = ctx.lab.recorded_bars
     else:
+        path = ctx.paths.root / args.file if args.file else ctx.lab.bars
+        if path is None:
+            return ToolOutcome(tool=NAME, status="failed", summary="the lab names no bars file ([bars] in lab.toml)")
+        try:
+            spec = bars.load(path).spec()
+        except (ValueError, OSError) as exc:
+            return ToolOutcome(tool=NAME, status="failed", summary=f"bars not registered: {exc}")
+    # A resumed call whose registration committed before the crash: the same spec is already there.
+    record = next((r for r in view(ctx.nb, ctx.session).registrations if r.spec == spec), None)
+    if record is None:
         record = bars.register(ctx.nb, ctx.session, spec)
-    rules = "; ".join(f"{b.suite}/{b.metric} {b.rule}" for b in spec.bar)
+    rules = "; ".join(f"{r.target} {r.text()}" for r in spec.bars)
     return ToolOutcome(tool=NAME, status="done", summary=f"bars {record.sha256[:12]} registered: {rules}",
                        data={"bars_id": record.id, "sha256": record.sha256})
 

@@ -16,7 +16,7 @@ from evals.sealed import SealedRefused, open_sealed
 from tools.context import ToolContext, ToolOutcome, invoke, record_once, served_of
 from tools.evaluate import eval_job, metrics_line, reference_completions, run_and_record
 from tools.ingest import holdout_battles
-from tools.session import parent_of
+from tools.session import parent_of, view
 
 NAME = "sealed_open"
 
@@ -32,8 +32,7 @@ def _body(ctx: ToolContext, args: Args) -> ToolOutcome:
     names = [s.name for s in ctx.lab.sealed_suites]
     if not names:
         return ToolOutcome(tool=NAME, status="failed", summary="the lab has no sealed suite")
-    opened = {d.payload.get("suite") for d in ctx.nb.decisions(ctx.session, kind="confirm")
-              if d.payload.get("artifact_id") == args.artifact}
+    opened = {c.suite for c in view(ctx.nb, ctx.session).confirmed(args.artifact)}
     try:
         for suite in names:
             if suite not in opened:

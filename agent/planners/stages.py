@@ -183,10 +183,11 @@ def judge(s: Summary, cand, suites: list[str] | None, why: str) -> Iterator[Tool
         yield proposal("compare", {"candidate": cand.id},
                     f"compare {cand.name} ({why}) with incumbent {s.incumbent} under the bars")
         return
-    mine = [v for v in cand.verdicts if v.incumbent == s.incumbent]
-    if mine and mine[-1].promoted and cand.id != s.incumbent and s.call("promote", {"candidate": cand.id}) is None \
+    eligibility = s.view.promotion(cand.id)  # the one eligibility rule (memory/state.py)
+    if eligibility.promotable and s.call("promote", {"candidate": cand.id}) is None \
             and s.refused("promote", {"candidate": cand.id}) is None:
-        yield proposal("promote", {"candidate": cand.id}, f"{cand.name} cleared every bar: " + "; ".join(mine[-1].lines()))
+        verdict = next(v for v in cand.verdicts if v.comparison_id == eligibility.comparison_id)
+        yield proposal("promote", {"candidate": cand.id}, f"{cand.name} cleared every bar: " + "; ".join(verdict.lines()))
 
 
 def judged_score(s: Summary, cand) -> float:
@@ -200,7 +201,7 @@ def judged_score(s: Summary, cand) -> float:
 def was_rejected(s: Summary, cand) -> bool:
     """Whether the candidate's comparison ended without a promotion (failed the bars, or was refused)."""
     compared = s.call("compare", {"candidate": cand.id})
-    return compared is not None and compared.status != "open" and not any(v.promoted for v in cand.verdicts)
+    return compared is not None and compared.status != "open" and not any(v.cleared for v in cand.verdicts)
 
 
 def replicated(s: Summary, cand) -> Iterator[ToolCall]:
@@ -246,7 +247,7 @@ def screen_score(s: Summary, cand) -> float:
         mine, theirs = cand.metrics.get(r.suite, {}).get(r.metric), inc.metrics.get(r.suite, {}).get(r.metric)
         if mine is None or theirs is None:
             continue
-        floor = s.noise_floors.get(r.target) or 1.0
+        floor = s.screen_floors.get(r.target) or 1.0
         total += (mine - theirs) / floor * (1 if r.higher_is_better else -1)
     return round(total, 6)
 
@@ -299,13 +300,14 @@ def lr_line(cfg: PlaybookSettings, family: str, scale: float = 1.0) -> str:
     return f"lr {cfg.lr[family] * scale:g}" if cfg.arms == "fixed" else f"lr x{scale:g} of [train]'s"
 
 
-def promoted_trained(s: Summary) -> list[int]:
+def cleared_trained(s: Summary) -> list[int]:
+    """The parent's trained children whose verdict cleared every bar (whether or not one became the incumbent)."""
     return [c.id for c in s.checkpoints if c.origin.startswith("train:") and c.parent == s.parent
-            and any(v.promoted for v in c.verdicts)]
+            and any(v.cleared for v in c.verdicts)]
 
 
 def merges(s: Summary, cfg: PlaybookSettings) -> Iterator[ToolCall]:
-    promoted = promoted_trained(s)
+    promoted = cleared_trained(s)
     if cfg.soup and len(promoted) >= 2:
         yield proposal("merge", {"method": "soup", "models": promoted}, f"soup of the promoted siblings {promoted}")
     if not promoted:

@@ -62,7 +62,7 @@ def _session(extra: list[Call] = (), wins: tuple[float | None, float | None] = (
            Checkpoint(id=DPO, name="dpo", origin="train:dpo", parent=1, served_decoding="",
                       metrics=_metrics(4, wins[1]), verdicts=verdicts[1])]
     return summary(budget=ledger(100, 10, 0, 5), bars=bars(*TOY_RULES, p_family=3), parent=1, incumbent=incumbent,
-                   calibrated=[1], noise_floors={"synthetic/correct": 0.05, "loops/looping": 0.05}, checkpoints=cps,
+                   calibrated=[1], screen_floors={"synthetic/correct": 0.05, "loops/looping": 0.05}, checkpoints=cps,
                    calls=calls)
 
 

@@ -53,7 +53,7 @@ def _session(dose: dict | None = None, extra: list[Call] | None = None, calibrat
     return summary(budget=budget, split={"id": 1, "sha256": "x", "counts": {}},
                    bars=bars(*RULES, p_family=3), parent=1,
                    incumbent=1 if parent_only else 3, calibrated=[1] if calibrated is None else calibrated,
-                   noise_floors={"synthetic/correct": 0.05, "loops/looping": 0.05}, checkpoints=cps, datasets=[],
+                   screen_floors={"synthetic/correct": 0.05, "loops/looping": 0.05}, checkpoints=cps, datasets=[],
                    calls=calls + (extra or []), refusals=[], gate_refusals=[], failures=[], consecutive_failed_arms=0,
                    nominee=None, sealed_opened=False)
 

@@ -33,7 +33,7 @@ def _lab(calls: list[Call], checkpoints: list[Checkpoint], rules=(DIGITS_GUARD,)
          calibrated: list[int] | None = None) -> Summary:
     first = [_call(1, "calibrate", CALIBRATE_PARENT, {"reference": {"holdout": "evals/ref/holdout.jsonl"}})]
     return summary(budget=ledger(100, 1, 0, 5), bars=bars(*rules), parent=1, incumbent=incumbent,
-                   calibrated=calibrated or [1], noise_floors={"digits/correct": 0.05}, checkpoints=checkpoints,
+                   calibrated=calibrated or [1], screen_floors={"digits/correct": 0.05}, checkpoints=checkpoints,
                    calls=first + calls)
 
 

@@ -50,7 +50,7 @@ def _session(extra: list[Call] = (), sft_verdicts: list = (), dpo_floors: float 
     budget = ledger(100, 10, 0, 5)
     return summary(budget=budget, split={"id": 1, "sha256": "x", "counts": {}},
                    bars=bars(*RULES, p_family=3, replicates=replicates), parent=1,
-                   incumbent=1, calibrated=[1], noise_floors={"synthetic/correct": 0.05, "loops/looping": 0.05},
+                   incumbent=1, calibrated=[1], screen_floors={"synthetic/correct": 0.05, "loops/looping": 0.05},
                    checkpoints=cps, datasets=[], calls=calls, refusals=[], gate_refusals=[], failures=[],
                    consecutive_failed_arms=0, nominee=None, sealed_opened=False)
 

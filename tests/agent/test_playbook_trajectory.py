@@ -60,7 +60,7 @@ def _session(arm: float, swept: float, snaps: dict[int, dict], extra_calls: list
     budget = ledger(100, 10, 0, 5)
     return summary(budget=budget, split={"id": 1, "sha256": "x", "counts": {}},
                    bars=bars(*RULES, p_family=p_family), parent=1, incumbent=1,
-                   calibrated=[1], noise_floors=FLOORS, checkpoints=cps, datasets=[], calls=calls + (extra_calls or []),
+                   calibrated=[1], screen_floors=FLOORS, checkpoints=cps, datasets=[], calls=calls + (extra_calls or []),
                    refusals=[], gate_refusals=[], failures=[], consecutive_failed_arms=0, nominee=None,
                    sealed_opened=False)
 

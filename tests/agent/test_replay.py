@@ -49,29 +49,27 @@ def test_stricter_bars_diverge_at_the_first_promotion(finished, tmp_path):
 
 
 def test_replay_registers_the_bars_the_session_recorded_not_the_files_reading_today(finished):
-    """A session recorded under one floor unit replays under it whatever its lab's bars file says now. Here the file
-    is made to read `replicates` while the session registered `resolvable`; an old session is the mirror case (its
-    record has no floor_unit key, so `replicates`, and its unchanged file now reads `resolvable`)."""
+    """A session recorded under one floor unit replays under it whatever its lab's bars file says now: replay
+    registers the typed spec its session state holds, never a file written out and read back. Here the file is made
+    to read `replicates` while the session registered `resolvable`; an old session is the mirror case (its record has
+    no floor_unit key, so `replicates`, and its unchanged file now reads `resolvable`)."""
     from memory.notebook import Notebook
+    from memory.records import BarsSpec
 
     with Notebook.open(finished.lab / "notebook.db", readonly=True) as nb:
         first = nb.decisions(finished.session, kind="register_bars")[0]
         recorded = nb.bars(first.payload.bars_id).spec
     path = finished.lab / "bars.toml"
     text = path.read_text()
-    assert bars_file.load(path).canonical() == recorded  # the file as the session read it
+    assert bars_file.load(path).spec() == recorded  # the file as the session read it
     try:
         path.write_text('floor_unit = "replicates"\n' + text)
-        assert bars_file.load(path).canonical() != recorded
+        assert bars_file.load(path).spec() != recorded
         result = replay(finished.lab, finished.session)
     finally:
         path.write_text(text)
     assert result.same and result.bars_spec == recorded
-    # The record of a session from before the key (no floor_unit) registers again as exactly that: the replicates' floor.
-    old = {k: v for k, v in recorded.items() if k != "floor_unit"}
-    written = bars_file.Bars.from_canonical(old)
-    assert written.floor_unit == "replicates" and written.canonical() == old
-    again = finished.lab.parent / "old-bars.toml"
-    again.write_text(written.toml())
-    assert bars_file.load(again).canonical() == old
-    again.unlink()
+    # The record of a session from before the key (no floor_unit) reads back typed as exactly that: the replicates'
+    # floor, its stored form (and so its hash) unchanged.
+    old = {k: v for k, v in recorded.canonical().items() if k != "floor_unit"}
+    assert BarsSpec.model_validate(old).floor_unit == "replicates" and BarsSpec.model_validate(old).canonical() == old

@@ -1,8 +1,8 @@
 """Typed session views and summaries built in a test, without a notebook (for the pure planner and gate tests).
 
-The view's counts are derived here the way the notebook derives them: each comparison tests every p bar of the
+The state's counts are derived here the way the fold derives them: each comparison tests every p bar of the
 bars (so a finished `compare` call spends `len(p_rules)` p-values), and the incumbent chain is the parent, then
-each candidate a finished `promote` call made incumbent.
+each candidate a finished `promote` call made incumbent (an `incumbent` event each).
 """
 
 from __future__ import annotations
@@ -11,9 +11,8 @@ from typing import Any
 
 from agent.planners.policy import PlaybookSettings
 from agent.summary import Call, Checkpoint, Dataset, Summary
-from evals.bars import Rule
-from evals.compare import BarVerdict, PFamily
-from tools.session import Ledger, RegisteredBars, SessionView, Verdict
+from memory.records import BarsSpec, BarVerdict, Ledger, Rule
+from memory.state import IncumbentChange, PFamily, RegisteredBars, SessionState, Verdict
 
 
 def rule(suite: str, metric: str, statistic: str, op: str, value: float, *, floors: bool = False,
@@ -30,7 +29,8 @@ TOY_RULES = (HOLDOUT_P, SYNTHETIC_GUARD, LOOPS_GUARD)
 
 
 def bars(*rules: Rule, p_family: int | None = None, replicates: int = 1) -> RegisteredBars:
-    return RegisteredBars(id=1, sha256="y", rules=rules, p_family=p_family, replicates=replicates)
+    return RegisteredBars(id=1, seq=1, sha256="y", registered_at="2026-01-01T00:00:00+00:00",
+                          spec=BarsSpec(bars=rules, p_family=p_family, replicates=replicates))
 
 
 def ledger(budget: float, spent: float, reserved: float, reserve: float) -> Ledger:
@@ -42,17 +42,32 @@ def bar_verdict(r: Rule, value: float, threshold: float, holds: bool) -> BarVerd
                       holds=holds)
 
 
-def verdict(comparison_id: int, incumbent: int, promoted: bool, bars: list[BarVerdict] | None = None,
+def verdict(comparison_id: int, incumbent: int, cleared: bool, bars: list[BarVerdict] | None = None,
             candidate: int = -1) -> Verdict:
     """A comparison's verdict; `summary` sets its candidate from the checkpoint that holds it."""
-    return Verdict(comparison_id=comparison_id, candidate=candidate, incumbent=incumbent, promoted=promoted,
-                   bars=bars or [])
+    bars = bars or []
+    return Verdict(comparison_id=comparison_id, seq=comparison_id, candidate=candidate, incumbent=incumbent, bars_id=1,
+                   cleared=cleared, bars=bars, floors=[None] * len(bars),
+                   raw_p=[b.raw_p for b in bars if b.raw_p is not None])
+
+
+def state(*, ledger: Ledger, parent: int | None, chain: list[int], bars: RegisteredBars | None = None,
+          verdicts: list[Verdict] | None = None, p_family: PFamily | None = None, failed_arms_in_row: int = 0,
+          session: str = "s") -> SessionState:
+    """A session state whose incumbent chain is `chain` (the parent first, then each change of incumbent)."""
+    changes = [IncumbentChange(seq=100 + i, artifact_id=a, previous=b, comparison_id=0)
+               for i, (b, a) in enumerate(zip(chain, chain[1:], strict=False))]
+    return SessionState(session=session, opened=None, ledger=ledger, parent=parent, changes=changes,
+                        registrations=[bars] if bars is not None else [], floors=[], verdicts=verdicts or [],
+                        p_family=p_family or PFamily(size=None, spent=0, per_comparison=0), confirmations=[],
+                        split=None, nominee=None, refusals=[], truths=[], failed_arms_in_row=failed_arms_in_row,
+                        head=None)
 
 
 def summary(*, budget: Ledger, bars: RegisteredBars | None, parent: int | None, incumbent: int | None,
             checkpoints: list[Checkpoint], calls: list[Call], consecutive_failed_arms: int = 0,
             split: dict[str, Any] | None = None, calibrated: list[int] | None = None,
-            noise_floors: dict[str, float] | None = None, datasets: list[Dataset] | None = None,
+            screen_floors: dict[str, float] | None = None, datasets: list[Dataset] | None = None,
             **rest: Any) -> Summary:
     cps = [cp.model_copy(update={"verdicts": [v.model_copy(update={"candidate": cp.id}) for v in cp.verdicts]})
            for cp in checkpoints]
@@ -63,12 +78,12 @@ def summary(*, budget: Ledger, bars: RegisteredBars | None, parent: int | None, 
     chain += [c.args["candidate"] for c in calls if c.tool == "promote" and c.status == "done"]
     if incumbent is not None and (not chain or chain[-1] != incumbent):
         chain.append(incumbent)
-    view = SessionView(session="s", ledger=budget, parent=parent, incumbent=incumbent, chain=chain, bars=bars,
-                       verdicts=sorted((v for cp in cps for v in cp.verdicts), key=lambda v: v.comparison_id),
-                       p_family=family, failed_arms_in_row=consecutive_failed_arms)
+    view = state(ledger=budget, parent=parent, chain=chain, bars=bars,
+                 verdicts=sorted((v for cp in cps for v in cp.verdicts), key=lambda v: v.comparison_id),
+                 p_family=family, failed_arms_in_row=consecutive_failed_arms)
     defaults = {"refusals": [], "gate_refusals": [], "failures": [], "nominee": None, "sealed_opened": False}
     return Summary(session="s", view=view, split=split if split is not None else {"id": 1, "sha256": "x", "counts": {}},
-                   calibrated=calibrated or [], noise_floors=noise_floors or {}, checkpoints=cps,
+                   calibrated=calibrated or [], noise_floors=[], screen_floors=screen_floors or {}, checkpoints=cps,
                    datasets=datasets or [], calls=calls, **(defaults | rest))
 
 

@@ -17,6 +17,8 @@ from evals.job import EvalResult, SuiteResult
 from evals.judgment import Refusal
 from evals.types import Outcome, suite_metrics
 from memory.notebook import Notebook
+from memory.records import BarsSpec
+from memory.state import fold, resolution
 
 TABLES = ["session", "decision", "tool_call", "job", "artifact", "eval", "noise_floor", "bars", "comparison"]
 _RECORDING = {"open_sealed": sealed.open_sealed, "calibrate": noise.calibrate}
@@ -29,13 +31,14 @@ def _snapshot(nb: Notebook) -> tuple[int, dict[str, int]]:
 
 def compare(nb, session, candidate, incumbent, bars_id, served):
     before = _snapshot(nb)
-    judged = compare_mod.judge(nb, session, candidate, incumbent, nb.bars(bars_id), served)
+    state = fold(nb, session)
+    judged = compare_mod.judge(nb, state, candidate, incumbent, state.registered(bars_id), served)
     assert _snapshot(nb) == before, "judge wrote to the notebook"
     out = compare_mod.compare(nb, session, candidate, incumbent, bars_id, served)
     if isinstance(judged, Refusal):
         assert out.refused and out.reasons == judged.reasons
     else:
-        assert not out.refused and (out.verdicts, out.promoted) == (judged.verdicts, judged.promoted)
+        assert not out.refused and (out.verdicts, out.cleared) == (judged.verdicts, judged.cleared)
         assert nb.comparisons(session)[-1].adjustment == judged.adjustment
     return out
 
@@ -166,7 +169,7 @@ def test_bars_file_parsing(tmp_path):
     path.write_text(BARS)
     parsed = bars_mod.load(path)
     assert parsed.bar[0].in_noise_units and parsed.bar[0].value == -1.0
-    assert bars_mod.Bars.from_canonical(parsed.canonical()).canonical() == parsed.canonical()
+    assert BarsSpec.model_validate(parsed.canonical()) == parsed.spec()  # the stored form reads back typed
     path.write_text(BARS + '\n[[bar]]\nsuite = "math"\nmetric = "correct"\nrule = "delta ~ 3"\n')
     with pytest.raises(ValueError, match=r"bars.toml: 1 problem\(s\):\n  bar\[2\]: rule 'delta ~ 3'"):
         bars_mod.load(path)
@@ -182,7 +185,7 @@ def test_bars_file_parsing(tmp_path):
 
 
 def _register(nb, text=BARS):
-    return bars_mod.register(nb, "s1", bars_mod.Bars.model_validate(__import__("tomllib").loads(text)))
+    return bars_mod.register(nb, "s1", bars_mod.Bars.model_validate(__import__("tomllib").loads(text)).spec())
 
 
 def test_candidate_clearing_all_bars_is_promoted(lab):
@@ -191,7 +194,7 @@ def test_candidate_clearing_all_bars_is_promoted(lab):
     reg = _register(nb)
     record_result(nb, "s1", cand, _result(BETTER))
     out = compare(nb, "s1", cand, inc, reg.id, SERVED)
-    assert not out.refused and out.promoted, out
+    assert not out.refused and out.cleared, out
     assert [v.holds for v in out.verdicts] == [True, True]
     assert nb.comparisons("s1")[0].promoted and nb.decisions("s1", kind="promote")
 
@@ -202,7 +205,7 @@ def test_one_failing_bar_blocks(lab):
     reg = _register(nb, BARS + '\n[[bar]]\nsuite = "math"\nmetric = "correct"\nrule = "delta >= 0.5"\n')
     record_result(nb, "s1", cand, _result(BETTER))
     out = compare(nb, "s1", cand, inc, reg.id, SERVED)
-    assert not out.refused and not out.promoted
+    assert not out.refused and not out.cleared
     assert [v.holds for v in out.verdicts] == [True, True, False]
     assert nb.decisions("s1", kind="reject")[0].rationale == "bars failed: math/correct delta"
 
@@ -226,7 +229,7 @@ def test_wrong_decoding_refused(lab):
     assert out.refused and "not the candidate's served decoding" in out.reasons[0]
     # A served-decoding eval makes the greedy one a diagnostic: it is ignored, not used.
     record_result(nb, "s1", cand, _result(BETTER))
-    assert compare(nb, "s1", cand, inc, reg.id, SERVED).promoted
+    assert compare(nb, "s1", cand, inc, reg.id, SERVED).cleared
 
 
 def test_noise_units_without_floor_refused(lab):
@@ -288,7 +291,7 @@ def test_p_bar_is_one_sided_a_significantly_worse_candidate_fails(lab):
     record_result(nb, "s1", inc, _result(BETTER))
     record_result(nb, "s1", cand, _result(BASE))  # 2 wins, 14 losses: two-sided p = 0.0042
     out = compare(nb, "s1", cand, inc, reg.id, SERVED)
-    assert not out.refused and not out.promoted
+    assert not out.refused and not out.cleared
     # One-sided: P(X >= 2), X ~ Binomial(16, 1/2) = 1 - (1 + 16) / 2^16.
     assert out.verdicts[0].raw_p == pytest.approx(1 - 17 / 65536) and not out.verdicts[0].holds
 
@@ -323,7 +326,7 @@ def test_first_served_eval_counts_not_a_later_rerun(lab):
     record_result(nb, "s1", cand, _result(BASE))  # first look: no better
     record_result(nb, "s1", cand, _result(BETTER))  # a luckier re-run of a sampled eval
     out = compare(nb, "s1", cand, inc, reg.id, SERVED)
-    assert not out.refused and not out.promoted and out.verdicts[0].value == 0.0
+    assert not out.refused and not out.cleared and out.verdicts[0].value == 0.0
 
 
 def test_floor_must_be_the_incumbents_at_its_decoding(lab):
@@ -344,7 +347,7 @@ def test_floor_must_be_the_incumbents_at_its_decoding(lab):
     assert out.refused and "was calibrated on the incumbent" in out.reasons[0]
     first = _calibrate(nb, inc)[0]
     out = compare(nb, "s1", cand, inc, reg.id, SERVED)
-    assert out.promoted and out.verdicts[0].threshold == pytest.approx(-first.mean_abs_delta)
+    assert out.cleared and out.verdicts[0].threshold == pytest.approx(-first.mean_abs_delta)
 
 
 def test_recalibrating_cannot_widen_the_floor(lab):
@@ -356,7 +359,7 @@ def test_recalibrating_cannot_widen_the_floor(lab):
     reg = _register(nb, 'floor_unit = "replicates"\n[[bar]]\nsuite = "math"\nmetric = "correct"\nrule = "delta >= -1.0 * noise_floor"\n')
     record_result(nb, "s1", cand, _result([0] * 6 + BASE[6:]))  # 4 items worse: delta -0.1
     out = compare(nb, "s1", cand, inc, reg.id, SERVED)
-    assert out.verdicts[0].threshold == pytest.approx(-first.mean_abs_delta) and not out.promoted
+    assert out.verdicts[0].threshold == pytest.approx(-first.mean_abs_delta) and not out.cleared
 
 
 def test_zero_floor_refused(lab):
@@ -373,7 +376,7 @@ def test_zero_floor_refused(lab):
     other = nb.add_artifact(kind="checkpoint", name="c2", path="/c2", sha256="d" * 64, session="s1").id
     record_result(nb, "s1", other, _result([0] + BASE[1:]))
     out = compare(nb, "s1", other, inc, lenient.id, SERVED)
-    assert not out.refused and out.verdicts[0].threshold == 0.0 and not out.promoted
+    assert not out.refused and out.verdicts[0].threshold == 0.0 and not out.cleared
 
 
 def test_calibrate_refuses_repeated_replicates(lab):
@@ -439,7 +442,7 @@ def test_bars_read_the_mean_of_the_preregistered_draws_a_side(lab):
     nb, inc, cand = lab
     floor = _calibrate(nb, inc)[0]  # incumbent replicates 0-2: 24, 23 and 25 of 40 correct (mean 0.6)
     reg = _register(nb, "p_family = 2\n" + REPLICATED)
-    assert nb.bars(reg.id).spec["replicates"] == 3
+    assert nb.bars(reg.id).spec.replicates == 3
     # The candidate's first draw loses 4 items (a one-look delta of -0.1, below the floor of -0.05): an unlucky
     # draw; its replicates 1 and 2 win 2 items each (mean over 3 draws: 23.33 of 40 against 24).
     unlucky = [0] * 4 + BASE[4:]
@@ -455,16 +458,16 @@ def test_bars_read_the_mean_of_the_preregistered_draws_a_side(lab):
     assert delta_bar.value == pytest.approx(cand_mean - 0.6) and delta_bar.threshold == pytest.approx(-floor.mean_abs_delta)
     assert delta_bar.holds and delta_bar.value > -floor.mean_abs_delta > -0.1
     # The p bar reads the first draws alone: the unlucky look is worse, so it is far from significant.
-    assert p_bar.raw_p > 0.5 and not out.promoted
+    assert p_bar.raw_p > 0.5 and not out.cleared
 
 
 def test_one_look_bars_unchanged_and_their_hash_kept(lab, tmp_path):
     nb, inc, cand = lab
     one = bars_mod.Bars.model_validate(__import__("tomllib").loads(BARS))
     assert "replicates" not in one.canonical()  # bars registered before the key keep their sha256
-    assert bars_mod.Bars.from_canonical(one.canonical()) == one
+    assert BarsSpec.model_validate(one.canonical()) == one.spec()
     three = bars_mod.Bars.model_validate(__import__("tomllib").loads("replicates = 3\n" + BARS))
-    assert bars_mod.Bars.from_canonical(three.canonical()).replicates == 3
+    assert BarsSpec.model_validate(three.canonical()).replicates == 3
     for bad, why in (("replicates = 0", "greater than or equal to 1"), ('replicates = "3"', "valid integer"),
                      ("replicates = 17", "less than or equal to 16")):
         path = tmp_path / "bars.toml"
@@ -489,35 +492,35 @@ GUARD = '[[bar]]\nsuite = "math"\nmetric = "correct"\nrule = "delta >= -1.0 * no
 
 
 def test_resolution_is_one_item_or_the_standard_error():
-    assert noise.resolution([1.0] * 40) == pytest.approx(1 / 40)  # no spread at all: one item of 40
+    assert resolution([1.0] * 40) == pytest.approx(1 / 40)  # no spread at all: one item of 40
     rate = [1.0] * 24 + [0.0] * 16  # 0.6 of 40: sqrt(0.6 * 0.4 / 40) with the sample's n - 1
-    assert noise.resolution(rate) == pytest.approx((0.6 * 0.4 * 40 / 39 / 40) ** 0.5)
-    assert noise.resolution([1.0] * 400 + [0.0] * 400) == pytest.approx(0.5 * (800 / 799) ** 0.5 / 800 ** 0.5)
+    assert resolution(rate) == pytest.approx((0.6 * 0.4 * 40 / 39 / 40) ** 0.5)
+    assert resolution([1.0] * 400 + [0.0] * 400) == pytest.approx(0.5 * (800 / 799) ** 0.5 / 800 ** 0.5)
 
 
 def test_the_floor_is_never_finer_than_its_suite_resolves(lab):
     nb, inc, cand = lab
     # Three replicates that differ by one item at most: a floor of 1.33 items, finer than one standard error.
     floor = _calibrate(nb, inc)[0]
-    resolved = noise.resolution([float(v) for v in BASE])
+    resolved = resolution([float(v) for v in BASE])
     assert floor.mean_abs_delta < resolved
     reg = _register(nb, GUARD)  # no floor_unit: the default, `resolvable`
-    assert nb.bars(reg.id).spec["floor_unit"] == "resolvable"
+    assert nb.bars(reg.id).spec.floor_unit == "resolvable"
     record_result(nb, "s1", cand, _result([0] * 3 + BASE[3:]))  # 2 items worse: delta -0.05
     out = compare(nb, "s1", cand, inc, reg.id, SERVED)
-    assert out.verdicts[0].threshold == pytest.approx(-resolved) and out.promoted  # within one standard error
+    assert out.verdicts[0].threshold == pytest.approx(-resolved) and out.cleared  # within one standard error
     # The same candidate under the replicates' floor alone is rejected: -0.05 < -0.033.
     old = _register(nb, 'floor_unit = "replicates"\n' + GUARD)
     other = nb.add_artifact(kind="checkpoint", name="c2", path="/c2", sha256="e" * 64, session="s1").id
     record_result(nb, "s1", other, _result([0] * 3 + BASE[3:]))
     out = compare(nb, "s1", other, inc, old.id, SERVED)
-    assert out.verdicts[0].threshold == pytest.approx(-floor.mean_abs_delta) and not out.promoted
+    assert out.verdicts[0].threshold == pytest.approx(-floor.mean_abs_delta) and not out.cleared
 
 
 def test_bars_recorded_before_the_rule_replay_with_the_replicates_floor():
     spec = bars_mod.Bars.model_validate(__import__("tomllib").loads(GUARD)).canonical()
     assert spec["floor_unit"] == "resolvable"
     recorded = {k: v for k, v in spec.items() if k != "floor_unit"}  # what a session registered before the key
-    assert bars_mod.Bars.from_canonical(recorded).floor_unit == "replicates"
-    assert bars_mod.Bars.from_canonical(recorded).canonical() == recorded  # and its hash stays what it was
-    assert bars_mod.Bars.from_canonical(spec).floor_unit == "resolvable"
+    assert BarsSpec.model_validate(recorded).floor_unit == "replicates"
+    assert BarsSpec.model_validate(recorded).canonical() == recorded  # and its hash stays what it was
+    assert BarsSpec.model_validate(spec).floor_unit == "resolvable"

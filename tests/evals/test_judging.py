@@ -12,14 +12,16 @@ from evals.job import EvalResult, SuiteResult
 from evals.judgment import Refusal
 from evals.types import Outcome, suite_metrics
 from memory.notebook import Notebook
-from memory.records import CalibrationRefusal, CompareRefusal
+from memory.records import BarsSpec, CalibrationRefusal, CompareRefusal
+from memory.state import fold
 
 SERVED = Decoding(temperature=0.7, top_p=0.95, max_new_tokens=64, stop_token_ids=(3,))
 GREEDY = Decoding(max_new_tokens=64, stop_token_ids=(3,))
 BASE = [1, 0, 1, 0, 1, 1, 0, 1, 0, 1] * 4
 BETTER = [1] * 36 + [0] * 4
-DELTA_BAR = {"bars": [{"suite": "ifeval", "metric": "correct", "statistic": "delta", "op": ">=", "value": 0.1,
-                       "unit": "absolute", "test": None, "confidence": None}], "p_family": None}
+DELTA_BAR = BarsSpec.model_validate({"bars": [{"suite": "ifeval", "metric": "correct", "statistic": "delta", "op": ">=",
+                                               "value": 0.1, "unit": "absolute", "test": None, "confidence": None}],
+                                     "p_family": None})
 TABLES = ["session", "decision", "tool_call", "job", "artifact", "eval", "noise_floor", "bars", "comparison"]
 
 
@@ -66,14 +68,15 @@ def test_evals_scored_in_different_modes_are_never_paired(lab, inc_mode, cand_mo
 
 def test_a_scoring_mode_label_is_compared_too(lab):
     nb, inc, cand = lab
-    bars = nb.register_bars("s1", DELTA_BAR)
+    nb.register_bars("s1", DELTA_BAR)
     for artifact, values, label in ((inc, BASE, "plain"), (cand, BETTER, "ifeval")):
         ev = records.record_result(nb, "s1", artifact, _result(values))[0]
         nb.add_eval(session="s1", artifact_id=artifact, suite="labelled", replicate=0, decoding=ev.decoding,
                     decoding_sha256=ev.decoding_sha256, served=True, metrics={**ev.metrics, "scoring_mode": label},
                     items=ev.items)
-    labelled = {**DELTA_BAR, "bars": [{**DELTA_BAR["bars"][0], "suite": "labelled"}]}
-    judged = compare_mod.judge(nb, "s1", cand, inc, bars.model_copy(update={"spec": labelled}), SERVED)
+    labelled = DELTA_BAR.model_copy(update={"bars": (DELTA_BAR.bars[0].model_copy(update={"suite": "labelled"}),)})
+    state = fold(nb, "s1")
+    judged = compare_mod.judge(nb, state, cand, inc, state.bars.model_copy(update={"spec": labelled}), SERVED)
     assert isinstance(judged, Refusal) and "mode scoring_mode=ifeval" in judged.reasons[0]
     assert "mode scoring_mode=plain" in judged.reasons[0]
 
@@ -84,19 +87,20 @@ def test_evals_scored_in_the_same_mode_are_compared(lab):
     records.record_result(nb, "s1", inc, _result(BASE, mode=1.0))
     records.record_result(nb, "s1", cand, _result(BETTER, mode=1.0))
     out = compare_mod.compare(nb, "s1", cand, inc, bars.id, SERVED)
-    assert not out.refused and out.promoted and out.verdicts[0].value == pytest.approx(0.3)
+    assert not out.refused and out.cleared and out.verdicts[0].value == pytest.approx(0.3)
 
 
 def test_a_refusal_lists_every_reason_and_writes_nothing(lab):
     nb, inc, cand = lab
     records.record_result(nb, "s1", cand, _result(BETTER, decoding=GREEDY))  # looked at before the bars, greedy
-    spec = {"bars": [
-        {**DELTA_BAR["bars"][0], "unit": "noise_floor", "value": 1.0},  # no floor calibrated
-        {**DELTA_BAR["bars"][0], "suite": "math"},  # never evaluated for either side
-    ], "p_family": None}
+    spec = DELTA_BAR.model_copy(update={"bars": (
+        DELTA_BAR.bars[0].model_copy(update={"unit": "noise_floor", "value": 1.0}),  # no floor calibrated
+        DELTA_BAR.bars[0].model_copy(update={"suite": "math"}),  # never evaluated for either side
+    )})
     bars = nb.register_bars("s1", spec)
     before = _counts(nb)
-    judged = compare_mod.judge(nb, "s1", cand, inc, bars, SERVED)
+    state = fold(nb, "s1")
+    judged = compare_mod.judge(nb, state, cand, inc, state.bars, SERVED)
     assert _counts(nb) == before
     assert isinstance(judged, Refusal) and isinstance(judged.payload, CompareRefusal)
     expected = ["after eval 1", "only at decoding", "artifact 2 has no eval of suite ifeval",
@@ -113,15 +117,17 @@ def test_a_refusal_lists_every_reason_and_writes_nothing(lab):
 def test_judge_answers_for_other_bars_without_registering_them(lab):
     """What replay asks: would a stricter bar have promoted? The answer writes nothing."""
     nb, inc, cand = lab
-    bars = nb.register_bars("s1", DELTA_BAR)
+    nb.register_bars("s1", DELTA_BAR)
     records.record_result(nb, "s1", inc, _result(BASE))
     records.record_result(nb, "s1", cand, _result(BETTER))
-    stricter = bars.model_copy(update={"spec": {**DELTA_BAR, "bars": [{**DELTA_BAR["bars"][0], "value": 0.5}]}})
+    state = fold(nb, "s1")
+    stricter = state.bars.model_copy(update={"spec": DELTA_BAR.model_copy(update={
+        "bars": (DELTA_BAR.bars[0].model_copy(update={"value": 0.5}),)})})
     before = _counts(nb)
-    as_registered = compare_mod.judge(nb, "s1", cand, inc, bars, SERVED)
-    as_stricter = compare_mod.judge(nb, "s1", cand, inc, stricter, SERVED)
+    as_registered = compare_mod.judge(nb, state, cand, inc, state.bars, SERVED)
+    as_stricter = compare_mod.judge(nb, state, cand, inc, stricter, SERVED)
     assert _counts(nb) == before
-    assert as_registered.promoted and not as_stricter.promoted
+    assert as_registered.cleared and not as_stricter.cleared
     assert as_stricter.rationale == "bars failed: ifeval/correct delta"
 
 
@@ -139,7 +145,7 @@ def test_the_outcome_and_its_tool_call_land_in_one_transaction(lab):
     out = compare_mod.compare(nb, "s1", cand, inc, bars.id, SERVED, tool_call=call)
     closed = nb.tool_call("s1", call.args_hash)
     (promote,) = nb.decisions("s1", kind="promote")
-    assert out.promoted and closed.status == "done" and closed.decision_seq == promote.seq
+    assert out.cleared and closed.status == "done" and closed.decision_seq == promote.seq
     assert closed.result == out.model_dump(mode="json")
 
 

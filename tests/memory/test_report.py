@@ -25,6 +25,7 @@ from memory.report import write_report
 
 sys.path.insert(0, str(Path(__file__).parent))
 from chromium import CHROMIUM, Browser  # noqa: E402
+from test_floor_units import check_printed_floors  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 # `finished` (tests/conftest.py) is the agent tests' session: the suite runs it once for both.
@@ -216,3 +217,11 @@ def test_public_text_is_escaped_and_the_default_output_is_the_lab(tmp_path: Path
     assert HOSTILE not in html and html.count("<script>") == 1 and "<img" not in html
     assert "&lt;script&gt;document.title=&quot;owned&quot;&lt;/script&gt;" in html
     shutil.rmtree(lab)
+
+
+def test_card_and_report_print_each_bars_floor_in_its_thresholds_unit_by_default(finished, tmp_path):
+    """The default floor unit (`resolvable`): the floor a threshold used may be coarser than the replicates' mean
+    absolute delta, and the card and the report print the one the threshold used (issue 42)."""
+    lab = tmp_path / "lab"
+    shutil.copytree(finished.lab, lab, symlinks=True, ignore=shutil.ignore_patterns("lab.lock"))
+    assert check_printed_floors(lab, finished.session, "resolvable") >= 1

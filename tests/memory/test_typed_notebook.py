@@ -13,6 +13,7 @@ from core.util import canonical_json, sha256_text
 from memory.chain import GENESIS, decision_hash
 from memory.notebook import Notebook, NotebookError
 from memory.records import (
+    BarsSpec,
     BudgetRefusal,
     CalibrationRefusal,
     CompareRefusal,
@@ -21,10 +22,13 @@ from memory.records import (
     OpenDecision,
     RefuseDecision,
     RegisterBarsPayload,
+    Rule,
     SealedRefusal,
 )
 from memory.schema import SCHEMA_VERSION, V1
 
+ONE_BAR = BarsSpec(bars=(Rule(suite="d", metric="correct", statistic="delta", op=">=", value=0.0, unit="absolute",
+                              test=None, confidence=None),), p_family=None)
 TABLES = ["session", "decision", "tool_call", "job", "artifact", "eval", "noise_floor", "bars", "comparison",
           "feedback_split"]
 
@@ -53,7 +57,7 @@ def test_a_transaction_that_raises_half_way_leaves_no_rows(nb: Notebook):
     before = _counts(nb)
     with pytest.raises(RuntimeError, match="half way"), nb.transaction():
         _write_everything(nb, "a")
-        nb.register_bars("s1", {"bars": [], "p_family": None})  # a write method with its own inner transaction
+        nb.register_bars("s1", ONE_BAR)  # a write method with its own inner transaction
         raise RuntimeError("half way")
     assert _counts(nb) == before and nb.verify().ok
     with nb.transaction():
@@ -97,7 +101,7 @@ def test_payloads_are_validated_on_write_and_nothing_is_written(nb: Notebook):
 
 
 def test_payloads_are_parsed_into_their_kind_on_read(nb: Notebook):
-    nb.register_bars("s1", {"bars": [], "p_family": 2})
+    nb.register_bars("s1", ONE_BAR.model_copy(update={"p_family": 2}))
     refusals = [
         {"key": "k", "kind": "sft", "attempt": 1, "forecast_gpuh": 9.0, "forecast_source": "declared",
          "executor": "local"},
@@ -116,7 +120,7 @@ def test_payloads_are_parsed_into_their_kind_on_read(nb: Notebook):
     nb.record_decision("s1", "plan", "free-form until the planner fixes it", {"next": "sft", "why": ["a"]})
     plan = nb.decisions("s1", kind="plan")[0]
     assert isinstance(plan.payload, NotePayload) and plan.payload.model_dump() == {"next": "sft", "why": ["a"]}
-    assert plan.payload.get("next") == "sft"  # the dict-style read tools/jobs/launcher.py uses
+    assert plan.payload.next == "sft" and not hasattr(plan.payload, "get")  # typed reads only: no dict-style get
 
 
 def test_literal_fields_refuse_bad_values_on_write_and_name_the_row_on_read(nb: Notebook):

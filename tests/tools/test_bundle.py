@@ -236,7 +236,7 @@ def _build_session(root: Path) -> Toy:
         sources=[ReplaySource(name="short", path=_write_jsonl(root / "short-source.jsonl", _short_rows()))]))
     dataset = record_dataset(nb, manifest, session=SESSION).id
     data = Path(manifest.path)
-    bars_id = bars.register(nb, SESSION, bars.load(lab / "bars.toml")).id
+    bars_id = bars.register(nb, SESSION, bars.load(lab / "bars.toml").spec()).id
 
     suites = (SuiteSpec(name="digits", scorer="synthetic", items_path=files["digits"]),
               SuiteSpec(name="chat", scorer="length_stop", items_path=files["chat"]),
@@ -253,7 +253,7 @@ def _build_session(root: Path) -> Toy:
     weak = _train(nb, root, "weak", base_dir, data, steps=1, lr=1e-6)
     runner_up = _checkpoint(nb, "sft-weak", weak.model_dir, [base, dataset], "sft-weak", trainer="sft")
     _evaluate(nb, root, "weak", runner_up, weak.model_dir, suites, served)
-    assert not compare(nb, SESSION, runner_up, nominee, bars_id, served).promoted
+    assert not compare(nb, SESSION, runner_up, nominee, bars_id, served).cleared
     assert _train(nb, root, "diverged", base_dir, data, steps=4, lr=1e35, grad_clip=1e38) is None
 
     lora = _train(nb, root, "lora", good.model_dir, data, steps=2, lr=1e-4, lora=LoRASettings(r=4, alpha=8))

@@ -1,5 +1,5 @@
-"""The session view's rules, on views built in the test with typed bars and verdicts, and one view read back from a
-real notebook (tools/session.py)."""
+"""The session state's rules (memory/state.py, asked through tools/session.py), on states built in the test with
+typed bars and verdicts, and one state folded from a real notebook."""
 
 from __future__ import annotations
 
@@ -8,20 +8,19 @@ from pathlib import Path
 import pytest
 
 from evals.bars import Bars
-from evals.compare import PFamily
 from memory.notebook import Notebook
-from tests.agent.views import HOLDOUT_P, SYNTHETIC_GUARD, TOY_RULES, bar_verdict, bars, ledger, verdict
-from tools.session import SessionView, view
+from memory.state import PFamily, SessionState
+from tests.agent.views import HOLDOUT_P, SYNTHETIC_GUARD, TOY_RULES, bar_verdict, bars, ledger, state, verdict
+from tools.session import view
 
 
-def _view(**changes) -> SessionView:
-    base = {"session": "s", "ledger": ledger(10.0, 4.0, 1.0, 1.0), "parent": 1, "incumbent": 1, "chain": [1],
-            "bars": bars(*TOY_RULES, p_family=3),
+def _view(**changes) -> SessionState:
+    base = {"ledger": ledger(10.0, 4.0, 1.0, 1.0), "parent": 1, "chain": [1], "bars": bars(*TOY_RULES, p_family=3),
             "verdicts": [verdict(1, 1, True, [bar_verdict(HOLDOUT_P, 0.01, 0.05, True)], candidate=3),
                          verdict(2, 1, False, [bar_verdict(HOLDOUT_P, 0.01, 0.05, True),
                                                bar_verdict(SYNTHETIC_GUARD, -0.2, -0.05, False)], candidate=4)],
             "p_family": PFamily(size=3, spent=2, per_comparison=1), "failed_arms_in_row": 0}
-    return SessionView(**(base | changes))
+    return state(**(base | changes))
 
 
 def test_admission_keeps_the_reserve_except_for_the_nomination():
@@ -50,7 +49,7 @@ def test_promotion_gives_every_reason():
     assert not failed.promotable
     assert failed.reasons == ["its comparison 2 against incumbent 1 failed 1 bar(s): synthetic/correct delta=-0.2 >= "
                               "-0.05: fails"]
-    moved = _view(incumbent=3, chain=[1, 3])
+    moved = _view(chain=[1, 3])
     assert moved.promotion(4).reasons == ["artifact 4 has no comparison at its served decoding against incumbent 3"]
     assert moved.promotion(3).reasons[0] == "artifact 3 is already the incumbent"
     assert moved.promotion(1).reasons[0] == "artifact 1 was an incumbent before: the chain only moves forward"
@@ -83,14 +82,13 @@ def test_a_view_read_from_the_notebook_is_typed(tmp_path: Path):
         parent = nb.add_artifact(kind="checkpoint", name="parent", path="p", sha256="a", session="s",
                                  recipe={"role": "parent"}).id
         arm = nb.add_artifact(kind="checkpoint", name="arm", path="q", sha256="b", session="s", recipe={}).id
-        record = nb.register_bars("s", spec.canonical())
-        verdicts = [bar_verdict(r, v, t, h).model_dump(mode="json")
-                    for r, v, t, h in zip(Bars.rules(spec.canonical()), (0.01, 0.0), (0.05, -0.02), (True, True),
-                                          strict=True)]
+        record = nb.register_bars("s", spec.spec())
+        verdicts = [bar_verdict(r, v, t, h) for r, v, t, h in zip(spec.spec().bars, (0.01, 0.0), (0.05, -0.02),
+                                                                     (True, True), strict=True)]
         nb.add_comparison(session="s", candidate=arm, incumbent=parent, bars_id=record.id, verdicts=verdicts,
                           promoted=True, adjustment={"raw_p": [0.01]}, rationale="all bars hold")
-        nb.record_decision("s", "promote", "arm becomes the incumbent", {"action": "incumbent", "artifact_id": arm,
-                                                                        "comparison_id": 1, "previous": parent})
+        nb.record_decision("s", "incumbent", "arm becomes the incumbent", {"action": "incumbent", "artifact_id": arm,
+                                                                          "comparison_id": 1, "previous": parent})
         v = view(nb, "s")
     assert (v.parent, v.incumbent, v.chain) == (parent, arm, [parent, arm])
     assert v.bars.primary == HOLDOUT_P and v.bars.suites() == (["synthetic"], ["holdout"])

@@ -60,7 +60,7 @@ def render(jobs: list[Job[Any]], notebook: Notebook, session: str) -> Table:
     """The table drawn on each refresh (reads the notebook, never polls the executor)."""
     ledger = notebook.ledger(session)
     table = Table(title=f"budget: {ledger.spent_gpuh:.3f} GPU-h spent, {ledger.reserved_gpuh:.3f} reserved, "
-                        f"{ledger.left_gpuh:.3f} left of {ledger.budget_gpuh:g}", title_justify="left")
+                        f"{ledger.left_gpuh(nomination=True):.3f} left of {ledger.budget_gpuh:g}", title_justify="left")
     for column in ("job", "attempt", "state", "elapsed", "cost", "progress"):
         table.add_column(column)
     for job in jobs:

@@ -70,6 +70,7 @@ from core.util import (
 from core.versions import Versions
 from evals.decoding import Decoding
 from memory.notebook import Artifact, EvalRecord, Notebook
+from memory.state import fold
 from tools.data.datasets import audit_clean
 from tools.nomination import card
 
@@ -413,15 +414,14 @@ def _dataset(ds: Artifact) -> DatasetEvidence:
 
 def training_evidence(nb: Notebook, session: str, nominee_id: int) -> TrainingEvidence:
     lineage = card.model_lineage(nb, nominee_id)
-    bars = [nb.bars(d.payload.get("bars_id")) for d in nb.decisions(session, kind="register_bars")]
-    last = nb.decisions(session)[-1]
+    state = fold(nb, session)
     return TrainingEvidence(
         session=session, notebook=nb.path.name, nominee=nominee_id, nominee_sha256=nb.artifact(nominee_id).sha256,
         lineage=[_stage(nb, a) for a in lineage],
         datasets=[_dataset(d) for d in card.lineage_datasets(nb, lineage)],
-        bars=[BarsEvidence(bars_id=b.id, sha256=b.sha256, registered_at=b.registered_at) for b in bars],
-        comparisons=[c.id for c in nb.comparisons(session) if c.candidate == nominee_id],
-        last_decision=DecisionRef(seq=last.seq, hash=last.hash),
+        bars=[BarsEvidence(bars_id=b.id, sha256=b.sha256, registered_at=b.registered_at) for b in state.registrations],
+        comparisons=[v.comparison_id for v in state.of(nominee_id)],
+        last_decision=DecisionRef(seq=state.head.seq, hash=state.head.hash),
         stops=measured_stops(nb, session, nominee_id, served_decoding(nb, session, nominee_id).fingerprint()),
     )
 

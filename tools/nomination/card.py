@@ -33,12 +33,15 @@ What the card reads, and where from:
 - paths: only lab-relative names (a path outside the lab by its directory name): the card names no path of
   the lab's machine, free text read from the notebook (failure details, refusal reasons) included;
 - evaluations: the first replicate-0 eval at served decoding of each suite (the look that counts,
-  as in evals/compare.py), for the nominee, the parent and the runner-up; noise floors: the first
-  calibrated for the suite and metric;
+  as in evals/compare.py), for the nominee, the parent and the runner-up; noise floors: the session state's
+  (memory/state.py), in the unit each bar's threshold used (threshold = value x floor): as the verdict recorded it
+  (`comparison:ID verdicts.N.floor`), else the calibration's replicates' mean absolute delta, named as such;
 - the sealed confirmation: `confirm` decisions for the nominee (each cited by its seq) and their evals;
 - ground truth: the nominee's `truth` decision (tools/ground_truth.py), when the lab declares a scorer;
-- bars, comparisons, promote/reject decisions, refused comparisons and refused bundles (every
-  failure of each), failed job attempts and GPU-hours by kind.
+- bars, verdicts (promote: every bar held; reject) with each bar's floor, changes of incumbent, refused
+  comparisons and refused bundles (every failure of each), failed job attempts and GPU-hours by kind.
+Every session fact (bars, floors, verdicts, confirmations, the ground truth, the chain head) comes from the session
+state; the notebook is read directly only for rows the state names (artifacts, evals, jobs).
 """
 
 from __future__ import annotations
@@ -54,10 +57,11 @@ from scipy import stats as sps
 
 from core.display import shown
 from core.versions import Versions, installed
-from memory.notebook import Artifact, ChatTemplateRef, Decision, EvalRecord, JobRecord, Notebook
-from memory.records import BundleRefusal, CompareRefusal, IncumbentPayload
+from memory.notebook import Artifact, ChatTemplateRef, EvalRecord, JobRecord, Notebook
+from memory.records import BundleRefusal, CompareRefusal
 from memory.report import family
 from memory.skips import skipped_steps
+from memory.state import BarFloor, IncumbentChange, SessionState, Verdict, fold
 
 # Fewer items than this and a suite cannot resolve differences of a few points: said in the limitations.
 MIN_ITEMS = 100
@@ -167,15 +171,14 @@ def first_served(nb: Notebook, session: str, artifact_id: int, suite: str) -> Ev
     return evs[0] if evs else None
 
 
-def sealed_suites(nb: Notebook, session: str, artifact_id: int) -> list[str]:
-    return [d.payload.get("suite") for d in nb.decisions(session, kind="confirm")
-            if d.payload.get("artifact_id") == artifact_id]
+def sealed_suites(state: SessionState, artifact_id: int) -> list[str]:
+    return [c.suite for c in state.confirmed(artifact_id)]
 
 
-def served_suites(nb: Notebook, session: str, artifact_id: int) -> list[str]:
+def served_suites(nb: Notebook, state: SessionState, artifact_id: int) -> list[str]:
     """Suites with a served eval of the artifact, sealed suites left out."""
-    skip = set(sealed_suites(nb, session, artifact_id))
-    suites = [e.suite for e in nb.evals(artifact_id=artifact_id, session=session) if e.served and e.replicate == 0]
+    skip = set(sealed_suites(state, artifact_id))
+    suites = [e.suite for e in nb.evals(artifact_id=artifact_id, session=state.session) if e.served and e.replicate == 0]
     return sorted({s for s in suites if s not in skip})
 
 
@@ -245,8 +248,9 @@ def _value_ci(ev: EvalRecord, metric: str) -> str:
             f" n={n_text}")
 
 
-def _model_section(nb: Notebook, session: str, nominee: Artifact, lineage: list[Artifact],
+def _model_section(nb: Notebook, state: SessionState, nominee: Artifact, lineage: list[Artifact],
                    weights: WeightsInfo) -> list[str]:
+    session = state.session
     names = LabNames(nb, session)
     lines = [f"# {code(nominee.name)}: a chat model nominated by session {code(session)}", "",
              "## Model", ""]
@@ -255,14 +259,12 @@ def _model_section(nb: Notebook, session: str, nominee: Artifact, lineage: list[
     lines.append(f"The nominee is notebook artifact {code(nominee.id)} ({code(nominee.kind)} at "
                  f"{code(names.path(nominee.path))}, weights hash {code(nominee.sha256)}), shipped as {what}.")
     lines.append(_origin_line(nb, session, lineage[0], names))
-    opened = nb.decisions(session, kind="open")
-    chat_ref = opened[0].payload.chat_template if opened else None
+    chat_ref = state.opened.chat_template if state.opened is not None else None
     if chat_ref is not None:
         lines.append(_chat_template_line(chat_ref))
-    decisions = nb.decisions(session)
-    if decisions:
+    if state.head is not None:
         lines.append(f"Everything below was read from the lab notebook of session {code(session)}; its decision "
-                     f"chain stood at seq {code(decisions[-1].seq)} with hash {code(decisions[-1].hash)}.")
+                     f"chain stood at seq {code(state.head.seq)} with hash {code(state.head.hash)}.")
     return [*lines, ""]
 
 
@@ -469,22 +471,47 @@ def _data_section(datasets: list[Artifact]) -> list[str]:
     return [*lines, ""]
 
 
-def _floor_text(nb: Notebook, session: str, suite: str, metric: str) -> str:
-    floors = nb.noise_floors(session, suite, metric)
-    if not floors:
+def bar_floor_text(f: BarFloor, comparison_id: int | None, index: int | None) -> str:
+    """One noise floor as a bar's threshold used it (threshold = value x floor), with its reference: the verdict that
+    recorded it, or the calibration row when it is the replicates' mean absolute delta itself."""
+    if f.recorded and comparison_id is not None:
+        shown = num(f.unit, ref("comparison", comparison_id, f"verdicts.{index}.floor"))
+    elif f.unit == f.mean_abs_delta:
+        shown = num(f.unit, ref("noise_floor", f.floor_id, "mean_abs_delta"))
+    else:  # derived under `resolvable` for a verdict recorded before floors were kept: no record holds the number
+        shown = code(f"{f.unit:.4g}")
+    return (f"{shown} ({code(f.floor_unit)} floor of calibration {code(f.floor_id)}, "
+            f"K={num(f.k, ref('noise_floor', f.floor_id, 'k'))})")
+
+
+def _floor_text(state: SessionState, nominee_id: int, suite: str, metric: str) -> str:
+    """The floor of (suite, metric) in the unit the bars' thresholds used: as the nominee's latest verdict recorded
+    it, else as a comparison against the nominee would read it; a metric no noise-floor bar reads shows the
+    replicates' mean absolute delta, named as such."""
+    for v in reversed(state.of(nominee_id)):
+        for i, (b, f) in enumerate(zip(v.bars, v.floors, strict=True)):
+            if f is not None and (b.bar.suite, b.bar.metric) == (suite, metric):
+                return bar_floor_text(f, v.comparison_id, i)
+    for f in state.bar_floors(nominee_id):
+        if (f.rule.suite, f.rule.metric) == (suite, metric):
+            return bar_floor_text(f, None, None)
+    floor = state.first_floor(suite, metric)
+    if floor is None:
         return "not calibrated"
-    f = floors[0]
-    return (f"{num(f.mean_abs_delta, ref('noise_floor', f.id, 'mean_abs_delta'))} "
-            f"(K={num(f.k, ref('noise_floor', f.id, 'k'))})")
+    f = floor.record
+    return (f"{num(f.mean_abs_delta, ref('noise_floor', f.id, 'mean_abs_delta'))} (replicates' mean absolute delta, "
+            f"K={num(f.k, ref('noise_floor', f.id, 'k'))}; no bar reads it)")
 
 
-def _eval_section(nb: Notebook, session: str, sides: list[tuple[str, Artifact | None]]) -> list[str]:
-    nominee = sides[0][1]
+def _eval_section(nb: Notebook, state: SessionState, sides: list[tuple[str, Artifact | None]]) -> list[str]:
+    nominee, session = sides[0][1], state.session
     lines = ["## Evaluation", "",
              "Each cell: the mean over items of the first full look at served decoding, its interval "
              f"({code('95%')}: Wilson score for binary values, Student t otherwise) and the item count. "
-             "Noise floor: the mean absolute difference between the incumbent's replicates.", ""]
-    suites = served_suites(nb, session, nominee.id)
+             "Noise floor: one noise floor in the unit the bars' thresholds used (threshold = value x floor): under "
+             f"{code('resolvable')} the mean absolute difference between the incumbent's replicates, never finer than "
+             f"the suite resolves; under {code('replicates')} that difference alone.", ""]
+    suites = served_suites(nb, state, nominee.id)
     if not suites:
         return [*lines, "The nominee has no served evaluation in this session.", ""]
     header = " | ".join(f"{role} {code(art.name)}" for role, art in sides if art is not None)
@@ -495,7 +522,7 @@ def _eval_section(nb: Notebook, session: str, sides: list[tuple[str, Artifact | 
         for metric in metric_names(evs[0][1]):
             cells = [_value_ci(ev, metric) if ev is not None and metric in ev.metrics else "not evaluated"
                      for _, ev in evs]
-            lines.append(f"| {code(metric)} | " + " | ".join(cells) + f" | {_floor_text(nb, session, suite, metric)} |")
+            lines.append(f"| {code(metric)} | " + " | ".join(cells) + f" | {_floor_text(state, nominee.id, suite, metric)} |")
         lines.append("")
     return lines
 
@@ -510,32 +537,23 @@ def _evals_block(nb: Notebook, title: str, evs: list[EvalRecord], empty: str) ->
     return [*lines, ""]
 
 
-def _sealed_section(nb: Notebook, session: str, nominee: Artifact) -> list[str]:
+def _sealed_section(nb: Notebook, state: SessionState, nominee: Artifact) -> list[str]:
     """Each sealed suite opened for the nominee: its `confirm` decision, then the one eval it allowed."""
     lines = ["## Sealed confirmation", ""]
-    confirms = [d for d in nb.decisions(session, kind="confirm") if d.payload.get("artifact_id") == nominee.id]
+    confirms = state.confirmed(nominee.id)
     if not confirms:
         return [*lines, "No sealed confirmation suite was scored for the nominee in this session.", ""]
     lines.append("Scored once, for the nominee only, after its bundle passed check-bundle; never used for selection.")
-    for d in confirms:
-        suite = d.payload.get("suite")
-        evs = nb.evals(artifact_id=nominee.id, suite=suite, session=session)[:1]
-        opened = f"- suite {code(suite)} (opened by decision {code(d.seq)}"
+    for c in confirms:
+        evs = nb.evals(artifact_id=nominee.id, suite=c.suite, session=state.session)[:1]
+        opened = f"- suite {code(c.suite)} (opened by decision {code(c.seq)}"
         if not evs:  # undecided: a battle suite whose sealed battles hold no decisive vote had nothing to score
-            undecided = any(suite in e.payload.get("undecided", []) for e in nb.decisions(session, kind="evaluate")
-                            if e.payload.get("sealed") and e.payload.get("artifact_id") == nominee.id)
             lines.append(f"{opened}): " + ("undecided: its sealed battles hold no decisive vote, nothing to score"
-                                           if undecided else "no result was recorded (its job failed)"))
+                                           if c.undecided else "no result was recorded (its job failed)"))
             continue
         ev = evs[0]
         lines.append(f"{opened}, eval {code(ev.id)}): " + "; ".join(f"{code(m)} {_value_ci(ev, m)}" for m in metric_names(ev)))
     return [*lines, ""]
-
-
-def truth_of(nb: Notebook, session: str, nominee_id: int) -> Decision | None:
-    """The nominee's ground-truth record (its latest `truth` decision), if one was measured."""
-    found = [d for d in nb.decisions(session, kind="truth") if d.payload.artifact_id == nominee_id]
-    return found[-1] if found else None
 
 
 def _truth_missing(nb: Notebook, session: str, nominee: Artifact) -> list[str]:
@@ -550,12 +568,12 @@ def _truth_missing(nb: Notebook, session: str, nominee: Artifact) -> list[str]:
             f"{code(declared.get('n'))} prompts), but no result is recorded for the nominee{why}."]
 
 
-def _truth_section(nb: Notebook, session: str, nominee: Artifact) -> list[str]:
+def _truth_section(nb: Notebook, state: SessionState, nominee: Artifact) -> list[str]:
     """The nominee's true win rate against the parent, by the lab's noise-free scorer."""
     lines = ["## Ground truth", ""]
-    d = truth_of(nb, session, nominee.id)
+    d = state.truth(nominee.id)
     if d is None:
-        return [*lines, *_truth_missing(nb, session, nominee), ""]
+        return [*lines, *_truth_missing(nb, state.session, nominee), ""]
     t = d.payload
 
     def at(expr: str, value: float | int) -> str:
@@ -586,55 +604,54 @@ def _truth_section(nb: Notebook, session: str, nominee: Artifact) -> list[str]:
     return [*lines, ""]
 
 
-def _verdict_rows(cmp_id: int, verdicts: list[dict[str, Any]], only_failed: bool) -> list[str]:
+def _verdict_rows(v: Verdict, only_failed: bool) -> list[str]:
     rows = []
-    for i, v in enumerate(verdicts):
-        if only_failed and v["holds"]:
+    for i, (b, f) in enumerate(zip(v.bars, v.floors, strict=True)):
+        if only_failed and b.holds:
             continue
-        bar = v["bar"]
-        value = v["value"]
-        shown = code(value) if isinstance(value, str) else num(value, ref("comparison", cmp_id, f"verdicts.{i}.value"))
-        rows.append(f"  - {code(bar['suite'] + '/' + bar['metric'])} {code(bar['statistic'])} {code(bar['op'])} "
-                    f"threshold {num(v['threshold'], ref('comparison', cmp_id, f'verdicts.{i}.threshold'))}: "
-                    f"{shown} ({'holds' if v['holds'] else 'fails'})")
+        shown = code(b.value) if isinstance(b.value, str) else num(b.value, ref("comparison", v.comparison_id,
+                                                                                  f"verdicts.{i}.value"))
+        floor = "" if f is None else f" (noise floor {bar_floor_text(f, v.comparison_id, i)})"
+        rows.append(f"  - {code(b.bar.target)} {code(b.bar.statistic)} {code(b.bar.op)} "
+                    f"threshold {num(b.threshold, ref('comparison', v.comparison_id, f'verdicts.{i}.threshold'))}"
+                    f"{floor}: {shown} ({'holds' if b.holds else 'fails'})")
     return rows
 
 
-def _decisions_section(nb: Notebook, session: str) -> list[str]:
+def _decisions_section(nb: Notebook, state: SessionState) -> list[str]:
     lines = ["## Promotion decisions and bars", ""]
-    for d in nb.decisions(session, kind="register_bars"):
-        record = nb.bars(d.payload.get("bars_id"))
-        lines.append(f"Bars {code(record.id)} (hash {code(record.sha256)}, registered {code(record.registered_at)}):")
-        for i, bar in enumerate(record.spec["bars"]):
-            unit = " noise floors" if bar["unit"] == "noise_floor" else ""
-            lines.append(f"- {code(bar['suite'] + '/' + bar['metric'])}: {code(bar['statistic'])} {code(bar['op'])} "
-                         f"{num(bar['value'], ref('bars', record.id, f'spec.bars.{i}.value'))}{unit}")
+    for r in state.registrations:
+        lines.append(f"Bars {code(r.id)} (hash {code(r.sha256)}, registered {code(r.registered_at)}, noise floors "
+                     f"{code(r.floor_unit)}):")
+        for i, rule in enumerate(r.rules):
+            unit = " noise floors" if rule.in_noise_units else ""
+            lines.append(f"- {code(rule.target)}: {code(rule.statistic)} {code(rule.op)} "
+                         f"{num(rule.value, ref('bars', r.id, f'spec.bars.{i}.value'))}{unit}")
         lines.append("")
-    by_id = {c.id: c for c in nb.comparisons(session)}
-    for d in nb.decisions(session):
-        if isinstance(d.payload, IncumbentPayload):  # the promote tool acting on a promoting verdict
-            lines.append(f"- decision {code(d.seq)}: {code(nb.artifact(d.payload.artifact_id).name)} becomes the "
-                         f"incumbent (was {code(nb.artifact(d.payload.previous).name)}; comparison "
-                         f"{code(d.payload.comparison_id)})")
-        elif d.kind in ("promote", "reject"):
-            c = by_id[d.payload.get("comparison_id")]
-            lines.append(f"- decision {code(d.seq)}: {d.kind} {code(nb.artifact(c.candidate).name)} over "
-                         f"{code(nb.artifact(c.incumbent).name)} by bars {code(c.bars_id)}")
-            lines += _verdict_rows(c.id, c.verdicts, only_failed=False)
+    events = sorted([*state.verdicts, *state.changes], key=lambda e: e.seq)
+    for e in events:
+        if isinstance(e, IncumbentChange):  # the promote tool acting on a verdict that cleared every bar
+            lines.append(f"- decision {code(e.seq)}: {code(nb.artifact(e.artifact_id).name)} becomes the "
+                         f"incumbent (was {code(nb.artifact(e.previous).name)}; comparison {code(e.comparison_id)})")
+        else:
+            verdict = "cleared every bar (promote)" if e.cleared else "failed the bars (reject)"
+            lines.append(f"- decision {code(e.seq)}: {code(nb.artifact(e.candidate).name)} {verdict} against "
+                         f"{code(nb.artifact(e.incumbent).name)} by bars {code(e.bars_id)}")
+            lines += _verdict_rows(e, only_failed=False)
     return [*lines, ""]
 
 
-def _rejected_section(nb: Notebook, session: str) -> list[str]:
+def _rejected_section(nb: Notebook, state: SessionState) -> list[str]:
     lines = ["## Rejected alternatives", ""]
-    rejected = [c for c in nb.comparisons(session) if not c.promoted]
-    for c in rejected:
-        lines.append(f"- {code(nb.artifact(c.candidate).name)} (comparison {code(c.id)}) failed:")
-        lines += _verdict_rows(c.id, c.verdicts, only_failed=True)
-    refused = [d for d in nb.decisions(session, kind="refuse") if isinstance(d.payload, CompareRefusal)]
+    rejected = [v for v in state.verdicts if not v.cleared]
+    for v in rejected:
+        lines.append(f"- {code(nb.artifact(v.candidate).name)} (comparison {code(v.comparison_id)}) failed:")
+        lines += _verdict_rows(v, only_failed=True)
+    refused = [d for d in state.refusals if isinstance(d.payload, CompareRefusal)]
     for d in refused:
-        lines.append(f"- {code(nb.artifact(d.payload.get('candidate')).name)} was refused a comparison "
-                     f"(decision {code(d.seq)}): {code('; '.join(d.payload.get('reasons', [])))}")
-    bundles = [d for d in nb.decisions(session, kind="refuse") if isinstance(d.payload, BundleRefusal)]
+        lines.append(f"- {code(nb.artifact(d.payload.candidate).name)} was refused a comparison "
+                     f"(decision {code(d.seq)}): {code('; '.join(d.payload.reasons))}")
+    bundles = [d for d in state.refusals if isinstance(d.payload, BundleRefusal)]
     for d in bundles:
         lines.append(f"- {code(nb.artifact(d.payload.artifact_id).name)} was refused as the nominee (decision "
                      f"{code(d.seq)}): its bundle failed "
@@ -680,9 +697,10 @@ def _compute_section(nb: Notebook, session: str) -> list[str]:
             _gpu_line("total", jobs), ""]
 
 
-def _limitations(nb: Notebook, session: str, nominee: Artifact, parent: Artifact | None) -> list[str]:
+def _limitations(nb: Notebook, state: SessionState, nominee: Artifact, parent: Artifact | None) -> list[str]:
+    session = state.session
     lines = ["## Limitations", "", "Derived from the recorded evaluations:"]
-    for suite in served_suites(nb, session, nominee.id):
+    for suite in served_suites(nb, state, nominee.id):
         ev = first_served(nb, session, nominee.id, suite)
         pv = first_served(nb, session, parent.id, suite) if parent else None
         for metric in metric_names(ev):
@@ -698,7 +716,7 @@ def _limitations(nb: Notebook, session: str, nominee: Artifact, parent: Artifact
         if n < MIN_ITEMS:
             lines.append(f"- {code(suite)} has only {num(n, ref('eval', ev.id, 'count(items)'))} items: too few to "
                          f"resolve differences of a few points (fewer than {code(MIN_ITEMS)})")
-    sealed = [e for suite in sealed_suites(nb, session, nominee.id)
+    sealed = [e for suite in sealed_suites(state, nominee.id)
               for e in nb.evals(artifact_id=nominee.id, suite=suite, session=session)[:1]]
     if not sealed:
         lines.append("- no sealed confirmation was scored: the selection evidence is the only evidence")
@@ -710,12 +728,12 @@ def _limitations(nb: Notebook, session: str, nominee: Artifact, parent: Artifact
     if skipped:
         lines.append("- skipped steps (planned, not taken): " + "; ".join(
             f"{shown(x.step, limit=200)} ({shown(x.reason, limit=300)})" for x in skipped))
-    return [*lines, *_truth_limitation(nb, session, nominee), ""]
+    return [*lines, *_truth_limitation(state, nominee), ""]
 
 
-def _truth_limitation(nb: Notebook, session: str, nominee: Artifact) -> list[str]:
+def _truth_limitation(state: SessionState, nominee: Artifact) -> list[str]:
     """A ground truth whose interval reaches 0.5 (no gain shown over the parent) or lies below it."""
-    d = truth_of(nb, session, nominee.id)
+    d = state.truth(nominee.id)
     if d is None or d.payload.ci_low > 0.5 or d.payload.artifact_id == d.payload.parent:  # (the parent vs itself)
         return []
     t, at = d.payload, lambda expr, v: num(v, ref("decision", d.seq, expr))
@@ -750,22 +768,22 @@ def render_card(nb: Notebook, session: str, nominee_id: int, parent_id: int | No
     served = [e for e in nb.evals(artifact_id=nominee_id, session=session) if e.served]
     if not served:
         raise ValueError(f"card: artifact {nominee_id} has no served evaluation in session {session}")
-    lineage = model_lineage(nb, nominee_id)
+    lineage, state = model_lineage(nb, nominee_id), fold(nb, session)
     sections = [
-        _model_section(nb, session, nominee, lineage, weights),
+        _model_section(nb, state, nominee, lineage, weights),
         _usage_section(nb, served[0], weights),
         _lineage_section(nb, lineage),
         _recipe_section(nb, lineage),
         _software_section(nb, lineage),
         _data_section(lineage_datasets(nb, lineage)),
-        _eval_section(nb, session, [("nominee", nominee), ("parent", parent), ("runner-up", runner_up)]),
-        _sealed_section(nb, session, nominee),
-        _truth_section(nb, session, nominee),
-        _decisions_section(nb, session),
-        _rejected_section(nb, session),
+        _eval_section(nb, state, [("nominee", nominee), ("parent", parent), ("runner-up", runner_up)]),
+        _sealed_section(nb, state, nominee),
+        _truth_section(nb, state, nominee),
+        _decisions_section(nb, state),
+        _rejected_section(nb, state),
         _failures_section(nb, session),
         _compute_section(nb, session),
-        _limitations(nb, session, nominee, parent),
+        _limitations(nb, state, nominee, parent),
         _license_section(next((a for a in lineage if a.recipe.get("role") == "parent"), lineage[0])),
     ]
     text = "\n".join(line for section in sections for line in section).rstrip() + "\n"
