@@ -73,7 +73,8 @@ class Summary(_View):
     session: str = Field(description="Session name.")
     view: SessionState = Field(description="The session state: ledger, incumbent chain, typed bars and verdicts, "
                                "noise floors, p-value family, failed arms in a row (memory/state.py); its ground "
-                               "truth left out.")
+                               "truth, the refusals of it and the chain head (which a truth decision moves) left "
+                               "out.")
     split: Split | None = Field(description="The feedback split: id, sha256 and per-split counts.")
     calibrated: list[int] = Field(description="Checkpoints with noise floors.")
     noise_floors: list[BarFloor] = Field(description="Per noise-floor bar in force, the floor a comparison against "
@@ -211,7 +212,7 @@ def summarize(nb: Notebook, session: str) -> Summary:
     failures = [f"{j.kind} {j.key[:12]} attempt {j.attempt}: {j.failure_class}" for j in nb.jobs(session=session)
                 if j.state == "failed" and j.kind != TRUTH_JOB_KIND]
     return Summary(
-        session=session, view=state.model_copy(update={"truths": []}), split=state.split,
+        session=session, view=state.model_copy(update={"truths": [], "refusals": refused, "head": None}), split=state.split,
         calibrated=[a for a in state.calibrated() if any(cp.id == a for cp in checkpoints)],
         noise_floors=state.bar_floors(), screen_floors=screen, checkpoints=checkpoints, datasets=datasets, calls=calls,
         refusals=refusals, gate_refusals=gate_refusals, failures=failures, nominee=state.nominee,

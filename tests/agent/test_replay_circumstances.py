@@ -15,7 +15,7 @@ def _session(path: Path, circumstances: bool) -> Notebook:
     nb = Notebook.open(path)
     nb.open_session("s", lab=str(path.parent), budget_gpuh=1, reserve_gpuh=0, planner="playbook", executor="slurm",
                     config={})
-    nb.record_decision("s", "ingest", "feedback split abc", {"counts": {"train": 3}})
+    nb.record_decision("s", "ingest", "feedback split abc", {"split_id": 1, "sha256": "a" * 64, "counts": {"train": 3}})
     if circumstances:
         nb.record_decision("s", "wait", "ingest still pending after 10 min (Slurm: Resources)",
                            WaitPayload(key="k" * 64, kind="ingest", attempt=1, pending_s=600.0, reason="Resources"))

@@ -12,6 +12,7 @@ from agent.runner import closing_line
 from memory.notebook import Notebook
 from memory.report import write_report
 from memory.skips import skipped_steps
+from memory.state import fold
 from tools.context import ToolContext
 from tools.nomination import card
 from tools.paths import LabPaths
@@ -47,6 +48,6 @@ def test_a_skipped_step_is_in_the_status_line_the_report_and_the_card(tmp_path: 
     html = report.read_text()
     assert "Skipped steps: 1" in html and f'href="#decision-{seq}"' in html and "the lab has no [[data]] pool" in html
     nominee = nb.add_artifact(kind="checkpoint", name="arm", path=str(tmp_path / "arm"), sha256="0" * 64, session="s")
-    lines = card._limitations(nb, "s", nominee, None)
+    lines = card._limitations(nb, fold(nb, "s"), nominee, None)
     assert any(x.startswith(f"- skipped steps (planned, not taken): {STEP} (the lab has no") for x in lines)
     nb.close()

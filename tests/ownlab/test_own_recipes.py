@@ -124,7 +124,7 @@ def _islet(nb: Notebook) -> None:
     arms = [c for c in _calls(nb, "train") if c.args["trainer"] == "rft"]
     assert sorted(c.args.get("lr_scale") or 1.0 for c in arms) == [0.5, 1.0, 2.0]  # three learning rates
     assert nb.noise_floors(SESSION, "follow", "strict")
-    assert len(nb.bars(nb.decisions(SESSION, kind="register_bars")[-1].payload.bars_id).spec["bars"]) == 4
+    assert len(nb.bars(nb.decisions(SESSION, kind="register_bars")[-1].payload.bars_id).spec.bars) == 4
     assert [c.args["method"] for c in _calls(nb, "merge")] == ["dose"]
 
 

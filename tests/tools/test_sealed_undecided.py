@@ -8,6 +8,7 @@ from pathlib import Path
 
 from evals.decoding import Decoding
 from memory.notebook import Notebook
+from memory.state import fold
 from tools import sealed_open
 from tools.context import LabSpec, LabSuite, ToolContext
 from tools.data.splits import SplitConfig
@@ -43,8 +44,10 @@ def test_a_sealed_battle_suite_without_a_decisive_vote_is_recorded_undecided(tmp
     assert "confirm undecided (its sealed battles hold no decisive vote)" in outcome.summary
     [opened] = nb.decisions("s", kind="confirm")  # opened once: a second look stays impossible
     [recorded] = nb.decisions("s", kind="evaluate")
-    assert recorded.payload.get("undecided") == ["confirm"] and recorded.payload.get("sealed")
+    assert recorded.payload.undecided == ["confirm"] and recorded.payload.sealed
     assert not nb.jobs(session="s")
-    lines = card._sealed_section(nb, "s", nominee)
+    state = fold(nb, "s")
+    assert [(c.suite, c.undecided) for c in state.confirmations] == [("confirm", True)]
+    lines = card._sealed_section(nb, state, nominee)
     assert any("undecided: its sealed battles hold no decisive vote" in x and str(opened.seq) in x for x in lines)
     nb.close()

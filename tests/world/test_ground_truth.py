@@ -17,6 +17,7 @@ from agent.planners.playbook import PlaybookSettings
 from agent.runner import _runtime, snapshot
 from agent.summary import summarize
 from memory.notebook import Notebook
+from memory.state import fold
 from tools import ground_truth
 from tools.nomination import card
 from tools.promote import start_incumbent
@@ -65,9 +66,10 @@ def test_the_nominees_ground_truth_is_one_job_and_one_record_the_planner_never_s
     assert toolbox.run(rt.ctx, "ground_truth", args, None) == outcome
     assert len(nb.jobs(session=SESSION, kind=ground_truth.JOB_KIND)) == 1 and len(nb.decisions(SESSION, kind="truth")) == 1
 
-    section = "\n".join(card._truth_section(nb, SESSION, nb.artifact(parent)))
+    state = fold(nb, SESSION)
+    section = "\n".join(card._truth_section(nb, state, nb.artifact(parent)))
     assert "The nominee is the parent itself" in section  # and no limitation is drawn from a self-comparison
-    assert card._truth_limitation(nb, SESSION, nb.artifact(parent)) == []
+    assert card._truth_limitation(state, nb.artifact(parent)) == []
     for expr, value in (("payload.win_rate", t.win_rate), ("payload.ci_low", t.ci_low), ("payload.n", t.n)):
         assert card.num(value, card.ref("decision", record.seq, expr)) in section
     nb.close()
