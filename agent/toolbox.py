@@ -68,7 +68,7 @@ def schemas(names: tuple[str, ...] = PLANNER_TOOLS) -> list[dict[str, Any]]:
 def _job_kind(ctx: ToolContext, tool: str, args: Any) -> tuple[str, dict[str, Any]] | None:
     """The launcher kind and sizing of the job a call will submit, as the tool sizes it (None: no
     job, or a data job declared free)."""
-    n_open = len(ctx.lab.open_suites)
+    open_names = [s.name for s in ctx.lab.open_suites]
     match tool:
         case "train":  # sized as the tool settles it: the proposal over the lab's [train], against the dataset
             try:
@@ -78,14 +78,24 @@ def _job_kind(ctx: ToolContext, tool: str, args: Any) -> tuple[str, dict[str, An
         case "merge":
             return "merge", {}
         case "evaluate":  # each replicate generates every suite again
-            return "eval", {"work_units": float(len(args.suites or ctx.lab.open_suites) * args.replicates)}
+            return "eval", _eval_sizing(ctx, "eval", args.artifact, args.suites or open_names, args.replicates)
         case "tune_serving":
-            return "eval", {"work_units": float(n_open)}
+            return "eval", _eval_sizing(ctx, "eval", args.artifact, open_names, 1)
         case "sealed_open":
-            return "eval", {"work_units": float(len(ctx.lab.sealed_suites))}
+            return "eval", _eval_sizing(ctx, "eval", args.artifact, [s.name for s in ctx.lab.sealed_suites], 1)
         case "calibrate":
-            return "eval", {"work_units": float(n_open * args.k)}
+            return "eval", _eval_sizing(ctx, "eval", args.artifact, open_names, args.k)
     return None
+
+
+def _eval_sizing(ctx: ToolContext, kind: str, artifact: int, names: list[str], replicates: int) -> dict[str, Any]:
+    """The eval job's own sizing (tools/evaluate.py planned_sizing): its work units, and its tokens and model for the
+    declared start-up and work before any eval is measured; the work units alone for an unknown artifact or suite
+    (the gates refuse the call)."""
+    try:
+        return evaluate.planned_sizing(ctx, kind, artifact, names, replicates)
+    except (NotebookError, KeyError, LookupError):
+        return {"work_units": float(len(names) * replicates)}
 
 
 def forecast_gpuh(ctx: ToolContext, launcher: Launcher, tool: str, args: BaseModel, own_gpuh: float = 0.0) -> float:
@@ -97,6 +107,6 @@ def forecast_gpuh(ctx: ToolContext, launcher: Launcher, tool: str, args: BaseMod
     gpuh = launcher.forecast(kind[0], ctx.resources(kind=kind[0], own_gpuh=own_gpuh, **kind[1])).gpuh
     judged = [s for s in ctx.lab.open_suites if s.judged]
     if tool == "calibrate" and judged:  # its reference answers are a job of their own, before the K replicates
-        gpuh += launcher.forecast("reference", ctx.resources(kind="reference", own_gpuh=own_gpuh,
-                                                             work_units=float(len(judged)))).gpuh
+        sizing = _eval_sizing(ctx, "reference", args.artifact, [s.name for s in judged], 1)
+        gpuh += launcher.forecast("reference", ctx.resources(kind="reference", own_gpuh=own_gpuh, **sizing)).gpuh
     return gpuh

@@ -151,12 +151,33 @@ def eval_sizing(cfg: EvalJobConfig) -> dict[str, Any]:
     """What the launcher forecasts an eval job from: suites x replicates (work units of this lab's measured
     throughput), and the most tokens it generates (items x replicates x the decoding's cap) with its model's active
     parameters (the model-based forecast before any measurement)."""
-    items = sum(_lines(Path(s.items_path)) for s in cfg.suites if s.items_path is not None)
-    out: dict[str, Any] = {"work_units": float(len(cfg.suites) * cfg.replicates), "job_class": "eval"}
+    return _sizing([s.items_path for s in cfg.suites], cfg.replicates, cfg.decoding.max_new_tokens,
+                   Path(cfg.checkpoint))
+
+
+def planned_sizing(ctx: ToolContext, kind: str, artifact_id: int, names: list[str], replicates: int) -> dict[str, Any]:
+    """eval_sizing of the job a tool will submit, from what the job's config will be built from (the same items, the
+    artifact's served cap, its checkpoint): the budget gate's forecast, before the config exists. `kind`: "eval", or
+    "reference" (the judge suites' prompts once, unscored)."""
+    if kind == "reference":
+        names, replicates = [n for n in names if ctx.lab.suite(n).judged], 1
+    items = []
+    for n in names:
+        suite = ctx.lab.suite(n)
+        holdout = holdout_items if kind == "reference" or not suite.judged else holdout_battles
+        items.append(suite.file or holdout(ctx, suite.sealed))
+    return _sizing(items, replicates, served_of(ctx, artifact_id).max_new_tokens,
+                   Path(ctx.nb.artifact(artifact_id).path))
+
+
+def _sizing(items_paths: list[Path | str | None], replicates: int, max_new_tokens: int,
+            checkpoint: Path) -> dict[str, Any]:
+    items = sum(_lines(Path(p)) for p in items_paths if p is not None)
+    out: dict[str, Any] = {"work_units": float(len(items_paths) * replicates), "job_class": "eval"}
     if items:
-        out["tokens"] = float(items * cfg.replicates * cfg.decoding.max_new_tokens)
+        out["tokens"] = float(items * replicates * max_new_tokens)
     try:
-        out["active_params"] = model_shape(Path(cfg.checkpoint)).params_active
+        out["active_params"] = model_shape(checkpoint).params_active
     except (OSError, ValueError, KeyError):  # an adapter or a directory without config.json: the bound applies
         pass
     return out
