@@ -99,8 +99,6 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         for note in feedback_notes(config):
             print(shown(note, keep_newlines=True))
-    from agent.runner import start
-
     if config is None and named_lab and not args.lab.is_dir():
         # A mistyped --lab is not a request for the toy world: that is built without --lab (in ./lab) or by
         # `world build --lab DIR`. A directory with files but no lab.toml is refused by check_build below.
@@ -114,6 +112,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             check_build(args.lab, 0, "demo")  # before the lock file: a refused build leaves nothing behind
         except WorldError as exc:
             raise UsageError(str(exc)) from None
+    from agent.runner import start
+
     with LabPaths(root=args.lab, session=session).writer(f"run {session}"):
         if config is None:  # no lab configured: the embedded toy world, built (or found cached) in the lab dir
             from core.display import shown

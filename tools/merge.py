@@ -22,7 +22,6 @@ from tools.context import (
     record_once,
     served_of,
 )
-from trainers import merge
 
 NAME = "merge"
 
@@ -56,6 +55,8 @@ def _make(cls, out: Path, **fields):
 
 
 def _job(args: Args, paths: list[Path], out: Path):
+    from trainers import merge  # torch: loaded with the first merge, not with the agent
+
     match args.method:
         case "soup":
             weights = args.weights or [1.0 / len(paths)] * len(paths)

@@ -12,10 +12,10 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from core.util import file_sha256
+from core.weights import weights_sha256
 from memory.records import IncumbentPayload
 from tools.context import ToolContext, ToolOutcome, invoke, record_once
 from tools.session import parent_of, view
-from trainers.common import weights_sha256
 
 NAME = "promote"
 

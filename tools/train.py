@@ -24,10 +24,11 @@ The outcome's data lists them as `snapshots: [{step, artifact_id}]`.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from core.weights import weights_sha256
 from memory.records import GateRefusal
 from tools.context import (
     ToolContext,
@@ -39,9 +40,11 @@ from tools.context import (
     served_of,
 )
 from tools.jobs.launcher import JobFailed
-from trainers import dpo, klce, merge, rft, sft
 from trainers import recipe as recipes
-from trainers.common import LoRASettings, weights_sha256
+
+if TYPE_CHECKING:  # the trainers (torch, transformers) load when an arm's job is built, not with the agent
+    from trainers import merge
+    from trainers.common import LoRASettings
 
 NAME = "train"
 Trainer = Literal["sft", "dpo", "klce", "rft"]
@@ -178,6 +181,8 @@ def _verifier(ctx: ToolContext, family: recipes.FamilyRecipe, dataset_recipe: di
 
 
 def _lora(arm: recipes.ArmSettings, args: Args) -> LoRASettings | None:
+    from trainers.common import LoRASettings
+
     if arm.lora is None:
         return None
     r = args.lora_r or arm.lora.r
@@ -188,6 +193,8 @@ def _lora(arm: recipes.ArmSettings, args: Args) -> LoRASettings | None:
 
 
 def _config(ctx: ToolContext, args: Args, arm: recipes.ArmSettings, out) -> tuple[Any, Any]:
+    from trainers import dpo, klce, rft, sft
+
     parent = ctx.nb.artifact(args.parent)
     data = ctx.nb.artifact(args.dataset)
     served = served_of(ctx, args.parent)
@@ -321,6 +328,8 @@ def _adapters(train) -> list[tuple[int, Any]]:
 
 def _merge_job(ctx: ToolContext, parent: int, adapter_dir) -> tuple[merge.MergeResult, str]:
     """Merge one adapter into the parent's weights (a `merge` job, named by the adapter's and parent's weights)."""
+    from trainers import merge
+
     base = ctx.nb.artifact(parent)
     name = content_name("lora", {"base": base.sha256, "adapter": weights_sha256(adapter_dir)})
     out = ctx.paths.merged(name)

@@ -493,7 +493,7 @@ def _write_weights(src: Path, out: Path, shard_bytes: int) -> WeightsSpec:
     if not (src / ADAPTER_CONFIG).is_file():
         shutil.copy2(src / "config.json", out / "config.json")
         return WeightsSpec(kind="full", files=write_shards(src, out, shard_bytes), index=INDEX, base=None)
-    from trainers.common import weights_sha256
+    from core.weights import weights_sha256
 
     adapter = json.loads((src / ADAPTER_CONFIG).read_text())
     base = Path(adapter.get("base_model_name_or_path") or "")
@@ -551,7 +551,7 @@ def bundle_sha256(files: dict[str, FileDigest]) -> str:
 def _check_evaluated(nominee: Artifact, src: Path) -> None:
     """The weights on disk are the ones the notebook recorded (and evaluated): a checkpoint damaged or
     replaced since then is refused, not shipped under the evaluated numbers."""
-    from trainers.common import weights_sha256
+    from core.weights import weights_sha256
 
     if Path(nominee.path).resolve() != src.resolve() or not any(src.glob("*.safetensors")):
         return  # the adapter a merged nominee was made of (check-bundle checks its base), or no weights (refused below)

@@ -534,7 +534,7 @@ def _tensor_problems(path: Path) -> list[str]:
 
 
 def check_adapter_base(b: _Bundle) -> list[str]:
-    from trainers.common import weights_sha256
+    from core.weights import weights_sha256
 
     base = b.serving.weights.base
     adapter = _json(b.path / ADAPTER_CONFIG)
