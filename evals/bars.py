@@ -41,6 +41,25 @@ rest of the family counted as p = 1 (the worst case: a smaller future p can only
 p), which makes every sequential rejection one that Holm over the whole family would also make.
 Registering stores the canonical form, its sha256 and the time in the notebook (invariant 2).
 
+The sequential rule (issue 41), registered with the bars before any score:
+
+    looks = 3               # a p bar may be read at up to 3 looks: look j reads the candidate's served draws
+                            # 0 .. j-1 of its suite (per-item means), each a fresh draw judged in both positions
+    look_spending = 0.5     # look j gets the share f(j/L) - f((j-1)/L) of the alpha, f(t) = t**0.5
+    continue_p = 0.5        # a look may continue only while its raw p <= 0.5 (the candidate leads)
+    audit_margin = 3.0      # a guard whose suite the judge contradicted holds at 3x its margin until cleared
+
+The comparison's p-value is p* = min_j p_j / w_j over the looks taken (w_j: the look's share), a weighted
+Bonferroni bound over the registered looks: the alpha-spending boundary of Lan & DeMets (1983, Biometrika
+70:659-663) with the power family of spending functions of Kim & DeMets (1987, Biometrika 74:149-154), each
+look's boundary set by the union bound instead of the recursive normal integral. Why the union bound: the
+looks re-judge the same prompts (a fresh draw of the candidate's answers), so their statistics do not have the
+independent increments the exact group-sequential boundary assumes; P(p* <= u) <= sum_j P(p_j <= u w_j) <= u holds
+under any dependence between looks and for any rule of when to stop, since a look not taken only leaves a term out
+of the minimum. p* is one p-value of the session's Holm family whatever the number of looks, so the family-wise
+error control across the session is unchanged; a look that leaves the comparison unresolved spends none.
+`looks` needs p bars whose test reads means (paired_t or wilcoxon: mcnemar needs one draw's 0/1 values).
+
 `load(path, suites)` refuses, listing every problem with the file and bar index: TOML that is not
 UTF-8 or not TOML, wrong types (strict: "0.05" is no number, true is no integer), NaN/inf, a rule
 that does not parse, a p threshold outside (0, 1] or a p bar bounding p from below, `p_family`
@@ -167,6 +186,25 @@ class Bars(BaseModel):
     replicates: int = Field(1, ge=1, le=16, description="Served draws a side that every bar other than a p bar "
                             "averages per item (1: the first look alone); the incumbent needs a calibration of K >= "
                             "this many replicates.")
+    looks: int = Field(1, ge=1, le=8, description="Most looks at a p bar (the sequential rule above): look j reads "
+                       "the candidate's served draws 0 .. j-1 of the bar's suite; 1: one look, as before the key.")
+    look_spending: float = Field(1.0, gt=0.0, le=4.0, description="rho of the spending function t**rho sharing a p "
+                                 "bar's alpha over its looks (below 1 the first look gets more, above 1 the later).")
+    continue_p: float = Field(0.5, gt=0.0, le=1.0, description="A look whose raw p is above this decides (the "
+                              "candidate clearly fails): no more evidence is bought for it.")
+    audit_margin: float | None = Field(None, ge=1.0, le=100.0, description="Suite audit: a guard (a noise-floor bar "
+                                       "allowing a loss) whose delta is past its margin on a candidate whose p bar "
+                                       "holds flags its suite; from then on it holds at this many times its margin, "
+                                       "until a person clears the suite. None: no audit.")
+
+    @model_validator(mode="after")
+    def _looks_read_means(self) -> Bars:
+        if self.looks > 1 and not any(b.statistic == "p" for b in self.bar):
+            raise ValueError("looks > 1 is a rule for p bars, and no bar is one")
+        if self.looks > 1 and any(b.test == "mcnemar_exact" for b in self.bar):
+            raise ValueError("looks > 1 average draws per item: a p bar's test must be paired_t or wilcoxon "
+                             "(mcnemar_exact needs one draw's 0/1 values)")
+        return self
 
     @field_validator("p_family")
     @classmethod
@@ -181,7 +219,8 @@ class Bars(BaseModel):
     def spec(self) -> BarsSpec:
         """The typed canonical form: what is registered, hashed, and read back by everyone (memory/state.py)."""
         return BarsSpec(bars=tuple(b.parsed() for b in self.bar), p_family=self.p_family,
-                        replicates=self.replicates, floor_unit=self.floor_unit)
+                        replicates=self.replicates, floor_unit=self.floor_unit, looks=self.looks,
+                        look_spending=self.look_spending, continue_p=self.continue_p, audit_margin=self.audit_margin)
 
     def canonical(self) -> dict[str, Any]:
         """The stored form (BarsSpec.canonical: replicates = 1 and floor_unit = replicates left out, so that bars
@@ -211,7 +250,8 @@ def _errors(err: ValidationError, prefix: tuple = ()) -> list[str]:
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             shown, msg = "", ("unknown key (a bar has suite, metric, rule, test, confidence)" if prefix else
-                              "unknown key (a bars file holds p_family, replicates, floor_unit and [[bar]] tables)")
+                              "unknown key (a bars file holds p_family, replicates, floor_unit, looks, look_spending, continue_p, "
+                              "audit_margin and [[bar]] tables)")
         out.append(f"{_where(prefix + tuple(e['loc'])) or '(top level)'}: {msg}{shown}")
     return out
 

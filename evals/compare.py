@@ -35,6 +35,22 @@ p-value bars are Holm-adjusted (Holm 1979) over the pre-registered family of `p_
 the session's earlier p-values, this comparison's, and the untested rest counted as p = 1 (see
 evals/bars.py); a comparison that would exceed the family is refused. The raw and adjusted values
 and the family are stored with the comparison.
+
+Sequential looks (bars with `looks = L > 1`, issue 41; evals/bars.py says which test and why): look j of a p bar
+reads the per-item mean of the candidate's served draws 0 .. j-1 of its suite against the incumbent's first look,
+and the comparison's p-value is p* = min over the looks taken of p_i / w_i (w_i: look i's registered share of the
+alpha; a union bound valid under any dependence between looks and any stopping rule). Only a policy that asks for
+look j (`look=j`) may leave the comparison unresolved: when a p bar fails, j < L, every p bar's raw p at this look
+is at most `continue_p` and every other bar could hold, nothing is spent: a `look` decision (`continue`) is recorded
+and more evidence may be bought (the next draw, then look j+1). Otherwise the verdict is read at this look (a `look`
+decision `decided`, then the comparison). Without `look` the p bar is read once, at look 1.
+
+Suite audit (bars with `audit_margin = m`): a guard (a noise-floor bar allowing a loss) that fails on a candidate
+whose every p bar holds is a guard contradicted by the judge beyond chance on the same candidate (the judge
+significant at its family-wise level, the guard past its margin of noise floors): an `audit` decision flags its
+suite, and from then on (this comparison included) the guard holds at m times its margin, until a person clears the
+suite (`clear_suite`). A truly harmful arm does not pass: the audit needs the judge's p bar to hold, and the
+widened guard still bounds the loss.
 """
 
 from __future__ import annotations
@@ -50,7 +66,7 @@ from evals.decoding import Decoding
 from evals.judgment import Refusal, close_tool_call
 from evals.records import served_draws, started_at
 from memory.notebook import EvalRecord, Notebook, ToolCall
-from memory.records import BarVerdict, CompareRefusal, FloorRule, Rule
+from memory.records import AuditPayload, BarsSpec, BarVerdict, ClearSuitePayload, CompareRefusal, FloorRule, LookPayload, Rule
 from memory.state import Floor, RegisteredBars, SessionState, fold
 
 # Metrics entries that name the rules a scorer applied (evals/constraints.py: plain vs ifeval).
@@ -67,7 +83,10 @@ class CompareOutcome(BaseModel):
     reasons: list[str] = Field(description="Why it was refused (empty otherwise).")
     verdicts: list[BarVerdict] = Field(description="Per-bar verdicts (empty when refused).")
     cleared: bool = Field(description="True only if every bar holds (a verdict: the incumbent does not move).")
-    comparison_id: int | None = Field(description="Notebook comparison row (None when refused).")
+    comparison_id: int | None = Field(description="Notebook comparison row (None when refused or unresolved).")
+    unresolved: bool = Field(False, description="The look left it unresolved: no verdict, nothing spent; more "
+                             "evidence may be bought and a later look asked.")
+    looks: list[LookPayload] = Field(default_factory=list, description="This look of each p bar (sequential bars).")
 
 
 class ComparisonVerdict(BaseModel):
@@ -81,6 +100,9 @@ class ComparisonVerdict(BaseModel):
     cleared: bool = Field(description="True only if every bar holds.")
     adjustment: dict[str, Any] = Field(description="Holm adjustment: family, tested count, raw and adjusted p-values.")
     rationale: str = Field(description="One line: all bars hold, or which failed.")
+    looks: list[LookPayload] = Field(default_factory=list, description="Each p bar's look (bars with looks > 1).")
+    unresolved: bool = Field(False, description="The look left the comparison unresolved: no verdict is recorded.")
+    audits: list[AuditPayload] = Field(default_factory=list, description="Suite-audit findings this comparison made.")
 
 
 class _Refused(Exception):
@@ -142,9 +164,9 @@ def _mean_values(nb: Notebook, session: str, first: EvalRecord, bar: Rule, draws
 
 
 def _pairs(nb: Notebook, session: str, candidate: int, incumbent: int, bar: Rule,
-           served: Decoding, replicates: int = 1) -> tuple[list[float], list[float], EvalRecord]:
+           served: Decoding, replicates: int = 1) -> tuple[list[float], list[float], EvalRecord, EvalRecord]:
     """Per-item values of both sides lined up by item id (each bar other than a p bar averaged over `replicates`
-    served draws a side), and the incumbent eval (its first look) they came from."""
+    served draws a side), and the incumbent's and the candidate's evals (their first looks) they came from."""
     sides, missing = [], []
     for artifact_id, fingerprint in ((candidate, served.fingerprint()), (incumbent, None)):
         try:
@@ -166,7 +188,27 @@ def _pairs(nb: Notebook, session: str, candidate: int, incumbent: int, bar: Rule
         raise _Refused(f"suite {bar.suite}: candidate and incumbent have different items with metric {bar.metric} "
                        f"(only candidate: {only_cand}, only incumbent: {only_inc})")
     ids = sorted(cand)
-    return [cand[i] for i in ids], [inc[i] for i in ids], inc_eval
+    return [cand[i] for i in ids], [inc[i] for i in ids], inc_eval, cand_eval
+
+
+def _looks(nb: Notebook, session: str, cand_eval: EvalRecord, inc: list[float], bar: Rule, look: int,
+           weights: list[float]) -> list[tuple[int, float, float]]:
+    """(n, raw p, weight) of looks 1 .. `look` of a p bar: look i pairs the per-item mean of the candidate's served
+    draws 0 .. i-1 (the items of its first look) with the incumbent's first look."""
+    out = []
+    for i in range(1, look + 1):
+        means = _mean_values(nb, session, cand_eval, bar, i)
+        cand = [means[k] for k in sorted(means)]
+        if len(cand) != len(inc):
+            raise _Refused(f"suite {bar.suite}: the draws of artifact {cand_eval.artifact_id} scored other items")
+        out.append((len(cand), _TESTS[bar.test](cand, inc, alternative="greater").p_value, weights[i - 1]))
+    return out
+
+
+def _loss_margin(bar: Rule) -> bool:
+    """A guard the suite audit may widen: a noise-floor bar that allows a loss (`delta >= -k` floors, or `<= +k` for a
+    lower-is-better metric)."""
+    return bar.statistic != "p" and bar.in_noise_units and (bar.value < 0 if bar.op in (">=", ">") else bar.value > 0)
 
 
 def _scoring_mode(ev: EvalRecord) -> str:
@@ -223,6 +265,13 @@ def _threshold(state: SessionState, bar: Rule, inc_eval: EvalRecord, rule: Floor
     return bar.value * unit, floor
 
 
+def _widened(state: SessionState, bars: RegisteredBars, bar: Rule, threshold: float) -> tuple[float, bool]:
+    """The threshold a guard reads: its registered one, or `audit_margin` times it while its suite is flagged."""
+    if bars.spec.audit_margin is None or not _loss_margin(bar) or state.flagged(bar.suite) is None:
+        return threshold, False
+    return threshold * bars.spec.audit_margin, True
+
+
 def _holm(state: SessionState, raw: list[float], family_size: int | None) -> tuple[list[float], dict[str, Any]]:
     """Adjust this comparison's p-values within the session's pre-registered family of p-values."""
     if raw and state.p_family.size != family_size:
@@ -245,23 +294,31 @@ def _json_float(x: float) -> float | str:
 
 
 def judge(nb: Notebook, state: SessionState, candidate: int, incumbent: int, bars: RegisteredBars,
-          served: Decoding) -> ComparisonVerdict | Refusal:
+          served: Decoding, look: int | None = None) -> ComparisonVerdict | Refusal:
     """Judge `candidate` against `incumbent` by `bars` at the candidate's `served` decoding; writes nothing.
 
-    Reads the session's evals, and from its state (`fold`) its noise floors and earlier p-values. `bars` are
-    typed registered bars (usually `state.bars`), so replay can ask what other bars would have decided.
+    Reads the session's evals, and from its state (`fold`) its noise floors, earlier p-values and flagged suites.
+    `bars` are typed registered bars (usually `state.bars`), so replay can ask what other bars would have decided.
+    `look`: the policy's look j at the p bars (sequential bars; may end unresolved); None: one look, decided.
     A refusal lists every reason found, candidate checks first, then each bar in order.
     """
-    session = state.session
+    session, spec = state.session, bars.spec
     reasons = _check_candidate(nb, session, candidate, bars, served)
     if state.registered(bars.id) is None:
         reasons.append(f"bars {bars.id} were not registered in session {session}")
-    rows = []
+    k = look or 1
+    if k > spec.looks:
+        reasons.append(f"look {k} is past the {spec.looks} look(s) the bars registered")
+    rows, looks = [], {}
     for bar in bars.rules:
         try:
-            cand, inc, inc_eval = _pairs(nb, session, candidate, incumbent, bar, served, bars.replicates)
+            cand, inc, inc_eval, cand_eval = _pairs(nb, session, candidate, incumbent, bar, served, bars.replicates)
             threshold, floor = _threshold(state, bar, inc_eval, bars.floor_unit)
-            rows.append((bar, len(cand), _statistic(bar, cand, inc), threshold, floor))
+            value = _statistic(bar, cand, inc)
+            if bar.statistic == "p" and k <= spec.looks and (spec.looks > 1 or k > 1):
+                looks[len(rows)] = _looks(nb, session, cand_eval, inc, bar, k, spec.look_weights())
+                value = min(1.0, min(p / w for _, p, w in looks[len(rows)]))
+            rows.append((bar, len(cand), value, threshold, floor))
         except _Refused as refusal:
             reasons.extend(refusal.args)
     try:
@@ -271,47 +328,126 @@ def judge(nb: Notebook, state: SessionState, candidate: int, incumbent: int, bar
     if reasons:
         return Refusal(payload=CompareRefusal(candidate=candidate, incumbent=incumbent, bars_id=bars.id,
                                               reasons=list(dict.fromkeys(reasons))))
-    verdicts, p_index = [], 0
+    verdicts, p_index, widened = [], 0, []
     for bar, n, value, threshold, floor in rows:
         raw_p = None
         if bar.statistic == "p":
             raw_p, value, p_index = value, adjusted[p_index], p_index + 1
+        threshold, wide = _widened(state, bars, bar, threshold)
+        widened.append(wide)
         verdicts.append(BarVerdict(bar=bar, n=n, value=_json_float(value), raw_p=raw_p, threshold=threshold,
                                    holds=_OPS[bar.op](value, threshold),
                                    floor=None if floor is None else floor.unit(bars.floor_unit),
                                    floor_id=None if floor is None else floor.record.id))
+    verdicts, audits = _audit(state, bars, candidate, incumbent, verdicts, widened)
     cleared = all(v.holds for v in verdicts)
+    unresolved = look is not None and not cleared and _may_continue(spec, k, verdicts, looks, widened)
+    if looks:
+        adjustment |= {"looks": {str(i): [[n, p, w] for n, p, w in found] for i, found in looks.items()},
+                       "look": k, "max_looks": spec.looks}
+    look_rows = [_look_payload(candidate, incumbent, bars, verdicts[i], found, unresolved) for i, found in looks.items()]
     failed = [f"{v.bar.target} {v.bar.statistic}" for v in verdicts if not v.holds]
+    rationale = "all bars hold" if cleared else "bars failed: " + ", ".join(failed)
+    if unresolved:
+        rationale = f"unresolved at look {k} of {spec.looks}: " + ", ".join(failed)
     return ComparisonVerdict(candidate=candidate, incumbent=incumbent, bars_id=bars.id, verdicts=verdicts,
-                             cleared=cleared, adjustment=adjustment,
-                             rationale="all bars hold" if cleared else "bars failed: " + ", ".join(failed))
+                             cleared=cleared, adjustment=adjustment, rationale=rationale, looks=look_rows,
+                             unresolved=unresolved, audits=audits)
+
+
+def _audit(state: SessionState, bars: RegisteredBars, candidate: int, incumbent: int, verdicts: list[BarVerdict],
+           widened: list[bool]) -> tuple[list[BarVerdict], list[AuditPayload]]:
+    """The suite audit: a guard not flagged yet that fails while every p bar holds flags its suite, and is read at
+    `audit_margin` times its margin (the verdicts with those guards re-read, and the findings)."""
+    margin = bars.spec.audit_margin
+    p_bars = [v for v in verdicts if v.bar.statistic == "p"]
+    if margin is None or not p_bars or not all(v.holds for v in p_bars):
+        return verdicts, []
+    judge_bar = min(p_bars, key=lambda v: float(v.value))
+    out, audits = [], []
+    for v, wide in zip(verdicts, widened, strict=True):
+        if v.holds or wide or not _loss_margin(v.bar) or isinstance(v.value, str):
+            out.append(v)
+            continue
+        audits.append(AuditPayload(suite=v.bar.suite, metric=v.bar.metric, candidate=candidate, incumbent=incumbent,
+                                   bars_id=bars.id, judge_target=judge_bar.bar.target,
+                                   judge_adjusted_p=float(judge_bar.value), guard_value=v.value,
+                                   guard_threshold=v.threshold, widened_threshold=v.threshold * margin))
+        out.append(v.model_copy(update={"threshold": v.threshold * margin,
+                                        "holds": _OPS[v.bar.op](v.value, v.threshold * margin)}))
+    return out, audits
+
+
+def _may_continue(spec: BarsSpec, k: int, verdicts: list[BarVerdict], looks: dict, widened: list[bool]) -> bool:
+    """Whether look k may leave the comparison unresolved: a later look is registered, some p bar fails, every p
+    bar's raw p at this look is at most `continue_p` (the candidate leads), and every other bar holds or, where the
+    audit may widen it, holds at the widened margin (it would, once the p bars hold)."""
+    if k >= spec.looks or not looks or not any(not v.holds for v in verdicts if v.bar.statistic == "p"):
+        return False
+    if any(found[-1][1] > spec.continue_p for found in looks.values()):
+        return False
+    for v, wide in zip(verdicts, widened, strict=True):
+        if v.bar.statistic == "p" or v.holds:
+            continue
+        could = (spec.audit_margin is not None and not wide and _loss_margin(v.bar) and not isinstance(v.value, str)
+                 and _OPS[v.bar.op](v.value, v.threshold * spec.audit_margin))
+        if not could:
+            return False
+    return True
+
+
+def _look_payload(candidate: int, incumbent: int, bars: RegisteredBars, verdict: BarVerdict,
+                  found: list[tuple[int, float, float]], unresolved: bool) -> LookPayload:
+    n, p, w = found[-1]
+    outcome = "continue" if unresolved else "decided"
+    why = (f"p*={verdict.raw_p:.4g} (min of p/w over {len(found)} look(s)), Holm-adjusted {float(verdict.value):.4g} "
+           f"{'<=' if verdict.holds else '>'} {verdict.threshold:g}: "
+           + ("unresolved, more evidence may be bought" if unresolved else ("holds" if verdict.holds else "fails")))
+    return LookPayload(candidate=candidate, incumbent=incumbent, bars_id=bars.id, target=verdict.bar.target,
+                       look=len(found), looks=bars.spec.looks, n=n, raw_p=p, weight=w, sequential_p=verdict.raw_p,
+                       adjusted_p=float(verdict.value), threshold=verdict.threshold, outcome=outcome, reason=why)
 
 
 def record(nb: Notebook, session: str, judgment: ComparisonVerdict | Refusal, *,
            tool_call: ToolCall | None = None) -> CompareOutcome:
-    """Write a judgment's outcome (comparison row + its promote/reject verdict, or one refuse decision) and close
-    `tool_call` with it, all in one transaction."""
+    """Write a judgment's outcome and close `tool_call` with it, all in one transaction: one refuse decision; or its
+    audit findings, each p bar's look, and (unless the look left it unresolved) the comparison row with its
+    promote/reject verdict."""
     with nb.transaction():
         if isinstance(judgment, Refusal):
             outcome = CompareOutcome(refused=True, reasons=judgment.reasons, verdicts=[], cleared=False,
                                      comparison_id=None)
             decision = nb.record_decision(session, "refuse", "comparison refused: " + "; ".join(judgment.reasons),
                                           judgment.payload)
-        else:
+            close_tool_call(nb, tool_call, decision, "refused", outcome)
+            return outcome
+        for finding in judgment.audits:
+            nb.record_decision(session, "audit", f"suite audit: {finding.suite}/{finding.metric} fails its guard "
+                               f"({finding.guard_value:.4g} vs {finding.guard_threshold:.4g}) on a candidate the judge "
+                               f"prefers ({finding.judge_target} adjusted p {finding.judge_adjusted_p:.4g}): the guard "
+                               f"holds at {finding.widened_threshold:.4g} until a person clears the suite", finding)
+        decision = None
+        for look in judgment.looks:
+            decision = nb.record_decision(session, "look", f"{look.target} look {look.look} of {look.looks}: "
+                                          f"{look.reason}", look)
+        comparison_id = None
+        if not judgment.unresolved:
             row, decision = nb.add_comparison(
                 session=session, candidate=judgment.candidate, incumbent=judgment.incumbent,
                 bars_id=judgment.bars_id, verdicts=judgment.verdicts, promoted=judgment.cleared,
                 adjustment=judgment.adjustment, rationale=judgment.rationale)
-            outcome = CompareOutcome(refused=False, reasons=[], verdicts=judgment.verdicts,
-                                     cleared=judgment.cleared, comparison_id=row.id)
-        close_tool_call(nb, tool_call, decision, "refused" if outcome.refused else "done", outcome)
+            comparison_id = row.id
+        outcome = CompareOutcome(refused=False, reasons=[], verdicts=judgment.verdicts, cleared=judgment.cleared,
+                                 comparison_id=comparison_id, unresolved=judgment.unresolved, looks=judgment.looks)
+        close_tool_call(nb, tool_call, decision, "done", outcome)
     return outcome
 
 
 def compare(nb: Notebook, session: str, candidate: int, incumbent: int, bars_id: int, served: Decoding, *,
-            tool_call: ToolCall | None = None) -> CompareOutcome:
+            tool_call: ToolCall | None = None, look: int | None = None) -> CompareOutcome:
     """Judge and record in one transaction: no other writer can add a comparison (and shift the
-    Holm family) between the judgment and its record. `bars_id` must be bars registered in the session."""
+    Holm family) between the judgment and its record. `bars_id` must be bars registered in the session; `look`: the
+    policy's look at the p bars under sequential bars (None: one look, decided)."""
     with nb.transaction():
         state = fold(nb, session)
         bars = state.registered(bars_id)
@@ -320,5 +456,15 @@ def compare(nb: Notebook, session: str, candidate: int, incumbent: int, bars_id:
                                                       reasons=[f"bars {bars_id} were not registered in session "
                                                                f"{session}"]))
         else:
-            judgment = judge(nb, state, candidate, incumbent, bars, served)
+            judgment = judge(nb, state, candidate, incumbent, bars, served, look)
         return record(nb, session, judgment, tool_call=tool_call)
+
+
+def clear_suite(nb: Notebook, session: str, suite: str, by: str, note: str) -> None:
+    """A person clears a flagged suite: its guards read their registered margin again (a `clear_suite` decision).
+    Refused (ValueError) when the suite is not flagged in the session."""
+    with nb.transaction():
+        if fold(nb, session).flagged(suite) is None:
+            raise ValueError(f"suite {suite!r} is not flagged by a suite audit in session {session}")
+        nb.record_decision(session, "clear_suite", f"{by} cleared suite {suite}: {note}",
+                           ClearSuitePayload(suite=suite, by=by, note=note))

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 DecisionKind = Literal[
     "open", "plan", "launch", "refuse", "compare", "promote", "reject", "incumbent", "calibrate",
     "register_bars", "ingest", "build", "evaluate", "confirm", "fail", "nominate", "truth", "stop",
-    "wait", "reconfigure",
+    "wait", "reconfigure", "look", "audit", "clear_suite",
 ]
 JobState = Literal["pending", "running", "completed", "failed"]
 # The launcher's failure classes (tools/jobs/failures.py keeps the same list; a test holds them equal:
@@ -295,6 +295,52 @@ class ReconfigurePayload(_Payload):
     after: dict[str, Any] = Field(description="Its settings from now on.")
 
 
+class LookPayload(_Payload):
+    """One look of a comparison's p bar under the bars' sequential rule (evals/compare.py): a look that leaves the
+    comparison unresolved (`continue`: more evidence may be bought) or the look its verdict is read at (`decided`)."""
+
+    candidate: int = Field(description="Candidate artifact id.")
+    incumbent: int = Field(description="Incumbent artifact id.")
+    bars_id: int = Field(description="bars row judged by.")
+    target: str = Field(description="The p bar's suite/metric.")
+    look: int = Field(description="This look, from 1: it reads the candidate's served draws 0 .. look-1.")
+    looks: int = Field(description="Most looks the bars registered.")
+    n: int = Field(description="Items paired.")
+    raw_p: float = Field(description="This look's one-sided p-value.")
+    weight: float = Field(description="This look's share of the bar's alpha (the registered spending).")
+    sequential_p: float = Field(description="min over looks so far of p / weight: the comparison's p-value.")
+    adjusted_p: float = Field(description="sequential_p Holm-adjusted in the session's family.")
+    threshold: float = Field(description="The bar's threshold on the adjusted p.")
+    outcome: Literal["continue", "decided"] = Field(description="continue: unresolved, a later look may follow; "
+                                                    "decided: the verdict is read at this look.")
+    reason: str = Field(description="Why, in one line.")
+
+
+class AuditPayload(_Payload):
+    """A suite-audit finding: a guard's suite and the judged holdout disagree beyond chance on the same candidate
+    (the judge's p bar holds at its family-wise level while the guard's delta is past its noise-floor margin)."""
+
+    suite: str = Field(description="The guard's suite flagged.")
+    metric: str = Field(description="The guard's metric.")
+    candidate: int = Field(description="The candidate they disagree on.")
+    incumbent: int = Field(description="The incumbent it was compared with.")
+    bars_id: int = Field(description="bars row judged by.")
+    judge_target: str = Field(description="The p bar's suite/metric (the judge).")
+    judge_adjusted_p: float = Field(description="The p bar's adjusted p-value (it held).")
+    guard_value: float = Field(description="The guard's statistic.")
+    guard_threshold: float = Field(description="The guard's threshold at its registered margin (it failed).")
+    widened_threshold: float = Field(description="Its threshold at the bars' audit_margin times the margin: what the "
+                                     "guard reads until a person clears the suite.")
+
+
+class ClearSuitePayload(_Payload):
+    """A person cleared a flagged suite: its guards read their registered margin again."""
+
+    suite: str = Field(description="The suite cleared.")
+    by: str = Field(description="Who cleared it.")
+    note: str = Field(description="Why, in their words.")
+
+
 class CompareRefusal(_Payload):
     """A comparison refused before any verdict."""
 
@@ -447,6 +493,21 @@ class RefuseDecision(Decision):
     payload: RefusePayload = Field(description="The refusal, in its gate's shape.")
 
 
+class LookDecision(Decision):
+    kind: Literal["look"] = Field(description="A look of a comparison's p bar under the sequential rule.")
+    payload: LookPayload = Field(description="The look's statistics and outcome.")
+
+
+class AuditDecision(Decision):
+    kind: Literal["audit"] = Field(description="A guard's suite disagreed with the judge beyond chance.")
+    payload: AuditPayload = Field(description="The finding.")
+
+
+class ClearSuiteDecision(Decision):
+    kind: Literal["clear_suite"] = Field(description="A person cleared a flagged suite.")
+    payload: ClearSuitePayload = Field(description="Suite, who and why.")
+
+
 class NoteDecision(Decision):
     kind: Literal["plan", "compare", "build"] = Field(description="Kinds with an open payload.")
     payload: NotePayload = Field(description="Any JSON object.")
@@ -455,7 +516,7 @@ class NoteDecision(Decision):
 AnyDecision = Annotated[
     OpenDecision | StopDecision | RegisterBarsDecision | VerdictDecision | IncumbentDecision | CalibrateDecision
     | ConfirmDecision | IngestDecision | EvaluateDecision | NominateDecision | TruthDecision | LaunchDecision | FailDecision | RefuseDecision | NoteDecision | WaitDecision
-    | ReconfigureDecision,
+    | ReconfigureDecision | LookDecision | AuditDecision | ClearSuiteDecision,
     Field(discriminator="kind"),
 ]
 DECISION = TypeAdapter(AnyDecision)
@@ -671,6 +732,17 @@ class BarsSpec(_Record):
     replicates: int = Field(1, description="Served draws a side that every bar without a p-value averages.")
     floor_unit: FloorRule = Field("replicates", description="What one noise floor is (evals/bars.py); a spec "
                                   "registered before the key reads as `replicates`, what it was judged by.")
+    looks: int = Field(1, description="Most looks at a p bar under the sequential rule (1: one look).")
+    look_spending: float = Field(1.0, description="rho of the spending t**rho that shares a p bar's alpha over "
+                                 "its looks (evals/bars.py).")
+    continue_p: float = Field(0.5, description="A look may continue only while its raw p is at most this.")
+    audit_margin: float | None = Field(None, description="A guard whose suite the judge contradicted holds at this "
+                                       "many times its margin until a person clears the suite; None: no audit rule.")
+
+    def look_weights(self) -> list[float]:
+        """Each look's share of a p bar's alpha: f(i/L) - f((i-1)/L) with f(t) = t**rho (Kim & DeMets 1987)."""
+        f = [(i / self.looks) ** self.look_spending for i in range(self.looks + 1)]
+        return [f[i] - f[i - 1] for i in range(1, self.looks + 1)]
 
     def canonical(self) -> dict[str, Any]:
         """The stored form, hashed at registration: keys at their defaults left out, so that bars registered before

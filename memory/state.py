@@ -15,7 +15,9 @@ Each decision kind is one event with one meaning, applied in chain order by `_ap
 force, `calibrate` adds noise floors, `promote`/`reject` is a verdict (the candidate cleared every bar, or not; it
 moves no incumbent), `incumbent` moves the incumbent (so did a `promote` carrying an incumbent payload, in notebooks
 from before that kind existed), `confirm` opens a sealed suite, a sealed `evaluate` may leave it undecided,
-`ingest` fixes the split, `nominate` names the nominee, `refuse` and `truth` are kept for the card. The rows an
+`ingest` fixes the split, `nominate` names the nominee, `refuse` and `truth` are kept for the card, `look` is one
+look of a p bar under sequential bars (one that left its comparison unresolved, or the one its verdict was read at),
+`audit` flags a guard's suite the judge contradicted and `clear_suite` is a person clearing it. The rows an
 event names (bars, floors, comparisons) are read as their typed records when it is applied. Two facts are no
 decision: the ledger sums the session's job rows (a job is settled by updating its row), and the parent is the
 session's checkpoint of role `parent`.
@@ -35,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from memory.notebook import Notebook
 from memory.records import (
+    AuditPayload,
     BarsSpec,
     BarVerdict,
     Comparison,
@@ -43,6 +46,7 @@ from memory.records import (
     FloorRule,
     IncumbentPayload,
     Ledger,
+    LookPayload,
     NoiseFloor,
     OpenPayload,
     RefuseDecision,
@@ -228,6 +232,22 @@ class IncumbentChange(_Typed):
     comparison_id: int = Field(description="The comparison whose verdict allowed it.")
 
 
+class Look(_Typed):
+    """One look of a comparison's p bar under sequential bars (its `look` decision)."""
+
+    seq: int = Field(description="The look decision.")
+    payload: LookPayload = Field(description="The look's statistics and outcome.")
+
+
+class Finding(_Typed):
+    """A suite-audit finding (its `audit` decision), and whether a person has cleared the suite since."""
+
+    seq: int = Field(description="The audit decision.")
+    payload: AuditPayload = Field(description="The guard, the candidate and the statistics.")
+    cleared_seq: int | None = Field(None, description="The clear_suite decision that cleared it; None: in force.")
+    cleared_by: str | None = Field(None, description="Who cleared it.")
+
+
 class Head(_Typed):
     """The session's latest decision: where its chain stood."""
 
@@ -254,6 +274,22 @@ class SessionState(_Typed):
     truths: list[TruthDecision] = Field(description="Ground-truth measurements, oldest first.")
     failed_arms_in_row: int = Field(description="Arms in a row (latest last) that failed or missed the bars.")
     head: Head | None = Field(description="The latest decision.")
+    looks: list[Look] = Field(default_factory=list, description="Every look of a p bar under sequential bars, oldest "
+                              "first.")
+    findings: list[Finding] = Field(default_factory=list, description="Every suite-audit finding, oldest first.")
+
+    def flagged(self, suite: str) -> Finding | None:
+        """The suite-audit finding in force on `suite` (its first not cleared since), or None."""
+        return next((f for f in self.findings if f.payload.suite == suite and f.cleared_seq is None), None)
+
+    def open_look(self, candidate: int) -> Look | None:
+        """The candidate's latest look against the current incumbent when it left the comparison unresolved and no
+        verdict followed it: more evidence may be bought and the next look asked."""
+        mine = [x for x in self.looks if (x.payload.candidate, x.payload.incumbent) == (candidate, self.incumbent)]
+        if not mine or mine[-1].payload.outcome != "continue":
+            return None
+        later = [v for v in self.of(candidate) if v.incumbent == self.incumbent and v.seq > mine[-1].seq]
+        return None if later else mine[-1]
 
     @property
     def chain(self) -> list[int]:
@@ -372,6 +408,8 @@ class _Fold:
         self.truths: list[TruthDecision] = []
         self.head: Head | None = None
         self.evals: dict[int, EvalRecord] = {}
+        self.looks: list[Look] = []
+        self.findings: list[Finding] = []
 
     def apply(self, d: Decision) -> None:
         self.head = Head(seq=d.seq, hash=d.hash)
@@ -404,6 +442,13 @@ class _Fold:
                 self.refusals.append(d)
             case "truth":
                 self.truths.append(d)
+            case "look":
+                self.looks.append(Look(seq=d.seq, payload=p))
+            case "audit":
+                self.findings.append(Finding(seq=d.seq, payload=p))
+            case "clear_suite":
+                self.findings = [f.model_copy(update={"cleared_seq": d.seq, "cleared_by": p.by})
+                                 if f.payload.suite == p.suite and f.cleared_seq is None else f for f in self.findings]
 
     def _floor(self, record: NoiseFloor) -> Floor:
         for i in record.source_evals:  # a suite's metrics share their replicates: each eval is read once
@@ -455,7 +500,8 @@ def failed_arms_in_row(nb: Notebook, session: str, verdicts: list[Verdict]) -> i
     calls = nb.tool_calls(session)
     checkpoints = {a.id for a in nb.artifacts(kind="checkpoint", session=session)}
     cleared = {v.candidate for v in verdicts if v.cleared}
-    compared = {c.args.get("candidate") for c in calls if c.tool == "compare" and c.status != "open"}
+    compared = {c.args.get("candidate") for c in calls if c.tool == "compare" and c.status != "open"
+                and not (c.result or {}).get("data", {}).get("unresolved")}  # an unresolved look judged nothing
     outcomes = []
     for c in calls:
         if c.tool not in ARM_TOOLS or c.status == "open":
@@ -484,4 +530,5 @@ def fold(nb: Notebook, session: str) -> SessionState:
         changes=acc.changes, registrations=acc.registrations,
         floors=acc.floors, verdicts=acc.verdicts, p_family=acc.p_family(), confirmations=acc.confirmations,
         split=acc.split, nominee=acc.nominee, refusals=acc.refusals, truths=acc.truths,
-        failed_arms_in_row=failed_arms_in_row(nb, session, acc.verdicts), head=acc.head)
+        failed_arms_in_row=failed_arms_in_row(nb, session, acc.verdicts), head=acc.head, looks=acc.looks,
+        findings=acc.findings)

@@ -4,10 +4,12 @@ candidate's served decoding (evals/compare.py records the verdict, or the refusa
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
 from evals.compare import compare
-from memory.records import BarVerdict
+from memory.records import BarVerdict, LookPayload
 from tools.context import ToolContext, ToolOutcome, invoke, served_of
 from tools.session import view
 
@@ -19,6 +21,16 @@ class Args(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     candidate: int = Field(description="Artifact id of the evaluated candidate.")
+    look: int | None = Field(None, ge=1, le=8, description="Under bars with sequential looks: this look at the p bars "
+                             "(it reads the candidate's served draws 0 .. look-1 of their suite) and may end unresolved, "
+                             "nothing spent, so that more evidence can be bought. None: one look, decided.")
+
+    @model_serializer(mode="wrap")
+    def _without_no_look(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """Recorded without `look` when there is none: a call is keyed by its canonical args, and calls recorded
+        before the key existed must keep their key (replay and resume match them)."""
+        data = handler(self)
+        return {k: v for k, v in data.items() if k != "look" or v is not None}
 
 
 def _verdict_line(verdicts: list[BarVerdict]) -> str:
@@ -34,13 +46,20 @@ def _body(ctx: ToolContext, args: Args) -> ToolOutcome:
         return ToolOutcome(tool=NAME, status="failed", summary="no bars registered in this session")
     name = ctx.nb.artifact(args.candidate).name
     done = [v for v in state.verdicts if (v.candidate, v.incumbent, v.bars_id) == (args.candidate, incumbent, bars.id)]
+    looked = [x.payload for x in state.looks if (x.payload.candidate, x.payload.incumbent, x.payload.bars_id,
+                                                 x.payload.look) == (args.candidate, incumbent, bars.id, args.look)]
+    if looked and looked[-1].outcome == "continue":  # a resumed call whose unresolved look committed
+        return _unresolved(ctx, name, args, incumbent, looked)
     if done:  # a resumed call whose comparison committed before the crash
         verdicts, cleared, cid = done[0].bars, done[0].cleared, done[0].comparison_id
     else:
-        outcome = compare(ctx.nb, ctx.session, args.candidate, incumbent, bars.id, served_of(ctx, args.candidate))
+        outcome = compare(ctx.nb, ctx.session, args.candidate, incumbent, bars.id, served_of(ctx, args.candidate),
+                          look=args.look)
         if outcome.refused:
             return ToolOutcome(tool=NAME, status="failed", summary=f"comparison of {name} refused: " + "; ".join(outcome.reasons),
                                data={"refused": True, "candidate": args.candidate})
+        if outcome.unresolved:
+            return _unresolved(ctx, name, args, incumbent, outcome.looks)
         verdicts, cleared, cid = outcome.verdicts, outcome.cleared, outcome.comparison_id
     verdict = "clears every bar" if cleared else "fails the bars"
     draws = bars.replicates
@@ -48,6 +67,13 @@ def _body(ctx: ToolContext, args: Args) -> ToolOutcome:
     summary = f"{name} vs incumbent {ctx.nb.artifact(incumbent).name} {verdict}{means}: {_verdict_line(verdicts)}"
     return ToolOutcome(tool=NAME, status="done", summary=summary,
                        data={"comparison_id": cid, "cleared": cleared, "candidate": args.candidate, "incumbent": incumbent})
+
+
+def _unresolved(ctx: ToolContext, name: str, args: Args, incumbent: int, looks: list[LookPayload]) -> ToolOutcome:
+    lines = "; ".join(f"{x.target} look {x.look} of {x.looks}: {x.reason}" for x in looks)
+    return ToolOutcome(tool=NAME, status="done", summary=f"{name} vs incumbent {ctx.nb.artifact(incumbent).name} "
+                       f"unresolved, nothing spent: {lines}",
+                       data={"unresolved": True, "look": args.look, "candidate": args.candidate, "incumbent": incumbent})
 
 
 def run(ctx: ToolContext, args: Args, decision_seq: int | None = None) -> ToolOutcome:

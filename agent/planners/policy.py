@@ -42,16 +42,29 @@ StageRule = Literal["judge_every", "first_cleared", "best_of_stage"]
 #      sessions on the noisy-judge and harmful-arms worlds (seeds 301-306; bench/README.md), once an arm 21 points
 #      truly better, by two verified items of 72.
 #      A candidate that truly regresses on a cheap suite is still refused by the bars' guards at its comparison.
-VERSION = 5
+#   6: evidence bought, not assumed (issue 41): under bars that register sequential looks (evals/bars.py), a
+#      comparison the p bar leaves unresolved buys one more served draw of the judged holdout (judged in both
+#      positions, against the same reference answers) and looks again, up to the registered looks, while the budget
+#      admits the draw; the comparison's p-value stays one member of the Holm family (min p/w over the looks). Under
+#      version 5 the small-holdout world's ~46-battle holdout refused the truly best arm in 2 of 10 sessions.
+VERSION = 6
 _RULES: dict[int, dict[str, str]] = {
-    1: {"calibration": "at_promotion", "stage": "first_cleared", "arms": "fixed", "finalists": "above_incumbent"},
-    2: {"calibration": "when_read", "stage": "first_cleared", "arms": "fixed", "finalists": "above_incumbent"},
-    3: {"calibration": "when_read", "stage": "best_of_stage", "arms": "fixed", "finalists": "above_incumbent"},
-    4: {"calibration": "when_read", "stage": "best_of_stage", "arms": "train", "finalists": "above_incumbent"},
-    5: {"calibration": "when_read", "stage": "best_of_stage", "arms": "train", "finalists": "best_screened"},
+    1: {"calibration": "at_promotion", "stage": "first_cleared", "arms": "fixed", "finalists": "above_incumbent",
+        "evidence": "one_look"},
+    2: {"calibration": "when_read", "stage": "first_cleared", "arms": "fixed", "finalists": "above_incumbent",
+        "evidence": "one_look"},
+    3: {"calibration": "when_read", "stage": "best_of_stage", "arms": "fixed", "finalists": "above_incumbent",
+        "evidence": "one_look"},
+    4: {"calibration": "when_read", "stage": "best_of_stage", "arms": "train", "finalists": "above_incumbent",
+        "evidence": "one_look"},
+    5: {"calibration": "when_read", "stage": "best_of_stage", "arms": "train", "finalists": "best_screened",
+        "evidence": "one_look"},
+    6: {"calibration": "when_read", "stage": "best_of_stage", "arms": "train", "finalists": "best_screened",
+        "evidence": "sequential"},
 }
 
 FinalistRule = Literal["above_incumbent", "best_screened"]
+EvidenceRule = Literal["one_look", "sequential"]
 
 
 # The named policies: the combined playbook, and the five seeds' recipes (agent/planners/recipes.py).
@@ -105,6 +118,10 @@ class PlaybookSettings(BaseModel):
         None, validate_default=True, description="Which screened candidates may be finalists: `best_screened` "
         "(version 5): the best-screened, whatever their score; `above_incumbent` (versions 1-4): only those whose "
         "screen score beats the incumbent's. Unset: the version's rule.")
+    evidence: EvidenceRule = Field(
+        None, validate_default=True, description="How a comparison's p bar is read: `sequential` (version 6): look "
+        "by look under bars that register looks, buying one more served draw of the judged holdout while a look "
+        "leaves it unresolved; `one_look` (versions 1-5): one look, decided. Unset: the version's rule.")
     fallbacks: int = Field(0, ge=0, description="Further screened candidates a stage judges, one for each of its "
                            "finalists the bars rejected (in screen order, under the same `finalist_rule`); "
                            "`comparisons()` counts them in the p-value family.")
@@ -131,9 +148,12 @@ class PlaybookSettings(BaseModel):
     def _version_rules(cls, data: Any) -> Any:
         """The version's finalist rule where none is given (a record made before the rule existed, or a policy
         built by version)."""
-        if isinstance(data, dict) and data.get("finalist_rule") is None:
-            version = data.get("version", VERSION)
-            data = dict(data) | {"finalist_rule": _RULES.get(version, _RULES[VERSION])["finalists"]}
+        if isinstance(data, dict):
+            rules = _RULES.get(data.get("version", VERSION), _RULES[VERSION])
+            if data.get("finalist_rule") is None:
+                data = dict(data) | {"finalist_rule": rules["finalists"]}
+            if data.get("evidence") is None:
+                data = dict(data) | {"evidence": rules["evidence"]}
         return data
 
     @model_validator(mode="after")
@@ -157,7 +177,7 @@ class PlaybookSettings(BaseModel):
         if self.arms != rules["arms"]:
             raise ValueError(f"version {self.version} of the playbook's rules is {rules}; other rules are another "
                              "version")
-        if self.calibration != rules["calibration"] or (self.screened and (
+        if self.calibration != rules["calibration"] or self.evidence != rules["evidence"] or (self.screened and (
                 self.stage != rules["stage"] or self.finalist_rule != rules["finalists"])):
             raise ValueError(f"version {self.version} of the playbook's rules is {_RULES[self.version]}; other rules "
                              "are another version")

@@ -64,9 +64,9 @@ def trajectory_selection(s: Summary, cfg: PlaybookSettings, runs: list[tuple[flo
     mine, theirs = screen_score(s, best), screen_score(s, final)
     line = (f"trajectory selection: {best.name} (step {step} of {final.name}) screened {mine:+.2f} noise floors, "
             f"the run's final checkpoint {theirs:+.2f}")
-    if s.call("compare", {"candidate": best.id}) is not None or (mine > max(theirs, 0.0) and best.id != s.incumbent):
+    if compare_call(s, best.id) is not None or (mine > max(theirs, 0.0) and best.id != s.incumbent):
         yield from evaluate_step(s, best, judged, f"{line}: the snapshot goes on to the judged holdout")
-        yield from judge(s, best, judged, line)
+        yield from judge(s, cfg, best, judged, line)
         return None
     screens = [c.id for c in s.calls if c.tool == "evaluate" and c.args.get("artifact") in {x.id for _, x in snaps}]
     if any(c.id > max(screens, default=0) for c in s.calls):
@@ -102,7 +102,7 @@ def run_stage(s: Summary, cfg: PlaybookSettings, producers: list[ToolCall]) -> I
             made.append((cand, producer))
     cheap, judged = s.bars.suites()
     if cfg.stage == "judge_every" or not cheap:
-        return (yield from _judge_every(s, made))
+        return (yield from _judge_every(s, cfg, made))
     for cand, _ in made:
         yield from evaluate_step(s, cand, cheap, f"screen {cand.name} on the cheap suites {', '.join(cheap)}")
     ranked = sorted(((screen_score(s, c), n, c, p) for n, (c, p) in enumerate(made) if has_metrics(c, cheap)),
@@ -115,10 +115,10 @@ def run_stage(s: Summary, cfg: PlaybookSettings, producers: list[ToolCall]) -> I
     return result
 
 
-def _judge_every(s: Summary, made: list) -> Iterator[ToolCall]:
+def _judge_every(s: Summary, cfg: PlaybookSettings, made: list) -> Iterator[ToolCall]:
     """No screen: every candidate on every suite, compared and promoted in order; ranked by the primary bar."""
     for cand, _ in made:
-        yield from judge(s, cand, None, primary_line(s, cand))
+        yield from judge(s, cfg, cand, None, primary_line(s, cand))
     scored = [(primary_score(s, c.id), p) for c, p in made]
     return sorted(((x, p) for x, p in scored if x is not None), key=lambda t: -t[0])
 
@@ -127,7 +127,7 @@ def finalists_of(s: Summary, cfg: PlaybookSettings, ranked: list) -> tuple[list,
     """The stage's finalists (those compared already, then the best-screened, `finalists` of them plus one fallback
     per rejected finalist; under the `above_incumbent` rule only those that screen above the incumbent), and how
     many were rejected."""
-    compared = [c for c in ranked if s.call("compare", {"candidate": c.id}) is not None]
+    compared = [c for c in ranked if compare_call(s, c.id) is not None]
     gated = cfg.finalist_rule == "above_incumbent"
     hopeful = [c for c in ranked if (screen_score(s, c) > 0 or not gated) and c.id != s.incumbent and c not in compared]
     rejected = sum(was_rejected(s, c) for c in compared)
@@ -137,9 +137,9 @@ def finalists_of(s: Summary, cfg: PlaybookSettings, ranked: list) -> tuple[list,
 def _first_cleared(s: Summary, cfg: PlaybookSettings, ranked: list, judged: list[str]) -> Iterator[ToolCall]:
     """Finalists in screen order, each promoted as soon as it clears, the next one then judged against it."""
     finalists, rejected = finalists_of(s, cfg, ranked)
-    compared = [c for c in ranked if s.call("compare", {"candidate": c.id}) is not None]
+    compared = [c for c in ranked if compare_call(s, c.id) is not None]
     for cand in finalists:
-        yield from judge(s, cand, judged, f"screened {screen_score(s, cand):+.2f} noise floors against the incumbent"
+        yield from judge(s, cfg, cand, judged, f"screened {screen_score(s, cand):+.2f} noise floors against the incumbent"
                           + (f" (a fallback: {rejected} finalist(s) of this stage rejected)"
                              if cand not in compared[:cfg.finalists] and rejected else ""))
 
@@ -156,7 +156,7 @@ def _best_of_stage(s: Summary, cfg: PlaybookSettings, ranked: list, judged: list
         return  # the stage made its choice
     finalists, _ = finalists_of(s, cfg, [c for c, _ in ranked])
     if not s.view.p_family.fits_one_more:  # no comparison can follow: no holdout look for a finalist not compared yet
-        finalists = [c for c in finalists if s.call("compare", {"candidate": c.id}) is not None]
+        finalists = [c for c in finalists if compare_call(s, c.id) is not None]
     for cand in finalists:
         yield from evaluate_step(s, cand, judged, f"judged holdout of finalist {cand.name} (screened {screen_score(s, cand):+.2f} "
                              "noise floors against the incumbent)" + (": every finalist's look before any comparison"
@@ -164,30 +164,81 @@ def _best_of_stage(s: Summary, cfg: PlaybookSettings, ranked: list, judged: list
     looked = sorted((c for c in finalists if has_metrics(c, judged)), key=lambda c: (-judged_score(s, c), -screen_score(s, c), c.id))
     for n, cand in enumerate(looked):
         others = "".join(f"; {c.name} {judged_score(s, c):.3f}" for c in looked if c is not cand)
-        yield from judge(s, cand, judged, f"{'leads' if n == 0 else 'next on'} the stage's judged holdout "
+        yield from judge(s, cfg, cand, judged, f"{'leads' if n == 0 else 'next on'} the stage's judged holdout "
                           f"({judged_score(s, cand):.3f}{others})" + (", the finalists above it rejected" if n else ""))
 
 
-def judge(s: Summary, cand, suites: list[str] | None, why: str) -> Iterator[ToolCall]:
-    """Evaluate the candidate on `suites` (None: every open suite), compare it with the incumbent, promote it."""
+def judge(s: Summary, cfg: PlaybookSettings, cand, suites: list[str] | None, why: str) -> Iterator[ToolCall]:
+    """Evaluate the candidate on `suites` (None: every open suite), compare it with the incumbent, promote it. Under
+    the `sequential` evidence rule (version 6) the comparison goes look by look (`looked`)."""
     ok = yield from evaluate_step(s, cand, suites, f"evaluate {cand.name} at its served decoding")
     if not ok:
         return
     ok = yield from replicated(s, cand)
     if not ok:
         return
-    compared = s.call("compare", {"candidate": cand.id})
-    if compared is None or compared.status == "open":
-        if s.refused("compare", {"candidate": cand.id}) is not None or not s.view.p_family.fits_one_more:
-            return  # no p-value left in the pre-registered family: the candidate is not judged
-        yield proposal("compare", {"candidate": cand.id},
-                    f"compare {cand.name} ({why}) with incumbent {s.incumbent} under the bars")
-        return
+    if cfg.evidence == "sequential" and s.bars.spec.looks > 1:
+        decided = yield from looked(s, cand, why)
+        if not decided:
+            return
+    else:
+        compared = s.call("compare", {"candidate": cand.id})
+        if compared is None or compared.status == "open":
+            if s.refused("compare", {"candidate": cand.id}) is not None or not s.view.p_family.fits_one_more:
+                return  # no p-value left in the pre-registered family: the candidate is not judged
+            yield proposal("compare", {"candidate": cand.id},
+                        f"compare {cand.name} ({why}) with incumbent {s.incumbent} under the bars")
+            return
     eligibility = s.view.promotion(cand.id)  # the one eligibility rule (memory/state.py)
     if eligibility.promotable and s.call("promote", {"candidate": cand.id}) is None \
             and s.refused("promote", {"candidate": cand.id}) is None:
         verdict = next(v for v in cand.verdicts if v.comparison_id == eligibility.comparison_id)
         yield proposal("promote", {"candidate": cand.id}, f"{cand.name} cleared every bar: " + "; ".join(verdict.lines()))
+
+
+def looked(s: Summary, cand, why: str) -> Iterator[ToolCall]:
+    """The candidate's comparison look by look (bars registering `looks` > 1): look 1 on its first draw; while a look
+    leaves it unresolved, one more served draw of the judged holdout is bought (an eval replicate, admitted by the
+    budget like any job) and the next look asked. Returns whether a look decided (a verdict, or a refusal)."""
+    judged = s.bars.suites()[1]
+    for j in range(1, s.bars.spec.looks + 1):
+        args = {"candidate": cand.id, "look": j}
+        call = s.call("compare", args)
+        if call is not None and call.status != "open":
+            if call.data.get("unresolved"):
+                continue
+            return True
+        if s.refused("compare", args) is not None or not s.view.p_family.fits_one_more:
+            return False  # no p-value left in the pre-registered family (or refused): the candidate is not judged
+        if j > 1:
+            ok = yield from _draw(s, cand, judged, j)
+            if not ok:
+                return False
+        before = f"look {j - 1} left it unresolved, one more served draw bought; " if j > 1 else ""
+        yield proposal("compare", args, f"compare {cand.name} ({why}) with incumbent {s.incumbent} under the bars: "
+                       f"{before}look {j} of {s.bars.spec.looks} of the registered sequential rule")
+        return False
+    return True
+
+
+def _draw(s: Summary, cand, suites: list[str], draws: int) -> Iterator[ToolCall]:
+    """The candidate's served draws 0 .. draws-1 of the judged suites (the evidence a look reads); returns whether
+    they are there. A draw the budget refuses or whose eval failed ends the looks: the candidate stays unjudged."""
+    args = {"artifact": cand.id, "suites": suites, "replicates": draws}
+    done = s.call("evaluate", args)
+    if done is not None and done.status == "done":
+        return True
+    if (done is None or done.status == "open") and s.refused("evaluate", args) is None:
+        yield proposal("evaluate", args, f"buy evidence: {cand.name}'s comparison is unresolved, so draw its served "
+                                         f"answers on {', '.join(suites)} again (replicate {draws - 1}), judged in "
+                                         "both positions against the same reference answers")
+    return False
+
+
+def compare_call(s: Summary, candidate: int):
+    """The candidate's latest compare call, at any look (None: never compared)."""
+    found = [c for c in s.calls if c.tool == "compare" and c.args.get("candidate") == candidate]
+    return found[-1] if found else None
 
 
 def judged_score(s: Summary, cand) -> float:
@@ -200,8 +251,9 @@ def judged_score(s: Summary, cand) -> float:
 
 def was_rejected(s: Summary, cand) -> bool:
     """Whether the candidate's comparison ended without a promotion (failed the bars, or was refused)."""
-    compared = s.call("compare", {"candidate": cand.id})
-    return compared is not None and compared.status != "open" and not any(v.cleared for v in cand.verdicts)
+    compared = compare_call(s, cand.id)
+    return (compared is not None and compared.status != "open" and not compared.data.get("unresolved")
+            and not any(v.cleared for v in cand.verdicts))
 
 
 def replicated(s: Summary, cand) -> Iterator[ToolCall]:

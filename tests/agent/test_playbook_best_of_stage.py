@@ -171,5 +171,7 @@ def test_version_5_the_screen_ranks_the_finalists_and_no_longer_gates_them():
         PlaybookSettings(**(v5.model_dump() | {"finalist_rule": "above_incumbent"}))
     old = PlaybookSettings.short().model_dump(mode="json") | {"version": 4}
     old.pop("finalist_rule")
+    old.pop("evidence")  # recorded before version 6's key: read back as the version's rule
     assert PlaybookSettings.recorded(old, "s").finalist_rule == "above_incumbent"
-    assert PlaybookSettings.short().finalist_rule == "best_screened" and PlaybookSettings().version == 5
+    assert PlaybookSettings.recorded(old, "s").evidence == "one_look"
+    assert PlaybookSettings.short().finalist_rule == "best_screened" and PlaybookSettings().version == 6

@@ -100,6 +100,7 @@ def v3(**settings: Any) -> PlaybookSettings:
 def flags_era(protocol: PlaybookSettings, **flags: bool) -> dict[str, Any]:
     """A playbook record of the flags era (before named, versioned policies): the protocol's sizes with the
     version-3 arm numbers, no name, protocol, version or rule keys, and the given flags."""
-    new = {"name", "protocol", "version", "calibration", "stage", "arms", "trajectory_shares", "finalist_rule"}
+    new = {"name", "protocol", "version", "calibration", "stage", "arms", "trajectory_shares", "finalist_rule",
+           "evidence"}
     return protocol.model_dump(mode="json", exclude=new) | {k: v for k, v in FIXED_ARMS.items() if k in
                                                             ("lr", "batch_size")} | {"steps": protocol.steps or 30} | flags

@@ -498,6 +498,14 @@ p_family = 10
 # candidate's replicates 1-2 are drawn before its comparison): one draw against one draw rejects a truly equal
 # candidate at a one-floor guard about one time in five.
 replicates = 3
+# The sequential rule (evals/bars.py): the holdout's p bar may be read at up to 3 looks, look j on the mean of the
+# candidate's served draws 0 .. j-1; p* = min p_j / w_j, w = the spending t**0.5 (0.58, 0.24, 0.18 of the alpha); a
+# look may continue while its raw p <= 0.25. A guard the judge contradicts beyond chance holds at 3x its margin
+# until a person clears its suite.
+looks = 3
+look_spending = 0.5
+continue_p = 0.25
+audit_margin = 3.0
 
 [[bar]]
 suite = "holdout"
