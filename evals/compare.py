@@ -205,6 +205,13 @@ def _looks(nb: Notebook, session: str, cand_eval: EvalRecord, inc: list[float], 
     return out
 
 
+def sequential_p(looks: list[tuple[float, float]]) -> float:
+    """The p-value of a p bar read at several looks: min over the looks taken of p_i / w_i, capped at 1, where w_i is
+    look i's registered share of the alpha (sum <= 1). A weighted Bonferroni bound: P(p* <= u) <= sum_i u w_i <= u
+    under H0 whatever the dependence between looks and whenever the looks stop (evals/bars.py)."""
+    return min(1.0, min(p / w for p, w in looks))
+
+
 def _loss_margin(bar: Rule) -> bool:
     """A guard the suite audit may widen: a noise-floor bar that allows a loss (`delta >= -k` floors, or `<= +k` for a
     lower-is-better metric)."""
@@ -317,7 +324,7 @@ def judge(nb: Notebook, state: SessionState, candidate: int, incumbent: int, bar
             value = _statistic(bar, cand, inc)
             if bar.statistic == "p" and k <= spec.looks and (spec.looks > 1 or k > 1):
                 looks[len(rows)] = _looks(nb, session, cand_eval, inc, bar, k, spec.look_weights())
-                value = min(1.0, min(p / w for _, p, w in looks[len(rows)]))
+                value = sequential_p([(p, w) for _, p, w in looks[len(rows)]])
             rows.append((bar, len(cand), value, threshold, floor))
         except _Refused as refusal:
             reasons.extend(refusal.args)
