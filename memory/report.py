@@ -365,7 +365,37 @@ def _comparison(d: _Data, c: Verdict) -> str:
 
 def _comparisons(d: _Data) -> str:
     body = "".join(_comparison(d, c) for c in d.state.verdicts) or "<p>No comparison was made in this session.</p>"
-    return f'<section id="comparisons"><h2>Comparisons</h2>{body}</section>'
+    return f'<section id="comparisons"><h2>Comparisons</h2>{body}{_looks(d)}{_audit(d)}</section>'
+
+
+def _looks(d: _Data) -> str:
+    """Every look of a p bar under the bars' sequential rule (an unresolved look spent no p-value)."""
+    if not d.state.looks:
+        return ""
+    rows = [f"<tr><td>{x.seq}</td><td>{_artifact_link(d, x.payload.candidate)}</td><td>{escape(x.payload.target)}</td>"
+            f"<td>{x.payload.look} of {x.payload.looks}</td><td>{x.payload.n}</td><td>{_num(x.payload.raw_p)}</td>"
+            f"<td>{_num(x.payload.sequential_p)}</td><td>{_num(x.payload.adjusted_p)}</td>"
+            f"<td>{escape(x.payload.outcome)}</td></tr>" for x in d.state.looks]
+    header = ["decision", "candidate", "bar", "look", "items", "p", "p* (min p/w)", "adjusted", "outcome"]
+    return f'<article id="looks"><h3>Sequential looks</h3>{_table("looks", header, rows)}</article>'
+
+
+def _audit(d: _Data) -> str:
+    """The suite-audit findings: a guard's suite the judged holdout contradicted beyond chance."""
+    if not d.state.findings:
+        return ""
+    rows = []
+    for f in d.state.findings:
+        p = f.payload
+        status = f"cleared by {escape(f.cleared_by or '')} (decision {f.cleared_seq})" if f.cleared_seq else "in force"
+        rows.append(f"<tr><td>{f.seq}</td><td>{escape(p.suite)}/{escape(p.metric)}</td>"
+                    f"<td>{_artifact_link(d, p.candidate)}</td><td>{_num(p.guard_value)}</td>"
+                    f"<td>{_num(p.guard_threshold)}</td><td>{_num(p.widened_threshold)}</td>"
+                    f"<td>{escape(p.judge_target)} adjusted p {_num(p.judge_adjusted_p)}</td><td>{status}</td></tr>")
+    header = ["decision", "guard", "candidate", "delta", "threshold", "widened to", "the judge", "status"]
+    return (f'<article id="suite-audit"><h3>Suite audit findings</h3><p>A guard whose suite disagreed with the judged '
+            f"holdout beyond chance holds at the bars' wider audit margin until a person clears the suite.</p>"
+            f'{_table("audit", header, rows)}</article>')
 
 
 def _sweeps(d: _Data) -> dict[tuple[int, int], list[tuple[float, int]]]:

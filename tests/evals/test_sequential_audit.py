@@ -208,3 +208,19 @@ def test_bars_refuse_looks_with_mcnemar_or_without_a_p_bar(tmp_path):
     # bars without the keys keep their canonical form (and sha256): one look, no audit
     path.write_text('[[bar]]\nsuite = "m"\nmetric = "correct"\nrule = "delta >= 0"\n')
     assert set(bars_mod.load(path).canonical()) == {"bars", "p_family", "floor_unit"}
+
+
+def test_the_report_shows_every_look_and_the_audit_finding(lab, tmp_path):
+    from memory.report import write_report
+
+    nb, inc, bars_id = lab
+    cand = _candidate(nb, "first", [_win(9, 3)], math=[0 if k in (0, 2) else v for k, v in enumerate(BASE)])
+    compare_mod.compare(nb, "s1", cand, inc, bars_id, SERVED, look=1)  # unresolved: its guard could widen
+    record_result(nb, "s1", cand, _result(_win(30, 0), suite="hold", replicate=1))
+    assert compare_mod.compare(nb, "s1", cand, inc, bars_id, SERVED, look=2).cleared  # the judge: flagged
+    _, out = write_report(tmp_path / "notebook.db", "s1", tmp_path / "report.html")
+    html = out.read_text()
+    looks = html[html.index('id="looks"'):html.index("</article>", html.index('id="looks"'))]
+    assert looks.count("<tr><td>") == 2 and "continue" in looks and "decided" in looks
+    audit = html[html.index('id="suite-audit"'):html.index("</article>", html.index('id="suite-audit"'))]
+    assert "math/correct" in audit and "in force" in audit and "-0.1" in audit

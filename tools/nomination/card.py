@@ -622,7 +622,7 @@ def _decisions_section(nb: Notebook, state: SessionState) -> list[str]:
     lines = ["## Promotion decisions and bars", ""]
     for r in state.registrations:
         lines.append(f"Bars {code(r.id)} (hash {code(r.sha256)}, registered {code(r.registered_at)}, noise floors "
-                     f"{code(r.floor_unit)}):")
+                     f"{code(r.floor_unit)}{_rule_keys(r)}):")
         for i, rule in enumerate(r.rules):
             unit = " noise floors" if rule.in_noise_units else ""
             lines.append(f"- {code(rule.target)}: {code(rule.statistic)} {code(rule.op)} "
@@ -638,6 +638,51 @@ def _decisions_section(nb: Notebook, state: SessionState) -> list[str]:
             lines.append(f"- decision {code(e.seq)}: {code(nb.artifact(e.candidate).name)} {verdict} against "
                          f"{code(nb.artifact(e.incumbent).name)} by bars {code(e.bars_id)}")
             lines += _verdict_rows(e, only_failed=False)
+    return [*lines, "", *_looks_lines(nb, state), *_audit_lines(nb, state)]
+
+
+def _rule_keys(r) -> str:
+    """The bars' sequential rule and audit rule, when they register them."""
+    spec, out = r.spec, []
+    if spec.looks > 1:
+        out.append(f"up to {num(spec.looks, ref('bars', r.id, 'spec.looks'))} looks at a p bar, alpha spent as "
+                   f"t**{num(spec.look_spending, ref('bars', r.id, 'spec.look_spending'))}, continuing while the "
+                   f"raw p <= {num(spec.continue_p, ref('bars', r.id, 'spec.continue_p'))}")
+    if spec.audit_margin is not None:
+        out.append(f"suite audit: a guard the judge contradicts holds at "
+                   f"{num(spec.audit_margin, ref('bars', r.id, 'spec.audit_margin'))} x its margin until cleared")
+    return ("; " + "; ".join(out)) if out else ""
+
+
+def _looks_lines(nb: Notebook, state: SessionState) -> list[str]:
+    """Every look of a p bar under the sequential rule: the evidence each comparison bought."""
+    if not state.looks:
+        return []
+    lines = ["Sequential looks (each a decision; an unresolved look spends no p-value, more evidence was bought):", ""]
+    for x in state.looks:
+        p = x.payload
+        lines.append(f"- decision {code(x.seq)}: {code(nb.artifact(p.candidate).name)} {code(p.target)} look "
+                     f"{num(p.look, ref('decision', x.seq, 'payload.look'))} of {num(p.looks, ref('decision', x.seq, 'payload.looks'))}"
+                     f" on {num(p.n, ref('decision', x.seq, 'payload.n'))} items: p {num(p.raw_p, ref('decision', x.seq, 'payload.raw_p'))}"
+                     f", p* {num(p.sequential_p, ref('decision', x.seq, 'payload.sequential_p'))}, adjusted "
+                     f"{num(p.adjusted_p, ref('decision', x.seq, 'payload.adjusted_p'))}: {code(p.outcome)}")
+    return [*lines, ""]
+
+
+def _audit_lines(nb: Notebook, state: SessionState) -> list[str]:
+    """The suite-audit findings: suites whose guard the judge contradicted beyond chance."""
+    if not state.findings:
+        return []
+    lines = ["Suite audit findings (a guard's suite and the judged holdout disagreed beyond chance):", ""]
+    for f in state.findings:
+        p = f.payload
+        status = (f"cleared by {code(f.cleared_by)} (decision {code(f.cleared_seq)})" if f.cleared_seq is not None
+                  else "in force: a person has not cleared the suite")
+        lines.append(f"- decision {code(f.seq)}: suite {code(p.suite)} ({code(p.metric)}) fails its guard on "
+                     f"{code(nb.artifact(p.candidate).name)} ({num(p.guard_value, ref('decision', f.seq, 'payload.guard_value'))}"
+                     f" vs {num(p.guard_threshold, ref('decision', f.seq, 'payload.guard_threshold'))}) while "
+                     f"{code(p.judge_target)} holds (adjusted p {num(p.judge_adjusted_p, ref('decision', f.seq, 'payload.judge_adjusted_p'))});"
+                     f" the guard reads {num(p.widened_threshold, ref('decision', f.seq, 'payload.widened_threshold'))}; {status}")
     return [*lines, ""]
 
 
