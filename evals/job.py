@@ -74,11 +74,33 @@ class CallableJudgeSpec(BaseModel):
 
 
 @dataclass(frozen=True)
-class Tools:
-    """What some scorers read besides answers, loaded once per job."""
+class Scoring:
+    """What the scorers read besides items and answers, built once per job from its config (`run`)."""
 
+    decoding: Decoding  # battle_margin measures likelihoods at it; greedy replicates k >= 1 resample
+    seed: int  # the job's base seed: replicate k samples, resamples and draws its judge's A/B key from seed + k
+    output_dir: Path  # where completions and judgments files go
+    math_timeout_s: float
     reward_model: reward_proxy.RewardModel | None
     judge: judge.Judge | None
+    judge_policy: judge.JudgePolicy
+
+
+@dataclass(frozen=True)
+class Suite:
+    """A suite as the job runs it: its spec and its items, read once."""
+
+    spec: SuiteSpec
+    items: list[Item]
+
+
+@dataclass(frozen=True)
+class Engine:
+    """The loaded model and how it generates, built once per job from its config (`run`)."""
+
+    loaded: Loaded
+    batch_size: int
+    static_cache: bool
 
 
 class SuiteSpec(BaseModel):
@@ -221,12 +243,12 @@ def make_judge(spec: OpenAIJudgeSpec | CallableJudgeSpec) -> judge.Judge:
     return getattr(importlib.import_module(module), name)
 
 
-def score(cfg: EvalJobConfig, spec: SuiteSpec, items: list[Item], comps: list[Completion] | None,
-          loaded: Loaded, tools: Tools, replicate: int = 0) -> tuple[list[Outcome], JudgeRecord | None]:
+def score(spec: SuiteSpec, items: list[Item], comps: list[Completion] | None, loaded: Loaded | None,
+          scoring: Scoring | None, replicate: int = 0) -> tuple[list[Outcome], JudgeRecord | None]:
     """Dispatch to the suite's scorer (scorers differ in what besides items and answers they read)."""
     match spec.scorer:
         case "math":
-            return math.score(items, comps, timeout_s=cfg.math_timeout_s), None
+            return math.score(items, comps, timeout_s=scoring.math_timeout_s), None
         case "constraints":
             return constraints.score(items, comps, mode=spec.constraint_mode), None
         case "mcq" | "loops" | "length_stop" | "synthetic":
@@ -235,17 +257,16 @@ def score(cfg: EvalJobConfig, spec: SuiteSpec, items: list[Item], comps: list[Co
         case "battle_margin":
             from evals import battle_margin
 
-            return battle_margin.score(items, battle_margin.measure(loaded, items, cfg.decoding)), None
+            return battle_margin.score(items, battle_margin.measure(loaded, items, scoring.decoding)), None
         case "reward_proxy":
             from evals import reward_proxy
 
-            return reward_proxy.score(items, comps, tools.reward_model), None
+            return reward_proxy.score(items, comps, scoring.reward_model), None
         case "judge":
             incumbent = read_completions(spec.incumbent_completions, items)
-            path = cfg.output_dir / f"judgments-{spec.name}-r{replicate}.jsonl"
-            policy = cfg.judge.policy if isinstance(cfg.judge, OpenAIJudgeSpec) else judge.JudgePolicy()
-            return judge.score(items, comps, incumbent, tools.judge, seed=cfg.seed + replicate, judgments_path=path,
-                               policy=policy)
+            path = scoring.output_dir / f"judgments-{spec.name}-r{replicate}.jsonl"
+            return judge.score(items, comps, incumbent, scoring.judge, seed=scoring.seed + replicate,
+                               judgments_path=path, policy=scoring.judge_policy)
 
 
 def resample(outcomes: list[Outcome], seed: int) -> list[Outcome]:
@@ -281,11 +302,10 @@ class Ranks:
         return {k: v for part in parts for k, v in part.items()}
 
 
-def generation_units(cfg: EvalJobConfig) -> list[tuple[SuiteSpec, int]]:
+def generation_units(suites: list[Suite], replicates: range, greedy: bool) -> list[tuple[Suite, int]]:
     """(suite, replicate) pairs whose answers are generated (greedy replicates k >= 1 resample replicate 0's)."""
-    ks = range(cfg.first_replicate, cfg.first_replicate + cfg.replicates)
-    return [(spec, k) for spec in cfg.suites if spec.scorer in _GENERATING
-            for k in ks if k == 0 or not cfg.decoding.greedy]
+    return [(suite, k) for suite in suites if suite.spec.scorer in _GENERATING
+            for k in replicates if k == 0 or not greedy]
 
 
 def batch_plan(loaded: Loaded, items: list[Item], decoding: Decoding, batch_size: int) -> list[list[int]]:
@@ -298,7 +318,7 @@ def batch_plan(loaded: Loaded, items: list[Item], decoding: Decoding, batch_size
     return [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
 
 
-def generate_all(cfg: EvalJobConfig, loaded: Loaded, batch_size: int, ranks: Ranks,
+def generate_all(units: list[tuple[Suite, int]], engine: Engine, decoding: Decoding, seed: int, ranks: Ranks,
                  stats: dict) -> dict[tuple[str, int], list[Completion]]:
     """Every generation unit's completions, the work shared by the job's ranks, identical to one process's.
 
@@ -308,46 +328,46 @@ def generate_all(cfg: EvalJobConfig, loaded: Loaded, batch_size: int, ranks: Ran
     from evals.generate import generate
 
     mine: dict[tuple[str, int, int], list[Completion]] = {}
-    units = generation_units(cfg)
-    for u, (spec, k) in enumerate(units):
-        items = read_items(spec.items_path)
-        if cfg.decoding.greedy and ranks.world > 1:
-            plan = batch_plan(loaded, items, cfg.decoding, batch_size)
+    for u, (suite, k) in enumerate(units):
+        items = suite.items
+        if decoding.greedy and ranks.world > 1:
+            plan = batch_plan(engine.loaded, items, decoding, engine.batch_size)
             parts = [(b, [items[i] for i in batch]) for b, batch in enumerate(plan) if b % ranks.world == ranks.rank]
         else:
             parts = [(0, items)] if u % ranks.world == ranks.rank else []
         for b, part in parts:
             start = time.perf_counter()
-            comps = generate(loaded, part, cfg.decoding, seed=cfg.seed + k, batch_size=batch_size,
-                             static_cache=cfg.static_cache)
+            comps = generate(engine.loaded, part, decoding, seed=seed + k, batch_size=engine.batch_size,
+                             static_cache=engine.static_cache)
             stats["generation_s"] += time.perf_counter() - start
             stats["generated_tokens"] += sum(c.n_tokens for c in comps)
-            mine[(spec.name, k, b)] = comps
+            mine[(suite.spec.name, k, b)] = comps
     gathered = ranks.gather(mine)
     if ranks.world > 1:  # the job's log says how the work was shared
         print(f"rank {ranks.rank} of {ranks.world}: generated {sum(len(c) for c in mine.values())} answers",
               file=sys.stderr, flush=True)
         stats["generated_tokens"] = sum(ranks.gather({ranks.rank: stats["generated_tokens"]}).values())
-    return _in_item_order(cfg, units, gathered)
+    return _in_item_order(units, gathered)
 
 
-def _in_item_order(cfg: EvalJobConfig, units: list[tuple[SuiteSpec, int]],
+def _in_item_order(units: list[tuple[Suite, int]],
                    parts: dict[tuple[str, int, int], list[Completion]]) -> dict[tuple[str, int], list[Completion]]:
     out = {}
-    for spec, k in units:
-        by_id = {c.item_id: c for (name, kk, _), comps in parts.items() if (name, kk) == (spec.name, k) for c in comps}
-        out[(spec.name, k)] = [by_id[item.id] for item in read_items(spec.items_path)]
+    for suite, k in units:
+        name = suite.spec.name
+        by_id = {c.item_id: c for (n, kk, _), comps in parts.items() if (n, kk) == (name, k) for c in comps}
+        out[(name, k)] = [by_id[item.id] for item in suite.items]
     return out
 
 
-def run_suite(cfg: EvalJobConfig, spec: SuiteSpec, loaded: Loaded, tools: Tools,
+def run_suite(suite: Suite, replicates: range, loaded: Loaded, scoring: Scoring,
               generated: dict[tuple[str, int], list[Completion]]) -> list[SuiteResult]:
-    items = read_items(spec.items_path)
+    spec, items = suite.spec, suite.items
     results: list[SuiteResult] = []
     base: list[Outcome] = []
-    for k in range(cfg.first_replicate, cfg.first_replicate + cfg.replicates):
-        seed = cfg.seed + k
-        if k > 0 and cfg.decoding.greedy:
+    for k in replicates:
+        seed = scoring.seed + k
+        if k > 0 and scoring.decoding.greedy:
             outs = resample(base, seed)
             results.append(SuiteResult(suite=spec.name, scorer=spec.scorer, sealed=spec.sealed, replicate=k,
                                        seed=seed, resampled=True, metrics=suite_metrics(outs), outcomes=outs,
@@ -355,8 +375,8 @@ def run_suite(cfg: EvalJobConfig, spec: SuiteSpec, loaded: Loaded, tools: Tools,
             continue
         comps, path = generated.get((spec.name, k)), None
         if comps is not None:
-            path = write_jsonl(cfg.output_dir / f"completions-{spec.name}-r{k}.jsonl", comps)
-        outs, record = score(cfg, spec, items, comps, loaded, tools, replicate=k)
+            path = write_jsonl(scoring.output_dir / f"completions-{spec.name}-r{k}.jsonl", comps)
+        outs, record = score(spec, items, comps, loaded, scoring, replicate=k)
         base = outs
         results.append(SuiteResult(suite=spec.name, scorer=spec.scorer, sealed=spec.sealed, replicate=k, seed=seed,
                                    resampled=False, metrics=suite_metrics(outs), outcomes=outs,
@@ -364,14 +384,14 @@ def run_suite(cfg: EvalJobConfig, spec: SuiteSpec, loaded: Loaded, tools: Tools,
     return results
 
 
-def choose_batch_size(cfg: EvalJobConfig, loaded: Loaded) -> int:
+def choose_batch_size(batch_size: int | None, max_new_tokens: int, loaded: Loaded) -> int:
     """The configured batch size, else one from the GPU's free memory after loading (64 on the CPU).
 
     Each row holds its KV cache for the longest prompt plus max_new_tokens and a float32 row of logits; half the
     free memory goes to them (the rest to activations and the allocator), rounded down to a power of two so that
     ranks with the same GPUs choose the same size, at most MAX_AUTO_BATCH."""
-    if cfg.batch_size is not None:
-        return cfg.batch_size
+    if batch_size is not None:
+        return batch_size
     if loaded.device.type != "cuda":
         return 64
     import torch
@@ -380,7 +400,7 @@ def choose_batch_size(cfg: EvalJobConfig, loaded: Loaded) -> int:
     c = loaded.model.config
     heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    width = AUTO_BATCH_CONTEXT + cfg.decoding.max_new_tokens
+    width = AUTO_BATCH_CONTEXT + max_new_tokens
     per_row = 2 * c.num_hidden_layers * heads * head_dim * loaded.model.dtype.itemsize * width + 4 * c.vocab_size
     fit = max(1, int(free / 2 // per_row))
     return min(MAX_AUTO_BATCH, 1 << (fit.bit_length() - 1))
@@ -395,7 +415,8 @@ def run(cfg: EvalJobConfig) -> EvalResult:
 
     In a job of several ranks each loads the model on its own GPU and generates its share (generate_all); rank 0
     scores and writes everything and returns the result, the other ranks return None (the launcher reads a job's
-    result from rank 0: tools/jobs/launcher.py)."""
+    result from rank 0: tools/jobs/launcher.py). The config stops here: it becomes the engine, the suites (items
+    read once) and the scoring, and the functions below take those."""
     laps = Laps()
     require_device(cfg.device)  # a GPU job on a host without one fails here, never quietly on the CPU
     ranks = Ranks.from_env()
@@ -416,26 +437,31 @@ def run(cfg: EvalJobConfig) -> EvalResult:
 
     loaded = load(cfg.checkpoint, device=device, dtype=cfg.dtype)
     load_s = time.perf_counter() - start
-    batch_size = choose_batch_size(cfg, loaded)
+    engine = Engine(loaded, choose_batch_size(cfg.batch_size, cfg.decoding.max_new_tokens, loaded), cfg.static_cache)
     main = ranks.rank == 0  # rank 0 scores: the reward model and the judge are its own
-    tools = Tools(
+    scoring = Scoring(
+        decoding=cfg.decoding, seed=cfg.seed, output_dir=cfg.output_dir, math_timeout_s=cfg.math_timeout_s,
         reward_model=reward_proxy.load(cfg.reward_model, device, cfg.dtype) if main and cfg.reward_model else None,
         judge=make_judge(cfg.judge) if main and cfg.judge is not None else None,
+        judge_policy=cfg.judge.policy if isinstance(cfg.judge, OpenAIJudgeSpec) else judge.JudgePolicy(),
     )
     laps.startup("load")
+    suites = [Suite(spec, read_items(spec.items_path)) for spec in cfg.suites]
+    replicates = range(cfg.first_replicate, cfg.first_replicate + cfg.replicates)
     stats = {"generation_s": 0.0, "generated_tokens": 0}
-    generated = generate_all(cfg, loaded, batch_size, ranks, stats)
+    units = generation_units(suites, replicates, cfg.decoding.greedy)
+    generated = generate_all(units, engine, cfg.decoding, cfg.seed, ranks, stats)
     if ranks.rank != 0:
         return typing.cast(EvalResult, None)
-    suites = [r for spec in cfg.suites for r in run_suite(cfg, spec, loaded, tools, generated)]
+    results = [r for suite in suites for r in run_suite(suite, replicates, loaded, scoring, generated)]
     laps.work()
     placement = measured(device, cfg.dtype, stats["generated_tokens"], stats["generation_s"], devices=ranks.world)
     # The static decoders' warm-up and graph capture ran inside the generation: start-up, not work.
     capture_s = sum(d.capture_s for d in loaded.decoders.values())
     result = EvalResult(checkpoint=str(cfg.checkpoint), decoding=cfg.decoding,
-                        decoding_sha256=cfg.decoding.fingerprint(), served=cfg.served, suites=suites,
+                        decoding_sha256=cfg.decoding.fingerprint(), served=cfg.served, suites=results,
                         generated_tokens=stats["generated_tokens"], generation_s=stats["generation_s"], load_s=load_s,
-                        placement=placement, batch_size=batch_size,
+                        placement=placement, batch_size=engine.batch_size,
                         wall=laps.wall().to_startup("compile", capture_s))
     (cfg.output_dir / "result.json").write_text(result.model_dump_json(indent=2))  # after the last lap: write-out
     return result

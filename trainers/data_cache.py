@@ -97,13 +97,15 @@ def encoded_rows(rows: list[BaseModel], data_path: Path, tokenizer_path: Path, s
                                                 strict=True)], reused
 
 
-def encoded_pairs(rows: list[BaseModel], config) -> tuple[list[tuple[Encoded, Encoded] | None], bool]:
+def encoded_pairs(rows: list[BaseModel], data_path: Path, tokenizer_path: Path, system_prompt: str | None,
+                  max_len: int, max_prompt_length: int | None,
+                  max_completion_length: int | None) -> tuple[list[tuple[Encoded, Encoded] | None], bool]:
     """Preference rows (DPO): (chosen, rejected) per data row, None where the pair was dropped by its length
     limits; and whether the cache was reused."""
-    settings = {k: getattr(config, k) for k in ("system_prompt", "max_len", "max_prompt_length",
-                                                "max_completion_length")}
-    fn = partial(_encode_pair, tokenizer_path=str(config.model_path), settings=settings)
-    table, reused = _cached("dpo", rows, config.data_path, config.model_path, settings, fn, _num_proc())
+    settings = {"system_prompt": system_prompt, "max_len": max_len, "max_prompt_length": max_prompt_length,
+                "max_completion_length": max_completion_length}
+    fn = partial(_encode_pair, tokenizer_path=str(tokenizer_path), settings=settings)
+    table, reused = _cached("dpo", rows, data_path, tokenizer_path, settings, fn, _num_proc())
     cols = table.to_dict()
     out = []
     for i, dropped in enumerate(cols["dropped"]):

@@ -121,19 +121,18 @@ def pair_logprobs(model, pairs: list[tuple[Encoded, Encoded]], pad_id: int, micr
     return distributed.map_shared(run, pairs, micro)
 
 
-def reference_logprobs(config: DPOConfig, pairs, pad_id: int) -> tuple[list[tuple[float, float]], bool]:
-    """Cached reference log-probs per pair, and whether they came from the cache."""
-    path = config.cache_dir / f"{cache_key(config)}.json"
+def reference_logprobs(reference: Path, path: Path, pairs, pad_id: int, dtype: str, micro: int,
+                       chunk: int = 1024) -> tuple[list[tuple[float, float]], bool]:
+    """Reference log-probs per pair, cached at `path` (`cache_key`), and whether they came from the cache."""
     if path.is_file():
         return [None if x is None else tuple(x) for x in json.loads(path.read_text())["logps"]], True
-    ref = load_frozen(config.reference, config.compute_dtype)
+    ref = load_frozen(reference, dtype)
     kept = [i for i, p in enumerate(pairs) if p is not None]
-    computed = iter(pair_logprobs(ref, [pairs[i] for i in kept], pad_id, config.micro_batch_size,
-                                  config.loss_chunk_tokens))
+    computed = iter(pair_logprobs(ref, [pairs[i] for i in kept], pad_id, micro, chunk))
     logps = [next(computed) if p is not None else None for p in pairs]
     if distributed.setup().is_main:
-        config.cache_dir.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(path, {"reference": str(config.reference), "logps": logps})
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(path, {"reference": str(reference), "logps": logps})
     return logps, False
 
 
@@ -208,14 +207,17 @@ def train(config: DPOConfig) -> TrainResult:
     if done is not None:
         return done
     tokenizer = load_tokenizer(config.model_path)
-    pairs, _ = data_cache.encoded_pairs(rows, config)
+    pairs, _ = data_cache.encoded_pairs(rows, config.data_path, config.model_path, config.system_prompt,
+                                        config.max_len, config.max_prompt_length, config.max_completion_length)
     kept = [p for p in pairs if p is not None]
     check_supervised([e for pair in kept for e in pair], config.data_path, config.max_len)
     # The split is drawn over all rows (stable whatever the length limits), then dropped pairs leave both sides.
     train_ids, heldout = (keep_pairs(ids, pairs) for ids in split_heldout(rows, config.heldout_fraction))
     if not train_ids:
         raise ConfigError(f"max_completion_length: {config.max_completion_length} drops every training pair")
-    ref, cached = reference_logprobs(config, pairs, tokenizer.pad_token_id)
+    ref, cached = reference_logprobs(config.reference, config.cache_dir / f"{cache_key(config)}.json", pairs,
+                                     tokenizer.pad_token_id, config.compute_dtype, config.micro_batch_size,
+                                     config.loss_chunk_tokens)
     objective = DPOObjective(pairs, ref, train_ids, tokenizer.pad_token_id, config.beta, config.nll_weight,
                              config.loss_chunk_tokens)
 

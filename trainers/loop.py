@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from functools import lru_cache
+from pathlib import Path
 from typing import Protocol
 
 import torch
@@ -84,6 +85,22 @@ class Objective(Protocol):
     def loss(self, model: torch.nn.Module, rows: list[int], normalizer: float) -> MicroLoss:
         """The micro-batch loss (sum over its rows / normalizer) and its counts."""
         ...
+
+
+@dataclass(frozen=True)
+class LoopPlan:
+    """What the optimizer loop reads, built once from the run's config (`run_job`)."""
+
+    steps: int
+    batch_size: int
+    micro_batch_size: int
+    seed: int
+    grad_clip: float
+    log_every: int
+    save_every: int | None
+    save_every_minutes: float | None
+    snapshot_steps: tuple[int, ...]
+    save_dtype: torch.dtype  # what full-weight snapshots are saved in (`save_dtype`)
 
 
 @dataclass
@@ -174,13 +191,14 @@ def _trim_metrics(paths: RunPaths, step: int) -> None:
     paths.metrics.write_text("".join(ln + "\n" for ln in lines))
 
 
-def _optimizer(model, config: TrainConfig):
+def make_optimizer(model, *, lr: float, weight_decay: float, warmup_steps: int, steps: int, schedule: str,
+                   min_lr_ratio: float):
+    """AdamW over the trainable parameters and its lr schedule (`_schedule`)."""
     trainable = [p for p in model.parameters() if p.requires_grad]
     # One fused kernel per dtype on a single GPU (FSDP2's DTensor parameters keep the default foreach step).
     fused = all(p.is_cuda and not isinstance(p, DTensor) for p in trainable)
-    optimizer = torch.optim.AdamW(trainable, lr=config.lr, weight_decay=config.weight_decay, fused=fused or None)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _schedule(config.warmup_steps, config.steps, config.schedule,
-                                                                           config.min_lr_ratio))
+    optimizer = torch.optim.AdamW(trainable, lr=lr, weight_decay=weight_decay, fused=fused or None)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _schedule(warmup_steps, steps, schedule, min_lr_ratio))
     return optimizer, scheduler
 
 
@@ -214,10 +232,10 @@ def _one_step(model, objective: Objective, rows: list[int], micro: int) -> tuple
     return summed[0], total
 
 
-def _check_layout(config: TrainConfig) -> None:
+def _check_layout(batch_size: int) -> None:
     world = distributed.setup().world_size
-    if config.batch_size % world:
-        raise ConfigError(f"batch_size ({config.batch_size}) must be a multiple of the job's {world} ranks")
+    if batch_size % world:
+        raise ConfigError(f"batch_size ({batch_size}) must be a multiple of the job's {world} ranks")
 
 
 def _grad_norm(model, clip: float) -> float:
@@ -225,17 +243,17 @@ def _grad_norm(model, clip: float) -> float:
     return float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
 
 
-def save_dtype(config: TrainConfig) -> torch.dtype:
+def save_dtype(model_path: Path, compute_dtype: str) -> torch.dtype:
     """Full weights are saved in the starting model's stored dtype (checkpoint.stored_dtype)."""
-    return checkpoint.stored_dtype(config.model_path, getattr(torch, config.compute_dtype))
+    return checkpoint.stored_dtype(model_path, getattr(torch, compute_dtype))
 
 
-def save_snapshot(paths: RunPaths, model, tokenizer, config: TrainConfig, state: LoopState, lr: float) -> None:
+def save_snapshot(paths: RunPaths, model, tokenizer, dtype: torch.dtype, state: LoopState, lr: float) -> None:
     """Collective: the model after step `state.step`, whole (trainers/checkpoint.py), with its step, learning rate
     so far and loss. Written before that step's resume save, so resume state at or past a snapshot step always
     has its snapshot on disk, and state from before it re-runs the step and writes it again."""
     info = {"step": state.step, "lr": lr, "lr_sum": state.lr_sum, "loss": state.last_loss, "tokens_seen": state.tokens}
-    checkpoint.save_snapshot(model, tokenizer, paths.snapshot(state.step), save_dtype(config), info)
+    checkpoint.save_snapshot(model, tokenizer, paths.snapshot(state.step), dtype, info)
 
 
 def read_snapshot(paths: RunPaths, step: int) -> Snapshot:
@@ -247,27 +265,24 @@ def read_snapshot(paths: RunPaths, step: int) -> Snapshot:
     return Snapshot(model_dir=where, **json.loads(info.read_text()))
 
 
-def run_loop(config: TrainConfig, paths: RunPaths, model, objective: Objective, tokenizer) -> LoopState:
-    """Trains `model` in place for config.steps steps, resuming from paths.resume when it exists; saves a snapshot
-    (with `tokenizer`) after each of config.snapshot_steps."""
+def run_loop(plan: LoopPlan, paths: RunPaths, model, optimizer, scheduler, objective: Objective,
+             tokenizer) -> LoopState:
+    """Trains `model` in place for plan.steps steps, resuming from paths.resume when it exists; saves a snapshot
+    (with `tokenizer`) after each of plan.snapshot_steps."""
     env = distributed.setup()
-    _check_layout(config)
-    torch.manual_seed(config.seed)
-    random.seed(config.seed)
-    optimizer, scheduler = _optimizer(model, config)
     resuming = distributed.broadcast_object(paths.resume.exists())
-    state = load_resume(paths, model, optimizer, scheduler, config.seed) if resuming else LoopState()
+    state = load_resume(paths, model, optimizer, scheduler, plan.seed) if resuming else LoopState()
     model.train()
     last_save = time.monotonic()
     steps_s: list[float] = []
     with preemption_flag() as flag, open(paths.metrics, "a") if env.is_main else nullcontext() as metrics:
-        while state.step < config.steps:
+        while state.step < plan.steps:
             t0 = time.perf_counter()
-            rows = rows_for_step(state.step, config.batch_size, objective.n_rows, config.seed)
-            loss, counts = _one_step(model, objective, rows, config.micro_batch_size)
+            rows = rows_for_step(state.step, plan.batch_size, objective.n_rows, plan.seed)
+            loss, counts = _one_step(model, objective, rows, plan.micro_batch_size)
             if not math.isfinite(loss):
                 raise NonFiniteLoss(state.step + 1, loss)
-            grad_norm = _grad_norm(model, config.grad_clip)
+            grad_norm = _grad_norm(model, plan.grad_clip)
             lr = scheduler.get_last_lr()[0]
             optimizer.step()
             scheduler.step()
@@ -281,23 +296,23 @@ def run_loop(config: TrainConfig, paths: RunPaths, model, objective: Objective, 
             state.last_loss = loss
             state.last_metrics = counts.metrics
             state.lr_sum += lr
-            if metrics is not None and (state.step % config.log_every == 0 or state.step == config.steps):
+            if metrics is not None and (state.step % plan.log_every == 0 or state.step == plan.steps):
                 line = {"step": state.step, "loss": loss, "lr": lr, "grad_norm": grad_norm,
                         "tokens_per_s": counts.tokens / dt, "tokens": state.tokens, **counts.metrics}
                 metrics.write(json.dumps(line) + "\n")
                 metrics.flush()
-            if state.step in config.snapshot_steps:  # before any resume save of this step: see save_snapshot
-                save_snapshot(paths, model, tokenizer, config, state, lr)
+            if state.step in plan.snapshot_steps:  # before any resume save of this step: see save_snapshot
+                save_snapshot(paths, model, tokenizer, plan.save_dtype, state, lr)
             # One collective agrees on both: a signal seen by any rank stops all of them at this step.
             minutes = (time.monotonic() - last_save) / 60
             stop, due = (v > 0 for v in distributed.all_sum([
                 float(flag["signal"] is not None),
-                float(bool(config.save_every_minutes) and minutes >= (config.save_every_minutes or 0)),
+                float(bool(plan.save_every_minutes) and minutes >= (plan.save_every_minutes or 0)),
             ]))
             if stop:
                 state.save_s = max(state.save_s, save_resume(paths, model, optimizer, scheduler, state))
                 raise Preempted(state.step, paths.resume)
-            if due or (config.save_every and state.step % config.save_every == 0):
+            if due or (plan.save_every and state.step % plan.save_every == 0):
                 state.save_s = max(state.save_s, save_resume(paths, model, optimizer, scheduler, state))
                 last_save = time.monotonic()
     if len(steps_s) > 1:
@@ -314,7 +329,9 @@ def run_job(
     """Setup, run, save, clean up: the body every trainer's `train(config)` shares (on every rank of a job).
 
     The caller has validated config and data and built the objective. A finished run returns its stored result; a run
-    directory with resume state continues from it. Rank 0 writes the run directory's files.
+    directory with resume state continues from it. Rank 0 writes the run directory's files. The config stops here: it
+    becomes the run's paths, the model, the optimizer and its schedule and the loop's plan, which the functions below
+    take.
     """
     laps = Laps()
     env = distributed.setup()
@@ -333,14 +350,25 @@ def run_job(
     model = load_policy(config.model_path, config.compute_dtype, config.lora, config.seed,
                         config.activation_checkpointing, config.compile_blocks)
     laps.startup("load")
-    state = run_loop(config, paths, model, objective, tokenizer)
+    _check_layout(config.batch_size)
+    torch.manual_seed(config.seed)
+    random.seed(config.seed)
+    optimizer, scheduler = make_optimizer(model, lr=config.lr, weight_decay=config.weight_decay,
+                                          warmup_steps=config.warmup_steps, steps=config.steps,
+                                          schedule=config.schedule, min_lr_ratio=config.min_lr_ratio)
+    dtype = save_dtype(config.model_path, config.compute_dtype)
+    plan = LoopPlan(steps=config.steps, batch_size=config.batch_size, micro_batch_size=config.micro_batch_size,
+                    seed=config.seed, grad_clip=config.grad_clip, log_every=config.log_every,
+                    save_every=config.save_every, save_every_minutes=config.save_every_minutes,
+                    snapshot_steps=tuple(config.snapshot_steps), save_dtype=dtype)
+    state = run_loop(plan, paths, model, optimizer, scheduler, objective, tokenizer)
     laps.work()
     model.eval()
     metrics = {**state.last_metrics, **(final_metrics(model) if final_metrics else {}), "max_save_s": state.save_s,
                "estimated_peak_gib": estimate.total / memory.GIB}
     if torch.cuda.is_available():
         metrics["peak_gpu_gib"] = torch.cuda.max_memory_allocated() / memory.GIB
-    checkpoint.save_final(model, tokenizer, paths.model, save_dtype(config))
+    checkpoint.save_final(model, tokenizer, paths.model, dtype)
     laps.write()
     result = TrainResult(
         run_dir=paths.root, model_dir=paths.model, adapter=config.lora is not None, base_model_path=config.model_path,

@@ -251,7 +251,7 @@ def test_eval_job_scores_a_constraints_suite_in_the_mode_its_spec_names(tmp_path
     items, comps = [item("w", constraints=(rule,))], [completion("w", "don't stop")]
     for mode, metric, value in (("plain", "strict", 0.0), ("ifeval", "ifeval_strict", 1.0)):
         spec = job.SuiteSpec(name="if", scorer="constraints", items_path=tmp_path / "x.jsonl", constraint_mode=mode)
-        outs, _ = job.score(None, spec, items, comps, None, None)
+        outs, _ = job.score(spec, items, comps, None, None)
         assert outs[0].values[metric] == value
     with pytest.raises(ValueError, match="constraint_mode applies to constraints suites only"):
         job.SuiteSpec(name="m", scorer="mcq", items_path=tmp_path / "x.jsonl", constraint_mode="ifeval")

@@ -34,10 +34,11 @@ def test_pairs_cache_keeps_dropped_pairs_as_none(model_dirs, tmp_path):
     config = DPOConfig(model_path=model_dirs["llama"], data_path=data, output_dir=tmp_path / "run",
                        max_completion_length=12, max_prompt_length=8)
     rows = read_rows(data, PreferenceRow)
-    pairs, reused = data_cache.encoded_pairs(rows, config)
+    limits = (config.system_prompt, config.max_len, config.max_prompt_length, config.max_completion_length)
+    pairs, reused = data_cache.encoded_pairs(rows, config.data_path, config.model_path, *limits)
     tok = AutoTokenizer.from_pretrained(model_dirs["llama"])
     assert not reused and pairs[3] is None
     cut = {k: getattr(config, k) for k in ("system_prompt", "max_len", "max_prompt_length", "max_completion_length")}
     assert pairs[:3] == [(cut_answer(tok, r.prompt, r.chosen, **cut), cut_answer(tok, r.prompt, r.rejected, **cut))
                          for r in rows[:3]]
-    assert data_cache.encoded_pairs(rows, config) == (pairs, True)
+    assert data_cache.encoded_pairs(rows, config.data_path, config.model_path, *limits) == (pairs, True)

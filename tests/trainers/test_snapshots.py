@@ -57,7 +57,9 @@ def _preempted_after(monkeypatch, step: int) -> None:
 def _resume_weights(config: SFTConfig) -> dict[str, torch.Tensor]:
     """The weights held in a stopped run's resume state, loaded by the loop's own resume code."""
     model = load_policy(config.model_path, "float32", None, config.seed)
-    optimizer, scheduler = loop._optimizer(model, config)
+    optimizer, scheduler = loop.make_optimizer(model, lr=config.lr, weight_decay=config.weight_decay,
+                                               warmup_steps=config.warmup_steps, steps=config.steps,
+                                               schedule=config.schedule, min_lr_ratio=config.min_lr_ratio)
     loop.load_resume(RunPaths(root=config.output_dir), model, optimizer, scheduler, config.seed)
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
