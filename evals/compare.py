@@ -66,7 +66,16 @@ from evals.decoding import Decoding
 from evals.judgment import Refusal, close_tool_call
 from evals.records import served_draws, started_at
 from memory.notebook import EvalRecord, Notebook, ToolCall
-from memory.records import AuditPayload, BarsSpec, BarVerdict, ClearSuitePayload, CompareRefusal, FloorRule, LookPayload, Rule
+from memory.records import (
+    AuditPayload,
+    BarsSpec,
+    BarVerdict,
+    ClearSuitePayload,
+    CompareRefusal,
+    FloorRule,
+    LookPayload,
+    Rule,
+)
 from memory.state import Floor, RegisteredBars, SessionState, fold
 
 # Metrics entries that name the rules a scorer applied (evals/constraints.py: plain vs ifeval).

@@ -18,13 +18,18 @@ import sys
 from pathlib import Path
 
 import pytest
+from scipy import stats as scipy_stats
 
 from agent.config import load_lab_config
 from agent.inputs import _split_config
 from agent.planners.policy import VERSION
 from evals import synthetic
+from evals.compare import _OPS
 from evals.judge import judged_prompt, parse_verdict
+from evals.records import served_draws
 from evals.types import Item
+from memory.notebook import Notebook
+from memory.state import fold
 from tools.data.splits import split_file
 from tools.world import build as world
 from tools.world import oracle, variants
@@ -201,6 +206,67 @@ def test_the_reduced_variants_benchmark_writes_every_figure(bench):
         goals = {g["goal"] for g in result["goals"]}
         assert {"nominee_truly_worse_sessions", "false_promotion_share", "truly_better_share_where_oracle_better",
                 "oracle_gain_capture"} <= goals and (("parent_kept_share" in goals) == (name == "strong-parent"))
+
+
+def check_looks_and_audit(nb: Notebook, session: str) -> dict[str, int]:
+    """Issue 41's rules re-derived from a session's notebook: every comparison under sequential bars is read at a
+    `decided` look preceded by its unresolved ones (look j after look j-1 left it open, on the candidate's served draws
+    0 .. j-1 of the judged suite), its recorded p-value is min p_i / w_i recomputed here from the eval rows, an
+    unresolved look spends no p-value; an `audit` finding is recorded exactly when every p bar held and a guard not yet
+    flagged failed at its registered margin, and from then on that guard reads the wider margin. Returns counts."""
+    state = fold(nb, session)
+    spec = state.bars.spec
+    assert spec.looks > 1 and spec.audit_margin is not None  # the world's bars register both
+    weights = spec.look_weights()
+    counts = {"comparisons": 0, "looks": len(state.looks), "unresolved": 0, "findings": len(state.findings)}
+    for v in state.verdicts:
+        counts["comparisons"] += 1
+        taken = [x for x in state.looks if (x.payload.candidate, x.payload.incumbent) == (v.candidate, v.incumbent)
+                 and x.seq < v.seq]
+        mine = [x.payload for x in taken]
+        assert mine and mine[-1].outcome == "decided" and [x.look for x in mine] == list(range(1, len(mine) + 1))
+        assert all(x.outcome == "continue" for x in mine[:-1]) and len(mine) <= spec.looks
+        counts["unresolved"] += len(mine) - 1
+        p_bar = next(b for b in v.bars if b.bar.statistic == "p")
+        rule = p_bar.bar
+        draws = served_draws(nb, session, v.candidate, rule.suite,
+                             nb.evals(artifact_id=v.candidate, suite=rule.suite, session=session)[0].decoding_sha256)
+        inc = next(e for e in nb.evals(artifact_id=v.incumbent, suite=rule.suite, session=session) if e.replicate == 0)
+        inc_values = inc.values(rule.metric)
+        ids = sorted(inc_values)
+        ps = []
+        for j in range(1, len(mine) + 1):
+            mean = [sum(draws[k].values(rule.metric)[i] for k in range(j)) / j for i in ids]
+            ps.append(scipy_stats.ttest_rel(mean, [inc_values[i] for i in ids], alternative="greater").pvalue
+                      / weights[j - 1])
+        assert p_bar.raw_p == pytest.approx(min(1.0, min(ps)), rel=1e-9, abs=1e-12)
+        start = taken[0].seq
+        for b in v.bars:
+            allows_loss = b.bar.value < 0 if b.bar.op in (">=", ">") else b.bar.value > 0
+            if b.bar.statistic == "p" or not b.bar.in_noise_units or not allows_loss:
+                continue
+            base = b.bar.value * b.floor
+            before = [f for f in state.findings if f.payload.suite == b.bar.suite and f.seq < start]
+            here = [f for f in state.findings if f.payload.suite == b.bar.suite and start < f.seq < v.seq]
+            assert b.threshold == pytest.approx(base * spec.audit_margin if before or here else base)
+            if here:  # flagged by this comparison: the judge held, the guard failed at its registered margin
+                assert here[0].payload.candidate == v.candidate and p_bar.holds and not _OPS[b.bar.op](b.value, base)
+            elif not before:  # not flagged: no finding was due
+                assert not (p_bar.holds and not _OPS[b.bar.op](b.value, base))
+    assert state.p_family.spent == counts["comparisons"] * len(state.bars.p_rules)  # unresolved looks spent nothing
+    return counts
+
+
+@pytest.mark.slow
+def test_the_sessions_read_every_comparison_by_the_sequential_rule_and_the_suite_audit(bench):
+    seen = {}
+    for name, result in bench["variants"].items():
+        session = result["sessions"][0]
+        with Notebook.open(Path(session["lab"]) / "notebook.db", readonly=True) as nb:
+            seen[name] = check_looks_and_audit(nb, session["session"])
+        assert seen[name]["comparisons"] >= 1, (name, seen[name])
+    # harmful-arms: no rule lets a truly harmful arm through
+    assert bench["variants"]["harmful-arms"]["summary"]["playbook"]["nominee_truly_worse_sessions"] == 0
 
 
 @pytest.mark.slow
