@@ -179,8 +179,13 @@ class ToolContext:
         if self.minute_gpuh is None or (r.estimate_gpuh is not None and not nomination):
             return r
         left = ledger(self.nb, self.session).without(own_gpuh)
-        limit = left.time_limit_min(r.time_limit_min, self.minute_gpuh(r), nomination)
+        minute = self.minute_gpuh(r)
+        limit = left.time_limit_min(r.time_limit_min, minute, nomination)
         update: dict[str, Any] = {"estimate_gpuh": 0.0, "nomination": True} if nomination else {}
+        if not nomination and 0 < minute and left.left_gpuh() < minute:
+            # Not one minute of it can be paid: its forecast is its whole bound, which admission refuses (a
+            # forecast from its size could fit what is left while no time limit could).
+            update = {"estimate_gpuh": limit * minute}
         return r.model_copy(update=update | {"time_limit_min": limit})
 
     def wait(self, kind: str, fn: Callable[[Any], R], args: BaseModel, **extra: Any) -> tuple[R, str]:
