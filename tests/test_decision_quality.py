@@ -264,7 +264,7 @@ def _summary(checkpoints: list[Checkpoint], calls: list[Call], *, incumbent: int
 PARENT_METRICS = {"synthetic": {"correct": 0.50}, "loops": {"looping": 0.20}, "holdout": {"win_score": 0.5}}
 SHORT = PlaybookSettings.short()
 # The short protocol as version 4 recorded it: its screen gated the finalists (only arms above the incumbent).
-SHORT_V4 = PlaybookSettings.recorded({k: v for k, v in SHORT.model_dump(mode="json").items() if k != "finalist_rule"}
+SHORT_V4 = PlaybookSettings.recorded({k: v for k, v in SHORT.model_dump(mode="json").items() if k not in ("finalist_rule", "evidence")}
                                      | {"version": 4}, "s")
 
 
