@@ -27,8 +27,6 @@ from html import escape as html_escape
 from pathlib import Path
 from statistics import mean, stdev
 
-from scipy import stats
-
 from core.display import shown
 from core.util import shipped_file_mode, write_atomic
 from memory import report_svg as svg
@@ -332,6 +330,8 @@ def paired_delta(cand: EvalRecord | None, inc: EvalRecord | None, metric: str) -
     m = mean(diffs)
     if len(diffs) < 2:
         return m, None, 1
+    from scipy import stats  # for this interval only
+
     half = stats.t.ppf(0.975, len(diffs) - 1) * stdev(diffs) / math.sqrt(len(diffs))
     return m, (m - half, m + half), len(diffs)
 

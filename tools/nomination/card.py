@@ -53,7 +53,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
-from scipy import stats as sps
 
 from core.display import shown
 from core.versions import Versions, installed
@@ -110,6 +109,8 @@ def code(text: Any) -> str:
 
 def mean_ci(values: list[float], level: float = 0.95) -> tuple[float, float]:
     """Interval of the mean: Wilson score for 0/1 values (Wilson 1927, JASA 22:209), else Student t."""
+    from scipy import stats as sps  # here, not at import: every bundle check imports this module
+
     n = len(values)
     mean = sum(values) / n
     z = sps.norm.ppf(0.5 + level / 2)
