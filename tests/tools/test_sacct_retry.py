@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tools.jobs import launcher
+from tools.jobs import slurm
 from tools.jobs.launcher import Resources, SlurmBackend
 
 
@@ -32,7 +32,7 @@ def _backend() -> SlurmBackend:
 
 @pytest.fixture
 def quick_retries(monkeypatch):
-    monkeypatch.setattr(launcher, "SACCT_RETRY_S", (0.01, 0.01, 0.01))
+    monkeypatch.setattr(slurm, "SACCT_RETRY_S", (0.01, 0.01, 0.01))
 
 
 def test_a_transient_accounting_error_is_asked_again(tmp_path, monkeypatch, quick_retries):

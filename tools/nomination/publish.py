@@ -25,8 +25,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from evals.sealed import nominee as nominee_of
 from memory.notebook import Notebook
 from tools.context import ToolContext, ToolOutcome, invoke
-from tools.nominate import STAGED_SUFFIX, BundleOutcome, CardJob, refuse, staged_dir
 from tools.nomination.bundle import BundleError, TrainingEvidence, bundle_files, bundle_sha256, write_records
+from tools.nomination.staging import STAGED_SUFFIX, BundleOutcome, CardJob, refuse, staged_dir
 
 NAME = "publish"
 REWRITTEN = ("README.md", "training_evidence.json")
