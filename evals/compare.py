@@ -57,7 +57,6 @@ from __future__ import annotations
 
 import math
 import operator
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -67,6 +66,7 @@ from evals.judgment import Refusal, close_tool_call
 from evals.records import served_draws, started_at
 from memory.notebook import EvalRecord, Notebook, ToolCall
 from memory.records import (
+    Adjustment,
     AuditPayload,
     BarsSpec,
     BarVerdict,
@@ -107,7 +107,8 @@ class ComparisonVerdict(BaseModel):
     bars_id: int = Field(description="bars row judged by.")
     verdicts: list[BarVerdict] = Field(description="One verdict per bar, in the bars file's order.")
     cleared: bool = Field(description="True only if every bar holds.")
-    adjustment: dict[str, Any] = Field(description="Holm adjustment: family, tested count, raw and adjusted p-values.")
+    adjustment: Adjustment = Field(description="Holm adjustment: family, tested count, raw and adjusted p-values, "
+                                   "and the looks taken.")
     rationale: str = Field(description="One line: all bars hold, or which failed.")
     looks: list[LookPayload] = Field(default_factory=list, description="Each p bar's look (bars with looks > 1).")
     unresolved: bool = Field(False, description="The look left the comparison unresolved: no verdict is recorded.")
@@ -288,7 +289,7 @@ def _widened(state: SessionState, bars: RegisteredBars, bar: Rule, threshold: fl
     return threshold * bars.spec.audit_margin, True
 
 
-def _holm(state: SessionState, raw: list[float], family_size: int | None) -> tuple[list[float], dict[str, Any]]:
+def _holm(state: SessionState, raw: list[float], family_size: int | None) -> tuple[list[float], Adjustment]:
     """Adjust this comparison's p-values within the session's pre-registered family of p-values."""
     if raw and state.p_family.size != family_size:
         raise _Refused(f"p_family {family_size} differs from the session's pre-registered family "
@@ -300,9 +301,8 @@ def _holm(state: SessionState, raw: list[float], family_size: int | None) -> tup
                        f"({len(prior)} tested before, {len(raw)} more asked)")
     untested = (family_size - len(seen)) if raw else 0
     adjusted = stats.holm(seen + [1.0] * untested)[len(prior):len(seen)] if raw else []
-    adjustment = {"method": "holm", "family_size": family_size, "tested": len(seen), "raw_p": raw,
-                  "adjusted_p": adjusted, "prior_comparisons": sorted({cid for cid, _ in prior})}
-    return adjusted, adjustment
+    return adjusted, Adjustment(family_size=family_size, tested=len(seen), raw_p=raw, adjusted_p=adjusted,
+                                prior_comparisons=sorted({cid for cid, _ in prior}))
 
 
 def _json_float(x: float) -> float | str:
@@ -359,8 +359,8 @@ def judge(nb: Notebook, state: SessionState, candidate: int, incumbent: int, bar
     cleared = all(v.holds for v in verdicts)
     unresolved = look is not None and not cleared and _may_continue(spec, k, verdicts, looks, widened)
     if looks:
-        adjustment |= {"looks": {str(i): [[n, p, w] for n, p, w in found] for i, found in looks.items()},
-                       "look": k, "max_looks": spec.looks}
+        adjustment = adjustment.model_copy(update={"looks": {i: list(found) for i, found in looks.items()},
+                                                   "look": k, "max_looks": spec.looks})
     look_rows = [_look_payload(candidate, incumbent, bars, verdicts[i], found, unresolved) for i, found in looks.items()]
     failed = [f"{v.bar.target} {v.bar.statistic}" for v in verdicts if not v.holds]
     rationale = "all bars hold" if cleared else "bars failed: " + ", ".join(failed)

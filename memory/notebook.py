@@ -33,6 +33,7 @@ from memory.place import Place
 from memory.records import (
     DECISION,
     PAYLOADS,
+    Adjustment,
     Artifact,
     BarsRecord,
     BarsSpec,
@@ -781,13 +782,13 @@ class Notebook:
 
     def add_comparison(
         self, *, session: str, candidate: int, incumbent: int, bars_id: int, verdicts: list[BarVerdict],
-        promoted: bool, adjustment: dict[str, Any], rationale: str,
+        promoted: bool, adjustment: Adjustment, rationale: str,
     ) -> tuple[Comparison, Decision]:
         """Store a comparison and its verdict decision (`promote`: every bar held, else `reject`) in one transaction."""
         with self.transaction():
             rowid = self._insert("comparison", {
                 "session": session, "candidate": candidate, "incumbent": incumbent, "bars_id": bars_id,
-                "verdicts": [v.model_dump(mode="json") for v in verdicts], "promoted": int(promoted), "adjustment": adjustment, "created_at": now(),
+                "verdicts": [v.model_dump(mode="json") for v in verdicts], "promoted": int(promoted), "adjustment": adjustment.model_dump(mode="json"), "created_at": now(),
             })
             decision = self._append_decision(session, "promote" if promoted else "reject", rationale, {
                 "comparison_id": rowid, "candidate": candidate, "incumbent": incumbent, "bars_id": bars_id,

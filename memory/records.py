@@ -13,7 +13,14 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    TypeAdapter,
+    model_serializer,
+)
 
 DecisionKind = Literal[
     "open", "plan", "launch", "refuse", "compare", "promote", "reject", "incumbent", "calibrate",
@@ -776,6 +783,37 @@ class BarVerdict(_Record):
     floor_id: int | None = Field(None, description="The noise_floor row that floor came from.")
 
 
+class Adjustment(_Record):
+    """How a comparison's p-values were adjusted (evals/compare.py): Holm over the session's pre-registered family,
+    and under sequential bars every look taken. Read from rows of every age: `tested` came with the pre-registered
+    family, the look keys with rules version 6 (issue 41); a key a row was recorded without stays out of its stored
+    form."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    method: Literal["holm"] = Field("holm", description="The multiple-comparison method (Holm 1979).")
+    family_size: int | None = Field(None, description="The p-value family adjusted over: the pre-registered "
+                                    "p_family (before it was registered, the p-values seen so far); None when the "
+                                    "bars have no p bar.")
+    tested: int | None = Field(None, description="P-values of the family tested with this comparison's included; "
+                               "None in rows from before the family was pre-registered.")
+    raw_p: list[float] = Field(default_factory=list, description="This comparison's p-values as tested, in bar order "
+                               "(under sequential bars each is p* = min p/w over the looks taken).")
+    adjusted_p: list[float] = Field(default_factory=list, description="Their Holm-adjusted values.")
+    prior_comparisons: list[int] = Field(default_factory=list, description="Comparisons whose p-values were tested "
+                                         "before this one.")
+    looks: dict[int, list[tuple[int, float, float]]] | None = Field(None, description="Sequential bars: per p bar (its "
+                                                                    "index among the bars), (items, raw p, weight) "
+                                                                    "of each look taken; None: one look.")
+    look: int | None = Field(None, description="The look the verdict was read at (sequential bars).")
+    max_looks: int | None = Field(None, description="The looks the bars registered (sequential bars).")
+
+    @model_serializer(mode="wrap")
+    def _as_recorded(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """Stored without the keys a row of its kind never had (tested, and the look keys of a single look)."""
+        optional = ("tested", "looks", "look", "max_looks")
+        return {k: v for k, v in handler(self).items() if k not in optional or v is not None}
+
+
 class Comparison(_Record):
     """A candidate judged against the incumbent by registered bars."""
 
@@ -787,7 +825,8 @@ class Comparison(_Record):
     verdicts: list[BarVerdict] = Field(description="One verdict per bar: statistic, value, threshold, holds.")
     promoted: bool = Field(description="Whether every bar held (the candidate cleared the bars; a verdict, not a "
                            "change of incumbent).")
-    adjustment: dict[str, Any] = Field(description="Multiple-comparison method, family and adjusted p-values.")
+    adjustment: Adjustment = Field(description="Multiple-comparison method, family and adjusted p-values, and the "
+                                   "sequential looks taken.")
     created_at: str = Field(description="ISO-8601 UTC time recorded.")
 
 

@@ -472,7 +472,7 @@ class _Fold:
                      else self._first_on(b.bar, c.incumbent))
             floors.append(None if floor is None else _bar_floor(b.bar, floor, registered.floor_unit, b.floor))
         return Verdict(comparison_id=c.id, seq=seq, candidate=c.candidate, incumbent=c.incumbent, bars_id=c.bars_id,
-                       cleared=c.promoted, bars=c.verdicts, floors=floors, raw_p=c.adjustment.get("raw_p", []))
+                       cleared=c.promoted, bars=c.verdicts, floors=floors, raw_p=c.adjustment.raw_p)
 
     def _first_on(self, rule: Rule, artifact_id: int) -> Floor | None:
         """A comparison recorded before verdicts kept their floor: the first floor of the bar's metric on its

@@ -254,7 +254,7 @@ def test_holm_over_the_preregistered_session_family(lab):
     # Sorted (p, p, 1): 3p and 2p, made monotone: 3p.
     assert second.verdicts[0].value == pytest.approx(3 / 1024)
     adj = nb.comparisons("s1")[1].adjustment
-    assert (adj["family_size"], adj["tested"], adj["prior_comparisons"]) == (3, 2, [first.comparison_id])
+    assert (adj.family_size, adj.tested, adj.prior_comparisons) == (3, 2, [first.comparison_id])
     compare(nb, "s1", cand, inc, reg.id, SERVED)
     fourth = compare(nb, "s1", cand, inc, reg.id, SERVED)
     assert fourth.refused and "family of 3 p-values is used up" in fourth.reasons[0]

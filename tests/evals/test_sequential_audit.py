@@ -111,8 +111,10 @@ def test_an_unresolved_look_spends_nothing_and_the_deciding_look_reads_min_p_ove
     assert look2.cleared and not look2.unresolved
     expected = _p_star([first, second], weights)
     (comparison,) = nb.comparisons("s1")
-    assert comparison.adjustment["raw_p"] == [pytest.approx(expected)]
-    assert comparison.adjustment["adjusted_p"] == [pytest.approx(min(1.0, 4 * expected))]
+    assert comparison.adjustment.raw_p == [pytest.approx(expected)]
+    assert comparison.adjustment.adjusted_p == [pytest.approx(min(1.0, 4 * expected))]
+    assert (comparison.adjustment.look, comparison.adjustment.max_looks) == (2, 3)
+    assert [w for _, _, w in comparison.adjustment.looks[0]] == pytest.approx(weights[:2])
     assert _kinds(nb)[-2:] == ["look", "promote"]  # the deciding look, then the verdict
     state = fold(nb, "s1")
     assert state.p_family.spent == 1 and state.open_look(cand) is None
@@ -129,7 +131,7 @@ def test_one_look_without_continuation_and_a_trailing_candidate_decide_at_once(l
     # a policy that asks no look (versions 1-5) reads look 1 decided: p1 / w1, no continuation
     once = compare_mod.compare(nb, "s1", lead, inc, bars_id, SERVED)
     assert not once.unresolved and not once.cleared and once.comparison_id is not None
-    assert nb.comparisons("s1")[0].adjustment["raw_p"] == [pytest.approx(_p_star([_win(9, 3)], weights))]
+    assert nb.comparisons("s1")[0].adjustment.raw_p == [pytest.approx(_p_star([_win(9, 3)], weights))]
     # a candidate that does not lead by continue_p (raw p > 0.25) decides at look 1: no evidence is bought for it
     trailing = _candidate(nb, "trail", [_win(5, 5)])
     out = compare_mod.compare(nb, "s1", trailing, inc, bars_id, SERVED, look=1)

@@ -10,7 +10,7 @@ import pytest
 
 from memory.chain import GENESIS, decision_hash
 from memory.notebook import Notebook
-from memory.records import BarsSpec, GateRefusal, IncumbentPayload, Rule
+from memory.records import Adjustment, BarsSpec, GateRefusal, IncumbentPayload, Rule
 from memory.schema import SCHEMA_VERSION
 
 VIEWS = ["budget_by_kind", "decisions_readable", "leaderboard", "lineage"]
@@ -53,7 +53,7 @@ def nb(tmp_path: Path):
             tool="train", args={"steps": 9}, reason="forecast 12 GPU-h exceeds the 7.5 left"))
         bars = notebook.register_bars("s1", BarsSpec(bars=(Rule(suite="d", metric="correct", statistic="delta", op=">=", value=0.0, unit="absolute", test=None, confidence=None),), p_family=None))
         cmp, _ = notebook.add_comparison(session="s1", candidate=sft.id, incumbent=parent.id, bars_id=bars.id,
-                                         verdicts=[], promoted=True, adjustment={}, rationale="all bars hold")
+                                         verdicts=[], promoted=True, adjustment=Adjustment(), rationale="all bars hold")
         notebook.record_decision("s1", "promote", "sft-1 becomes the incumbent", IncumbentPayload(
             action="incumbent", artifact_id=sft.id, comparison_id=cmp.id, previous=parent.id))
         yield notebook

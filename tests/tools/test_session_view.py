@@ -9,6 +9,7 @@ import pytest
 
 from evals.bars import Bars
 from memory.notebook import Notebook
+from memory.records import Adjustment
 from memory.state import PFamily, SessionState
 from tests.agent.views import HOLDOUT_P, SYNTHETIC_GUARD, TOY_RULES, bar_verdict, bars, ledger, state, verdict
 from tools.session import view
@@ -86,7 +87,7 @@ def test_a_view_read_from_the_notebook_is_typed(tmp_path: Path):
         verdicts = [bar_verdict(r, v, t, h) for r, v, t, h in zip(spec.spec().bars, (0.01, 0.0), (0.05, -0.02),
                                                                      (True, True), strict=True)]
         nb.add_comparison(session="s", candidate=arm, incumbent=parent, bars_id=record.id, verdicts=verdicts,
-                          promoted=True, adjustment={"raw_p": [0.01]}, rationale="all bars hold")
+                          promoted=True, adjustment=Adjustment(raw_p=[0.01]), rationale="all bars hold")
         nb.record_decision("s", "incumbent", "arm becomes the incumbent", {"action": "incumbent", "artifact_id": arm,
                                                                           "comparison_id": 1, "previous": parent})
         v = view(nb, "s")
