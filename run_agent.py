@@ -15,6 +15,9 @@
                                                         one self-contained HTML report of a session (DIR/report.html)
     python run_agent.py close SESSION --why "..." [--lab DIR]
                                                         end a stuck session: its open jobs cancelled, why recorded
+    python run_agent.py clear-suite SESSION SUITE --by NAME --reason "..." [--lab DIR]
+                                                        clear a suite the suite audit flagged: its guards read their
+                                                        registered margin again
 
 Exit status: 0 on success, 1 when a check fails (verify, check-bundle), 2 on bad input (flags, lab.toml, files);
 bad input writes nothing.
@@ -177,6 +180,39 @@ def cmd_close(args: argparse.Namespace) -> int:
         return close(args.lab, args.session, why)
 
 
+NAME_LIMIT = 64  # characters of who cleared a suite: a name or handle, shown on the card
+
+
+def add_clear_suite_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("session", help="the session whose suite audit flagged the suite")
+    p.add_argument("suite", help="the flagged suite (a suite of the session's bars)")
+    p.add_argument("--lab", type=Path, default=Path("lab"), help="lab directory (holds lab.toml and notebook.db)")
+    p.add_argument("--by", required=True, help="who clears it: recorded in its clear_suite decision, shown on the card")
+    p.add_argument("--reason", required=True, help="why the suite can be trusted again (its labels were checked, ...)")
+
+
+def cmd_clear_suite(args: argparse.Namespace) -> int:
+    from agent.clearing import clear
+    from tools.paths import LabPaths
+
+    by, reason = " ".join(args.by.split()), " ".join(args.reason.split())
+    if not by or len(by) > NAME_LIMIT:
+        raise UsageError(f"--by: name who clears the suite, in 1-{NAME_LIMIT} characters")
+    if not reason or len(reason) > WHY_LIMIT:
+        raise UsageError(f"--reason: say why the suite can be trusted again, in 1-{WHY_LIMIT} characters")
+    path = args.lab / NOTEBOOK_FILE
+    if not path.exists():  # before the lock, which would create the lab directory
+        raise UsageError(f"{path}: no notebook here (pass --lab DIR)")
+    from memory.schema import file_problem
+
+    problem = file_problem(path)
+    if problem:
+        raise UsageError(f"{path}: {problem}")
+    # The writer lock: a running agent reads the flag at its next comparison; the person's decision waits for it.
+    with LabPaths(root=args.lab).writer(f"clear-suite {args.session}"):
+        return clear(args.lab, args.session, args.suite, by, reason)
+
+
 def add_replay_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("session", help="the session to re-derive")
     p.add_argument("--lab", type=Path, default=Path("lab"), help="lab directory (holds lab.toml and notebook.db)")
@@ -329,6 +365,8 @@ SUBCOMMANDS = {
     "world": (add_world_args, cmd_world, "build the toy world, or measure a checkpoint's ground truth in it"),
     "resume": (add_resume_args, cmd_resume, "continue a session that died, launching nothing twice"),
     "close": (add_close_args, cmd_close, "end a stuck session: cancel its open jobs, record why (a stop decision)"),
+    "clear-suite": (add_clear_suite_args, cmd_clear_suite, "clear a suite the suite audit flagged (a person's "
+                    "decision): its guards read their registered margin again"),
     "replay": (add_replay_args, cmd_replay, "re-derive a session's decisions from the notebook (no jobs, no writes)"),
     "report": (add_report_args, cmd_report, "write one self-contained HTML report of a session, read from the notebook"),
 }

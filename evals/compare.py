@@ -72,6 +72,7 @@ from memory.records import (
     BarVerdict,
     ClearSuitePayload,
     CompareRefusal,
+    Decision,
     FloorRule,
     LookPayload,
     Rule,
@@ -476,11 +477,18 @@ def compare(nb: Notebook, session: str, candidate: int, incumbent: int, bars_id:
         return record(nb, session, judgment, tool_call=tool_call)
 
 
-def clear_suite(nb: Notebook, session: str, suite: str, by: str, note: str) -> None:
-    """A person clears a flagged suite: its guards read their registered margin again (a `clear_suite` decision).
-    Refused (ValueError) when the suite is not flagged in the session."""
+class SuiteNotFlagged(ValueError):
+    """clear_suite was asked for a suite with no suite-audit finding in force: nothing was written."""
+
+
+def clear_suite(nb: Notebook, session: str, suite: str, by: str, note: str) -> Decision:
+    """A person clears a flagged suite: its guards read their registered margin again (the `clear_suite` decision,
+    returned). Refused (SuiteNotFlagged) when the suite has no finding in force in the session.
+
+        python run_agent.py clear-suite SESSION SUITE --lab LAB --by NAME --reason TEXT   (agent/clearing.py)
+    """
     with nb.transaction():
         if fold(nb, session).flagged(suite) is None:
-            raise ValueError(f"suite {suite!r} is not flagged by a suite audit in session {session}")
-        nb.record_decision(session, "clear_suite", f"{by} cleared suite {suite}: {note}",
-                           ClearSuitePayload(suite=suite, by=by, note=note))
+            raise SuiteNotFlagged(f"suite {suite!r} is not flagged by a suite audit in force in session {session}")
+        return nb.record_decision(session, "clear_suite", f"{by} cleared suite {suite}: {note}",
+                                  ClearSuitePayload(suite=suite, by=by, note=note))
