@@ -23,7 +23,9 @@ The outcome's data lists them as `snapshots: [{step, artifact_id}]`.
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -192,9 +194,14 @@ def _lora(arm: recipes.ArmSettings, args: Args) -> LoRASettings | None:
                         target_parameters=arm.lora.target_parameters, train_lm_head=head)
 
 
-def _config(ctx: ToolContext, args: Args, arm: recipes.ArmSettings, out) -> tuple[Any, Any]:
-    from trainers import dpo, klce, rft, sft
+def trainer_module(name: Trainer) -> ModuleType:
+    """The trainer's module (trainers.sft, .dpo, .klce, .rft): imported with the first arm's job, so the agent
+    process loads torch only when it trains."""
+    return importlib.import_module(f"trainers.{name}")
 
+
+def _config(ctx: ToolContext, args: Args, arm: recipes.ArmSettings, out) -> tuple[Any, Any]:
+    trainer = trainer_module(args.trainer)
     parent = ctx.nb.artifact(args.parent)
     data = ctx.nb.artifact(args.dataset)
     served = served_of(ctx, args.parent)
@@ -206,17 +213,17 @@ def _config(ctx: ToolContext, args: Args, arm: recipes.ArmSettings, out) -> tupl
               "snapshot_steps": list(snapshot_steps(args, arm.steps))}
     match args.trainer:
         case "sft":
-            return sft.train, sft.SFTConfig(**common, packing=arm.packing)
+            return trainer.train, trainer.SFTConfig(**common, packing=arm.packing)
         case "dpo":
-            return dpo.train, dpo.DPOConfig(**common, beta=arm.beta, nll_weight=arm.nll_weight,
+            return trainer.train, trainer.DPOConfig(**common, beta=arm.beta, nll_weight=arm.nll_weight,
                                             max_prompt_length=arm.max_prompt_len,
                                             max_completion_length=arm.max_answer_len)
         case "klce":
-            return klce.train, klce.KLCEConfig(**common, kl_coef=arm.kl_coef)
+            return trainer.train, trainer.KLCEConfig(**common, kl_coef=arm.kl_coef)
         case "rft":
             family = lab_recipe(ctx).families["rft"]
             temperature = served.temperature if served.temperature > 0 else 1.0
-            return rft.train, rft.RFTConfig(**common, k=arm.k, temperature=temperature,
+            return trainer.train, trainer.RFTConfig(**common, k=arm.k, temperature=temperature,
                                             max_new_tokens=_answer_cap(ctx, args, family),
                                             scorer=_verifier(ctx, family, data.recipe))
 

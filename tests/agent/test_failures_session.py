@@ -77,8 +77,9 @@ class Preempter(threading.Thread):
 
 def test_a_session_with_an_oom_a_preemption_and_a_nan_arm_still_nominates(tmp_path, monkeypatch, capsys):
     lab = make_lab(tmp_path / "lab")
-    monkeypatch.setattr(tools.train, "sft", SimpleNamespace(train=faults.sft_oom_at_full_batch, SFTConfig=sft.SFTConfig))
-    monkeypatch.setattr(tools.train, "klce", SimpleNamespace(train=faults.klce_diverging, KLCEConfig=klce.KLCEConfig))
+    faulty = {"sft": SimpleNamespace(train=faults.sft_oom_at_full_batch, SFTConfig=sft.SFTConfig),
+              "klce": SimpleNamespace(train=faults.klce_diverging, KLCEConfig=klce.KLCEConfig)}
+    monkeypatch.setattr(tools.train, "trainer_module", faulty.__getitem__)
     monkeypatch.setattr(tools.evaluate, "run_eval", faults.eval_awaiting_preemption)
     marker = tmp_path / "preempt.pid"
     monkeypatch.setenv("POSTLAB_FAULT_PREEMPT", str(marker))
