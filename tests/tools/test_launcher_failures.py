@@ -294,6 +294,11 @@ def test_a_slurm_requeue_in_place_is_admitted_or_cancelled(slurm_cluster: None, 
     (refusal,) = nb.decisions("s1", kind="refuse")
     assert refusal.payload.attempt == 2 and refusal.payload.forecast_gpuh == pytest.approx(1 / 60)
     assert nb.ledger("s1").spent_gpuh <= 0.0175 and len(nb.jobs()) == 1
-    states = subprocess.run(["sacct", "-j", record.external_id, "-D", "-X", "-n", "-P", "-o", "State"],
-                            capture_output=True, text=True, check=True).stdout.splitlines()
+    deadline = time.monotonic() + 60  # slurmdbd records the cancel a moment after scancel returns
+    while True:
+        states = subprocess.run(["sacct", "-j", record.external_id, "-D", "-X", "-n", "-P", "-o", "State"],
+                                capture_output=True, text=True, check=True).stdout.splitlines()
+        if states[-1].startswith("CANCELLED") or time.monotonic() > deadline:
+            break
+        time.sleep(1)
     assert states[0] == "REQUEUED" and states[-1].startswith("CANCELLED"), states
