@@ -160,6 +160,20 @@ def add_close_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--why", required=True, help="why it is closed: recorded in its stop decision")
 
 
+def _existing_notebook(lab: Path) -> Path:
+    """The lab's notebook, refused unless it exists and reads as one; checked before the writer lock, which would
+    create the lab directory."""
+    from memory.schema import file_problem
+
+    path = lab / NOTEBOOK_FILE
+    if not path.exists():
+        raise UsageError(f"{path}: no notebook here (pass --lab DIR)")
+    problem = file_problem(path)
+    if problem:
+        raise UsageError(f"{path}: {problem}")
+    return path
+
+
 def cmd_close(args: argparse.Namespace) -> int:
     from agent.closing import close
     from tools.paths import LabPaths
@@ -167,14 +181,7 @@ def cmd_close(args: argparse.Namespace) -> int:
     why = " ".join(args.why.split())
     if not why or len(why) > WHY_LIMIT:
         raise UsageError(f"--why: say why the session is closed, in 1-{WHY_LIMIT} characters")
-    path = args.lab / NOTEBOOK_FILE
-    if not path.exists():  # before the lock, which would create the lab directory
-        raise UsageError(f"{path}: no notebook here (pass --lab DIR)")
-    from memory.schema import file_problem
-
-    problem = file_problem(path)
-    if problem:
-        raise UsageError(f"{path}: {problem}")
+    _existing_notebook(args.lab)
     # The writer lock: the session's own agent must be stopped first (it would go on submitting).
     with LabPaths(root=args.lab).writer(f"close {args.session}"):
         return close(args.lab, args.session, why)
@@ -200,14 +207,7 @@ def cmd_clear_suite(args: argparse.Namespace) -> int:
         raise UsageError(f"--by: name who clears the suite, in 1-{NAME_LIMIT} characters")
     if not reason or len(reason) > WHY_LIMIT:
         raise UsageError(f"--reason: say why the suite can be trusted again, in 1-{WHY_LIMIT} characters")
-    path = args.lab / NOTEBOOK_FILE
-    if not path.exists():  # before the lock, which would create the lab directory
-        raise UsageError(f"{path}: no notebook here (pass --lab DIR)")
-    from memory.schema import file_problem
-
-    problem = file_problem(path)
-    if problem:
-        raise UsageError(f"{path}: {problem}")
+    _existing_notebook(args.lab)
     # The writer lock: a running agent reads the flag at its next comparison; the person's decision waits for it.
     with LabPaths(root=args.lab).writer(f"clear-suite {args.session}"):
         return clear(args.lab, args.session, args.suite, by, reason)
