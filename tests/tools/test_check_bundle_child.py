@@ -1,7 +1,7 @@
 """check-bundle's template child takes its memory bound after its libraries are mapped: on the H200 (a CUDA build of
 torch maps several GiB) a library first imported under the bound stopped every template check of the GPU session
 (transformers 5.25 reaches torch, accelerate and `kernels` when it loads a tokenizer). So nothing the template checks
-import may be left to import after `_bound_memory`."""
+import may be left to import after `_import_libraries`."""
 
 from __future__ import annotations
 
@@ -16,8 +16,10 @@ REPO = Path(__file__).resolve().parents[2]
 
 CHILD = """
 import json, sys
+from core.bounded import limit_memory
 from tools.nomination import check_bundle
-check_bundle._bound_memory(8 * 1024**3)
+check_bundle._import_libraries()
+limit_memory(8 * 1024**3)
 before = set(sys.modules)
 from core import chat, loading
 tok = loading.load_tokenizer(sys.argv[1])

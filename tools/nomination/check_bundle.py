@@ -17,8 +17,8 @@ descriptor, so what was checked is what is read) and read with a bound: text and
 manifest's files by SERVED_FILE_LIMIT; a shard is hashed only once its size is the recorded one and the one its
 safetensors header describes, every tensor's bytes its dtype and shape. Every check is bounded: the ones that render
 the template run in a child process under a time and memory limit, after `template_bounds` streamed each rendering
-under TEMPLATE_OUTPUT_LIMIT; the reload runs in a child under a timeout, at most RELOAD_MAX_NEW_TOKENS tokens and
-RELOAD_SECONDS_PER_ANSWER seconds an answer. Messages are printed escaped and bounded (core/display.py).
+under TEMPLATE_OUTPUT_LIMIT; the reload runs next in the same child (its libraries imported once) under its own
+timeout and no memory bound, at most RELOAD_MAX_NEW_TOKENS tokens and RELOAD_SECONDS_PER_ANSWER seconds an answer. Messages are printed escaped and bounded (core/display.py).
 
 Checks, each reported with what was expected:
 - files: every file a server reads is present, and the bundle is confined (above);
@@ -92,7 +92,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from safetensors import SafetensorError
 
 from core import chat, loading
-from core.bounded import limit_memory, run_bounded, streamed
+from core.bounded import Phase, enter_phase, print_phase, run_phases, streamed
 from core.display import bounded, shown
 from core.loading import DTYPE_BYTES
 from core.util import (
@@ -156,6 +156,12 @@ TEMPLATE_SECONDS = 20  # of CPU (a real template's checks take about 2, the toke
 TEMPLATE_WALL_SECONDS = 60  # the same checks on a loaded machine
 TEMPLATE_MEMORY = 3 * 1024**3  # beyond the child's libraries: loading a tokenizer takes about 1.5 GiB
 RELOAD_SECONDS = 600
+# The one bounded child's two phases (core.bounded.run_phases): the template checks, then the reload, which
+# reuses the libraries the first phase imported (torch and transformers: about 3 CPU-s a child on a CPU machine).
+PHASES = [Phase(TEMPLATE_SECONDS, TEMPLATE_WALL_SECONDS, TEMPLATE_MEMORY), Phase(RELOAD_SECONDS, RELOAD_SECONDS)]
+# A failed check among these leaves nothing the reload could show: it is not attempted.
+BLOCKS_RELOAD = ("template_bounds", "template_compiles", "served_prompts", "weights", "adapter_base", "stop_ids",
+                 "generation_config")
 RELOAD_MAX_NEW_TOKENS = 256
 RELOAD_SECONDS_PER_ANSWER = 60
 # The largest text file read whole (templates and the system prompt are a few kB; tokenizer files have their own
@@ -936,26 +942,23 @@ def check_bundle(path: str | Path, notebook_path: str | Path | None = None) -> B
         _run("max_input_tokens", check_max_input_tokens, b),
         _run("weights", check_weights, b),
     ]
-    results += _bounded_template_checks(path)
+    later = []
     if b.serving.weights.kind == "adapter":
-        results.append(_run("adapter_base", check_adapter_base, b))
+        later.append(_run("adapter_base", check_adapter_base, b))
     if notebook_path is not None:
-        results.append(_run("decision_hash", check_decision_hash, b, Path(notebook_path)))
-    answers: list[Answer] = []
-    blocked = [r.name for r in results if r.status == "failed"
-               and r.name in ("template_bounds", "template_compiles", "served_prompts", "weights", "adapter_base",
-                              "stop_ids", "generation_config")]
-    if blocked:
-        results.append(_skipped("reload", f"not attempted: {', '.join(blocked)} failed"))
-    else:
-        answers, result = _bounded_reload(path, None if notebook_path is None else Path(notebook_path))
-        results.append(result)
+        later.append(_run("decision_hash", check_decision_hash, b, Path(notebook_path)))
+    templates, answers, reload = _bounded_checks(path, None if notebook_path is None else Path(notebook_path),
+                                                 reload=not _blockers(results + later))
+    results += templates + later
+    blocked = _blockers(results)
+    results.append(_skipped("reload", f"not attempted: {', '.join(blocked)} failed") if blocked or reload is None
+                   else reload)
     return BundleReport(bundle=str(path), results=results, answers=answers)
 
 
 def template_checks(b: _Bundle) -> list[CheckResult]:
     """The checks that render the bundle's template (TEMPLATE_CHECKS), in-process: run them through
-    _bounded_template_checks unless the template is trusted."""
+    _bounded_checks unless the template is trusted."""
     bounds = _run("template_bounds", check_template_bounds, b)
     if bounds.status == "failed":  # rendering it again in the checks below would only meet the limit again
         return [bounds, *(_skipped(n, "the template does not render in bounds") for n in TEMPLATE_CHECKS[1:])]
@@ -970,44 +973,67 @@ def template_checks(b: _Bundle) -> list[CheckResult]:
             *rendered[1:]]
 
 
-def _bounded_template_checks(path: Path) -> list[CheckResult]:
-    out = _in_child("template", path, None, TEMPLATE_SECONDS, TEMPLATE_MEMORY, TEMPLATE_WALL_SECONDS)
-    if isinstance(out, str):
-        why = f"the template checks did not finish in bounds: {out}; expected a template that renders in bounds"
-        return [CheckResult(name=name, status="failed", messages=[why]) for name in TEMPLATE_CHECKS]
-    return [CheckResult.model_validate(r) for r in out["results"]]
+def _blockers(results: list[CheckResult]) -> list[str]:
+    return [r.name for r in results if r.status == "failed" and r.name in BLOCKS_RELOAD]
 
 
-def _bounded_reload(path: Path, notebook_path: Path | None) -> tuple[list[Answer], CheckResult]:
-    out = _in_child("reload", path, notebook_path, RELOAD_SECONDS, None)
-    if isinstance(out, str):
-        return [], CheckResult(name="reload", status="failed", messages=[
-            f"the bundle did not load and answer in bounds: {out}; expected {len(PROMPTS)} answers of at most "
+def _bounded_checks(path: Path, notebook_path: Path | None, reload: bool
+                    ) -> tuple[list[CheckResult], list[Answer], CheckResult | None]:
+    """The template checks and, when `reload` and they leave nothing that blocks it, the reload: both in one child
+    (`python -m tools.nomination.check_bundle --child RELOAD BUNDLE [NOTEBOOK]`), each phase under its PHASES bounds.
+    The reload's result is None when it was not attempted."""
+    template, reloaded = run_phases("tools.nomination.check_bundle",
+                                    ["--child", str(int(reload)), str(path.resolve()),
+                                     *([str(notebook_path.resolve())] if notebook_path is not None else [])], PHASES)
+    if isinstance(template, str):
+        why = f"the template checks did not finish in bounds: {template}; expected a template that renders in bounds"
+        return [CheckResult(name=name, status="failed", messages=[why]) for name in TEMPLATE_CHECKS], [], None
+    templates = [CheckResult.model_validate(r) for r in template["results"]]
+    if isinstance(reloaded, str):
+        return templates, [], CheckResult(name="reload", status="failed", messages=[
+            f"the bundle did not load and answer in bounds: {reloaded}; expected {len(PROMPTS)} answers of at most "
             f"{RELOAD_MAX_NEW_TOKENS} tokens, each within {RELOAD_SECONDS_PER_ANSWER} s"])
-    return [Answer.model_validate(a) for a in out["answers"]], CheckResult.model_validate(out["result"])
+    if reloaded is None:
+        return templates, [], None
+    return templates, [Answer.model_validate(a) for a in reloaded["answers"]], CheckResult.model_validate(
+        reloaded["result"])
 
 
-def _in_child(group: str, path: Path, notebook_path: Path | None, seconds: int, memory: int | None,
-              wall_seconds: int | None = None) -> dict | str:
-    """Runs one group of checks in `python -m tools.nomination.check_bundle --child GROUP BUNDLE [NOTEBOOK]` under
-    core.bounded's limits (a timeout, a CPU limit, and when given an address-space limit); its JSON result, or why
-    there is none."""
-    return run_bounded("tools.nomination.check_bundle",
-                       ["--child", group, str(memory or 0), str(path.resolve()),
-                        *([str(notebook_path.resolve())] if notebook_path is not None else [])],
-                       seconds=seconds, wall_seconds=wall_seconds, memory=memory)
+def _import_libraries() -> None:
+    """In the child, before the first phase's memory bound is taken: every library the checks import. What they map
+    differs by host (a CUDA build of torch maps several GiB of address space on import: a 3 GiB limit set before exec
+    stopped every template check of the H200's GPU session; a CPU build maps a few hundred MiB), and the bound is for
+    what the bundle's template makes the checks allocate. transformers 5.25 loads a tokenizer through modules that
+    import torch (and `kernels`), which on the H200 took a template check past its bound before the template was
+    read."""
+    import jinja2  # noqa: F401 - mapped before the bound is taken
+    import minijinja  # noqa: F401
+    import torch  # noqa: F401
+
+    # Lazy names: touching them imports what AutoTokenizer's path reaches (modeling_utils: accelerate, kernels,
+    # torch.distributed).
+    from transformers import AutoTokenizer, GenerationConfig, PreTrainedModel, PreTrainedTokenizerFast  # noqa: F401
+    from transformers.models.auto import modeling_auto  # noqa: F401
+    from transformers.utils import chat_template_utils  # noqa: F401
 
 
-def _child(group: str, path: Path, notebook_path: Path | None) -> dict:
-    """The child's side of _in_child: the group's results as JSON-ready data."""
+def _child(reload: bool, path: Path, notebook_path: Path | None) -> None:
+    """The child's side of _bounded_checks: each phase's results as one JSON line (core.bounded.print_phase)."""
+    _import_libraries()
+    enter_phase(PHASES, 0)
     results, b = _parse(path)
     if b is None:  # changed since the parent parsed it
-        failed = [r.model_dump() for r in results if r.status == "failed"]
-        return {"results": failed, "answers": [], "result": failed[0]}
-    if group == "template":
-        return {"results": [r.model_dump() for r in template_checks(b)]}
+        failed = [r for r in results if r.status == "failed"]
+        print_phase(0, {"results": [r.model_dump() for r in failed]})
+        print_phase(1, {"answers": [], "result": failed[0].model_dump()})
+        return
+    templates = template_checks(b)
+    print_phase(0, {"results": [r.model_dump() for r in templates]})
+    if not reload or _blockers(templates):
+        return
+    enter_phase(PHASES, 1)
     answers, result = check_reload(b, notebook_path)
-    return {"answers": [a.model_dump() for a in answers], "result": result.model_dump()}
+    print_phase(1, {"answers": [a.model_dump() for a in answers], "result": result.model_dump()})
 
 
 def check_reload(b: _Bundle, notebook_path: Path | None) -> tuple[list[Answer], CheckResult]:
@@ -1063,29 +1089,6 @@ def check_bundle_command(bundle: Path, lab: Path | None) -> int:
     return 0 if report.ok else 1
 
 
-def _bound_memory(memory: int) -> None:
-    """In the child: at most `memory` bytes of address space beyond what its libraries map. The libraries are
-    imported first, since what they map differs by host: a CUDA build of torch maps several GiB of address space
-    on import (a 3 GiB limit set before exec stopped every template check of the H200's GPU session), a CPU build
-    a few hundred MiB; the bound is for what the bundle's template makes the check allocate. Everything the checks
-    import is imported here: transformers 5.25 loads a tokenizer through modules that import torch (and `kernels`),
-    which on the H200 took a template check past its bound before the template was read."""
-    if not memory:
-        return
-    import jinja2  # noqa: F401 - mapped before the bound is taken
-    import minijinja  # noqa: F401
-    import torch  # noqa: F401
-
-    # Lazy names: touching them imports what AutoTokenizer's path reaches (modeling_utils: accelerate, kernels,
-    # torch.distributed).
-    from transformers import AutoTokenizer, GenerationConfig, PreTrainedModel, PreTrainedTokenizerFast  # noqa: F401
-    from transformers.models.auto import modeling_auto  # noqa: F401
-    from transformers.utils import chat_template_utils  # noqa: F401
-
-    limit_memory(memory)
-
-
-if __name__ == "__main__":  # the bounded child of _in_child: `--child GROUP MEMORY BUNDLE [NOTEBOOK]`
-    _, _, _group, _memory, _bundle, *_notebook = sys.argv
-    _bound_memory(int(_memory))
-    print(json.dumps(_child(_group, Path(_bundle), Path(_notebook[0]) if _notebook else None)))
+if __name__ == "__main__":  # the bounded child of _bounded_checks: `--child RELOAD BUNDLE [NOTEBOOK]`
+    _, _, _reload, _bundle, *_notebook = sys.argv
+    _child(_reload == "1", Path(_bundle), Path(_notebook[0]) if _notebook else None)
