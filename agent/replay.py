@@ -217,7 +217,9 @@ def replay(lab_dir: Path, session: str, *, bars: Path | None = None, planner: st
             scratch.original = original
             scratch.open_session(session, lab=s.lab, budget_gpuh=s.budget_gpuh, reserve_gpuh=s.reserve_gpuh,
                                  planner=planner or s.planner, executor=s.executor, config=s.config)
-            lab = lab_spec(config)
+            # The chat format as the session read it at its opening (its stop ids are the served decoding's), not
+            # the tokenizer's reading today, which would also load transformers for nothing.
+            lab = lab_spec(config, original.decisions(session, kind="open")[0].payload.chat_template)
             if bars is not None:
                 lab = lab.model_copy(update={"bars": bars.resolve()})
             else:  # the bars the session registered, as it read them (its floor unit too), not the file's reading today

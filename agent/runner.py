@@ -86,8 +86,9 @@ def _suite_scorer(config: LabConfig, scorer: str) -> str:
     return "reward_proxy" if scorer == "judge" and config.judge.kind == "reward_model" else scorer
 
 
-def lab_spec(config: LabConfig) -> LabSpec:
-    """The tools' view of a lab config."""
+def lab_spec(config: LabConfig, chat_ref: ChatTemplateRef | None = None) -> LabSpec:
+    """The tools' view of a lab config; `chat_ref`: its tokenizer's chat format as already read (at the session's
+    opening, or as the session recorded it), else read here."""
     parent = config.model.parent or config.model.base
     tokenizer = config.model.tokenizer or parent
     judge = _judge(config)
@@ -105,7 +106,8 @@ def lab_spec(config: LabConfig) -> LabSpec:
         verified=[VerifiedSource(name=d.name, path=d.path, verifier=d.verifier)
                   for d in config.data if d.kind == "verified"], bars=config.bars,
         reward_model=config.judge.path if config.judge.kind == "reward_model" else None,
-        served=config.serving.served_decoding(tuple(chat_template_ref(tokenizer).stop_token_ids)), judge=judge,
+        served=config.serving.served_decoding(tuple((chat_ref or chat_template_ref(tokenizer)).stop_token_ids)),
+        judge=judge,
         time_limit_min=config.executor.time_limit_min, model_name=parent.name,
         eval_batch_size=config.executor.eval_batch_size, gpu_dtype=config.executor.gpu_dtype,
         job_resources={kind: config.executor.kind_resources(kind, local_gpus(os.environ))
@@ -132,13 +134,14 @@ def minute_cost(launcher: Launcher):
 
 
 def _runtime(nb: Notebook, session: str, lab_dir: Path, config: LabConfig, executor: ExecutorSection,
-             settings: PlaybookSettings, planner_kind: str, quiet: bool) -> Runtime:
+             settings: PlaybookSettings, planner_kind: str, quiet: bool, chat_ref: ChatTemplateRef | None = None
+             ) -> Runtime:
     # The keys the lab names are redacted from every message from here on, used or not (core/redact.py).
     redaction.hold_env(os.environ, {config.planner.api_key_env, config.judge.api_key_env})
     paths = LabPaths(root=lab_dir, session=session)
     launcher = Launcher.from_section(nb, session, executor, paths.jobs,
                                      lab_roots=paths.spellings(nb.session(session).lab))
-    ctx = ToolContext(nb=nb, session=session, paths=paths, lab=lab_spec(config), jobs=launcher,
+    ctx = ToolContext(nb=nb, session=session, paths=paths, lab=lab_spec(config, chat_ref), jobs=launcher,
                       minute_gpuh=minute_cost(launcher))
     playbook = Playbook(settings)
     return Runtime(ctx=ctx, planner=make_planner(planner_kind, config, playbook), playbook=playbook, forecaster=launcher,
@@ -284,7 +287,7 @@ def start(lab_dir: Path, session: str, budget_gpuh: float, planner: str, executo
                         reserve_gpuh=budget_gpuh * config.budget.reserve_fraction, planner=planner,
                         executor=executor, config=snapshot(config, protocol, settings), policy=settings.ref(),
                         chat_template=chat_ref)
-        rt = _runtime(nb, session, lab_dir, config, section, settings, planner, quiet)
+        rt = _runtime(nb, session, lab_dir, config, section, settings, planner, quiet, chat_ref)
         start_incumbent(rt.ctx)
         _drive_checkpointed(rt)
         return _finish(rt)
