@@ -31,6 +31,7 @@ import selectors
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,16 +64,18 @@ def run_bounded(module: str, args: list[str], *, seconds: int, wall_seconds: int
 
 
 def run_phases(module: str, args: list[str], phases: list[Phase], *, stdin: str | None = None,
-               marked: bool = True) -> list[dict | str | None]:
+               marked: bool = True, python: Sequence[str] | None = None) -> list[dict | str | None]:
     """Runs `python -m MODULE ARGS` through `phases`: per phase, the JSON object of its line (`print_phase`), why
     there is none (a limit stopped the child: every later phase then says the same), or None when the child ended
-    cleanly before it (it had nothing more to do). `marked=False`: one phase, its result the last line printed."""
+    cleanly before it (it had nothing more to do). `marked=False`: one phase, its result the last line printed.
+    `python`: the command in place of this interpreter, one that keeps the limits set before exec (a caller's warm
+    fork server, tools/jobs/zygote.py listening_prefix, whose child adopts them)."""
     hard = sum(p.seconds for p in phases)
 
     def limits() -> None:  # in the child, before exec
         resource.setrlimit(resource.RLIMIT_CPU, (phases[0].seconds, hard))
 
-    proc = subprocess.Popen([sys.executable, "-m", module, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    proc = subprocess.Popen([*(python or [sys.executable]), "-m", module, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, preexec_fn=limits, cwd=REPO)
     try:
         try:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from core.bounded import Phase, run_phases
 from memory.notebook import Notebook
 from tools.jobs import zygote as zy
 from tools.jobs.executor import ExecutorSection, SlurmSection
@@ -36,6 +37,13 @@ if sys.argv[1] == "started":
     sys.exit(len(sys.stdin.readline()))
 if sys.argv[1] == "exit":
     sys.exit(int(sys.argv[2]))
+if sys.argv[1] == "limits":
+    import json, resource
+    print(json.dumps({"cpu": resource.getrlimit(resource.RLIMIT_CPU), "ppid": os.getppid()}), flush=True)
+    sys.exit(0)
+if sys.argv[1] == "spin":
+    while True:
+        pass
 if sys.argv[1] == "usr2":
     signal.signal(signal.SIGUSR2, lambda *_: (print("got USR2", flush=True), sys.exit(3)))
 time.sleep(60)
@@ -259,3 +267,22 @@ def test_a_client_waits_for_a_starting_zygote_within_a_share_of_its_limit(
         assert (ppid in zy.running(handle.folder)) is served and (pid == proc.pid) is not served
     finally:
         zy.stop(handle.folder)
+
+
+def test_a_bounded_child_forks_from_a_listening_zygote_under_the_limits_set_before_exec(
+        zygote: zy.Zygote, env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """check-bundle's bounded child (core/bounded.py) runs through the zygote that listens for its environment, and
+    keeps the CPU bound its client was given before exec: a forked process starts with no CPU time used."""
+    monkeypatch.setenv("PYTHONPATH", env["PYTHONPATH"])
+    assert zygote.listening(os.environ) is None  # none listening: a plain python, none started
+    assert zy.running(zygote.folder) == []
+    server = zygote.wait(env)
+    prefix = zygote.listening(os.environ)
+    assert prefix is not None
+    [out] = run_phases("zyjob", ["limits"], [Phase(3, 30)], marked=False, python=prefix)
+    assert isinstance(out, dict), out
+    assert out["ppid"] == server and out["cpu"] == [3, 3]
+    started = time.monotonic()
+    [spun] = run_phases("zyjob", ["spin"], [Phase(1, 30)], marked=False, python=prefix)
+    assert spun == "stopped by its limits (1 s of CPU)" and time.monotonic() - started < 20
+    assert "zyjob spin" in handle_log(zygote, env)

@@ -55,6 +55,7 @@ import importlib
 import io
 import json
 import os
+import resource
 import runpy
 import selectors
 import signal
@@ -88,7 +89,10 @@ WAIT_MAX_S = 60.0
 # controller sets SUBMITIT_LOCAL_TIMEOUT_S): the launcher exports it in the sbatch script.
 TIME_LIMIT_VAR = "POSTLAB_JOB_TIME_LIMIT_S"
 MAX_SOCKET_PATH = 100  # bytes; Linux's limit for a Unix socket's path is 107
-PROTOCOL = 1
+PROTOCOL = 2
+# The client's resource limits a job adopts (a bounded child's CPU and address space: core/bounded.py); a forked
+# process starts with no CPU time used, as an exec'd one does.
+RLIMITS = ("RLIMIT_CPU", "RLIMIT_AS", "RLIMIT_DATA", "RLIMIT_FSIZE", "RLIMIT_CORE")
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 # Environment read while modules are imported (so baked into the zygote): hub and cache locations, torch
 # and thread-pool settings (OpenMP, MKL and OpenBLAS size their pools when loaded), Python's own, locale.
@@ -172,6 +176,16 @@ class Zygote:
                            cwd=ROOT, env=dict(env), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                            check=True, timeout=60)
 
+    def listening(self, env: Mapping[str, str]) -> list[str] | None:
+        """The command that runs `-u -m MODULE ARGS` forked from the zygote of `env` when one listens now (None:
+        run python plainly). For short bounded children (check-bundle's, core/bounded.py): it never starts a
+        zygote, and the child adopts the limits its client was given before exec (RLIMITS)."""
+        sock = self.socket(env)
+        if (len(os.fsencode(sock)) > MAX_SOCKET_PATH or private_dir(self.folder) is not None or not sock.exists()
+                or not _locked(sock.with_suffix(".lock"))):
+            return None
+        return [self.python, "-P", str(Path(__file__).resolve()), str(sock), "-u"]
+
     def wait(self, env: Mapping[str, str], timeout_s: float = 120.0) -> int:
         """Start the zygote for `env` if needed and wait until it listens; its pid (benchmarks and tests)."""
         self.prepare(env)
@@ -181,6 +195,12 @@ class Zygote:
                 raise TimeoutError(f"no zygote listening on {sock} after {timeout_s:.0f} s; see {sock.with_suffix('.log')}")
             time.sleep(0.05)
         return int(sock.with_suffix(".lock").read_text())
+
+
+def listening_prefix(env: Mapping[str, str]) -> list[str] | None:
+    """The command that runs `-u -m MODULE ARGS` forked from the zygote of `env` in its default directory when one
+    listens now (Zygote.listening), else None: python plainly."""
+    return Zygote(default_dir(env)).listening(env)
 
 
 def private_dir(folder: Path) -> str | None:
@@ -276,7 +296,8 @@ def client(argv: list[str]) -> NoReturn:
     umask = os.umask(0)
     os.umask(umask)
     request = {"protocol": PROTOCOL, "pid": os.getpid(), "argv": args, "cwd": os.getcwd(), "env": dict(os.environ), "umask": umask,
-               "ignored": ignored, "affinity": sorted(os.sched_getaffinity(0))}
+               "ignored": ignored, "affinity": sorted(os.sched_getaffinity(0)),
+               "rlimits": {name: list(resource.getrlimit(getattr(resource, name))) for name in RLIMITS}}
     try:
         socket.send_fds(conn, [json.dumps(request).encode()], [0, 1, 2])
         reply = json.loads(conn.recv(MAX_MESSAGE) or b"{}")
@@ -364,6 +385,7 @@ class Request:
     ignored: list[int]  # forwarded signals the client inherited as ignored: the job ignores them too
     affinity: list[int]
     fds: list[int]  # the client's stdin, stdout, stderr, received as new descriptors
+    rlimits: dict[str, list[int]] = field(default_factory=dict)  # RLIMITS: the client's (soft, hard)
 
     def _replace_env(self, set_by_imports: dict[str, str]) -> Request:
         """With what the preloaded modules set in the environment when imported and the client has not set
@@ -594,6 +616,7 @@ def run_job(request: Request) -> NoReturn:
     os.chdir(request.cwd)
     os.umask(request.umask)
     os.sched_setaffinity(0, request.affinity)
+    _adopt_limits(request.rlimits)
     os.environ.clear()
     os.environ.update(request.env)
     os.environ["POSTLAB_ZYGOTE_CLIENT"] = f"{os.getpid()}:{request.pid}"
@@ -608,6 +631,25 @@ def run_job(request: Request) -> NoReturn:
     sys.orig_argv = [sys.executable, *request.argv]
     sys.path[0] = request.cwd  # what `python -m` puts first
     _exit(_run_main(module))
+
+
+def _adopt_limits(rlimits: dict[str, list[int]]) -> None:
+    """The client's resource limits, each within the zygote's own hard limit (a process cannot raise that)."""
+    for name in RLIMITS:
+        if name not in rlimits:
+            continue
+        which = getattr(resource, name)
+        ceiling = resource.getrlimit(which)[1]
+        soft, hard = (_lower(int(v), ceiling) for v in rlimits[name])
+        if hard != resource.RLIM_INFINITY and (soft == resource.RLIM_INFINITY or soft > hard):
+            soft = hard
+        resource.setrlimit(which, (soft, hard))
+
+
+def _lower(value: int, ceiling: int) -> int:
+    if value == resource.RLIM_INFINITY:
+        return ceiling
+    return value if ceiling == resource.RLIM_INFINITY else min(value, ceiling)
 
 
 def _run_main(module: str) -> int:

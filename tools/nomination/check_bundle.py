@@ -104,6 +104,7 @@ from core.util import (
     shipped_file_mode,
 )
 from memory.notebook import Notebook, NotebookError
+from tools.jobs import zygote
 from tools.nomination.bundle import (
     ADAPTER_CONFIG,
     INDEX,
@@ -984,7 +985,8 @@ def _bounded_checks(path: Path, notebook_path: Path | None, reload: bool
     The reload's result is None when it was not attempted."""
     template, reloaded = run_phases("tools.nomination.check_bundle",
                                     ["--child", str(int(reload)), str(path.resolve()),
-                                     *([str(notebook_path.resolve())] if notebook_path is not None else [])], PHASES)
+                                     *([str(notebook_path.resolve())] if notebook_path is not None else [])], PHASES,
+                                    python=zygote.listening_prefix(os.environ))
     if isinstance(template, str):
         why = f"the template checks did not finish in bounds: {template}; expected a template that renders in bounds"
         return [CheckResult(name=name, status="failed", messages=[why]) for name in TEMPLATE_CHECKS], [], None
