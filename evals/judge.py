@@ -33,13 +33,15 @@ import secrets
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
-from openai import APIConnectionError, APIStatusError, OpenAI, OpenAIError, RateLimitError
 from pydantic import BaseModel, ConfigDict, Field
 
 from core import redact as redaction
 from evals.types import Completion, Item, Outcome, check_aligned
+
+if TYPE_CHECKING:  # imported where a judge is called: the agent process and its CLI need not load the client
+    from openai import OpenAIError
 
 Verdict = Literal["A", "B", "tie", "both_bad"]
 _VERDICTS: dict[str, Verdict] = {"A": "A", "B": "B", "TIE": "tie", "BOTH_BAD": "both_bad"}
@@ -81,12 +83,16 @@ class JudgeEndpointError(RuntimeError):
 
 
 def _transient(exc: OpenAIError) -> bool:
+    from openai import APIConnectionError, APIStatusError, RateLimitError
+
     if isinstance(exc, APIConnectionError | RateLimitError):  # APITimeoutError is a connection error
         return True
     return isinstance(exc, APIStatusError) and exc.status_code >= 500
 
 
 def _retry_after_s(exc: OpenAIError) -> float:
+    from openai import APIStatusError
+
     value = exc.response.headers.get("retry-after") if isinstance(exc, APIStatusError) else None
     try:
         return max(0.0, float(value)) if value is not None else 0.0
@@ -98,6 +104,8 @@ class OpenAIJudge:
     """A judge model behind any OpenAI-compatible chat-completions endpoint."""
 
     def __init__(self, base_url: str, model: str, api_key: str, max_tokens: int = 512, timeout_s: float = 120.0):
+        from openai import OpenAI
+
         redaction.hold(api_key)
         # No client retries: judge_blind retries transient failures itself, with backoff and a recorded count.
         self.client = OpenAI(base_url=base_url, api_key=api_key, timeout=timeout_s, max_retries=0)
@@ -105,6 +113,8 @@ class OpenAIJudge:
         self.max_tokens = max_tokens
 
     def __call__(self, prompt: str, answer_a: str, answer_b: str) -> str:
+        from openai import APIStatusError, OpenAIError
+
         try:
             reply = self.client.chat.completions.create(
                 model=self.model, messages=judge_messages(prompt, answer_a, answer_b),

@@ -18,7 +18,6 @@ import math
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
-from scipy import stats as sps
 
 from evals import stats
 from evals.judgment import Refusal, close_tool_call
@@ -43,6 +42,8 @@ def _t_between(a: list[tuple[str, float]], b: list[tuple[str, float]]) -> float:
     xa, xb = np.array([v for _, v in a]), np.array([v for _, v in b])
     if [i for i, _ in a] == [i for i, _ in b]:
         return abs(stats.paired_t(xa, xb).statistic) if len(xa) > 1 else 0.0
+    from scipy import stats as sps
+
     t = sps.ttest_ind(xa, xb, equal_var=False).statistic
     # Two constant samples make Welch's t 0/0; equal constants carry no difference at all.
     return 0.0 if math.isnan(t) else abs(float(t))

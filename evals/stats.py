@@ -13,7 +13,6 @@ from typing import Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
-from scipy import stats
 
 
 class TestResult(BaseModel):
@@ -28,6 +27,13 @@ class TestResult(BaseModel):
     p_value: float | None = Field(None, description="p-value (two-sided or one-sided 'greater'); None for the bootstrap.")
     ci_low: float | None = Field(None, description="Lower confidence bound of delta (bootstrap).")
     ci_high: float | None = Field(None, description="Upper confidence bound of delta (bootstrap).")
+
+
+def _scipy_stats():
+    """scipy.stats, imported at the first test: a CLI command that runs none need not load it (0.5 CPU-s)."""
+    from scipy import stats
+
+    return stats
 
 
 def _diffs(candidate: Sequence[float], incumbent: Sequence[float]) -> np.ndarray:
@@ -53,7 +59,7 @@ def mcnemar_exact(candidate: Sequence[float], incumbent: Sequence[float],
     if not np.isin(np.asarray(candidate), (0, 1)).all() or not np.isin(np.asarray(incumbent), (0, 1)).all():
         raise ValueError("McNemar's test needs 0/1 outcomes")
     wins, losses = int((d > 0).sum()), int((d < 0).sum())
-    p = 1.0 if wins + losses == 0 else stats.binomtest(wins, wins + losses, 0.5, alternative=alternative).pvalue
+    p = 1.0 if wins + losses == 0 else _scipy_stats().binomtest(wins, wins + losses, 0.5, alternative=alternative).pvalue
     return TestResult(test="mcnemar_exact", n=len(d), delta=float(d.mean()), statistic=wins, p_value=float(p))
 
 
@@ -69,7 +75,7 @@ def paired_t(candidate: Sequence[float], incumbent: Sequence[float],
         t = 0.0 if d[0] == 0 else float(np.sign(d[0]) * np.inf)
         p = float(t == 0.0) if alternative == "two-sided" else float(t <= 0.0)
         return TestResult(test="paired_t", n=len(d), delta=float(d[0]), statistic=t, p_value=p)
-    res = stats.ttest_rel(candidate, incumbent, alternative=alternative)
+    res = _scipy_stats().ttest_rel(candidate, incumbent, alternative=alternative)
     return TestResult(test="paired_t", n=len(d), delta=float(d.mean()), statistic=float(res.statistic),
                       p_value=float(res.pvalue))
 
@@ -80,7 +86,7 @@ def wilcoxon(candidate: Sequence[float], incumbent: Sequence[float],
     d = _diffs(candidate, incumbent)
     if not np.any(d != 0):
         return TestResult(test="wilcoxon", n=len(d), delta=0.0, statistic=0.0, p_value=1.0)
-    res = stats.wilcoxon(d, zero_method="wilcox", alternative=alternative)
+    res = _scipy_stats().wilcoxon(d, zero_method="wilcox", alternative=alternative)
     return TestResult(test="wilcoxon", n=len(d), delta=float(d.mean()), statistic=float(res.statistic),
                       p_value=float(res.pvalue))
 
@@ -95,7 +101,7 @@ def paired_bootstrap(candidate: Sequence[float], incumbent: Sequence[float], con
     if np.all(d == d[0]):
         return TestResult(test="bootstrap", n=len(d), delta=float(d[0]), statistic=float(d[0]),
                           ci_low=float(d[0]), ci_high=float(d[0]))
-    res = stats.bootstrap((d,), np.mean, confidence_level=confidence, n_resamples=n_resamples,
+    res = _scipy_stats().bootstrap((d,), np.mean, confidence_level=confidence, n_resamples=n_resamples,
                           method="percentile", rng=np.random.default_rng(seed))
     ci = res.confidence_interval
     return TestResult(test="bootstrap", n=len(d), delta=float(d.mean()), statistic=float(d.mean()),

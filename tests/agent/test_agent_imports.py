@@ -9,7 +9,9 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-HEAVY = ("torch", "transformers", "peft", "trl", "datasets")
+# Also what only a statistical test (scipy) or a judge call (openai) needs: the CLI's commands that run neither
+# (verify, a refusal) start without them.
+HEAVY = ("torch", "transformers", "peft", "trl", "datasets", "scipy", "openai")
 
 
 def test_the_agent_and_its_replay_import_no_model_stack():
