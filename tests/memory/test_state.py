@@ -28,11 +28,21 @@ from memory.state import fold, resolution
 REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("agent", "tools", "evals", "memory", "trainers", "core")
 
+
+def folded_kinds() -> set[str]:
+    """Every decision kind the fold reads: the literal kinds of the match cases in `_Fold.apply` (memory/state.py),
+    so that a kind the state starts to hold is guarded without anyone editing a list here."""
+    tree = ast.parse((REPO / "memory" / "state.py").read_text(encoding="utf-8"))
+    fold_class = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "_Fold")
+    apply = next(n for n in fold_class.body if isinstance(n, ast.FunctionDef) and n.name == "apply")
+    return {p.value.value for case in ast.walk(apply) if isinstance(case, ast.match_case)
+            for p in ast.walk(case.pattern) if isinstance(p, ast.MatchValue) and isinstance(p.value, ast.Constant)}
+
+
 # Notebook queries whose answers are facts the state holds. `decisions` is one of them when it asks for a folded
 # kind, or for the whole log.
 FOLDED_QUERIES = {"comparisons", "noise_floors", "noise_floor", "bars", "ledger", "latest_split"}
-FOLDED_KINDS = {"open", "register_bars", "calibrate", "promote", "reject", "incumbent", "confirm", "evaluate",
-                "ingest", "nominate", "refuse", "truth"}
+FOLDED_KINDS = folded_kinds()
 # Who may still ask the notebook itself, and why. Everyone else asks the state.
 ALLOWED: dict[str, set[str]] = {
     "memory/notebook.py": FOLDED_QUERIES | {"decisions"},  # the queries themselves
@@ -96,14 +106,25 @@ def test_no_module_outside_the_fold_scans_the_notebook_for_a_fact_the_state_hold
     assert not scans, "notebook scans outside the session state (ask memory.state.fold instead):\n" + "\n".join(scans)
 
 
+def test_the_guarded_kinds_are_every_kind_the_fold_reads():
+    # The kinds of issue 41 (a look of a sequential bar, a suite audit, a person clearing it) are folded too.
+    assert FOLDED_KINDS == {"open", "register_bars", "calibrate", "promote", "reject", "incumbent", "confirm",
+                            "evaluate", "ingest", "nominate", "refuse", "truth", "look", "audit", "clear_suite"}
+
+
 def test_the_walker_sees_a_new_scan(tmp_path: Path):
     probe = REPO / "agent" / "_probe_scan.py"  # a path under agent/, so the allow-list applies as to any module
     probe.write_text("def f(nb, s):\n    a = nb.comparisons(s)\n    b = nb.decisions(s, kind='promote')\n"
-                     "    c = nb.decisions(s, kind='plan')\n    d = nb.decisions(s)\n    return a, b, c, d\n")
+                     "    c = nb.decisions(s, kind='plan')\n    d = nb.decisions(s)\n"
+                     "    e = nb.decisions(s, kind='audit')\n    f = nb.decisions(s, kind='look')\n"
+                     "    g = nb.decisions(s, kind='clear_suite')\n    return a, b, c, d, e, f, g\n")
     try:
         assert notebook_scans(probe) == ["agent/_probe_scan.py:2: comparisons()",
                                          "agent/_probe_scan.py:3: decisions(kind='promote')",
-                                         "agent/_probe_scan.py:5: decisions(kind=None)"]
+                                         "agent/_probe_scan.py:5: decisions(kind=None)",
+                                         "agent/_probe_scan.py:6: decisions(kind='audit')",
+                                         "agent/_probe_scan.py:7: decisions(kind='look')",
+                                         "agent/_probe_scan.py:8: decisions(kind='clear_suite')"]
     finally:
         probe.unlink()
 
