@@ -85,3 +85,12 @@ def replicates_session(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_card_and_report_print_each_bars_floor_in_its_thresholds_unit_under_replicates(replicates_session):
     assert check_printed_floors(replicates_session, SESSION, "replicates") >= 1
+    # Not vacuous: some floor a verdict used is coarser under the default rule than under this session's (its suite
+    # resolves less finely than its replicates differ), so a card or a report printing the wrong rule's number
+    # would fail above.
+    with Notebook.open(replicates_session / "notebook.db", readonly=True) as nb:
+        state = fold(nb, SESSION)
+    used = {f.floor_id for v in state.verdicts for f in v.floors if f is not None}
+    differing = [x for x in state.floors if x.record.id in used and x.resolution > x.record.mean_abs_delta]
+    assert differing, [(x.record.id, x.record.mean_abs_delta, x.resolution) for x in state.floors]
+    assert all(x.unit("replicates") < x.unit("resolvable") for x in differing)
