@@ -33,8 +33,10 @@ from memory.place import LAB_MARK, rewrite, root_pattern
 
 LOCK_FILE = "lab.lock"
 # The lab's own entries that sessions write into: each must be the lab's own (a regular file or a directory in the
-# lab), never a symbolic link that leads a session's writes out of it. (lab.lock is checked as it is opened.)
-OWN_ENTRIES = ("jobs", "runs", "data", "evals", "merges", "bundles", "splits", "graph.sqlite")
+# lab), never a symbolic link that leads a session's writes out of it (SQLite's write-ahead log and shared-memory
+# files included: they are written beside the name opened). lab.lock is checked as it is opened.
+OWN_ENTRIES = ("jobs", "runs", "data", "evals", "merges", "bundles", "splits", "notebook.db", "notebook.db-wal",
+               "notebook.db-shm", "graph.sqlite", "graph.sqlite-wal", "graph.sqlite-shm")
 
 
 class LabLockError(ValueError):

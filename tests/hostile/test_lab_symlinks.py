@@ -1,7 +1,7 @@
 """The lab's own entries are not followed out of it, and its name is printed escaped (issue 44, item 4b).
 
-`lab.lock` as a symbolic link (or a hard link) to a file outside the lab, and `jobs/`, `runs/`, `graph.sqlite` as
-symbolic links: a writer (resume here, through the command line's own entry) refuses with one line naming the entry,
+`lab.lock` as a symbolic link (or a hard link) to a file outside the lab, and `jobs/`, `runs/`, `graph.sqlite`,
+`notebook.db` and their SQLite side files as symbolic links: a writer (resume here, through the command line's own entry) refuses with one line naming the entry,
 exit 2, and the file outside is left as it was. A lab directory whose name carries terminal escapes (ESC ] ... BEL sets
 the title, ESC [2J clears the screen) is printed escaped by run, verify and report.
 """
@@ -49,11 +49,13 @@ def test_a_lock_file_linked_outside_the_lab_is_refused_and_its_target_left_alone
     assert precious.read_text() == "someone else's file\n"
 
 
-@pytest.mark.parametrize("entry", ["jobs", "runs", "graph.sqlite", "runs/s1"])
+@pytest.mark.parametrize("entry", ["jobs", "runs", "graph.sqlite", "runs/s1", "notebook.db", "notebook.db-wal",
+                                   "graph.sqlite-shm"])
 def test_the_labs_own_entries_as_symbolic_links_are_refused_naming_the_entry(tmp_path: Path, entry: str):
     lab, precious = _lab(tmp_path), _outside(tmp_path)
-    target = precious if entry == "graph.sqlite" else precious.parent
+    target = precious if "." in entry else precious.parent
     (lab / entry).parent.mkdir(parents=True, exist_ok=True)
+    (lab / entry).unlink(missing_ok=True)  # the notebook's own file: another lab's notebook linked in its place
     (lab / entry).symlink_to(target)
     before = sorted(os.listdir(precious.parent))
     with pytest.raises(LabLockError, match=f"{entry}: a symbolic link"), \
