@@ -10,8 +10,9 @@ attempts, result and launch/fail decisions into the scratch notebook. A job the 
 is not launched: its tool reports "would launch: <kind> <key>" and the loop goes on without it.
 
 The lab's latest feedback split from before the session is carried into the scratch notebook (a
-re-ingestion keeps its assignments). Without `--bars` the session's own registered bars are registered again, as the
-typed spec its session state holds (`LabSpec.recorded_bars`: never written out as text and read back), not the
+re-ingestion keeps its assignments). Without `--bars` the session's own registered bars are registered again, each
+registration at its step (`LabSpec.replayed_bars`: a default register_bars step registers the one the session made
+at the same place), as the typed specs its session state holds (never written out as text and read back), not the
 lab's bars file as read today: a session registered before `floor_unit` existed used the replicates' floor, which
 its unchanged file now reads as `resolvable`. The recorded and replayed decision sequences are compared kind by
 kind, payloads normalised (row ids that differ between notebooks are dropped, artifact ids become artifact names,
@@ -223,8 +224,8 @@ def replay(lab_dir: Path, session: str, *, bars: Path | None = None, planner: st
             if bars is not None:
                 lab = lab.model_copy(update={"bars": bars.resolve()})
             else:  # the bars the session registered, as it read them (its floor unit too), not the file's reading today
-                recorded = fold(original, session).registrations
-                lab = lab.model_copy(update={"recorded_bars": recorded[0].spec if recorded else None})
+                recorded = tuple(r.spec for r in fold(original, session).registrations)  # in registration order
+                lab = lab.model_copy(update={"recorded_bars": recorded})
             section = config.executor.model_copy(update={"kind": s.executor})
             forecaster = Launcher.from_section(scratch, session, section, Path(tmp) / "jobs",
                                                lab_roots=paths.spellings(s.lab))

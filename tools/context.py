@@ -75,8 +75,9 @@ class LabSpec(BaseModel):
     verified: list[VerifiedSource] = Field(default_factory=list, description="The lab's verified item pools (RFT "
                                            "items apart from the eval suites; [[data]] kind = 'verified').")
     bars: Path | None = Field(description="Promotion bars file registered before any scoring.")
-    recorded_bars: BarsSpec | None = Field(None, description="Typed bars registered instead of the file: the ones a "
-                                           "replayed session recorded (agent/replay.py); None in a live session.")
+    recorded_bars: tuple[BarsSpec, ...] | None = Field(
+        None, description="Typed bars registered instead of the file: every registration of a replayed session, in "
+        "order (agent/replay.py); None in a live session.")
     served: Decoding = Field(description="The decoding and system prompt the parent is served with.")
     judge: OpenAIJudgeSpec | CallableJudgeSpec | None = Field(None, description="Judge for judge suites.")
     reward_model: Path | None = Field(None, description="Sequence-classification reward model of reward_proxy suites "
@@ -95,6 +96,14 @@ class LabSpec(BaseModel):
     base_license_source: str = Field("not declared", description="Where the license was read (lab.toml, a README).")
     train: TrainRecipe | None = Field(None, description="The lab's [train], settled per trainer family "
                                       "(trainers/recipe.py); None: the rules over the parent model.")
+
+    def replayed_bars(self, registered: int) -> BarsSpec | None:
+        """The typed bars a replay registers at a default `register_bars` step taken after `registered`
+        registrations: the session's own registration at that place (past its last one, the last, the bars it
+        ended under). None in a live session, or when the session registered none: the file is read."""
+        if not self.recorded_bars:
+            return None
+        return self.recorded_bars[min(registered, len(self.recorded_bars) - 1)]
 
     def suite(self, name: str) -> LabSuite:
         for s in self.suites:

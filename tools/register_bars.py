@@ -2,7 +2,8 @@
 
 The bars file is the one lab.toml names (replay may substitute another with `--bars FILE`); the
 planner can only name a file inside the lab, and the gates refuse anything else before this runs. Replay without
-`--bars` registers the typed bars its session recorded (`LabSpec.recorded_bars`), never re-read from text.
+`--bars` registers, at each step, the typed bars its session recorded at that registration
+(`LabSpec.replayed_bars`), never re-read from text.
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ class Args(BaseModel):
 
 
 def _body(ctx: ToolContext, args: Args) -> ToolOutcome:
-    if args.file is None and ctx.lab.recorded_bars is not None:  # replay: the bars its session registered, typed
-        spec = ctx.lab.recorded_bars
-    else:
+    registered = view(ctx.nb, ctx.session).registrations
+    # replay: the bars its session registered at this step (the i-th registration), typed
+    spec = ctx.lab.replayed_bars(len(registered)) if args.file is None else None
+    if spec is None:
         path = ctx.paths.root / args.file if args.file else ctx.lab.bars
         if path is None:
             return ToolOutcome(tool=NAME, status="failed", summary="the lab names no bars file ([bars] in lab.toml)")
@@ -35,7 +37,7 @@ def _body(ctx: ToolContext, args: Args) -> ToolOutcome:
         except (ValueError, OSError) as exc:
             return ToolOutcome(tool=NAME, status="failed", summary=f"bars not registered: {exc}")
     # A resumed call whose registration committed before the crash: the same spec is already there.
-    record = next((r for r in view(ctx.nb, ctx.session).registrations if r.spec == spec), None)
+    record = next((r for r in registered if r.spec == spec), None)
     if record is None:
         record = bars.register(ctx.nb, ctx.session, spec)
     rules = "; ".join(f"{r.target} {r.text()}" for r in spec.bars)
