@@ -16,7 +16,7 @@ from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.checkpoint.sqlite import SqliteSaver
 
 from agent.closing import open_session, require_verified
-from agent.config import LabConfig, base_license, load_lab_config
+from agent.config import LAB_FILE, LabConfig, base_license, load_lab_config
 from agent.errors import SessionError
 from agent.graph import Runtime, drive
 from agent.live import reporter
@@ -224,6 +224,11 @@ def accept_lab_changes(nb: Notebook, session: str, config: LabConfig, paths: Lab
     if set(changed) - RESUMABLE_CHANGES:
         raise SessionError(f"{paths.root}/lab.toml changed since session {session} started (" + ", ".join(
             f"[{k}]" for k in changed) + "); resume accepts changes to [executor] only: restore the rest")
+    # What run checked before the session opened, checked again on the lab as it is now (an [executor] edited since:
+    # GPUs or memory this host or partition lacks; an unset key variable): LabConfigError before anything is recorded.
+    from agent.inputs import require_inputs
+
+    require_inputs(config, paths.root / LAB_FILE, os.environ, s.planner, s.executor)
     if changed:
         record_reconfigure(nb, session, s.config["lab"], changed)
 

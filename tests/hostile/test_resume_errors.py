@@ -113,3 +113,15 @@ def test_replay_bars_that_are_not_a_bars_file_are_named(lab, tmp_path):
         assert_refused(out.returncode, out.stderr, f"--bars {path}", what)
         assert "decisions differ" not in out.stdout, name
     assert files(lab) == before
+
+
+def test_an_executor_edited_past_what_the_host_has_is_refused_at_resume_with_nothing_recorded(lab):
+    """resume checks the lab as run does before a session opens: [executor] resources this host lacks (set after the
+    session died) are refused, exit 2, before the change is recorded (issue 44, items 1 and 9)."""
+    (lab / "lab.toml").write_text((lab / "lab.toml").read_text() + "\n[executor.resources.eval]\ngpus = 8\n")
+    before = files(lab)
+    out = _resume(lab)
+    assert_refused(out.returncode, out.stderr, "[executor.resources.eval] gpus = 8")
+    assert files(lab) == before
+    with Notebook.open(lab / "notebook.db", readonly=True) as nb:
+        assert not nb.decisions("s1", kind="reconfigure")
