@@ -39,6 +39,7 @@ from agent.errors import SessionError
 from agent.graph import Runtime, drive
 from agent.live import Silent
 from agent.planners.playbook import Playbook, PlaybookSettings
+from core.display import shown
 from evals import bars as bars_file
 from memory.notebook import Artifact, Decision, JobRecord, Notebook, NotebookError, Session, now
 from memory.records import BarsSpec, FailPayload, IncumbentPayload, LaunchPayload, RefusePayload
@@ -303,8 +304,9 @@ def replay_command(lab_dir: Path, session: str, *, bars: Path | None, planner: s
         return 0
     print(f"replay of session {session}: decisions differ from decision {result.first_difference + 1} of "
           f"{result.recorded} (recorded) / {result.replayed} (replayed); no job launched, nothing written")
-    print("\n".join(result.lines))
+    # Each line escaped: rationales and job summaries carry the lab's paths and names, a user's choice.
+    print("\n".join(shown(line) for line in result.lines))
     if result.would_launch:
         print(f"{len(result.would_launch)} replayed step(s) would have needed a new job:")
-        print("\n".join(f"  {w}" for w in result.would_launch))
+        print("\n".join(f"  {shown(w)}" for w in result.would_launch))
     return 1

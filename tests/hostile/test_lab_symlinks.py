@@ -88,3 +88,18 @@ def test_resume_refuses_a_sessions_run_directory_linked_to_another_labs(tmp_path
     err = capsys.readouterr().err
     assert "runs/s1: a symbolic link" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
     assert sorted(os.listdir(precious.parent)) == ["precious.txt"] and not (lab / "lab.lock").exists()
+
+
+def test_replay_prints_the_differing_decisions_escaped(monkeypatch, capsys):
+    """A replay that differs prints recorded and replayed rationales and would-launch summaries, which carry the lab's
+    paths: escaped, as every other command prints them (issue 44, item 4b)."""
+    from agent import replay
+
+    differing = replay.ReplayResult(same=False, recorded=3, replayed=3, first_difference=1,
+                                    lines=[f"  2 recorded: train on {ESCAPES}/data/x.jsonl"],
+                                    would_launch=[f"sft on {ESCAPES}/runs/s1"])
+    monkeypatch.setattr(replay, "replay", lambda *args, **kwargs: differing)
+    assert replay.replay_command(Path("lab"), "s1", bars=None, planner=None, protocol=None) == 1
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\x07" not in out, out
+    assert out.count("lab\\x1b]0;owned\\x07\\x1b[2J") == 2, out
