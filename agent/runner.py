@@ -215,10 +215,12 @@ def lab_changes(saved: dict[str, Any], recorded_lab: str, config: LabConfig, pat
     return {k: now.get(k) for k in sorted(before.keys() | now.keys()) if before.get(k) != now.get(k)}
 
 
-def accept_lab_changes(nb: Notebook, session: str, config: LabConfig, paths: LabPaths) -> None:
+def accept_lab_changes(nb: Notebook, session: str, config: LabConfig, paths: LabPaths) -> ChatTemplateRef | None:
     """What a resume accepts of a lab.toml edited since the session started: [executor] changes (a partition that
     could not hold its jobs, a time limit), recorded as a `reconfigure` decision; anything else is SessionError,
-    since the session's measurements, bars and data would no longer be the ones it decided by."""
+    since the session's measurements, bars and data would no longer be the ones it decided by. So is a chat template
+    other than the one the session opened with (its rows, evals and bundle are rendered with it). Returns the lab's
+    chat format as read now (None: the session recorded none)."""
     s = nb.session(session)
     changed = lab_changes(s.config["lab"], s.lab, config, paths)
     if set(changed) - RESUMABLE_CHANGES:
@@ -229,8 +231,19 @@ def accept_lab_changes(nb: Notebook, session: str, config: LabConfig, paths: Lab
     from agent.inputs import require_inputs
 
     require_inputs(config, paths.root / LAB_FILE, os.environ, s.planner, s.executor)
+    opened = fold(nb, session).opened
+    recorded = opened.chat_template if opened is not None else None
+    chat_ref = None
+    if recorded is not None:
+        tokenizer = config.model.tokenizer or config.model.parent or config.model.base
+        chat_ref = chat_template_ref(tokenizer)
+        if chat_ref.sha256 != recorded.sha256:
+            raise SessionError(f"{shown(str(tokenizer))}: the chat template changed since session {session} started "
+                               f"(sha256 {recorded.sha256[:12]} then, {chat_ref.sha256[:12]} now); the session's rows, "
+                               "evals and bundle are rendered with the one it opened with: restore it")
     if changed:
         record_reconfigure(nb, session, s.config["lab"], changed)
+    return chat_ref
 
 
 def record_reconfigure(nb: Notebook, session: str, saved: dict[str, Any], changed: dict[str, Any]) -> None:
@@ -309,10 +322,10 @@ def resume(lab_dir: Path, session: str, quiet: bool) -> int:
     with Notebook.open(paths.notebook) as nb:
         s = open_session(nb, session, "resume")
         saved = s.config
-        accept_lab_changes(nb, session, config, paths)
+        chat_ref = accept_lab_changes(nb, session, config, paths)
         settings = PlaybookSettings.recorded(saved["playbook"], session)
         section = config.executor.model_copy(update={"kind": s.executor})
-        rt = _runtime(nb, session, lab_dir, config, section, settings, s.planner, quiet)
+        rt = _runtime(nb, session, lab_dir, config, section, settings, s.planner, quiet, chat_ref)
         # Jobs the dead agent left pending or running are settled first (one whose process is gone is lost), so the
         # interrupted step is gated on what they spent, not on a reservation no process holds; its re-attach then
         # runs a lost job again, admitted against the budget.

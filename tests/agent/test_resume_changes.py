@@ -45,3 +45,26 @@ def test_executor_changes_are_accepted_and_recorded_once_others_refused(tmp_path
                                                r"changes to \[executor\] only"):
             accept_lab_changes(nb, "s1", load_lab_config(lab), paths)
         assert len(nb.decisions("s1", kind="reconfigure")) == 2 and nb.verify().ok
+
+
+def test_a_chat_template_changed_since_the_session_opened_is_refused_at_resume(tmp_path: Path) -> None:
+    """The session's rows, evals and bundle are rendered with the template it opened with (recorded in its open
+    decision): a resume after the tokenizer's template was edited is refused, naming the tokenizer, nothing recorded
+    (issue 44, item 7)."""
+    from agent.runner import chat_template_ref
+
+    lab = make_lab(tmp_path / "lab").resolve()
+    config = load_lab_config(lab)
+    tokenizer = config.model.tokenizer or config.model.parent or config.model.base
+    with Notebook.open(lab / "notebook.db") as nb:
+        nb.open_session("s1", lab=str(lab), budget_gpuh=1.0, reserve_gpuh=0.1, planner="playbook", executor="local",
+                        config=snapshot(config, "test", PlaybookSettings.named("test")),
+                        chat_template=chat_template_ref(tokenizer))
+        assert accept_lab_changes(nb, "s1", config, LabPaths(root=lab)) is not None  # the same template: accepted
+        _edit(lab, "time_limit_min = 10", "time_limit_min = 20")
+        (tokenizer / "chat_template.jinja").write_text(
+            "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+            "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+        with pytest.raises(SessionError, match=r"the chat template changed since session s1 started \(sha256 "):
+            accept_lab_changes(nb, "s1", load_lab_config(lab), LabPaths(root=lab))
+        assert nb.decisions("s1", kind="reconfigure") == [] and nb.verify().ok
