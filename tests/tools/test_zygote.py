@@ -279,6 +279,7 @@ def test_a_bounded_child_forks_from_a_listening_zygote_under_the_limits_set_befo
     server = zygote.wait(env)
     prefix = zygote.listening(os.environ)
     assert prefix is not None
+    assert zy.listening_prefix({**os.environ, "POSTLAB_ZYGOTE_DIR": str(zygote.folder), "POSTLAB_ZYGOTE": "0"}) is None
     [out] = run_phases("zyjob", ["limits"], [Phase(3, 30)], marked=False, python=prefix)
     assert isinstance(out, dict), out
     assert out["ppid"] == server and out["cpu"] == [3, 3]

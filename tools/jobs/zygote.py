@@ -199,7 +199,9 @@ class Zygote:
 
 def listening_prefix(env: Mapping[str, str]) -> list[str] | None:
     """The command that runs `-u -m MODULE ARGS` forked from the zygote of `env` in its default directory when one
-    listens now (Zygote.listening), else None: python plainly."""
+    listens now (Zygote.listening), else None: python plainly (also with POSTLAB_ZYGOTE=0, which turns it off)."""
+    if env.get("POSTLAB_ZYGOTE", "1") == "0":
+        return None
     return Zygote(default_dir(env)).listening(env)
 
 
