@@ -221,11 +221,12 @@ def replay(lab_dir: Path, session: str, *, bars: Path | None = None, planner: st
                                  planner=planner or s.planner, executor=s.executor, config=s.config)
             # The chat format as the session read it at its opening (its stop ids are the served decoding's), not
             # the tokenizer's reading today, which would also load transformers for nothing.
-            lab = lab_spec(config, original.decisions(session, kind="open")[0].payload.chat_template)
+            state = fold(original, session)
+            lab = lab_spec(config, state.opened.chat_template if state.opened is not None else None)
             if bars is not None:
                 lab = lab.model_copy(update={"bars": bars.resolve()})
             else:  # the bars the session registered, as it read them (its floor unit too), not the file's reading today
-                recorded = tuple(r.spec for r in fold(original, session).registrations)  # in registration order
+                recorded = tuple(r.spec for r in state.registrations)  # in registration order
                 lab = lab.model_copy(update={"recorded_bars": recorded})
             section = config.executor.model_copy(update={"kind": s.executor})
             forecaster = Launcher.from_section(scratch, session, section, Path(tmp) / "jobs",
