@@ -22,8 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.summary import Summary
-from tools.train import out_of_range
-from trainers.recipe import TrainRecipe
+from trainers.recipe import TrainRecipe, out_of_range
 
 JOB_TOOLS = {"ingest", "build_dataset", "train", "merge", "evaluate", "calibrate", "tune_serving", "sealed_open"}
 _SCORING_TOOLS = {"evaluate", "calibrate", "tune_serving", "compare", "sealed_open"}

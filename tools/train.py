@@ -3,7 +3,8 @@ built dataset, as a job; the trained checkpoint becomes a candidate artifact.
 
 Every setting comes from the lab's `[train]` (trainers/recipe.py: the user's recipe, or the rules over the base
 model for what it leaves out); the planner may propose lr, steps, batch and the family's own knobs, within the
-ranges `out_of_range` checks (the gates call it). Lengths, epochs and token batches are settled against the dataset
+ranges `trainers.recipe.out_of_range` checks (the gates call it; a scaled lr is checked as the arm trains it,
+`trainers.recipe.proposed_lr`). Lengths, epochs and token batches are settled against the dataset
 here (`trainers.recipe.arm_settings`), and every setting goes to the trainer. The run directory is named by
 content (trainer, settled settings, parent and dataset sha256), so the same arm always has the same job key.
 
@@ -107,21 +108,6 @@ def _snapshot_problem(snapshots: tuple[int, ...], steps: int) -> str | None:
     return None
 
 
-def out_of_range(train_settings: recipes.TrainRecipe, proposal_args: dict[str, Any]) -> list[str]:
-    """Why a planner's `train` proposal (its args as JSON) leaves the lab's [train] ranges ([] when it does not):
-    what the gates refuse and record before the tool runs. A scaled lr is checked as scaled."""
-    return recipes.out_of_range(train_settings, _scaled(train_settings, proposal_args))
-
-
-def _scaled(recipe: recipes.TrainRecipe, proposal: dict[str, Any]) -> dict[str, Any]:
-    """The proposal with `lr_scale` applied: lr = (its lr, else the family's [train] lr) x lr_scale."""
-    scale = proposal.get("lr_scale")
-    family = recipe.families.get(proposal.get("trainer"))
-    if scale is None or family is None:
-        return proposal
-    return proposal | {"lr": (proposal.get("lr") or family.lr) * scale}
-
-
 def snapshot_steps(args: Args, steps: int) -> tuple[int, ...]:
     """The steps the run saves its model at: `snapshots` and the settled `snapshot_fractions` of its steps."""
     settled = {round(f * steps) for f in args.snapshot_fractions} - {0, steps}
@@ -145,7 +131,7 @@ def settle(ctx: ToolContext, args: Args) -> recipes.ArmSettings:
         p99 += _answer_cap(ctx, args, family)
     size = recipes.DatasetSize(rows=max(1, int(manifest.get("rows", 1))), tokens=int(manifest.get("tokens", 0)),
                                p99_row_tokens=p99)
-    return recipes.arm_settings(family, _scaled(lab_recipe(ctx), args.model_dump(mode="json")), size)
+    return recipes.arm_settings(family, args.model_dump(mode="json"), size)
 
 
 def sizing(ctx: ToolContext, args: Args, arm: recipes.ArmSettings) -> dict[str, Any]:
@@ -201,31 +187,29 @@ def trainer_module(name: Trainer) -> ModuleType:
 
 
 def _config(ctx: ToolContext, args: Args, arm: recipes.ArmSettings, out) -> tuple[Any, Any]:
+    """The trainer's job function and config: the arm's settings (`ArmSettings.trainer_fields`), and what this
+    arm's parent, data, seed and run directory add."""
     trainer = trainer_module(args.trainer)
     parent = ctx.nb.artifact(args.parent)
     data = ctx.nb.artifact(args.dataset)
     served = served_of(ctx, args.parent)
-    common = {"model_path": parent.path, "data_path": data.path, "output_dir": str(out),
-              "system_prompt": served.system_prompt or None, "lora": _lora(arm, args), "lr": arm.lr, "steps": arm.steps,
-              "batch_size": arm.batch_size, "micro_batch_size": arm.micro_batch_size, "seed": args.seed,
-              "max_len": arm.max_len, "warmup_steps": arm.warmup_steps, "schedule": arm.schedule,
-              "min_lr_ratio": arm.min_lr_ratio, "weight_decay": arm.weight_decay, "grad_clip": arm.grad_clip,
-              "snapshot_steps": list(snapshot_steps(args, arm.steps))}
+    fields = arm.trainer_fields(args.trainer) | {
+        "model_path": parent.path, "data_path": data.path, "output_dir": str(out),
+        "system_prompt": served.system_prompt or None, "lora": _lora(arm, args), "seed": args.seed,
+        "snapshot_steps": list(snapshot_steps(args, arm.steps))}
     match args.trainer:
         case "sft":
-            return trainer.train, trainer.SFTConfig(**common, packing=arm.packing)
+            return trainer.train, trainer.SFTConfig(**fields)
         case "dpo":
-            return trainer.train, trainer.DPOConfig(**common, beta=arm.beta, nll_weight=arm.nll_weight,
-                                            max_prompt_length=arm.max_prompt_len,
-                                            max_completion_length=arm.max_answer_len)
+            return trainer.train, trainer.DPOConfig(**fields)
         case "klce":
-            return trainer.train, trainer.KLCEConfig(**common, kl_coef=arm.kl_coef)
+            return trainer.train, trainer.KLCEConfig(**fields)
         case "rft":
             family = lab_recipe(ctx).families["rft"]
             temperature = served.temperature if served.temperature > 0 else 1.0
-            return trainer.train, trainer.RFTConfig(**common, k=arm.k, temperature=temperature,
-                                            max_new_tokens=_answer_cap(ctx, args, family),
-                                            scorer=_verifier(ctx, family, data.recipe))
+            return trainer.train, trainer.RFTConfig(**fields, temperature=temperature,
+                                                    max_new_tokens=_answer_cap(ctx, args, family),
+                                                    scorer=_verifier(ctx, family, data.recipe))
 
 
 def _body(ctx: ToolContext, args: Args) -> ToolOutcome:

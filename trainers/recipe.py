@@ -551,19 +551,38 @@ _RANGE_OF = {"lr": "lr_range", "steps": "steps_range", "batch_size": "batch_rang
              "nll_weight": "nll_weight_range", "kl_coef": "kl_coef_range", "k": "k_range"}
 
 
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def proposed_lr(settings: FamilyRecipe, proposal: dict[str, Any]) -> float:
+    """The peak lr an arm proposes (its args as JSON): its own `lr`, else its family's [train] lr, times its
+    `lr_scale` (how a sweep is written without knowing the model's lr). The one home of that rule: the range check
+    (`out_of_range`) reads it, and so does the arm that trains (`arm_settings`)."""
+    lr = proposal.get("lr") or settings.lr
+    scale = proposal.get("lr_scale")
+    return lr if scale is None else lr * scale
+
+
 def out_of_range(recipe: TrainRecipe, proposal: dict[str, Any]) -> list[str]:
-    """Why a `train` proposal (its args as JSON: trainer, lr, steps, batch_size, ...) leaves [train]'s ranges;
-    [] when it stays inside. Values the proposal leaves out are [train]'s own and always inside."""
+    """Why a `train` proposal (its args as JSON: trainer, lr, lr_scale, steps, batch_size, ...) leaves [train]'s
+    ranges; [] when it stays inside. Values the proposal leaves out are [train]'s own and always inside; a scaled lr
+    is checked as scaled (`proposed_lr`)."""
     family = proposal.get("trainer")
     if family not in FAMILIES:
         return [f"trainer {family!r} is not one of {', '.join(FAMILIES)}"]
     settings = recipe.families[family]
+    if proposal.get("lr_scale") is not None:
+        if not _number(proposal["lr_scale"]):
+            return [f"lr_scale {proposal['lr_scale']!r} is not a number"]
+        if proposal.get("lr") is None or _number(proposal["lr"]):
+            proposal = proposal | {"lr": proposed_lr(settings, proposal)}
     reasons = []
     for name in PROPOSABLE:
         value, bounds = proposal.get(name), getattr(settings, _RANGE_OF[name])
         if value is None or bounds is None:
             continue
-        if not isinstance(value, int | float) or isinstance(value, bool):
+        if not _number(value):
             reasons.append(f"{name} {value!r} is not a number")
         elif not bounds[0] <= value <= bounds[1]:
             unit = f" {settings.batch_unit}" if name == "batch_size" else ""
@@ -605,6 +624,18 @@ class ArmSettings(BaseModel):
     nll_weight: float | None = Field(None, description="dpo: NLL weight.")
     k: int | None = Field(None, description="rft: samples per prompt.")
 
+    def trainer_fields(self, family: Family) -> dict[str, Any]:
+        """The arm's settings as its family's trainer config takes them (trainers.common.TrainConfig's fields and
+        the family's own, by their names there): the one place an arm's settings become a trainer's. The caller
+        adds what is not a setting (paths, the LoRA adapter, seed, snapshot steps; rft's sampling)."""
+        own = {"sft": {"packing": self.packing}, "klce": {"kl_coef": self.kl_coef}, "rft": {"k": self.k},
+               "dpo": {"beta": self.beta, "nll_weight": self.nll_weight, "max_prompt_length": self.max_prompt_len,
+                       "max_completion_length": self.max_answer_len}}
+        return {"lr": self.lr, "steps": self.steps, "batch_size": self.batch_size,
+                "micro_batch_size": self.micro_batch_size, "max_len": self.max_len, "warmup_steps": self.warmup_steps,
+                "schedule": self.schedule, "min_lr_ratio": self.min_lr_ratio, "weight_decay": self.weight_decay,
+                "grad_clip": self.grad_clip} | own[family]
+
 
 def _rows_of(amount: int, unit: BatchUnit, row_tokens: float) -> int:
     """A batch in rows: sequences are rows; tokens are divided by a row's tokens (a pack's when packing)."""
@@ -628,7 +659,7 @@ def arm_settings(settings: FamilyRecipe, proposal: dict[str, Any], data: Dataset
     rows = math.ceil(data.tokens / max_len) if packing else data.rows
     steps = pick("steps", settings.steps) or max(1, math.ceil((settings.epochs or 1.0) * rows / batch))
     return ArmSettings(
-        method=method, lora=settings.lora if method == "lora" else None, lr=pick("lr", settings.lr),
+        method=method, lora=settings.lora if method == "lora" else None, lr=proposed_lr(settings, proposal),
         schedule=settings.schedule, warmup_steps=min(steps - 1, round(settings.warmup_ratio * steps)),
         min_lr_ratio=settings.min_lr_ratio, steps=steps, batch_size=batch, micro_batch_size=micro, max_len=max_len,
         max_prompt_len=settings.max_prompt_len, max_answer_len=settings.max_answer_len,

@@ -70,7 +70,6 @@ from agent.planners import ToolCall, recipes
 from agent.planners.policy import PROTOCOLS, PlaybookSettings, ServingAlternative
 from agent.planners.stages import (
     dataset_step,
-    lr_line,
     merges,
     noted,
     proposal,
@@ -152,7 +151,7 @@ def _protocol(s: Summary, cfg: PlaybookSettings) -> Iterator[ToolCall]:
     family, dataset = best.args["trainer"], best.args["dataset"]
     sweep = [proposal("train", train_args(s, family, dataset, cfg, f),
                       f"lr sweep along the best family {family} (first arm screened {best_score:+.2f}): "
-                      f"{lr_line(cfg, family, f)}") for f in cfg.sweep]
+                      f"{cfg.lr_text(family, f)}") for f in cfg.sweep]
     swept = yield from run_stage(s, cfg, sweep)
     note = yield from trajectory_selection(s, cfg, first + swept)
     yield from noted(_later(s, cfg), note)
@@ -194,7 +193,7 @@ def _first_arms(s: Summary, cfg: PlaybookSettings) -> Iterator[ToolCall]:
             return []
         if dataset is None:
             continue
-        why = (f"first {family} arm at a conservative lr {cfg.lr[family]:g}, {cfg.steps} steps, from the parent"
+        why = (f"first {family} arm at a conservative {cfg.lr_text(family)}, {cfg.steps} steps, from the parent"
                if cfg.arms == "fixed" else f"first {family} arm at the lab's [train] settings, from the parent")
         producers.append(proposal("train", train_args(s, family, dataset, cfg), why))
     return (yield from run_stage(s, cfg, producers))

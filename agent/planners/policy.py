@@ -236,6 +236,21 @@ class PlaybookSettings(BaseModel):
             raise SessionError(f"session {session}: its recorded playbook settings do not fit this version "
                                f"({where}: {first['msg']}); replay it with --protocol, or start a new session") from None
 
+    def arm(self, family: str, scale: float = 1.0) -> dict[str, Any]:
+        """An arm's lr, steps, batch and snapshots, as `train` arguments: the lab's [train] (`train` arms: a sweep
+        as a multiple of its lr, the protocol's steps if it fixes them, snapshots at shares of the run; what is left
+        out is [train]'s), or the policy's own numbers (`fixed` arms, versions 1-3)."""
+        if self.arms == "fixed":
+            return {"lr": self.lr[family] * scale, "steps": self.steps, "batch_size": self.batch_size,
+                    "snapshots": list(self.trajectory)}
+        extra = {"lr_scale": scale if scale != 1.0 else None, "steps": self.steps, "batch_size": self.batch_size,
+                 "snapshot_fractions": list(self.trajectory_shares) or None}
+        return {k: v for k, v in extra.items() if v is not None}
+
+    def lr_text(self, family: str, scale: float = 1.0) -> str:
+        """The learning rate of an arm (`arm`), as a rationale says it."""
+        return f"lr {self.lr[family] * scale:g}" if self.arms == "fixed" else f"lr x{scale:g} of [train]'s"
+
     def comparisons(self) -> int:
         """The most comparisons (p-values) this protocol makes: the p_family its bars should register."""
         arms = len(self.families) + len(self.sweep)

@@ -336,20 +336,8 @@ def dataset_step(s: Summary, family: str, cfg: PlaybookSettings) -> tuple[int | 
 
 
 def train_args(s: Summary, family: str, dataset: int, cfg: PlaybookSettings, scale: float = 1.0) -> dict[str, Any]:
-    """An arm's train arguments: from the lab's [train] (a sweep as a multiple of its lr, the protocol's steps if it
-    fixes them, snapshots at shares of the run), or the policy's own numbers (`fixed` arms, versions 1-3)."""
-    if cfg.arms == "fixed":
-        return {"trainer": family, "parent": s.parent, "dataset": dataset, "lr": cfg.lr[family] * scale,
-                "steps": cfg.steps, "batch_size": cfg.batch_size, "snapshots": list(cfg.trajectory)}
-    args: dict[str, Any] = {"trainer": family, "parent": s.parent, "dataset": dataset}
-    extra = {"lr_scale": scale if scale != 1.0 else None, "steps": cfg.steps, "batch_size": cfg.batch_size,
-             "snapshot_fractions": list(cfg.trajectory_shares) or None}
-    return args | {k: v for k, v in extra.items() if v is not None}
-
-
-def lr_line(cfg: PlaybookSettings, family: str, scale: float = 1.0) -> str:
-    """The learning rate of an arm, as its rationale says it."""
-    return f"lr {cfg.lr[family] * scale:g}" if cfg.arms == "fixed" else f"lr x{scale:g} of [train]'s"
+    """An arm's train arguments: the family from the session's parent on `dataset`, at the policy's `arm`."""
+    return {"trainer": family, "parent": s.parent, "dataset": dataset} | cfg.arm(family, scale)
 
 
 def cleared_trained(s: Summary) -> list[int]:

@@ -89,8 +89,7 @@ def test_a_training_arm_outside_the_labs_train_ranges_is_refused():
 
 
 def test_a_scaled_lr_is_checked_as_scaled():
-    from tools.train import out_of_range
-    from trainers.recipe import TrainSection, resolve, shape_of_config
+    from trainers.recipe import TrainSection, out_of_range, resolve, shape_of_config
 
     shape = shape_of_config({"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 4096,
                              "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
