@@ -156,8 +156,8 @@ def _would_launch(scratch: Notebook, session: str) -> dict[int, str]:
     """plan decision seq -> 'would launch: ...' for replayed steps that needed a job never run."""
     out = {}
     for c in scratch.tool_calls(session):
-        if c.result and c.result.get("status") == "unavailable" and c.decision_seq is not None:
-            out[c.decision_seq] = c.result["summary"]
+        if c.outcome is not None and c.outcome.status == "unavailable" and c.decision_seq is not None:
+            out[c.decision_seq] = c.outcome.summary
     return out
 
 

@@ -196,8 +196,8 @@ def summarize(nb: Notebook, session: str) -> Summary:
     """Everything the planner may know, read from the notebook."""
     state = fold(nb, session)
     calls = [Call(id=c.id, tool=c.tool, args=_recorded(c.tool, c.args), status=c.status,
-                  summary=(c.result or {}).get("summary", ""),
-                  data=(c.result or {}).get("data", {})) for c in nb.tool_calls(session) if c.tool not in HIDDEN_TOOLS]
+                  summary=c.outcome.summary if c.outcome else "", data=c.outcome.data if c.outcome else {})
+             for c in nb.tool_calls(session) if c.tool not in HIDDEN_TOOLS]
     checkpoints = _checkpoints(nb, session, state.verdicts)
     screen = {f"{suite}/{metric}": round(found.record.mean_abs_delta, 6)
               for cp in checkpoints for suite, metrics in cp.metrics.items() for metric in metrics

@@ -536,6 +536,32 @@ PAYLOADS: dict[str, TypeAdapter[Any]] = {
 assert set(PAYLOADS) == set(get_args(DecisionKind)), "every decision kind needs a payload model"
 
 
+class ToolOutcome(BaseModel):
+    """What a tool reports back (tools/context.py `invoke` records it); stored as the tool call's result in the
+    notebook and read back typed (`ToolCall.outcome`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    tool: str = Field(description="Tool name.")
+    status: Literal["done", "failed", "refused", "unavailable"] = Field(
+        description="done; failed (job failed, data refused); refused (budget); unavailable (replay: needs a new job).")
+    summary: str = Field(description="One line citing the numbers the outcome rests on.")
+    data: dict[str, Any] = Field(default_factory=dict, description="Ids the outcome produced (artifact_id, ...).")
+    detail: str = Field("", description="For a person only (the CLI line, the report): a failed job's own error "
+                        "message, made safe (tools/jobs/failures.py safe_message). The planner never reads it "
+                        "(agent/summary.py Call has no such field): it may quote input text.",
+                        exclude_if=lambda v: v == "")
+
+    @property
+    def artifact_id(self) -> int | None:
+        """The artifact the call made (a trained, merged or served checkpoint, a dataset), or None."""
+        return self.data.get("artifact_id")
+
+    @property
+    def unresolved(self) -> bool:
+        """A compare look that left the comparison unresolved: nothing judged, more evidence may be bought."""
+        return bool(self.data.get("unresolved"))
+
+
 class ToolCall(_Record):
     """One tool call of the agent, keyed for idempotency by (tool, canonical args)."""
 
@@ -550,6 +576,16 @@ class ToolCall(_Record):
     result: dict[str, Any] | None = Field(description="The tool's result (JSON), once finished.")
     started_at: str = Field(description="ISO-8601 UTC time it was recorded.")
     ended_at: str | None = Field(description="ISO-8601 UTC time it finished.")
+
+    @property
+    def outcome(self) -> ToolOutcome | None:
+        """The result as its tool reported it, typed; None while the call is open. A result of another shape (a
+        judgment that closed the call with its own model, evals/judgment.py) reads as the row's tool and status with
+        no summary or data."""
+        if self.result is None:
+            return None
+        row = {"tool": self.tool, "status": self.status, "summary": "", "data": {}}
+        return ToolOutcome.model_validate(row | self.result, extra="ignore")
 
 
 class JobRecord(_Record):

@@ -21,7 +21,7 @@ from core.util import canonical_json, sha256_text
 from evals.decoding import Decoding
 from evals.job import CallableJudgeSpec, OpenAIJudgeSpec
 from memory.notebook import Notebook
-from memory.records import PAYLOADS, BarsSpec, StepFailPayload
+from memory.records import PAYLOADS, BarsSpec, StepFailPayload, ToolOutcome
 from tools.data.datasets import ReplaySource, VerifiedSource
 from tools.jobs.executor import SINGLE_PROCESS_KINDS, KindResources, job_family
 from tools.jobs.launcher import BudgetRefused, JobFailed, Resources
@@ -203,21 +203,6 @@ class ToolContext:
         return job.result(timeout_s=self.job_timeout_s), job.key
 
 
-class ToolOutcome(BaseModel):
-    """What a tool reports back; stored as the tool call's result in the notebook."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    tool: str = Field(description="Tool name.")
-    status: Literal["done", "failed", "refused", "unavailable"] = Field(
-        description="done; failed (job failed, data refused); refused (budget); unavailable (replay: needs a new job).")
-    summary: str = Field(description="One line citing the numbers the outcome rests on.")
-    data: dict[str, Any] = Field(default_factory=dict, description="Ids the outcome produced (artifact_id, ...).")
-    detail: str = Field("", description="For a person only (the CLI line, the report): a failed job's own error "
-                        "message, made safe (tools/jobs/failures.py safe_message). The planner never reads it "
-                        "(agent/summary.py Call has no such field): it may quote input text.",
-                        exclude_if=lambda v: v == "")
-
-
 def content_name(prefix: str, spec: Any) -> str:
     """A stable name for an output: prefix plus the first 12 hex of the canonical spec's sha256."""
     return f"{prefix}-{sha256_text(canonical_json(spec))[:12]}"
@@ -227,8 +212,8 @@ def invoke(ctx: ToolContext, tool: str, args: A, body: Callable[[ToolContext, A]
            decision_seq: int | None = None) -> ToolOutcome:
     """Record the call, run the body once, record its outcome. Failures of jobs and budget are data."""
     call = ctx.nb.record_tool_call(ctx.session, tool, args.model_dump(mode="json"), decision_seq=decision_seq)
-    if call.status != "open" and call.result is not None:
-        return ToolOutcome.model_validate(call.result)
+    if call.status != "open" and call.outcome is not None:
+        return call.outcome
     job_failed = False
     try:
         outcome = body(ctx, args)

@@ -135,7 +135,7 @@ def references_of(ctx: ToolContext, artifact_id: int) -> dict[str, str]:
     """The reference completions recorded by the artifact's calibration (empty when it has none)."""
     for c in ctx.nb.tool_calls(ctx.session):
         if c.tool == "calibrate" and c.args.get("artifact") == artifact_id and c.status == "done":
-            return dict((c.result or {}).get("data", {}).get("reference", {}))
+            return dict(c.outcome.data.get("reference", {}))
     return {}
 
 
