@@ -51,6 +51,7 @@ from memory.records import (
     OpenPayload,
     RefuseDecision,
     Rule,
+    ToolCall,
     TruthDecision,
     VerdictPayload,
 )
@@ -273,6 +274,8 @@ class SessionState(_Typed):
     refusals: list[RefuseDecision] = Field(description="Every refusal, oldest first.")
     truths: list[TruthDecision] = Field(description="Ground-truth measurements, oldest first.")
     failed_arms_in_row: int = Field(description="Arms in a row (latest last) that failed or missed the bars.")
+    judged: list[int] = Field(default_factory=list, description="Candidates a comparison judged: a compare call of "
+                              "theirs finished without leaving it unresolved (a verdict, a refusal or a failure).")
     head: Head | None = Field(description="The latest decision.")
     looks: list[Look] = Field(default_factory=list, description="Every look of a p bar under sequential bars, oldest "
                               "first.")
@@ -359,6 +362,11 @@ class SessionState(_Typed):
         if reasons:
             return Eligibility(candidate=candidate, promotable=False, reasons=reasons)
         return Eligibility(candidate=candidate, promotable=True, comparison_id=mine[-1].comparison_id)
+
+    def rejected(self, candidate: int) -> bool:
+        """Whether the candidate's comparison ended without a promotion: judged (`judged`), and no verdict of its
+        cleared the bars (it failed them, or the comparison was refused)."""
+        return candidate in self.judged and not any(v.cleared for v in self.of(candidate))
 
     def must_stop(self, max_failed_arms: int, min_step_gpuh: float = 0.0) -> str | None:
         """Why the research loop must stop now, or None: N arms in a row failed or missed the bars, or no more than
@@ -494,19 +502,25 @@ def parent_of(nb: Notebook, session: str) -> int | None:
     return found[0] if found else None
 
 
-def failed_arms_in_row(nb: Notebook, session: str, verdicts: list[Verdict]) -> int:
-    """Finished arms in a row, latest last, whose candidate failed to be made or was compared and never cleared the
-    bars (an arm not compared yet counts neither way)."""
-    calls = nb.tool_calls(session)
+def judged_candidates(calls: list[ToolCall]) -> list[int]:
+    """Candidates a comparison judged: a compare call finished and did not leave it unresolved (an unresolved look
+    judged nothing), in call order."""
+    found = [c.args.get("candidate") for c in calls if c.tool == "compare" and c.status != "open"
+             and not c.outcome.unresolved]
+    return list(dict.fromkeys(found))
+
+
+def failed_arms_in_row(nb: Notebook, session: str, calls: list[ToolCall], verdicts: list[Verdict],
+                       compared: list[int]) -> int:
+    """Finished arms in a row, latest last, whose candidate failed to be made or was compared (`compared`: judged)
+    and never cleared the bars (an arm not compared yet counts neither way)."""
     checkpoints = {a.id for a in nb.artifacts(kind="checkpoint", session=session)}
     cleared = {v.candidate for v in verdicts if v.cleared}
-    compared = {c.args.get("candidate") for c in calls if c.tool == "compare" and c.status != "open"
-                and not (c.result or {}).get("data", {}).get("unresolved")}  # an unresolved look judged nothing
     outcomes = []
     for c in calls:
         if c.tool not in ARM_TOOLS or c.status == "open":
             continue
-        made = (c.result or {}).get("data", {}).get("artifact_id")
+        made = c.outcome.artifact_id
         if made not in checkpoints or c.status != "done":
             outcomes.append(False)
         elif made in compared:
@@ -525,10 +539,12 @@ def fold(nb: Notebook, session: str) -> SessionState:
     for d in nb.decisions(session):
         acc.apply(d)
     parent = parent_of(nb, session)
+    calls = nb.tool_calls(session)
+    compared = judged_candidates(calls)
     return SessionState(
         session=session, opened=acc.opened, ledger=nb.ledger(session), parent=parent,
         changes=acc.changes, registrations=acc.registrations,
         floors=acc.floors, verdicts=acc.verdicts, p_family=acc.p_family(), confirmations=acc.confirmations,
         split=acc.split, nominee=acc.nominee, refusals=acc.refusals, truths=acc.truths,
-        failed_arms_in_row=failed_arms_in_row(nb, session, acc.verdicts), head=acc.head, looks=acc.looks,
-        findings=acc.findings)
+        failed_arms_in_row=failed_arms_in_row(nb, session, calls, acc.verdicts, compared), judged=compared,
+        head=acc.head, looks=acc.looks, findings=acc.findings)

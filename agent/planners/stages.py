@@ -250,10 +250,9 @@ def judged_score(s: Summary, cand) -> float:
 
 
 def was_rejected(s: Summary, cand) -> bool:
-    """Whether the candidate's comparison ended without a promotion (failed the bars, or was refused)."""
-    compared = compare_call(s, cand.id)
-    return (compared is not None and compared.status != "open" and not compared.data.get("unresolved")
-            and not any(v.cleared for v in cand.verdicts))
+    """Whether the candidate's comparison ended without a promotion (failed the bars, or was refused): the
+    session state's one definition (memory/state.py `SessionState.rejected`)."""
+    return s.view.rejected(cand.id)
 
 
 def replicated(s: Summary, cand) -> Iterator[ToolCall]:

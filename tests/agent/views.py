@@ -1,8 +1,9 @@
 """Typed session views and summaries built in a test, without a notebook (for the pure planner and gate tests).
 
 The state's counts are derived here the way the fold derives them: each comparison tests every p bar of the
-bars (so a finished `compare` call spends `len(p_rules)` p-values), and the incumbent chain is the parent, then
-each candidate a finished `promote` call made incumbent (an `incumbent` event each).
+bars (so a finished `compare` call spends `len(p_rules)` p-values), the incumbent chain is the parent, then
+each candidate a finished `promote` call made incumbent (an `incumbent` event each), and the judged candidates are
+those of the finished `compare` calls that did not leave it unresolved.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def verdict(comparison_id: int, incumbent: int, cleared: bool, bars: list[BarVer
 
 def state(*, ledger: Ledger, parent: int | None, chain: list[int], bars: RegisteredBars | None = None,
           verdicts: list[Verdict] | None = None, p_family: PFamily | None = None, failed_arms_in_row: int = 0,
-          session: str = "s") -> SessionState:
+          session: str = "s", judged: list[int] | None = None) -> SessionState:
     """A session state whose incumbent chain is `chain` (the parent first, then each change of incumbent)."""
     changes = [IncumbentChange(seq=100 + i, artifact_id=a, previous=b, comparison_id=0)
                for i, (b, a) in enumerate(zip(chain, chain[1:], strict=False))]
@@ -61,7 +62,7 @@ def state(*, ledger: Ledger, parent: int | None, chain: list[int], bars: Registe
                         registrations=[bars] if bars is not None else [], floors=[], verdicts=verdicts or [],
                         p_family=p_family or PFamily(size=None, spent=0, per_comparison=0), confirmations=[],
                         split=None, nominee=None, refusals=[], truths=[], failed_arms_in_row=failed_arms_in_row,
-                        head=None)
+                        head=None, judged=judged or [])
 
 
 def summary(*, budget: Ledger, bars: RegisteredBars | None, parent: int | None, incumbent: int | None,
@@ -80,7 +81,9 @@ def summary(*, budget: Ledger, bars: RegisteredBars | None, parent: int | None, 
         chain.append(incumbent)
     view = state(ledger=budget, parent=parent, chain=chain, bars=bars,
                  verdicts=sorted((v for cp in cps for v in cp.verdicts), key=lambda v: v.comparison_id),
-                 p_family=family, failed_arms_in_row=consecutive_failed_arms)
+                 p_family=family, failed_arms_in_row=consecutive_failed_arms,
+                 judged=list(dict.fromkeys(c.args["candidate"] for c in calls if c.tool == "compare"
+                                           and c.status != "open" and not c.data.get("unresolved"))))
     defaults = {"refusals": [], "gate_refusals": [], "failures": [], "nominee": None, "sealed_opened": False}
     return Summary(session="s", view=view, split=split if split is not None else {"id": 1, "sha256": "x", "counts": {}},
                    calibrated=calibrated or [], noise_floors=[], screen_floors=screen_floors or {}, checkpoints=cps,
