@@ -424,9 +424,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.handler(args)
     except _bad_input_errors() as exc:
-        from core.display import shown  # a message names paths and files a user chose: escaped, never raw
+        from core.display import one_line, shown  # a message names paths and files a user chose: escaped, never raw
 
-        print(f"error: {shown(redact(str(exc)), keep_newlines=True)}", file=sys.stderr)
+        # One line: a refusal listing several problems (require_inputs, a feedback file's bad lines) joins them.
+        print(f"error: {shown(one_line(redact(str(exc))))}", file=sys.stderr)
         return 2
 
 

@@ -3,6 +3,7 @@
     print(f"meta key {shown(key)}: ...")           # one line, whatever the key holds
     html.escape(shown(answer, keep_newlines=True))   # a multi-line answer in the report
     for line in bounded(problems): print(line)       # the first LIST_LIMIT problems and a count of the rest
+    print(f"error: {shown(one_line(message))}")       # a refusal with its list of problems, one terminal line
 
 Battle text, feedback meta values, file names and bundle contents come from the public. Printed raw, an
 ESC sequence sets the terminal title or clears the screen, a newline forges an output line, and a
@@ -44,6 +45,17 @@ def shown(text: str, keep_newlines: bool = False, limit: int | None = None) -> s
     if limit is not None and len(text) > limit:
         out.append(f"... ({len(text) - limit} more characters)")
     return "".join(out)
+
+
+def one_line(text: str) -> str:
+    """A message of several lines (a heading ending in ':' and its indented list) as one line: its lines stripped
+    and joined by '; ', after a heading by a space. Split on newline only: any other separator is left to `shown`,
+    which escapes it."""
+    out = ""
+    for line in (part.strip() for part in text.split("\n")):
+        if line:
+            out += line if not out else (" " if out.endswith(":") else "; ") + line
+    return out
 
 
 def bounded(lines: list[str], limit: int = LIST_LIMIT) -> list[str]:

@@ -121,8 +121,10 @@ def run_cli(argvs: Sequence[Sequence[str]], cwd: Path = REPO) -> list[subprocess
 
 
 def assert_refused(returncode: int, stderr: str, *where: str) -> None:
-    """Bad input: exit 2, one message without a traceback, naming each of `where`."""
+    """Bad input: exit 2, one message on one line without a traceback, naming each of `where`."""
     assert returncode == 2, (returncode, stderr)
     assert "Traceback" not in stderr, stderr
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, f"expected one line on stderr, got {len(lines)}:\n{stderr}"
     for place in where:
         assert place in stderr, (place, stderr)
