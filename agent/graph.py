@@ -29,11 +29,13 @@ from langgraph.graph import END, START, StateGraph
 from pydantic import ValidationError
 
 from agent import gates, toolbox
+from agent.errors import SessionError
 from agent.live import Reporter
 from agent.planners import BadReply, Planner, ToolCall
 from agent.planners.playbook import Playbook
 from agent.state import AgentState, initial_state
 from agent.summary import Summary, summarize
+from core.display import shown
 from memory.notebook import tool_call_key
 from tools.context import ToolContext, ToolOutcome
 from tools.jobs.launcher import Launcher
@@ -285,12 +287,87 @@ def _regate(rt: Runtime, graph: Any, config: dict[str, Any], values: dict[str, A
     graph.update_state(config, observe(rt, values), as_node="plan")
 
 
-def drive(rt: Runtime, checkpointer: Any) -> AgentState:
-    """Run the session's thread to its end: continue from the last checkpoint if there is one,
-    else start from the notebook (a fresh state; everything else is re-read)."""
+# The node a checkpoint waiting on a node stands after, as far as its next node goes (nominate follows record when a
+# stop reason is set, as it is whenever the checkpoint's stop reason is derived again).
+_BEFORE = {"plan": "observe", "gate": "plan", "act": "gate", "record": "act", "nominate": "record"}
+
+
+def check_checkpoint(rt: Runtime, checkpointer: Any) -> None:
+    """The session's checkpoint against the notebook's chained decisions, before resume writes anything: graph.sqlite
+    lies outside the hash chain, so nothing read from it is trusted. The proposal must be its `plan` decision as
+    recorded (tool, args, planner, rationale); each line fed back to the planner must be a recorded refusal's reason;
+    the counters must be in range. A mismatch is refused, naming the file (the checkpoint holds nothing the notebook
+    lacks: without it, resume plans the step again from the notebook). The summary and a stop reason are not checked
+    but read afresh (`drive`)."""
     graph = build(rt, checkpointer)
-    config = {"configurable": {"thread_id": rt.ctx.session}, "recursion_limit": 100_000}
+    snapshot = graph.get_state(_config(rt))
+    if not snapshot.next:
+        return
+    nb, session, values = rt.ctx.nb, rt.ctx.session, snapshot.values
+    where = f"{rt.ctx.paths.graph_checkpoints}: the graph checkpoint of session {session}"
+    fix = "; remove the file and resume plans the step again from the notebook"
+    p = values.get("proposal")
+    if p is not None and set(snapshot.next) & {"gate", "act", "record"}:
+        plan_seq = p.get("plan_seq") if isinstance(p, dict) else None
+        d = {d.seq: d for d in nb.decisions(session, kind="plan")}.get(plan_seq) if type(plan_seq) is int else None
+        recorded = None
+        if d is not None:
+            payload = d.payload.model_dump(mode="json")
+            recorded = {"tool": payload.get("tool"), "args": payload.get("args"), "rationale": d.rationale,
+                        "planner": payload.get("planner"), "plan_seq": d.seq}
+        if recorded is None or recorded != p:
+            raise SessionError(f"{where} holds a proposal that is not the notebook's plan decision {plan_seq!r} as "
+                               f"recorded (the hash chain covers the decision, not the checkpoint){fix}")
+    reasons = set()
+    for d in nb.decisions(session, kind="refuse"):
+        reason = getattr(d.payload, "reason", None)
+        if isinstance(reason, str):
+            reasons |= {reason, f"refused by the gates: {reason}"}
+    feedback = values.get("feedback") or []
+    if not isinstance(feedback, list) or any(f not in reasons for f in feedback):
+        raise SessionError(f"{where} feeds the planner a line that is no refusal the notebook records{fix}")
+    top = max(MAX_BAD_REPLIES, MAX_REFUSALS_IN_ROW)
+    for key in ("bad_replies", "refusals_in_row"):
+        n = values.get(key, 0)
+        if type(n) is not int or not 0 <= n <= top:
+            raise SessionError(f"{where} holds {key} = {shown(repr(n))[:40]}; expected an integer from 0 to "
+                               f"{top}{fix}")
+
+
+# The node a checkpoint waiting on a node stands after, as far as its next node goes (nominate follows record when a
+# stop reason is set, as it is whenever `drive` derives one again).
+_BEFORE = {"plan": "observe", "gate": "plan", "act": "gate", "record": "act", "nominate": "record"}
+
+
+def _fresh(rt: Runtime, nxt: tuple[str, ...], values: dict[str, Any]) -> dict[str, Any]:
+    """What a resumed checkpoint's state reads again from the notebook: the summary where the planner or the gates
+    read it next, and a stop reason that is not the stop proposal's own (it is written into the session's end)."""
+    fresh: dict[str, Any] = {}
+    if set(nxt) & {"plan", "gate"}:
+        fresh["summary"] = observe(rt, values)["summary"]
+    stop, p = values.get("stop_reason"), values.get("proposal")
+    if stop is not None and "nominate" in nxt:
+        own = p["args"].get("reason") if p is not None and p.get("tool") == "stop" else None
+        if stop != own:
+            fresh["stop_reason"] = (summarize(rt.ctx.nb, rt.ctx.session).view.must_stop(rt.max_failed_arms)
+                                    or "loop ended")
+    return fresh
+
+
+def _config(rt: Runtime) -> dict[str, Any]:
+    return {"configurable": {"thread_id": rt.ctx.session}, "recursion_limit": 100_000}
+
+
+def drive(rt: Runtime, checkpointer: Any) -> AgentState:
+    """Run the session's thread to its end: continue from the last checkpoint if there is one (`check_checkpoint` has
+    checked it against the notebook), else start from the notebook (a fresh state; everything else is re-read)."""
+    graph, config = build(rt, checkpointer), _config(rt)
     snapshot = graph.get_state(config)
+    if snapshot.next:
+        fresh = _fresh(rt, snapshot.next, snapshot.values)
+        if fresh:  # the values only: the node the checkpoint stands after is unchanged, so is what runs next
+            graph.update_state(config, fresh, as_node=_BEFORE[snapshot.next[0]])
+            snapshot = graph.get_state(config)
     if "act" in snapshot.next:
         _regate(rt, graph, config, snapshot.values)
     # "sync": each step's checkpoint is written before the next step starts, so an agent killed while it acts

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 from agent.closing import open_session, require_verified
 from agent.config import LAB_FILE, LabConfig, base_license, load_lab_config
 from agent.errors import SessionError
-from agent.graph import Runtime, drive
+from agent.graph import Runtime, check_checkpoint, drive
 from agent.live import reporter
 from agent.planners import Planner, recipes
 from agent.planners.playbook import Playbook, PlaybookSettings
@@ -156,13 +157,19 @@ class RedactingSerializer(JsonPlusSerializer):
         return super().dumps_typed(redaction.redact_data(obj))
 
 
-def _drive_checkpointed(rt: Runtime) -> None:
-    # Its own file: the notebook stays the one source of truth, the checkpoint file is disposable.
+def _checkpointer(rt: Runtime, use: Callable[[Runtime, SqliteSaver], Any]) -> None:
+    # Its own file: the notebook stays the one source of truth, the checkpoint file is disposable. The state is plain
+    # JSON and ids, so the serializer reads back no other type (LangGraph's strict msgpack allow-list: a checkpoint
+    # naming a class is not rebuilt into one).
     conn = sqlite3.connect(str(rt.ctx.paths.graph_checkpoints), check_same_thread=False)
     try:
-        drive(rt, SqliteSaver(conn, serde=RedactingSerializer()))
+        use(rt, SqliteSaver(conn, serde=RedactingSerializer(allowed_msgpack_modules=None)))
     finally:
         conn.close()
+
+
+def _drive_checkpointed(rt: Runtime) -> None:
+    _checkpointer(rt, drive)
 
 
 def _check_checkpoints(path: Path) -> None:
@@ -326,6 +333,8 @@ def resume(lab_dir: Path, session: str, quiet: bool) -> int:
         settings = PlaybookSettings.recorded(saved["playbook"], session)
         section = config.executor.model_copy(update={"kind": s.executor})
         rt = _runtime(nb, session, lab_dir, config, section, settings, s.planner, quiet, chat_ref)
+        if paths.graph_checkpoints.exists():
+            _checkpointer(rt, check_checkpoint)  # nothing from graph.sqlite is trusted: checked before any write
         # Jobs the dead agent left pending or running are settled first (one whose process is gone is lost), so the
         # interrupted step is gated on what they spent, not on a reservation no process holds; its re-attach then
         # runs a lost job again, admitted against the budget.

@@ -46,6 +46,7 @@ WORLD_FILES = {"tests/test_decision_quality.py"}  # besides tests/world/: module
 # than the rest of the suite: the world itself is built once per run, by whichever worker asks first
 # (tools/world/testing.session_world).
 OWN_WORLD_FILES = {"tests/world/test_variants.py": "variants", "tests/hostile/test_crash_resume.py": "crash_resume",
+                   "tests/hostile/test_checkpoint_trust.py": "checkpoint_trust",
                    "tests/world/test_gpu_world.py": "gpu_world"}
 # Longest units first (longest processing time first): the workers then end on short units and finish
 # together. The three shared units lead; the files after them took 40-130 s each in a clean-clone run at
