@@ -7,8 +7,9 @@ link, so a re-walk names the first bad record. Eval rows (schema V5 on) are chai
 also holds the [id, digest] of each eval row its session wrote since its previous decision (the rows the
 decision records), and an eval row written after the first chained one must be in some decision's record. From schema
 V6 on, tool calls (once finished: their status and result are final), artifacts (their paths and hashes), noise
-floors, bars, comparisons and feedback splits are chained the same way, each under its own record key (COVERED); a
-decision that chains none of a kind has no such key, so every older chain verifies unchanged.
+floors, bars, comparisons and feedback splits are chained the same way, each under its own record key (COVERED); from
+V8 on, job attempts too (once settled: their state, cost and result are final; the budget ledger sums their GPU-hours).
+A decision that chains none of a kind has no such key, so every older chain verifies unchanged.
 (The construction is a plain hash chain, as in
 Haber & Stornetta, "How to time-stamp a digital document", 1991.)
 """
@@ -40,6 +41,13 @@ BARS_COLUMNS = ("id", "session", "spec", "sha256", "registered_at")
 COMPARISON_COLUMNS = ("id", "session", "candidate", "incumbent", "bars_id", "verdicts", "promoted", "adjustment",
                       "created_at")
 SPLIT_COLUMNS = ("id", "session", "source_path", "source_sha256", "config", "sha256", "counts", "assignment", "created_at")
+# A job attempt's columns: what the ledger sums (gpu_hours, forecast_gpuh; device_seconds and charge say how it was
+# settled), where it ran and its forecast (resources), its state and failure class, and its result (the artifacts and
+# metrics the tools record from it). All of the row but failure_detail, a line for a person that a refused requeue
+# extends after the attempt is settled (launcher `_refuse_requeue`); the `fail` decision's payload holds it, chained.
+JOB_COLUMNS = ("id", "key", "attempt", "session", "kind", "executor", "external_id", "folder", "resources",
+               "forecast_gpuh", "gpu_hours", "state", "failure_class", "log_path", "result", "submitted_at", "started_at",
+               "ended_at", "fn", "result_type", "device_seconds", "charge")
 
 
 @dataclass(frozen=True)
@@ -65,6 +73,7 @@ COVERED = (
     Covered("bars", "bars", BARS_COLUMNS, "chain_seq", "chain_sha256", None, 6),
     Covered("comparison", "comparisons", COMPARISON_COLUMNS, "chain_seq", "chain_sha256", None, 6),
     Covered("feedback_split", "splits", SPLIT_COLUMNS, "chain_seq", "chain_sha256", None, 6),
+    Covered("job", "jobs", JOB_COLUMNS, "chain_seq", "chain_sha256", "state IN ('completed', 'failed')", 8),
 )
 
 

@@ -28,7 +28,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from core.redact import redact, redact_data
 from core.util import canonical_json, sha256_text
-from memory.chain import COVERED, GENESIS, Covered, decision_hash, evals_text, row_digest
+from memory.chain import COVERED, GENESIS, JOB_COLUMNS, Covered, decision_hash, evals_text, row_digest
 from memory.place import Place
 from memory.records import (
     DECISION,
@@ -471,6 +471,12 @@ class Notebook:
             sql, params = sql + " AND kind = ?", [*params, kind]
         return self._records(DECISION, sql + " ORDER BY seq", params)
 
+    def recorded_hash(self, session: str, seq: int) -> str | None:
+        """The hash the notebook holds for decision `seq` of `session` (None when it has no such decision): a record
+        that names a decision by (seq, hash), as a bundle's training evidence does, is in the chain when they match."""
+        found = self.db.execute("SELECT hash FROM decision WHERE seq = ? AND session = ?", [seq, session]).fetchone()
+        return found[0] if found else None
+
     def verify(self, pending: bool = False) -> VerifyReport:
         """Re-walk the whole chain in storage order, then check every session row against its `open` and `stop`
         decisions; report the first record that does not fit. `pending` (resume, replay): the final rows of a session
@@ -544,7 +550,8 @@ class Notebook:
         loose = self.db.execute(f"SELECT id, session FROM {c.table} WHERE {c.seq_column} IS NULL AND id > ?{final}"
                                 f"{other} ORDER BY id LIMIT 1", [first]).fetchone()
         if loose:
-            what = "every finished tool call" if c.table == "tool_call" else f"every {c.table} row"
+            what = {"tool_call": "every finished tool call", "job": "every settled job attempt"}.get(
+                c.table, f"every {c.table} row")
             return (f"{c.table} {loose[0]} (session {loose[1]!r}): in no decision's hash; expected {what} to be "
                     "recorded by a decision (added outside the notebook, or written after the session's last decision: "
                     "resume the session to record it)")
@@ -656,6 +663,10 @@ class Notebook:
             raise NotebookError(f"update_job: failure_class {fields['failure_class']!r} is not one of "
                                 f"{get_args(FailureClass)}")
         with self.transaction():
+            chained = self.db.execute("SELECT chain_seq FROM job WHERE key = ? AND attempt = ?", [key, attempt]).fetchone()
+            if chained and chained[0] is not None and set(fields) & set(JOB_COLUMNS):  # a change would fail verify
+                raise NotebookError(f"job {key[:12]} attempt {attempt}: settled and recorded by decision seq "
+                                    f"{chained[0]}; only its failure_detail may change")
             self._update("job", "key = ? AND attempt = ?", [key, attempt], fields)
         return self.get_job(key, attempt)
 

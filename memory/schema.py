@@ -215,7 +215,16 @@ CREATE INDEX feedback_split_chain ON feedback_split(chain_seq);
 """
 
 # V7 (memory/views.py): the lineage view reads the `incumbent` decision kind.
-MIGRATIONS: list[str] = [V1, V2, V3, V4, V5, V6, V7]
+
+# Job attempts are chained too (memory/chain.py JOB_COLUMNS), once settled (completed or failed): the ledger sums their
+# GPU-hours, so a settled cost edited with sqlite3 (budget freed) fails verify, and resume and replay refuse it.
+V8 = """
+ALTER TABLE job ADD COLUMN chain_seq INTEGER;  -- the decision whose hash covers this row; NULL until settled, or before V8
+ALTER TABLE job ADD COLUMN chain_sha256 TEXT;  -- memory.chain.row_digest of the row when it was chained
+CREATE INDEX job_chain ON job(chain_seq);
+"""
+
+MIGRATIONS: list[str] = [V1, V2, V3, V4, V5, V6, V7, V8]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 SQLITE_MAGIC = b"SQLite format 3\x00"

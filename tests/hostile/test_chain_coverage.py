@@ -1,6 +1,6 @@
 """What a decision or a resume relies on is in the hash chain (issue 44, item 4): a tool call's outcome (the summary
 the planner reads), an artifact's path and sha256 (what resume trains from), eval rows, noise floors, bars, comparisons,
-feedback splits and a session's status.
+feedback splits, settled job attempts (the GPU-hours the ledger sums) and a session's status.
 
 A copy of the finished session's lab (tests/conftest.py `finished`) is edited with sqlite3 the way a hostile reader of
 the file would; `verify`, `resume` and `replay` run through the command line's own entry (run_agent.main, in this
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 import run_agent
-from memory.notebook import Notebook
+from memory.notebook import Notebook, NotebookError
 
 sys.path.insert(0, str(Path(__file__).parent))
 from hostile_kit import assert_refused  # noqa: E402
@@ -82,9 +82,11 @@ def test_the_finished_session_chains_every_finished_tool_call_and_artifact(lab: 
     with Notebook.open(lab / "notebook.db", readonly=True) as nb:
         calls = nb.db.execute("SELECT COUNT(*), COUNT(chain_seq) FROM tool_call WHERE status != 'open'").fetchone()
         artifacts = nb.db.execute("SELECT COUNT(*), COUNT(chain_seq) FROM artifact").fetchone()
+        jobs = nb.db.execute("SELECT COUNT(*), COUNT(chain_seq) FROM job WHERE state IN ('completed', 'failed')").fetchone()
         assert nb.session("s1").status == "done"
     assert calls[0] > 5 and calls[0] == calls[1]
     assert artifacts[0] > 3 and artifacts[0] == artifacts[1]
+    assert jobs[0] > 3 and jobs[0] == jobs[1]
 
 
 def test_a_tool_call_summary_edited_with_sqlite3_fails_verify_and_is_refused_by_resume_and_replay(lab: Path, capsys):
@@ -143,6 +145,28 @@ def test_the_rows_judgments_read_back_are_chained_too(lab: Path, capsys, table: 
     _verify_fails(capsys, lab, f"{table} {row_id}: its row does not match the hash decision seq")
 
 
+def _spent(lab: Path) -> float:
+    with Notebook.open(lab / "notebook.db", readonly=True) as nb:
+        return nb.ledger("s1").spent_gpuh
+
+
+@pytest.mark.parametrize("edit", [
+    "gpu_hours = 0",  # the settled cost zeroed: the ledger frees what the job spent
+    "state = 'failed', failure_class = 'oom'",  # a completed job made a failed one (its checkpoint no longer made)
+])
+def test_a_settled_job_edited_with_sqlite3_fails_verify_and_is_refused_by_resume_and_replay(lab: Path, capsys,
+                                                                                             edit: str):
+    job_id, = _one(lab, "SELECT id FROM job WHERE state = 'completed' AND gpu_hours > 0 ORDER BY gpu_hours DESC LIMIT 1")
+    spent = _spent(lab)
+    # and the session set back to open, so that resume would go on with the freed budget
+    _sql(lab, (f"UPDATE job SET {edit} WHERE id = ?", [job_id]),
+         ("UPDATE session SET status = 'open', ended_at = NULL WHERE name = 's1'", []))
+    if edit.startswith("gpu_hours"):
+        assert _spent(lab) < spent  # what such an edit is for
+    _verify_fails(capsys, lab, f"job {job_id}: its row does not match the hash decision seq")
+    _refused(capsys, lab, f"job {job_id}")
+
+
 def test_a_forged_lab_level_split_is_never_pending_and_a_new_session_refuses_the_notebook(lab: Path, capsys):
     # A split of no session would be chained by the next decision of any session: a new run must not launder it.
     _sql(lab, ("INSERT INTO feedback_split (session, source_path, source_sha256, config, sha256, counts, assignment, "
@@ -169,3 +193,25 @@ def test_a_noise_floor_with_an_infinite_t_is_chained_and_an_edit_of_it_named(tmp
         nb.db.execute("UPDATE noise_floor SET max_abs_t = 0.5 WHERE id = ?", [floor.id])
         report = nb.verify()
     assert not report.ok and f"noise_floor {floor.id}: its row does not match" in report.problem
+
+
+def test_a_job_is_chained_once_settled_and_the_notebook_refuses_to_rewrite_it(tmp_path: Path):
+    # A reserved attempt is not final (it is settled later); a settled one joins the next decision, and after that
+    # only its failure_detail (a refused requeue extends it) may change through the notebook.
+    with Notebook.open(tmp_path / "notebook.db") as nb:
+        nb.open_session("s1", lab=str(tmp_path), budget_gpuh=1, reserve_gpuh=0.1, planner="playbook",
+                        executor="local", config={})
+        nb.start_job("k1", session="s1", kind="sft", executor="local", resources={"gpus": 1}, forecast_gpuh=0.5)
+        nb.record_decision("s1", "plan", "while it runs", {})
+        job = nb.get_job("k1")
+        assert nb.db.execute("SELECT chain_seq FROM job WHERE id = ?", [job.id]).fetchone() == (None,)
+        nb.update_job("k1", 1, state="failed", failure_class="oom", failure_detail="oom", gpu_hours=0.25)
+        decision = nb.record_decision("s1", "plan", "after it", {})
+        assert nb.db.execute("SELECT chain_seq FROM job WHERE id = ?", [job.id]).fetchone() == (decision.seq,)
+        nb.update_job("k1", 1, failure_detail="oom; requeue refused")
+        with pytest.raises(NotebookError, match=f"recorded by decision seq {decision.seq}"):
+            nb.update_job("k1", 1, gpu_hours=0.0)
+        assert nb.verify().ok and nb.ledger("s1").spent_gpuh == 0.25
+        nb.db.execute("UPDATE job SET gpu_hours = 0 WHERE id = ?", [job.id])
+        report = nb.verify()
+    assert not report.ok and f"job {job.id}: its row does not match the hash decision seq {decision.seq}" in report.problem

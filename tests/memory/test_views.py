@@ -111,9 +111,9 @@ def test_the_views_are_read_only(nb: Notebook):
 
 
 def _unchain_evals(conn: sqlite3.Connection) -> None:
-    """The chain as a release before V5 wrote it: no eval, tool-call or artifact chain columns, every decision hashed
+    """The chain as a release before V5 wrote it: no eval, tool-call, artifact or job chain columns, every decision hashed
     without them."""
-    for table in ("tool_call", "artifact", "noise_floor", "bars", "comparison", "feedback_split"):
+    for table in ("tool_call", "artifact", "noise_floor", "bars", "comparison", "feedback_split", "job"):
         conn.execute(f"DROP INDEX {table}_chain")
         conn.execute(f"ALTER TABLE {table} DROP COLUMN chain_seq")
         conn.execute(f"ALTER TABLE {table} DROP COLUMN chain_sha256")

@@ -855,3 +855,27 @@ def test_stop_probes_are_five_items_in_hash_order_from_unsealed_suites_passing_o
         assert stop_probes(nb, stop_evals(nb, "s", art.id, "other decoding")) == []
     by_hash = sorted((r["id"] for r in rows if r["id"] != "s/3"), key=lambda i: hashlib.sha256(i.encode()).hexdigest())
     assert probes == [next(r["messages"] for r in rows if r["id"] == i) for i in by_hash[:5]]
+
+
+def test_publish_finds_the_evidences_last_decision_in_the_chain_through_the_notebook(tmp_path):
+    # publish and check-bundle ask the notebook the same question (Notebook.recorded_hash), each in its own words.
+    from tools.nomination.bundle import DecisionRef
+    from tools.nomination.publish import _chain_problems
+
+    with Notebook.open(tmp_path / "notebook.db") as nb:
+        opened = nb.open_session("s", lab=str(tmp_path), budget_gpuh=1.0, reserve_gpuh=0.0, planner="playbook",
+                                 executor="local", config={})
+        head = nb.decisions(opened.name)[-1]
+        problems = {}
+        for name, ref in (("kept", (head.seq, head.hash)), ("edited", (head.seq, "f" * 64)), ("gone", (99, head.hash))):
+            evidence = TrainingEvidence(session="s", notebook="notebook.db", nominee=1, nominee_sha256="0" * 64,
+                                        lineage=[], datasets=[], bars=[], comparisons=[],
+                                        last_decision=DecisionRef(seq=ref[0], hash=ref[1]))
+            (tmp_path / name).mkdir()
+            (tmp_path / name / "training_evidence.json").write_text(evidence.model_dump_json())
+            problems[name] = _chain_problems(nb, tmp_path / name, "s")
+        assert nb.recorded_hash("s", head.seq) == head.hash and nb.recorded_hash("other", head.seq) is None
+    assert problems["kept"] == []
+    assert problems["edited"] == [f"decision_hash: decision {head.seq} of session s is not in the notebook's chain "
+                                  f"with hash {'f' * 64}; expected the evidence's last decision in the chain"]
+    assert problems["gone"][0].startswith("decision_hash: decision 99 of session s is not in the notebook's chain")

@@ -579,12 +579,12 @@ def check_decision_hash(b: _Bundle, notebook_path: Path) -> list[str]:
     evidence = TrainingEvidence.model_validate_json(_read(b.path / "training_evidence.json", loading.CONFIG_FILE_LIMIT))
     want = evidence.last_decision
     with Notebook.open(notebook_path, readonly=True) as nb:
-        found = [d for d in nb.decisions(evidence.session) if d.seq == want.seq]
-    if not found:
+        found = nb.recorded_hash(evidence.session, want.seq)
+    if found is None:
         return [f"decision {want.seq} of session {evidence.session} is not in {notebook_path}; expected the "
                 "evidence's last decision in the notebook's chain"]
-    if found[0].hash != want.hash:
-        return [f"decision {want.seq} in {notebook_path} has hash {found[0].hash}; the evidence records {want.hash}"]
+    if found != want.hash:
+        return [f"decision {want.seq} in {notebook_path} has hash {found}; the evidence records {want.hash}"]
     return []
 
 

@@ -75,7 +75,7 @@ def _nominee_problems(nb: Notebook, path: Path, nominee: int) -> list[str]:
 def _chain_problems(nb: Notebook, path: Path, session: str) -> list[str]:
     """The evidence's last decision is in the notebook's chain with the hash it records."""
     last = TrainingEvidence.model_validate_json((path / "training_evidence.json").read_text(encoding="utf-8")).last_decision
-    if [d.hash for d in nb.decisions(session) if d.seq == last.seq] != [last.hash]:
+    if nb.recorded_hash(session, last.seq) != last.hash:
         return [f"decision_hash: decision {last.seq} of session {session} is not in the notebook's chain with hash "
                 f"{last.hash}; expected the evidence's last decision in the chain"]
     return []
