@@ -424,7 +424,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.handler(args)
     except _bad_input_errors() as exc:
-        from core.display import one_line, shown  # a message names paths and files a user chose: escaped, never raw
+        from core.display import one_line, shown  # a message names paths a user chose: escaped, never raw
 
         # One line: a refusal listing several problems (require_inputs, a feedback file's bad lines) joins them.
         print(f"error: {shown(one_line(redact(str(exc))))}", file=sys.stderr)

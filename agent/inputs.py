@@ -128,14 +128,16 @@ def _context(cfg: LabConfig) -> tuple[int, Path, Path] | None:
     return context, model / "config.json", tokenizer
 
 
-def prompt_tokens(cfg: LabConfig) -> list[int]:
-    """Tokens of each feedback battle's prompt, counted as length_problems counts them; [] when the model states no
-    context."""
+def battle_tokens(cfg: LabConfig) -> list[tuple[int, int]]:
+    """(prompt, answer) tokens of each feedback battle, counted as length_problems counts a prompt; the answer is the
+    longer of own and other with its turn's template tokens (DPO trains both, SFT the preferred one). [] when the
+    model states no context."""
     found = _context(cfg)
     if found is None:
         return []
     count = _counter(found[2], found[0])
-    return [count([m.content for m in b.messages]) for b in load_feedback(cfg.feedback.file).battles]
+    return [(count([m.content for m in b.messages]), max(count([b.own]), count([b.other])))
+            for b in load_feedback(cfg.feedback.file).battles]
 
 
 def _counter(tokenizer_file: Path, context: int) -> Callable[[list[str]], int]:
@@ -184,7 +186,7 @@ def runtime_problems(cfg: LabConfig, env: Mapping[str, str], planner: str, execu
         problems += slurm_problems(cfg.executor.model_copy(update={"kind": "slurm"}))
     if executor == "local":
         problems += local_problems(cfg.executor, local_gpus(env), host_memory_gb())
-    return problems + train_problems(cfg, env, executor, prompt_tokens(cfg))  # [train] against the parent, the data
+    return problems + train_problems(cfg, env, executor, battle_tokens(cfg))  # [train] against the parent, the data
 
 
 def _tokenizer_problems(tokenizer_dir: Path) -> list[str]:

@@ -8,7 +8,10 @@ refused with exit 2 before anything is written or spent, never found by the firs
 - LoRA targets the user wrote are matched against the parent's module and parameter names on the meta device
   (trainers/targets.py; no weights, no peft): no match, or a match peft cannot adapt (an embedding, a norm), is
   refused, listing what would match;
-- a max_len at or below every prompt of the lab's feedback leaves no answer token in any training row;
+- a max_len that leaves no room for the answers of the lab's feedback: under the longest prompt plus ANSWER_ROOM
+  tokens (that battle's row would keep almost no answer; at or under the prompt none, and the trainer refuses a job
+  holding such a row: trainers/batch.py check_supervised), or under the length at which half of the battles' rows
+  (the prompt and the longer answer) fit whole (most answers cut before their end of turn, the stop the model learns);
 - a micro-batch larger than the lab's data (its feedback battles and [[data]] rows);
 - a micro-batch or length whose memory estimate (trainers/memory.py, from shapes) exceeds one GPU: lab.toml's
   [executor] gpu_memory_gib, else the GPU this host shows (local executor); on a host without a GPU, where local
@@ -16,7 +19,7 @@ refused with exit 2 before anything is written or spent, never found by the firs
 
 Values derived by the rules are not checked here: the launcher sizes them against the GPUs at admission.
 
-    problems = train_problems(cfg, os.environ, "local", prompt_tokens(cfg))     # [] when [train] can train
+    problems = train_problems(cfg, os.environ, "local", battle_tokens(cfg))     # [] when [train] can train
 """
 
 from __future__ import annotations
@@ -32,18 +35,21 @@ from tools.jobs.executor import host_memory_gb, local_gpus
 from trainers.recipe import FAMILIES, FamilyRecipe, TrainRecipe, rule_max_len
 
 GIB = 1024**3
+# Answer tokens a written max_len must leave after the lab's longest prompt. The prompt counts are the length check's
+# (contents plus a guess of the template's tokens per message, no system prompt): a margin, not an exact fit.
+ANSWER_ROOM = 16
 
 
-def train_problems(cfg: LabConfig, env: Mapping[str, str], executor: str, prompts: list[int]) -> list[str]:
-    """Every [train] value the parent or the data cannot take, each naming its key; [] when all can. `prompts`: the
-    tokens of each feedback battle's prompt (agent/inputs.py prompt_tokens; [] when they cannot be counted)."""
+def train_problems(cfg: LabConfig, env: Mapping[str, str], executor: str, battles: list[tuple[int, int]]) -> list[str]:
+    """Every [train] value the parent or the data cannot take, each naming its key; [] when all can. `battles`: the
+    (prompt, answer) tokens of each feedback battle (agent/inputs.py battle_tokens; [] when they cannot be counted)."""
     recipe = cfg.train_recipe()
     model = cfg.model.parent or cfg.model.base
     problems = _target_problems(cfg, recipe, model)
     rows = len(load_feedback(cfg.feedback.file).battles) + _data_rows(cfg)
     for family in FAMILIES:
         settings = recipe.families[family]
-        for key, problem in _length_and_batch(settings, prompts, rows):
+        for key, problem in _length_and_batch(settings, battles, rows):
             problems.append(f"{_where(settings, key)}: {problem}")
     if not problems:  # the estimate needs targets that match
         problems += _memory_problems(cfg, recipe, model, env, executor)
@@ -81,13 +87,13 @@ def _data_rows(cfg: LabConfig) -> int:
     return rows
 
 
-def _length_and_batch(settings: FamilyRecipe, prompts: list[int], rows: int) -> list[tuple[str, str]]:
+def _length_and_batch(settings: FamilyRecipe, battles: list[tuple[int, int]], rows: int) -> list[tuple[str, str]]:
     out = []
     written = {k for k, v in settings.source.items() if v != "rule"}
-    shortest = min(prompts, default=0)
-    if "max_len" in written and settings.max_len is not None and shortest and settings.max_len <= shortest:
-        out.append(("max_len", f"{settings.max_len} tokens leaves no room for an answer: every prompt of the lab's "
-                               f"feedback is at least {shortest} tokens; expected more than {shortest}"))
+    if "max_len" in written and settings.max_len is not None and battles:
+        problem = _length_problem(settings.max_len, battles)
+        if problem is not None:
+            out.append(("max_len", problem))
     if "micro_batch" in written and rows:
         limit = rows if settings.batch_unit == "sequences" else rows * (settings.max_len or settings.context)
         if settings.micro_batch > limit:
@@ -95,6 +101,24 @@ def _length_and_batch(settings: FamilyRecipe, prompts: list[int], rows: int) -> 
                                        f"the lab's data holds ({rows} rows: feedback battles and [[data]] rows); "
                                        f"expected at most {limit}"))
     return out
+
+
+def _length_problem(max_len: int, battles: list[tuple[int, int]]) -> str | None:
+    """Why a written max_len leaves no room for the answers of the lab's feedback (module docstring); None when it
+    does."""
+    longest = max(prompt for prompt, _ in battles)
+    if max_len < longest + ANSWER_ROOM:
+        return (f"{max_len} tokens leaves no room for an answer: the longest prompt of the lab's feedback is {longest} "
+                f"tokens; expected at least {longest + ANSWER_ROOM}, that prompt and {ANSWER_ROOM} answer tokens (a row "
+                "cut within its prompt trains no answer, and the trainer refuses its job)")
+    whole = sorted(prompt + answer for prompt, answer in battles)
+    half = whole[(len(whole) - 1) // 2]  # the shortest max_len at which half of the rows fit whole
+    if max_len < half:
+        cut = sum(n > max_len for n in whole)
+        return (f"{max_len} tokens cuts the answer of {cut} of the lab's {len(whole)} feedback battles (the prompt and "
+                f"the longer answer) before its end; expected at least {half}, the length at which half of them fit "
+                "whole (or leave max_len out: the rule fits 99% of a dataset's rows)")
+    return None
 
 
 def _memory_problems(cfg: LabConfig, recipe: TrainRecipe, model: Path, env: Mapping[str, str],
@@ -109,7 +133,7 @@ def _memory_problems(cfg: LabConfig, recipe: TrainRecipe, model: Path, env: Mapp
         limits.append((gpu_gib, False, "one GPU"))
     if executor == "local" and not gpus:
         limits.append((host_memory_gb(), True, "this host's memory (no GPU: local jobs train on the CPU)"))
-    problems = []
+    over: dict[tuple, list[str]] = {}  # families over a limit by what they share: a value inherited is named once
     for family in FAMILIES:
         settings = recipe.families[family]
         written = [k for k in ("micro_batch", "max_len") if settings.source.get(k, "rule") != "rule"]
@@ -117,11 +141,11 @@ def _memory_problems(cfg: LabConfig, recipe: TrainRecipe, model: Path, env: Mapp
             need = _estimate_gib(settings, model, world=_train_world(cfg, gpus), on_cpu=on_cpu)
             if need > limit_gib:
                 where = " and ".join(_where(settings, k) for k in written)
-                problems.append(f"{where}: a {family} step at micro_batch {settings.micro_batch} x "
-                                f"{_seq_len(settings)} tokens is estimated at {need:.1f} GiB, more than {device} has "
-                                f"({limit_gib:.1f} GiB); expected a smaller micro_batch or max_len, or LoRA "
-                                "(trainers/memory.py)")
-    return problems
+                key = (where, settings.micro_batch, _seq_len(settings), device, limit_gib)
+                over.setdefault(key, []).append(f"{need:.1f} GiB ({family})")
+    return [f"{where}: a step at micro_batch {micro} x {seq} tokens is estimated at {', '.join(needs)}, more than "
+            f"{device} has ({limit_gib:.1f} GiB); expected a smaller micro_batch or max_len, or LoRA (trainers/memory.py)"
+            for (where, micro, seq, device, limit_gib), needs in over.items()]
 
 
 def _seq_len(settings: FamilyRecipe) -> int:

@@ -6,6 +6,7 @@ session's other inputs. No session runs: the checks are called as `run` calls th
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -18,7 +19,7 @@ from agent.inputs import require_inputs
 from core import tiny
 
 sys.path.insert(0, str(Path(__file__).parent))
-from hostile_kit import LAB_TOML, REPO, assert_refused, files, make_lab, run_cli  # noqa: E402
+from hostile_kit import BATTLE, LAB_TOML, REPO, assert_refused, files, make_lab, run_cli, write_jsonl  # noqa: E402
 
 LOCAL = LAB_TOML.replace('kind = "slurm"', 'kind = "local"')
 
@@ -89,8 +90,8 @@ def test_a_value_lab_toml_alone_refuses_is_named_at_load(lab: Path, train: str, 
      "suffix of a 3-D weight's name: none (this model has no 3-D weights)"),
     ('[train]\nmethod = "lora"\n[train.lora]\ntarget_parameters = ["input_layernorm.weight"]\n',
      "'input_layernorm.weight' matches 2 parameter(s) that are no weight matrix"),
-    ("[train]\nmax_len = 9\n", "train.max_len: 9 tokens leaves no room for an answer: every prompt of the lab's "
-                               "feedback is at least"),
+    ("[train]\nmax_len = 9\n", "train.max_len: 9 tokens leaves no room for an answer: the longest prompt of the lab's "
+                               "feedback is 11 tokens; expected at least 27"),
     ("[train.sft]\nbatch = 1073741824\nmicro_batch = 1073741824\n", "train.sft.micro_batch: 1073741824 sequences per forward pass is more "
                                                 "than the lab's data holds (11 rows"),
 ])
@@ -112,8 +113,68 @@ def test_a_micro_batch_past_one_gpu_is_refused_by_the_estimate(lab: Path, gib: f
         return
     with pytest.raises(LabConfigError) as err:
         require_inputs(cfg, lab / "lab.toml", {"CUDA_VISIBLE_DEVICES": ""}, "playbook", "local")
-    assert ("train.micro_batch and train.max_len: a sft step at micro_batch 2 x 512 tokens is estimated at 2.0 GiB, "
-            "more than one GPU has (1.5 GiB)") in str(err.value), err.value
+    assert ("train.micro_batch and train.max_len: a step at micro_batch 2 x 512 tokens is estimated at 2.0 GiB (sft), "
+            "2.0 GiB (dpo), 2.0 GiB (klce), 2.0 GiB (rft), more than one GPU has (1.5 GiB)") in str(err.value), err.value
+
+
+def _battles(prompts: list[int], answers: list[int]) -> list[dict]:
+    """Battles whose prompt and answers are that many words (a word is a token of the tiny tokenizer)."""
+    votes = ["own", "other", "tie", "both_bad"]
+    return [BATTLE | {"id": f"b{i}", "messages": [{"role": "user", "content": f"q{i} " + "word " * p}],
+                      "own": "yes " * a, "other": "no " * a, "vote": votes[i % 4]}
+            for i, (p, a) in enumerate(zip(prompts, answers, strict=True))]
+
+
+@pytest.mark.parametrize(("prompts", "answers", "max_len", "expected"), [
+    # Above every prompt but the longest: that battle's row would be cut within its prompt (the trainer refuses the
+    # job), so the longest prompt and ANSWER_ROOM tokens are asked for.
+    ([5] * 9 + [200], [3] * 10, 128, "train.max_len: 128 tokens leaves no room for an answer: the longest prompt of "
+                                     "the lab's feedback is 211 tokens; expected at least 227, that prompt and 16 "
+                                     "answer tokens"),
+    # Room after every prompt, but most answers cut before their end.
+    ([5] * 10, [300] * 7 + [3] * 3, 64, "train.max_len: 64 tokens cuts the answer of 7 of the lab's 10 feedback battles "
+                                        "(the prompt and the longer answer) before its end; expected at least 326, the "
+                                        "length at which half of them fit whole"),
+])
+def test_a_max_len_without_room_for_the_lab_s_answers_is_refused(lab: Path, prompts, answers, max_len: int,
+                                                                 expected: str):
+    write_jsonl(lab / "feedback.jsonl", _battles(prompts, answers))
+    message = _inputs_refused(lab, f"[train]\nmax_len = {max_len}\n")
+    assert expected in message, message
+    assert message.count("train.max_len") == 1, message  # inherited by four families, named once
+
+
+def test_a_max_len_that_fits_half_the_rows_whole_passes(lab: Path):
+    write_jsonl(lab / "feedback.jsonl", _battles([5] * 10, [300] * 5 + [3] * 5))
+    (lab / "lab.toml").write_text(LOCAL + "[train]\nmax_len = 64\n")
+    require_inputs(load_lab_config(lab), lab / "lab.toml", {"CUDA_VISIBLE_DEVICES": ""}, "playbook", "local")
+
+
+def test_a_micro_batch_past_this_host_s_memory_is_refused_at_the_cli(lab: Path, monkeypatch: pytest.MonkeyPatch):
+    """On a host without a GPU (CUDA_VISIBLE_DEVICES empty), local jobs train on the CPU: the estimate is held against
+    this host's memory. The parent states a context of 2**22 tokens, so a written micro_batch of that many rows
+    (each at least 17 GiB of activations by the estimate: 34 bytes x hidden 64 x 2 layers a token) passes it; the
+    lab gets as many [[data]] rows, so the micro_batch is no larger than its data."""
+    from core.tiny import HIDDEN
+    from tools.jobs.executor import host_memory_gb
+
+    context = 1 << 22
+    for d in ("models/base", "models/parent"):
+        config = json.loads((lab / d / "config.json").read_text())
+        (lab / d / "config.json").write_text(json.dumps(config | {"max_position_embeddings": context}))
+    micro = int(host_memory_gb() * 1024**3 // (34 * HIDDEN * 2 * context)) + 2
+    write_jsonl(lab / "data/replay.jsonl", [{"messages": [{"role": "user", "content": f"hi {i}"},
+                                                          {"role": "assistant", "content": "hello"}]}
+                                            for i in range(micro)])
+    (lab / "lab.toml").write_text(LOCAL + f"[train]\nbatch = {micro}\nmicro_batch = {micro}\nmax_len = {context}\n")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    before = files(lab)
+    [done] = run_cli([["--budget", "1gpuh", "--lab", str(lab), "--planner", "playbook"]])
+    assert_refused(done.returncode, done.stderr, str(lab / "lab.toml"), "no session was opened",
+                   f"train.micro_batch and train.max_len: a step at micro_batch {micro} x {context} tokens is estimated "
+                   "at ", "more than this host's memory (no GPU: local jobs train on the CPU) has")
+    assert done.stderr.count("train.micro_batch") == 1, done.stderr  # inherited by four families, named once
+    assert files(lab) == before and not (lab / "notebook.db").exists()
 
 
 def test_the_estimate_builds_no_adapter_in_the_agent_process(parent: Path):
