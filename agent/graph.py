@@ -37,6 +37,7 @@ from agent.state import AgentState, initial_state
 from agent.summary import Summary, summarize
 from core.display import shown
 from memory.notebook import tool_call_key
+from memory.state import fold
 from tools.context import ToolContext, ToolOutcome
 from tools.jobs.launcher import Launcher
 from tools.session import own_reservation
@@ -319,7 +320,7 @@ def check_checkpoint(rt: Runtime, checkpointer: Any) -> None:
             raise SessionError(f"{where} holds a proposal that is not the notebook's plan decision {plan_seq!r} as "
                                f"recorded (the hash chain covers the decision, not the checkpoint){fix}")
     reasons = set()
-    for d in nb.decisions(session, kind="refuse"):
+    for d in fold(nb, session).refusals:
         reason = getattr(d.payload, "reason", None)
         if isinstance(reason, str):
             reasons |= {reason, f"refused by the gates: {reason}"}

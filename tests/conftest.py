@@ -155,7 +155,7 @@ def _own_zygotes(tmp_path_factory: pytest.TempPathFactory, _one_thread_per_proce
 class Finished:
     lab: Path
     session: str
-    kills: list[str]
+    kills: dict[str, str]  # job kind -> the key of the job in flight when the agent alone was killed
     logs: list[str]
 
 
@@ -166,42 +166,56 @@ def agent(log: Path, *args: str) -> subprocess.Popen:
                                 stderr=subprocess.STDOUT)
 
 
-def _job_started(lab: Path, kind: str) -> bool:
+def _job_in_flight(lab: Path, kind: str) -> str | None:
+    """The key of a job of `kind` pending or running now."""
     try:
         with Notebook.open(lab / "notebook.db", readonly=True) as nb:
-            return any(j.kind == kind and j.state in ("pending", "running") for j in nb.jobs(session=SESSION))
+            live = [j.key for j in nb.jobs(session=SESSION) if j.kind == kind and j.state in ("pending", "running")]
     except NotebookError:  # not there yet, or still being created by the agent
-        return False
+        return None
+    return live[0] if live else None
 
 
-def kill_when(proc: subprocess.Popen, log: Path, lab: Path, kind: str) -> str:
-    """SIGKILL the agent (only the agent: its jobs live on) once a job of `kind` is in flight."""
+def kill_when(proc: subprocess.Popen, log: Path, lab: Path, kind: str) -> tuple[str, str]:
+    """SIGKILL the agent (only the agent: its jobs live on) once a job of `kind` is in flight; its log and the key
+    of the job it left running."""
     deadline = time.monotonic() + DEADLINE_S
-    while not _job_started(lab, kind):
+    while (key := _job_in_flight(lab, kind)) is None:
         if proc.poll() is not None:
             raise AssertionError(f"agent ended before a {kind} job started:\n{log.read_text()}")
         if time.monotonic() > deadline:
             proc.kill()
             raise AssertionError(f"no {kind} job after {DEADLINE_S} s")
-        time.sleep(0.5)
+        time.sleep(0.05)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(timeout=60)
-    return log.read_text()
+    return log.read_text(), key
+
+
+# Where `finished` kills the agent alone, in the order its session reaches them: calibration's eval job, the first
+# training arm, the nomination's bundle job (this lab's calibration has no reference job: the alone-kill there is
+# tests/hostile/test_checkpoint_trust.py's; tests/hostile/test_crash_resume.py kills the whole group at all four).
+AGENT_KILLS = ("eval", "sft", "bundle")
 
 
 @pytest.fixture(scope="session")
 def finished(tmp_path_factory: pytest.TempPathFactory) -> Finished:
+    """One session on the tiny lab, its agent SIGKILLed alone at each of AGENT_KILLS and resumed each time (the jobs it
+    left run on and are attached again); before the resume after the training kill graph.sqlite is removed, so that
+    resume rebuilds the step from the notebook alone."""
     root = tmp_path_factory.mktemp("agent")
-    lab, logs = make_lab(root / "lab"), []
-    first = root / "run.log"
-    logs.append(kill_when(agent(first, "--budget", BUDGET, "--lab", str(lab), "--session", SESSION, "--protocol",
-                                "test", "--quiet"), first, lab, "eval"))
-    second = root / "resume1.log"
-    logs.append(kill_when(agent(second, "resume", SESSION, "--lab", str(lab), "--quiet"), second, lab, "sft"))
-    (lab / "graph.sqlite").unlink()
-    third = root / "resume2.log"
-    last = agent(third, "resume", SESSION, "--lab", str(lab), "--quiet")
+    lab, logs, killed = make_lab(root / "lab"), [], {}
+    argv = ["--budget", BUDGET, "--lab", str(lab), "--session", SESSION, "--protocol", "test", "--quiet"]
+    for n, kind in enumerate(AGENT_KILLS):
+        log = root / f"run{n}.log"
+        logs_n, killed[kind] = kill_when(agent(log, *argv), log, lab, kind)
+        logs.append(logs_n)
+        argv = ["resume", SESSION, "--lab", str(lab), "--quiet"]
+        if kind == "sft":
+            (lab / "graph.sqlite").unlink()
+    last_log = root / "last.log"
+    last = agent(last_log, *argv)
     last.wait(timeout=DEADLINE_S)
-    logs.append(third.read_text())
+    logs.append(last_log.read_text())
     assert last.returncode == 0, logs[-1]
-    return Finished(lab=lab, session=SESSION, kills=["eval", "sft"], logs=logs)
+    return Finished(lab=lab, session=SESSION, kills=killed, logs=logs)

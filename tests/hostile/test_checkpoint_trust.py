@@ -1,8 +1,9 @@
 """graph.sqlite lies outside the hash chain (issue 44, item 4): on resume nothing read from the checkpoint is trusted.
-A session is killed while its first gated step acts (calibration's reference job); its checkpoint is then edited as
-an attacker with write access to the lab would (the proposal's arguments, a line fed back to the planner, a counter).
-Each edit is refused by resume, naming the file, with nothing written; the unedited checkpoint resumes (the crash
-tests, tests/hostile/test_crash_resume.py, take such a resume to its nomination)."""
+A session's agent alone is SIGKILLed while its first gated step acts (calibration's reference job, which runs on to
+its end without it); the checkpoint is then edited as an attacker with write access to the lab would (the proposal's
+arguments or rationale, a line fed back to the planner, a counter). Each edit is refused by resume, naming the file,
+with nothing written. The unedited lab resumes to its nomination with the reference job attached, not run again
+(issue 44, item 2: the agent alone killed at the reference job; tests/hostile/test_crash_resume.py kills its group)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -29,36 +31,55 @@ REPO = Path(__file__).resolve().parents[2]
 CONFIG = {"configurable": {"thread_id": "s1"}}
 
 
-def _running(lab: Path) -> bool:
+@dataclass
+class Killed:
+    lab: Path
+    key: str  # the reference job's
+
+
+def _running(lab: Path) -> str | None:
     try:
         with Notebook.open(lab / "notebook.db", readonly=True) as nb:
-            return any(j.state == "running" for j in nb.jobs(session="s1"))
+            live = [j.key for j in nb.jobs(session="s1") if j.kind == "reference" and j.state == "running"]
     except NotebookError:
+        return None
+    return live[0] if live else None
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
         return False
+    return True
 
 
 @pytest.fixture(scope="module")
-def killed(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A lab whose agent's group was SIGKILLed while calibration's reference job ran."""
+def killed(tmp_path_factory: pytest.TempPathFactory) -> Killed:
+    """A lab whose agent alone was SIGKILLed while calibration's reference job ran; returned once that job (the rest
+    of the agent's process group) has ended on its own, so the lab no longer changes while it is copied."""
     lab = Path(shutil.copytree(session_world(tmp_path_factory), tmp_path_factory.mktemp("killed") / "lab"))
     with open(lab.parent / "run.log", "w") as out:
         agent = subprocess.Popen([sys.executable, str(REPO / "run_agent.py"), "--budget", "5gpuh", "--lab", str(lab),
                                   "--session", "s1", "--protocol", "test", "--quiet"], cwd=REPO, stdout=out,
                                  stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + 600
-    while not _running(lab):
+    while (key := _running(lab)) is None:
         assert agent.poll() is None, (lab.parent / "run.log").read_text()
         assert time.monotonic() < deadline
         time.sleep(0.05)
-    os.killpg(agent.pid, signal.SIGKILL)
+    os.kill(agent.pid, signal.SIGKILL)
     agent.wait()
-    return lab
+    while _group_alive(agent.pid):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    return Killed(lab=lab, key=key)
 
 
-def _edited(killed: Path, tmp_path: Path, values: dict) -> Path:
+def _edited(killed: Killed, tmp_path: Path, values: dict) -> Path:
     """A copy of the killed lab whose checkpoint carries `values`, written through LangGraph's own API (as the
     node the checkpoint stands after, so the step that runs next is unchanged)."""
-    lab = Path(shutil.copytree(killed, tmp_path / "lab"))
+    lab = Path(shutil.copytree(killed.lab, tmp_path / "lab"))
     (lab / "lab.lock").unlink(missing_ok=True)  # the dead agent's (resume's note about it is not the refusal)
     conn = sqlite3.connect(str(lab / "graph.sqlite"), check_same_thread=False)
     try:
@@ -99,17 +120,15 @@ def test_an_edited_checkpoint_is_refused_on_resume(killed, tmp_path, values, wor
     assert _contents(lab) == before
 
 
-def test_the_checkpoint_as_written_passes_the_check(killed, tmp_path):
-    """The same check, on the unedited checkpoint: resume gates the interrupted step again (it does not refuse)."""
-    lab = Path(shutil.copytree(killed, tmp_path / "lab"))
-    with open(tmp_path / "resume.log", "w") as out:
-        agent = subprocess.Popen([sys.executable, str(REPO / "run_agent.py"), "resume", "s1", "--lab", str(lab)],
-                                 cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.monotonic() + 300
-    log = tmp_path / "resume.log"
-    while "again before acting" not in log.read_text():
-        assert agent.poll() is None, log.read_text()
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
-    os.killpg(agent.pid, signal.SIGKILL)
-    agent.wait()
+def test_the_checkpoint_as_written_resumes_to_a_nomination_with_the_reference_job_attached(killed):
+    """The same check on the unedited checkpoint passes: resume gates the interrupted step again, attaches the
+    reference job the dead agent left (it ended on its own: attempt 1, completed, not launched again) and the session
+    ends in a nomination. Runs last: it writes the killed lab itself."""
+    out = subprocess.run([sys.executable, str(REPO / "run_agent.py"), "resume", "s1", "--lab", str(killed.lab)],
+                         cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "(calibrate) again before acting" in out.stdout and "session s1: done" in out.stdout
+    with Notebook.open(killed.lab / "notebook.db", readonly=True) as nb:
+        attempts = nb.jobs(session="s1", key=killed.key)
+        assert [(a.attempt, a.state, a.failure_class) for a in attempts] == [(1, "completed", None)]
+        assert nb.verify().ok
