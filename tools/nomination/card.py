@@ -564,7 +564,7 @@ def _truth_missing(nb: Notebook, session: str, nominee: Artifact) -> list[str]:
         return [f"The lab declares no ground-truth scorer ({code('[truth]')} in lab.toml), so none was measured."]
     calls = [c for c in nb.tool_calls(session) if c.tool == "ground_truth" and c.args.get("artifact") == nominee.id]
     why = (f": its tool call {code(calls[-1].id)} ended {code(calls[-1].status)} "
-           f"({code((calls[-1].result or {}).get('summary', ''))})" if calls else ": it was not run")
+           f"({code(calls[-1].outcome.summary if calls[-1].outcome is not None else '')})" if calls else ": it was not run")
     return [f"The lab declares the ground-truth scorer {code(declared.get('kind'))} (sample of "
             f"{code(declared.get('n'))} prompts), but no result is recorded for the nominee{why}."]
 

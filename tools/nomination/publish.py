@@ -106,7 +106,7 @@ def _checked_files(ctx: ToolContext, artifact_id: int) -> dict[str, str] | None:
     """What check-bundle saw of the nominee's bundle (its nominate call's outcome)."""
     for c in ctx.nb.tool_calls(ctx.session):
         if c.tool == "nominate" and c.status == "done" and c.args.get("artifact") == artifact_id:
-            return (c.result or {}).get("data", {}).get("files")
+            return c.outcome.data.get("files") if c.outcome is not None else None
     return None
 
 
