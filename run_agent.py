@@ -95,13 +95,16 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UsageError(f"{LabPaths(root=args.lab).lock}: the lab is in use by {holder}; one writer at a time (wait "
                          "for it to end, or use another --lab)")
     if config is not None:  # every input file is read before any notebook row is written (issue 10, item 3)
-        from agent.inputs import feedback_notes, require_inputs
+        from agent.inputs import feedback_control_warning, feedback_notes, require_inputs
 
         require_inputs(config, args.lab / LAB_FILE, os.environ, planner, executor)
         from core.display import shown  # notes name the lab's files and battle ids: someone else's text
 
         for note in feedback_notes(config):
             print(shown(note, keep_newlines=True))
+        warning = feedback_control_warning(config)  # check-feedback --lab's line: counts and lines, never the text
+        if warning is not None:
+            print(warning, file=sys.stderr)
     if config is None and named_lab and not args.lab.is_dir():
         # A mistyped --lab is not a request for the toy world: that is built without --lab (in ./lab) or by
         # `world build --lab DIR`. A directory with files but no lab.toml is refused by check_build below.
@@ -281,21 +284,25 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def add_check_feedback_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("file", type=Path, help="feedback file: JSONL, or Parquet with the same columns")
-    p.add_argument("--lab", type=Path, help="also check the file as that lab would ingest it: battles whose prompts copy "
-                   "its eval prompts (dropped from every training set), groups of colliding prompts past the bound, "
-                   "and a split that would be empty or skewed (exit 1)")
+    p.add_argument("--lab", type=Path, help="also check the file as that lab would ingest it: battles carrying its "
+                   "tokenizer's special tokens, battles whose prompts copy its eval prompts (dropped from every "
+                   "training set), groups of colliding prompts past the bound, and a split that would be empty or "
+                   "skewed (exit 1)")
 
 
 def cmd_check_feedback(args: argparse.Namespace) -> int:
     from tools.data.feedback import check_feedback_command
 
-    status = check_feedback_command(args.file)
-    if status != 0 or args.lab is None:
-        return status
-    config = _lab_config(args)
+    if args.lab is None:
+        return check_feedback_command(args.file)
+    config = _lab_config(args)  # before the file: the lab's tokenizer names control strings of its own
     if config is None:
         raise UsageError(f"--lab {args.lab}: no {LAB_FILE} there")
-    from agent.inputs import feedback_notes, feedback_split_problems
+    from agent.inputs import feedback_notes, feedback_split_problems, lab_controls
+
+    status = check_feedback_command(args.file, lab_controls(config))
+    if status != 0:
+        return status
 
     config = config.model_copy(update={"feedback": config.feedback.model_copy(update={"file": args.file})})
     from core.display import shown  # battle ids and file names are someone else's text

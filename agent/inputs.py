@@ -31,7 +31,15 @@ from core.jsonl import JSONLError, read_lines
 from evals import bars, synthetic
 from evals.types import Item
 from tools.data.datasets import DatasetError, read_chat_rows
-from tools.data.feedback import MAX_LISTED, FeedbackError, load_feedback
+from tools.data.feedback import (
+    MAX_LISTED,
+    FeedbackError,
+    control_pattern,
+    control_warning,
+    load_feedback,
+    summarize,
+    tokenizer_controls,
+)
 from tools.data.leak import DEFAULT_NGRAM, Reference, audit, prompt_text
 from tools.data.splits import SplitConfig, max_unit, oversized_groups, split_file, split_problems
 from tools.jobs.executor import host_memory_gb, local_gpus, local_problems
@@ -232,6 +240,19 @@ def feedback_notes(cfg: LabConfig) -> list[str]:
              "that overlap a holdout" for first, size in oversized_groups(battles)[:MAX_LISTED]]
     overlap = feedback_overlap(cfg)
     return [*notes, overlap] if overlap else notes
+
+
+def lab_controls(cfg: LabConfig) -> list[str]:
+    """The special tokens of the lab's tokenizer (tools/data/feedback.py tokenizer_controls): check-feedback --lab and
+    run report battles carrying them besides the fixed control patterns."""
+    return tokenizer_controls(cfg.model.tokenizer or cfg.model.parent or cfg.model.base)
+
+
+def feedback_control_warning(cfg: LabConfig) -> str | None:
+    """check-feedback --lab's warning line about battles carrying control strings (counts and lines, never the text),
+    for `run` to print before the session opens; None when none carries one."""
+    parsed = load_feedback(cfg.feedback.file)
+    return control_warning(parsed, summarize(parsed, control_pattern(lab_controls(cfg))))
 
 
 def feedback_split_problems(cfg: LabConfig) -> list[str]:

@@ -32,6 +32,7 @@ import statistics
 import sys
 import unicodedata
 from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -57,7 +58,9 @@ Vote = Literal["own", "other", "tie", "both_bad"]
 # Chat-template control strings: every template family's special tokens (core/templates.py) and the `<|...|>` shape
 # most tokenizers give theirs (ChatML, Llama-3, DeepSeek). In a battle's text they are the public's: an answer ending
 # in `<|im_end|>\n<|im_start|>user ...` forges turns. The renderer splits them into ordinary tokens (core/chat.py
-# `_encode`), so they train and evaluate as plain text; check-feedback reports the battles that carry them.
+# `_encode`), so they train and evaluate as plain text; check-feedback reports the battles that carry them. With a
+# lab (check-feedback --lab, run), the lab tokenizer's own special tokens are reported too (control_pattern): a team's
+# tokenizer may read `[TOOL_CALLS]` or `<extra_0>` as control, which no fixed pattern knows.
 CONTROL_STRINGS = re.compile("|".join([r"<\|[A-Za-z0-9_.-]{1,64}\|>",
                                        *sorted({re.escape(t) for f in FAMILY.values() for t in f.specials})]))
 # Letters that render as nothing but are not in a format/space category (Hangul fillers, braille blank).
@@ -344,7 +347,27 @@ def _meta_counts(battles: list[Battle]) -> dict[str, dict[str, int]]:
     return {k: dict(sorted(c.items())) for k, c in sorted(counts.items())}
 
 
-def summarize(parsed: Parsed) -> FeedbackSummary:
+def control_pattern(specials: Iterable[str] = ()) -> re.Pattern[str]:
+    """CONTROL_STRINGS and `specials` (a tokenizer's special tokens: tokenizer_controls) as one pattern."""
+    extra = sorted({re.escape(s) for s in specials if s}, key=len, reverse=True)
+    return re.compile("|".join([CONTROL_STRINGS.pattern, *extra])) if extra else CONTROL_STRINGS
+
+
+def tokenizer_controls(tokenizer_dir: Path) -> list[str]:
+    """The texts the lab's tokenizer reads as special tokens (core/chat.py control_strings: its bos, eos, pad and
+    additional special tokens and every added token marked special); [] when it does not load (refused, with its
+    reason, by the session's own checks)."""
+    from core import loading  # transformers: only with a lab
+    from core.chat import control_strings
+
+    try:
+        return control_strings(loading.load_tokenizer(tokenizer_dir))
+    except (OSError, ValueError):
+        return []
+
+
+def summarize(parsed: Parsed, controls: re.Pattern[str] = CONTROL_STRINGS) -> FeedbackSummary:
+    """The summary of the valid battles; `controls`: what counts as a control string (control_pattern)."""
     battles = parsed.battles
     n = len(battles)
     multi = sum(1 for b in battles if sum(m.role == "user" for m in b.messages) > 1)
@@ -359,15 +382,15 @@ def summarize(parsed: Parsed) -> FeedbackSummary:
         other_chars=Quartiles.of([len(b.other) for b in battles]) if n else None,
         duplicate_ids=sum(p.message.startswith("duplicate id") for p in parsed.problems),
         duplicate_prompts=sum(c - 1 for c in prompts.values()),
-        control_answers=sum(1 for b in battles if _controls(b.own, b.other)),
-        control_prompts=sum(1 for b in battles if _controls(*(m.content for m in b.messages))),
+        control_answers=sum(1 for b in battles if _controls(controls, b.own, b.other)),
+        control_prompts=sum(1 for b in battles if _controls(controls, *(m.content for m in b.messages))),
         control_lines=[line for b, line in zip(battles, parsed.lines, strict=True)
-                       if _controls(b.own, b.other, *(m.content for m in b.messages))],
+                       if _controls(controls, b.own, b.other, *(m.content for m in b.messages))],
     )
 
 
-def _controls(*texts: str) -> bool:
-    return any(CONTROL_STRINGS.search(t) for t in texts)
+def _controls(controls: re.Pattern[str], *texts: str) -> bool:
+    return any(controls.search(t) for t in texts)
 
 
 def control_warning(parsed: Parsed, summary: FeedbackSummary) -> str | None:
@@ -400,15 +423,16 @@ def render_summary(parsed: Parsed, summary: FeedbackSummary) -> str:
     return "\n".join(lines + bounded(metas, MAX_LISTED))
 
 
-def check_feedback_command(path: Path) -> int:
-    """`python run_agent.py check-feedback FILE`: print the summary and any problems; 0 iff the file is valid."""
+def check_feedback_command(path: Path, specials: Iterable[str] = ()) -> int:
+    """`python run_agent.py check-feedback FILE`: print the summary and any problems; 0 iff the file is valid.
+    `specials`: the lab tokenizer's special tokens (tokenizer_controls), reported as control strings too."""
     path = Path(path)
     try:
         parsed = parse_feedback(path)
     except FeedbackError as e:
         print(f"check-feedback: {e}", file=sys.stderr)
         return 2
-    summary = summarize(parsed)
+    summary = summarize(parsed, control_pattern(specials))
     print(render_summary(parsed, summary))
     warning = control_warning(parsed, summary)
     if warning is not None:
