@@ -6,15 +6,19 @@ knows). `run` prints the same warning line before the session opens: counts and 
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 from transformers import PreTrainedTokenizerFast
 
 from core import tiny
+from memory.notebook import Notebook, NotebookError
 from tools.data.feedback import CONTROL_STRINGS
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -82,30 +86,44 @@ def test_a_tokenizer_that_does_not_load_leaves_the_fixed_patterns(lab: Path):
     assert _warnings(done.stderr) == [WARNING.replace("lines 3", "lines 5")], done.stderr
 
 
-def test_run_prints_check_feedback_s_warning_line_before_the_session_opens(lab: Path, monkeypatch, capsys):
-    """`run` on the same lab prints the line check-feedback --lab prints, once, on stderr (the session itself is
-    stubbed: what it does is tested elsewhere)."""
-    import agent.runner
-    import run_agent
+def _run_until_the_session_opens(lab: Path) -> str:
+    """`run` on the lab as a user starts it (a real process), stopped once its session is open (the notebook holds
+    it): what it printed on stderr by then."""
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    with open(lab.parent / "run.err", "w") as err:
+        proc = subprocess.Popen([sys.executable, str(REPO / "run_agent.py"), "--budget", "1gpuh", "--lab", str(lab),
+                                 "--planner", "playbook", "--session", "s1", "--quiet"], cwd=REPO, env=env,
+                                stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+    deadline = time.monotonic() + 300
+    try:
+        while not _opened(lab):
+            assert proc.poll() is None, (lab.parent / "run.err").read_text()
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    return (lab.parent / "run.err").read_text()
 
-    started = []
-    monkeypatch.setattr(agent.runner, "start", lambda *a, **k: started.append(a) or 0)
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    assert run_agent.main(["--budget", "1gpuh", "--lab", str(lab), "--planner", "playbook", "--quiet"]) == 0
-    out = capsys.readouterr()
-    assert started, out.err
+
+def _opened(lab: Path) -> bool:
+    try:
+        with Notebook.open(lab / "notebook.db", readonly=True) as nb:
+            return any(s.name == "s1" for s in nb.sessions())
+    except NotebookError:
+        return False
+
+
+def test_run_prints_check_feedback_s_warning_line_before_the_session_opens(lab: Path):
+    """`run` on the same lab prints the line check-feedback --lab prints, once, on stderr, before its session opens."""
+    err = _run_until_the_session_opens(lab)
     expected = _warnings(_check_feedback(str(lab / "feedback.jsonl"), "--lab", str(lab)).stderr)
     assert expected == [WARNING]
-    assert _warnings(out.err) == expected, out.err
-    assert SPECIAL not in out.out + out.err
+    assert _warnings(err) == expected, err
+    assert SPECIAL not in err
 
 
-def test_run_prints_no_warning_for_battles_without_control_strings(lab: Path, monkeypatch, capsys):
-    import agent.runner
-    import run_agent
-
+def test_run_prints_no_warning_for_battles_without_control_strings(lab: Path):
     write_jsonl(lab / "feedback.jsonl", [BATTLE | b for b in battles()])
-    monkeypatch.setattr(agent.runner, "start", lambda *a, **k: 0)
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    assert run_agent.main(["--budget", "1gpuh", "--lab", str(lab), "--planner", "playbook", "--quiet"]) == 0
-    assert _warnings(capsys.readouterr().err) == []
+    assert _warnings(_run_until_the_session_opens(lab)) == []
