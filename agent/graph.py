@@ -23,6 +23,7 @@ SQLite checkpointer in its own file (`lab/graph.sqlite`), thread id = session na
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 from langgraph.graph import END, START, StateGraph
@@ -36,7 +37,7 @@ from agent.planners.playbook import Playbook
 from agent.state import AgentState, initial_state
 from agent.summary import Summary, summarize
 from core.display import shown
-from memory.notebook import tool_call_key
+from memory.notebook import Notebook, tool_call_key
 from memory.state import fold
 from tools.context import ToolContext, ToolOutcome
 from tools.jobs.launcher import Launcher
@@ -293,19 +294,19 @@ def _regate(rt: Runtime, graph: Any, config: dict[str, Any], values: dict[str, A
 _BEFORE = {"plan": "observe", "gate": "plan", "act": "gate", "record": "act", "nominate": "record"}
 
 
-def check_checkpoint(rt: Runtime, checkpointer: Any) -> None:
+def check_checkpoint(nb: Notebook, session: str, path: Path, checkpointer: Any) -> None:
     """The session's checkpoint against the notebook's chained decisions, before resume writes anything: graph.sqlite
     lies outside the hash chain, so nothing read from it is trusted. The proposal must be its `plan` decision as
     recorded (tool, args, planner, rationale); each line fed back to the planner must be a recorded refusal's reason;
     the counters must be in range. A mismatch is refused, naming the file (the checkpoint holds nothing the notebook
     lacks: without it, resume plans the step again from the notebook). The summary and a stop reason are not checked
-    but read afresh (`drive`)."""
-    graph = build(rt, checkpointer)
-    snapshot = graph.get_state(_config(rt))
+    but read afresh (`drive`). Needs no runtime, so that resume runs it before anything else it does."""
+    graph = build(None, checkpointer)  # the wiring only: no node runs
+    snapshot = graph.get_state({"configurable": {"thread_id": session}})
     if not snapshot.next:
         return
-    nb, session, values = rt.ctx.nb, rt.ctx.session, snapshot.values
-    where = f"{rt.ctx.paths.graph_checkpoints}: the graph checkpoint of session {session}"
+    values = snapshot.values
+    where = f"{path}: the graph checkpoint of session {session}"
     fix = "; remove the file and resume plans the step again from the notebook"
     p = values.get("proposal")
     if p is not None and set(snapshot.next) & {"gate", "act", "record"}:

@@ -157,19 +157,19 @@ class RedactingSerializer(JsonPlusSerializer):
         return super().dumps_typed(redaction.redact_data(obj))
 
 
-def _checkpointer(rt: Runtime, use: Callable[[Runtime, SqliteSaver], Any]) -> None:
+def _checkpointer(path: Path, use: Callable[[SqliteSaver], Any]) -> None:
     # Its own file: the notebook stays the one source of truth, the checkpoint file is disposable. The state is plain
     # JSON and ids, so the serializer reads back no other type (LangGraph's strict msgpack allow-list: a checkpoint
     # naming a class is not rebuilt into one).
-    conn = sqlite3.connect(str(rt.ctx.paths.graph_checkpoints), check_same_thread=False)
+    conn = sqlite3.connect(str(path), check_same_thread=False)
     try:
-        use(rt, SqliteSaver(conn, serde=RedactingSerializer(allowed_msgpack_modules=None)))
+        use(SqliteSaver(conn, serde=RedactingSerializer(allowed_msgpack_modules=None)))
     finally:
         conn.close()
 
 
 def _drive_checkpointed(rt: Runtime) -> None:
-    _checkpointer(rt, drive)
+    _checkpointer(rt.ctx.paths.graph_checkpoints, lambda saver: drive(rt, saver))
 
 
 def _check_checkpoints(path: Path) -> None:
@@ -328,13 +328,14 @@ def resume(lab_dir: Path, session: str, quiet: bool) -> int:
     _check_checkpoints(paths.graph_checkpoints)
     with Notebook.open(paths.notebook) as nb:
         s = open_session(nb, session, "resume")
+        if paths.graph_checkpoints.exists():  # nothing from graph.sqlite is trusted: checked before anything is written
+            _checkpointer(paths.graph_checkpoints,
+                          lambda saver: check_checkpoint(nb, session, paths.graph_checkpoints, saver))
         saved = s.config
         chat_ref = accept_lab_changes(nb, session, config, paths)
         settings = PlaybookSettings.recorded(saved["playbook"], session)
         section = config.executor.model_copy(update={"kind": s.executor})
         rt = _runtime(nb, session, lab_dir, config, section, settings, s.planner, quiet, chat_ref)
-        if paths.graph_checkpoints.exists():
-            _checkpointer(rt, check_checkpoint)  # nothing from graph.sqlite is trusted: checked before any write
         # Jobs the dead agent left pending or running are settled first (one whose process is gone is lost), so the
         # interrupted step is gated on what they spent, not on a reservation no process holds; its re-attach then
         # runs a lost job again, admitted against the budget.

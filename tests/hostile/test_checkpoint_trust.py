@@ -95,8 +95,13 @@ def _edited(killed: Killed, tmp_path: Path, values: dict) -> Path:
 
 
 def _contents(lab: Path) -> dict:
-    """The lab's files but SQLite's shared-memory index (a reader changes it; the -wal file holds what was written)."""
-    return {k: v for k, v in files(lab).items() if not k.endswith("-shm")}
+    """The lab's files, the notebook by its rows (SQLite moves a dead writer's log into the database file when the
+    last connection closes: the same rows in other bytes)."""
+    out = {k: v for k, v in files(lab).items() if not k.startswith("notebook.db")}
+    with sqlite3.connect(f"file:{lab / 'notebook.db'}?mode=ro", uri=True) as conn:
+        out["notebook rows"] = "\n".join(conn.iterdump())
+    conn.close()
+    return out
 
 
 def _proposal_args(values: dict) -> dict:
