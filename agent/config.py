@@ -51,8 +51,10 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    SerializerFunctionWrapHandler,
     ValidationError,
     ValidationInfo,
+    model_serializer,
     model_validator,
 )
 
@@ -337,12 +339,24 @@ class FeedbackSection(_Section):
     dev_fraction: float = Field(0.1, gt=0, lt=1, description="Share of battles held out for selection (dev holdout).")
     sealed_fraction: float = Field(0.1, gt=0, lt=1, description="Share sealed for the one-time confirmation of the nominee.")
     stratify_by: str | None = Field(None, min_length=1, description="Optional meta tag to stratify splits by, on top of the vote.")
+    reserve_fraction: float = Field(
+        0.0, ge=0, lt=1, description="Share held in reserve: more holdout prompts, never trained on and never read "
+        "until a comparison its dev holdout leaves unresolved draws them for its last look (0: no reserve).")
 
     @model_validator(mode="after")
     def _train_left(self) -> FeedbackSection:
         if self.dev_fraction + self.sealed_fraction >= 0.9:
             raise ValueError("dev_fraction + sealed_fraction must leave at least 10% of battles for training")
+        if self.dev_fraction + self.sealed_fraction + self.reserve_fraction >= 0.9:
+            raise ValueError(f"reserve_fraction = {self.reserve_fraction:g}: dev_fraction + sealed_fraction + "
+                             "reserve_fraction must leave at least 10% of battles for training")
         return self
+
+    @model_serializer(mode="wrap")
+    def _without_no_reserve(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """Dumped without `reserve_fraction` when there is none: a session's recorded lab.toml (what resume compares
+        the lab with) stays what it was before the key."""
+        return {k: v for k, v in handler(self).items() if k != "reserve_fraction" or v}
 
 
 class DataSource(_Section):

@@ -262,7 +262,7 @@ def feedback_split_problems(cfg: LabConfig) -> list[str]:
 
 def _split_config(cfg: LabConfig) -> SplitConfig:
     return SplitConfig(dev_fraction=cfg.feedback.dev_fraction, sealed_fraction=cfg.feedback.sealed_fraction,
-                       stratify_by=cfg.feedback.stratify_by)
+                       stratify_by=cfg.feedback.stratify_by, reserve_fraction=cfg.feedback.reserve_fraction)
 
 
 def feedback_overlap(cfg: LabConfig) -> str | None:

@@ -30,6 +30,7 @@ from tools import (
 from tools.context import ToolContext, ToolOutcome
 from tools.jobs.launcher import Launcher
 from tools.nomination import publish
+from tools.session import incumbent_of
 
 TOOLS: dict[str, ModuleType] = {m.NAME: m for m in (
     ingest, register_bars, build_dataset, calibrate, train, merge, evaluate, compare, promote, tune_serving,
@@ -78,7 +79,8 @@ def _job_kind(ctx: ToolContext, tool: str, args: Any) -> tuple[str, dict[str, An
         case "merge":
             return "merge", {}
         case "evaluate":  # each replicate generates every suite again
-            return "eval", _eval_sizing(ctx, "eval", args.artifact, args.suites or open_names, args.replicates)
+            return "eval", _eval_sizing(ctx, "eval", args.artifact, args.suites or open_names, args.replicates,
+                                        args.reserve)
         case "tune_serving":
             return "eval", _eval_sizing(ctx, "eval", args.artifact, open_names, 1)
         case "sealed_open":
@@ -88,12 +90,13 @@ def _job_kind(ctx: ToolContext, tool: str, args: Any) -> tuple[str, dict[str, An
     return None
 
 
-def _eval_sizing(ctx: ToolContext, kind: str, artifact: int, names: list[str], replicates: int) -> dict[str, Any]:
+def _eval_sizing(ctx: ToolContext, kind: str, artifact: int, names: list[str], replicates: int,
+                 reserve: bool = False) -> dict[str, Any]:
     """The eval job's own sizing (tools/evaluate.py planned_sizing): its work units, and its tokens and model for the
     declared start-up and work before any eval is measured; the work units alone for an unknown artifact or suite
     (the gates refuse the call)."""
     try:
-        return evaluate.planned_sizing(ctx, kind, artifact, names, replicates)
+        return evaluate.planned_sizing(ctx, kind, artifact, names, replicates, reserve)
     except (NotebookError, KeyError, LookupError):
         return {"work_units": float(len(names) * replicates)}
 
@@ -108,5 +111,11 @@ def forecast_gpuh(ctx: ToolContext, launcher: Launcher, tool: str, args: BaseMod
     judged = [s for s in ctx.lab.open_suites if s.judged]
     if tool == "calibrate" and judged:  # its reference answers are a job of their own, before the K replicates
         sizing = _eval_sizing(ctx, "reference", args.artifact, [s.name for s in judged], 1)
+        gpuh += launcher.forecast("reference", ctx.resources(kind="reference", own_gpuh=own_gpuh, **sizing)).gpuh
+    reserve_reference = [n for n in args.suites or [] if n in {s.name for s in judged}] \
+        if tool == "evaluate" and args.reserve else []
+    if reserve_reference and args.artifact == incumbent_of(ctx.nb, ctx.session):
+        # the incumbent's reserve eval first generates its answers to the reserve's prompts (the reference)
+        sizing = _eval_sizing(ctx, "reference", args.artifact, reserve_reference, 1, reserve=True)
         gpuh += launcher.forecast("reference", ctx.resources(kind="reference", own_gpuh=own_gpuh, **sizing)).gpuh
     return gpuh

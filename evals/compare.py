@@ -45,6 +45,16 @@ is at most `continue_p` and every other bar could hold, nothing is spent: a `loo
 and more evidence may be bought (the next draw, then look j+1). Otherwise the verdict is read at this look (a `look`
 decision `decided`, then the comparison). Without `look` the p bar is read once, at look 1.
 
+A reserve look (`reserve=True`, issue 41: a session whose split holds a reserve, rules version 7): the last
+registered look L, and only it, reads more prompts instead of another draw of the same ones: each p bar pairs the
+candidate's per-item means over its draws 0 .. L-2 of the dev holdout together with its first served look at the
+reserve split's prompts (`<suite>@reserve`), against the incumbent's first looks at both. It is one of the L looks
+the bars registered, at its registered share w_L: which items look L reads is fixed by the split (made at ingest,
+before any score) and the policy's recorded version, never chosen after a look, so the union bound over the looks
+holds as for the draws of the same prompts, and p* stays one member of the session's Holm family (no p-value more is
+spent). So a reserve look anywhere but at L is refused, and so is a look L without the reserve once the candidate has
+a reserve draw against this incumbent (its data would be read, then left out).
+
 Suite audit (bars with `audit_margin = m`): a guard (a noise-floor bar allowing a loss) that fails on a candidate
 whose every p bar holds is a guard contradicted by the judge beyond chance on the same candidate (the judge
 significant at its family-wise level, the guard past its margin of noise floors): an `audit` decision flags its
@@ -62,6 +72,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from evals import stats
 from evals.decoding import Decoding
+from evals.job import reserve_suite
 from evals.judgment import Refusal, close_tool_call
 from evals.records import served_draws, started_at
 from memory.notebook import EvalRecord, Notebook, ToolCall
@@ -203,17 +214,45 @@ def _pairs(nb: Notebook, session: str, candidate: int, incumbent: int, bar: Rule
 
 
 def _looks(nb: Notebook, session: str, cand_eval: EvalRecord, inc: list[float], bar: Rule, look: int,
-           weights: list[float]) -> list[tuple[int, float, float]]:
+           weights: list[float], reserve: tuple[list[float], list[float]] | None = None) -> list[tuple[int, float, float]]:
     """(n, raw p, weight) of looks 1 .. `look` of a p bar: look i pairs the per-item mean of the candidate's served
-    draws 0 .. i-1 (the items of its first look) with the incumbent's first look."""
+    draws 0 .. i-1 (the items of its first look) with the incumbent's first look. With `reserve` (the candidate's and
+    the incumbent's values on the reserve's items), the last look is the reserve look: the means of draws 0 .. look-2
+    and the reserve's items, against the incumbent's first looks at both."""
     out = []
     for i in range(1, look + 1):
-        means = _mean_values(nb, session, cand_eval, bar, i)
+        at_reserve = reserve is not None and i == look
+        means = _mean_values(nb, session, cand_eval, bar, i - 1 if at_reserve else i)
         cand = [means[k] for k in sorted(means)]
         if len(cand) != len(inc):
             raise _Refused(f"suite {bar.suite}: the draws of artifact {cand_eval.artifact_id} scored other items")
-        out.append((len(cand), _TESTS[bar.test](cand, inc, alternative="greater").p_value, weights[i - 1]))
+        base = inc
+        if at_reserve:
+            cand, base = cand + reserve[0], inc + reserve[1]
+        out.append((len(cand), _TESTS[bar.test](cand, base, alternative="greater").p_value, weights[i - 1]))
     return out
+
+
+def _reserve_problems(state: SessionState, nb: Notebook, candidate: int, incumbent: int, bars: RegisteredBars,
+                      k: int, reserve: bool) -> list[str]:
+    """Why the look's evidence is not the registered one: a reserve look must be the last registered look of a session
+    whose split holds a reserve; a last look must read the reserve once the candidate has a reserve draw of a p bar's
+    suite against this incumbent (else its data would be read, then left out)."""
+    spec = bars.spec
+    if reserve:
+        if state.split is None or not state.split.reserve:
+            return ["a reserve look reads the split's reserve, and this session's split holds none"]
+        if k != spec.looks or spec.looks < 2:
+            return [f"a reserve look is the last registered look (look {spec.looks} of {spec.looks}, after at least one "
+                    f"look of the dev holdout alone); look {k} was asked"]
+        return []
+    if spec.looks < 2 or k != spec.looks or state.split is None or not state.split.reserve:
+        return []
+    drawn = [r.suite for r in bars.rules if r.statistic == "p" and any(
+        e.served for e in nb.evals(artifact_id=candidate, suite=reserve_suite(r.suite), session=state.session))
+        and nb.evals(artifact_id=incumbent, suite=reserve_suite(r.suite), session=state.session)]
+    return [f"the candidate has a reserve draw of {', '.join(drawn)}: the last look reads it (ask it as the reserve "
+            "look)"] if drawn else []
 
 
 def sequential_p(looks: list[tuple[float, float]]) -> float:
@@ -311,12 +350,13 @@ def _json_float(x: float) -> float | str:
 
 
 def judge(nb: Notebook, state: SessionState, candidate: int, incumbent: int, bars: RegisteredBars,
-          served: Decoding, look: int | None = None) -> ComparisonVerdict | Refusal:
+          served: Decoding, look: int | None = None, reserve: bool = False) -> ComparisonVerdict | Refusal:
     """Judge `candidate` against `incumbent` by `bars` at the candidate's `served` decoding; writes nothing.
 
     Reads the session's evals, and from its state (`fold`) its noise floors, earlier p-values and flagged suites.
     `bars` are typed registered bars (usually `state.bars`), so replay can ask what other bars would have decided.
     `look`: the policy's look j at the p bars (sequential bars; may end unresolved); None: one look, decided.
+    `reserve`: look j is the reserve look (the last registered one; see the module docstring).
     A refusal lists every reason found, candidate checks first, then each bar in order.
     """
     session, spec = state.session, bars.spec
@@ -326,16 +366,22 @@ def judge(nb: Notebook, state: SessionState, candidate: int, incumbent: int, bar
     k = look or 1
     if k > spec.looks:
         reasons.append(f"look {k} is past the {spec.looks} look(s) the bars registered")
-    rows, looks = [], {}
+    reasons += _reserve_problems(state, nb, candidate, incumbent, bars, k, reserve)
+    rows, looks, drawn = [], {}, {}
     for bar in bars.rules:
         try:
             cand, inc, inc_eval, cand_eval = _pairs(nb, session, candidate, incumbent, bar, served, bars.replicates)
             threshold, floor = _threshold(state, bar, inc_eval, bars.floor_unit)
             value = _statistic(bar, cand, inc)
             if bar.statistic == "p" and k <= spec.looks and (spec.looks > 1 or k > 1):
-                looks[len(rows)] = _looks(nb, session, cand_eval, inc, bar, k, spec.look_weights())
+                extra = None
+                if reserve:  # the candidate's and the incumbent's first looks at the reserve's items
+                    at = bar.model_copy(update={"suite": reserve_suite(bar.suite)})
+                    extra = _pairs(nb, session, candidate, incumbent, at, served)[:2]
+                    drawn[len(rows)] = len(extra[0])
+                looks[len(rows)] = _looks(nb, session, cand_eval, inc, bar, k, spec.look_weights(), extra)
                 value = sequential_p([(p, w) for _, p, w in looks[len(rows)]])
-            rows.append((bar, len(cand), value, threshold, floor))
+            rows.append((bar, looks[len(rows)][-1][0] if len(rows) in looks else len(cand), value, threshold, floor))
         except _Refused as refusal:
             reasons.extend(refusal.args)
     try:
@@ -361,8 +407,10 @@ def judge(nb: Notebook, state: SessionState, candidate: int, incumbent: int, bar
     unresolved = look is not None and not cleared and _may_continue(spec, k, verdicts, looks, widened)
     if looks:
         adjustment = adjustment.model_copy(update={"looks": {i: list(found) for i, found in looks.items()},
-                                                   "look": k, "max_looks": spec.looks})
-    look_rows = [_look_payload(candidate, incumbent, bars, verdicts[i], found, unresolved) for i, found in looks.items()]
+                                                   "look": k, "max_looks": spec.looks,
+                                                   "reserve": sum(drawn.values()) if drawn else None})
+    look_rows = [_look_payload(candidate, incumbent, bars, verdicts[i], found, unresolved, drawn.get(i))
+                 for i, found in looks.items()]
     failed = [f"{v.bar.target} {v.bar.statistic}" for v in verdicts if not v.holds]
     rationale = "all bars hold" if cleared else "bars failed: " + ", ".join(failed)
     if unresolved:
@@ -414,15 +462,18 @@ def _may_continue(spec: BarsSpec, k: int, verdicts: list[BarVerdict], looks: dic
 
 
 def _look_payload(candidate: int, incumbent: int, bars: RegisteredBars, verdict: BarVerdict,
-                  found: list[tuple[int, float, float]], unresolved: bool) -> LookPayload:
+                  found: list[tuple[int, float, float]], unresolved: bool, reserve: int | None = None) -> LookPayload:
     n, p, w = found[-1]
     outcome = "continue" if unresolved else "decided"
-    why = (f"p*={verdict.raw_p:.4g} (min of p/w over {len(found)} look(s)), Holm-adjusted {float(verdict.value):.4g} "
-           f"{'<=' if verdict.holds else '>'} {verdict.threshold:g}: "
+    where = (f"reserve look: {n - reserve} dev holdout item(s) on {len(found) - 1} draw(s) and {reserve} reserve "
+             "prompt(s) drawn for it; " if reserve is not None else "")
+    why = (f"{where}p*={verdict.raw_p:.4g} (min of p/w over {len(found)} look(s)), Holm-adjusted "
+           f"{float(verdict.value):.4g} {'<=' if verdict.holds else '>'} {verdict.threshold:g}: "
            + ("unresolved, more evidence may be bought" if unresolved else ("holds" if verdict.holds else "fails")))
     return LookPayload(candidate=candidate, incumbent=incumbent, bars_id=bars.id, target=verdict.bar.target,
                        look=len(found), looks=bars.spec.looks, n=n, raw_p=p, weight=w, sequential_p=verdict.raw_p,
-                       adjusted_p=float(verdict.value), threshold=verdict.threshold, outcome=outcome, reason=why)
+                       adjusted_p=float(verdict.value), threshold=verdict.threshold, outcome=outcome, reason=why,
+                       reserve=reserve)
 
 
 def record(nb: Notebook, session: str, judgment: ComparisonVerdict | Refusal, *,
@@ -461,10 +512,10 @@ def record(nb: Notebook, session: str, judgment: ComparisonVerdict | Refusal, *,
 
 
 def compare(nb: Notebook, session: str, candidate: int, incumbent: int, bars_id: int, served: Decoding, *,
-            tool_call: ToolCall | None = None, look: int | None = None) -> CompareOutcome:
+            tool_call: ToolCall | None = None, look: int | None = None, reserve: bool = False) -> CompareOutcome:
     """Judge and record in one transaction: no other writer can add a comparison (and shift the
     Holm family) between the judgment and its record. `bars_id` must be bars registered in the session; `look`: the
-    policy's look at the p bars under sequential bars (None: one look, decided)."""
+    policy's look at the p bars under sequential bars (None: one look, decided); `reserve`: it is the reserve look."""
     with nb.transaction():
         state = fold(nb, session)
         bars = state.registered(bars_id)
@@ -473,7 +524,7 @@ def compare(nb: Notebook, session: str, candidate: int, incumbent: int, bars_id:
                                                       reasons=[f"bars {bars_id} were not registered in session "
                                                                f"{session}"]))
         else:
-            judgment = judge(nb, state, candidate, incumbent, bars, served, look)
+            judgment = judge(nb, state, candidate, incumbent, bars, served, look, reserve)
         return record(nb, session, judgment, tool_call=tool_call)
 
 

@@ -103,11 +103,22 @@ class Engine:
     static_cache: bool
 
 
+# A suite scored on the reserve split's prompts instead of the dev holdout's is recorded under its name with this
+# suffix (a lab's suite names cannot hold '@'): its own first looks, never mixed with the suite's dev looks.
+RESERVE = "@reserve"
+
+
+def reserve_suite(suite: str) -> str:
+    """The name `suite`'s evals on the reserve split are recorded under."""
+    return suite + RESERVE
+
+
 class SuiteSpec(BaseModel):
     """One suite of a job: its items file and the scorer that reads it."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    name: str = Field(pattern=r"^[\w.-]+$", description="Suite name (file-name safe), as recorded in the notebook.")
+    name: str = Field(pattern=r"^[\w.-]+(@reserve)?$", description="Suite name (file-name safe), as recorded in the "
+                      "notebook; `<suite>@reserve`: the suite on the reserve split's prompts.")
     scorer: ScorerName = Field(description="Which scorer (one per file in evals/) scores the suite.")
     items_path: Path = Field(description="JSONL file, one evals.types.Item per line.")
     sealed: bool = Field(False, description="Sealed confirmation suite: scored once per session, nominee only.")

@@ -149,8 +149,16 @@ class IngestPayload(_Payload):
 
     split_id: int = Field(description="feedback_split row.")
     sha256: str = Field(description="sha256 of its canonical assignment.")
-    counts: dict[str, int] = Field(description="Battles per split (train, dev, sealed).")
+    counts: dict[str, int] = Field(description="Battles per split (train, dev, sealed; reserve when the lab holds one).")
     job_key: str | None = Field(None, description="The split job.")
+    reserve_suites: list[str] | None = Field(None, description="With a reserve: the open suites that read the dev "
+                                             "holdout's prompts, which a reserve look extends with the reserve's; None: "
+                                             "no reserve.")
+
+    @model_serializer(mode="wrap")
+    def _as_recorded(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """Stored without `reserve_suites` when there is no reserve (as every split before the key was)."""
+        return {k: v for k, v in handler(self).items() if k != "reserve_suites" or v is not None}
 
 
 class EvaluatePayload(_Payload):
@@ -321,6 +329,14 @@ class LookPayload(_Payload):
     outcome: Literal["continue", "decided"] = Field(description="continue: unresolved, a later look may follow; "
                                                     "decided: the verdict is read at this look.")
     reason: str = Field(description="Why, in one line.")
+    reserve: int | None = Field(None, description="A reserve look (the last registered look of a session whose split "
+                                "holds a reserve): how many of its `n` items are reserve prompts, drawn for it; the "
+                                "rest are the dev holdout's, on the candidate's draws 0 .. look-2. None: dev only.")
+
+    @model_serializer(mode="wrap")
+    def _as_recorded(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """Stored without `reserve` on a look of the dev holdout alone (as every look before the key was)."""
+        return {k: v for k, v in handler(self).items() if k != "reserve" or v is not None}
 
 
 class AuditPayload(_Payload):
@@ -842,11 +858,14 @@ class Adjustment(_Record):
                                                                     "of each look taken; None: one look.")
     look: int | None = Field(None, description="The look the verdict was read at (sequential bars).")
     max_looks: int | None = Field(None, description="The looks the bars registered (sequential bars).")
+    reserve: int | None = Field(None, description="Reserve prompts the deciding look read besides the dev holdout's "
+                                "(a reserve look); None: none.")
 
     @model_serializer(mode="wrap")
     def _as_recorded(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        """Stored without the keys a row of its kind never had (tested, and the look keys of a single look)."""
-        optional = ("tested", "looks", "look", "max_looks")
+        """Stored without the keys a row of its kind never had (tested, the look keys of a single look, the reserve
+        of a look without one)."""
+        optional = ("tested", "looks", "look", "max_looks", "reserve")
         return {k: v for k, v in handler(self).items() if k not in optional or v is not None}
 
 

@@ -373,11 +373,17 @@ def _looks(d: _Data) -> str:
     if not d.state.looks:
         return ""
     rows = [f"<tr><td>{x.seq}</td><td>{_artifact_link(d, x.payload.candidate)}</td><td>{escape(x.payload.target)}</td>"
-            f"<td>{x.payload.look} of {x.payload.looks}</td><td>{x.payload.n}</td><td>{_num(x.payload.raw_p)}</td>"
+            f"<td>{x.payload.look} of {x.payload.looks}</td><td>{x.payload.n}{_of_reserve(x.payload.reserve)}</td>"
+            f"<td>{_num(x.payload.raw_p)}</td>"
             f"<td>{_num(x.payload.sequential_p)}</td><td>{_num(x.payload.adjusted_p)}</td>"
             f"<td>{escape(x.payload.outcome)}</td></tr>" for x in d.state.looks]
     header = ["decision", "candidate", "bar", "look", "items", "p", "p* (min p/w)", "adjusted", "outcome"]
     return f'<article id="looks"><h3>Sequential looks</h3>{_table("looks", header, rows)}</article>'
+
+
+def _of_reserve(reserve: int | None) -> str:
+    """A reserve look's items: how many are reserve prompts, drawn for it."""
+    return "" if reserve is None else f" ({reserve} of the reserve)"
 
 
 def _audit(d: _Data) -> str:

@@ -222,6 +222,13 @@ class Split(_Typed):
     id: int = Field(description="feedback_split row.")
     sha256: str = Field(description="sha256 of the assignment.")
     counts: dict[str, int] = Field(description="Battles per split.")
+    reserve_suites: tuple[str, ...] = Field((), description="With a reserve: the open suites reading the dev "
+                                            "holdout's prompts, which a reserve look extends with the reserve's.")
+
+    @property
+    def reserve(self) -> int:
+        """Battles held in reserve (0: the lab holds none)."""
+        return self.counts.get("reserve", 0)
 
 
 class IncumbentChange(_Typed):
@@ -443,7 +450,8 @@ class _Fold:
                                       if c.artifact_id == p.artifact_id and c.suite in p.undecided else c
                                       for c in self.confirmations]
             case "ingest":
-                self.split = Split(id=p.split_id, sha256=p.sha256, counts=p.counts)
+                self.split = Split(id=p.split_id, sha256=p.sha256, counts=p.counts,
+                                   reserve_suites=tuple(p.reserve_suites or ()))
             case "nominate":
                 self.nominee = p.artifact_id
             case "refuse":

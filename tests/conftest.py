@@ -45,7 +45,8 @@ WORLD_FILES = {"tests/test_decision_quality.py"}  # besides tests/world/: module
 # Files of whole sessions on the test world that form units of their own rather than make the toy_world unit longer
 # than the rest of the suite: the world itself is built once per run, by whichever worker asks first
 # (tools/world/testing.session_world).
-OWN_WORLD_FILES = {"tests/world/test_variants.py": "variants", "tests/hostile/test_crash_resume.py": "crash_resume",
+OWN_WORLD_FILES = {"tests/world/test_variants.py": "variants", "tests/world/test_reserve_session.py": "reserve_session",
+                   "tests/hostile/test_crash_resume.py": "crash_resume",
                    "tests/hostile/test_checkpoint_trust.py": "checkpoint_trust",
                    "tests/world/test_gpu_world.py": "gpu_world"}
 # Longest units first (longest processing time first): the workers then end on short units and finish

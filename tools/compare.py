@@ -24,13 +24,17 @@ class Args(BaseModel):
     look: int | None = Field(None, ge=1, le=8, description="Under bars with sequential looks: this look at the p bars "
                              "(it reads the candidate's served draws 0 .. look-1 of their suite) and may end unresolved, "
                              "nothing spent, so that more evidence can be bought. None: one look, decided.")
+    reserve: bool = Field(False, description="This look is the reserve look: the last registered look, reading the "
+                          "candidate's draws of the dev holdout with its first look at the reserve split's prompts "
+                          "(evaluate it and the incumbent with `reserve` first). Only where the split holds a reserve.")
 
     @model_serializer(mode="wrap")
     def _without_no_look(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        """Recorded without `look` when there is none: a call is keyed by its canonical args, and calls recorded
-        before the key existed must keep their key (replay and resume match them)."""
+        """Recorded without `look` when there is none and without `reserve` when false: a call is keyed by its
+        canonical args, and calls recorded before the keys existed must keep their key (replay and resume match
+        them)."""
         data = handler(self)
-        return {k: v for k, v in data.items() if k != "look" or v is not None}
+        return {k: v for k, v in data.items() if (k != "look" or v is not None) and (k != "reserve" or v)}
 
 
 def _verdict_line(verdicts: list[BarVerdict]) -> str:
@@ -54,7 +58,7 @@ def _body(ctx: ToolContext, args: Args) -> ToolOutcome:
         verdicts, cleared, cid = done[0].bars, done[0].cleared, done[0].comparison_id
     else:
         outcome = compare(ctx.nb, ctx.session, args.candidate, incumbent, bars.id, served_of(ctx, args.candidate),
-                          look=args.look)
+                          look=args.look, reserve=args.reserve)
         if outcome.refused:
             return ToolOutcome(tool=NAME, status="failed", summary=f"comparison of {name} refused: " + "; ".join(outcome.reasons),
                                data={"refused": True, "candidate": args.candidate})

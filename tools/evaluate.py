@@ -3,6 +3,11 @@
 Served decoding is the only decoding that counts (invariant 4): `diagnostic = true` evaluates
 greedily instead and records the evals as not served, so they can never promote. Every eval uses
 the same base seed, so a candidate and its incumbent draw the same sampling seeds.
+
+`reserve = true` scores suites that read the dev holdout on the reserve split's prompts instead (recorded as
+`<suite>@reserve`): evidence a policy buys for a comparison the dev holdout left unresolved (evals/compare.py, the
+reserve look). The incumbent goes first: its answers to the reserve's prompts (the judge suites' reference, a job of
+its own) and its own first look at them; a candidate's reserve eval is judged against those answers.
 """
 
 from __future__ import annotations
@@ -11,17 +16,24 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+    model_validator,
+)
 
 from evals.decoding import Decoding
-from evals.job import EvalJobConfig, SuiteSpec
+from evals.job import EvalJobConfig, SuiteSpec, reserve_suite
 from evals.job import run as run_eval
 from evals.records import record_result, served_draws
 from memory.notebook import EvalRecord
 from tools.context import ToolContext, ToolOutcome, content_name, invoke, record_once, served_of
 from tools.ingest import holdout_battles, holdout_items
 from tools.paths import portable
-from tools.session import incumbent_of
+from tools.session import incumbent_of, view
 from trainers.recipe import model_shape
 
 NAME = "evaluate"
@@ -39,32 +51,46 @@ class Args(BaseModel):
                             "incumbent's calibration), so the bars' `replicates` can average them. Under greedy decoding "
                             "one look is exact and nothing more runs.")
 
+    reserve: bool = Field(False, description="Score the named suites (those reading the dev holdout) on the reserve "
+                          "split's prompts: evidence for an unresolved comparison, read only by its reserve look. The "
+                          "incumbent first, then the candidate; one served draw.")
+
     @model_validator(mode="after")
     def _served_draws(self) -> Args:
         if self.replicates > 1 and self.diagnostic:
             raise ValueError("replicates > 1 are served draws: a diagnostic (greedy) eval is one exact look")
+        if self.reserve and (self.diagnostic or self.replicates > 1 or not self.suites):
+            raise ValueError("a reserve eval is one served draw of named suites (no diagnostic, no replicates)")
         return self
 
+    @model_serializer(mode="wrap")
+    def _without_no_reserve(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """Recorded without `reserve` when false: calls recorded before the key keep their key."""
+        return {k: v for k, v in handler(self).items() if k != "reserve" or v}
 
-def suite_specs(ctx: ToolContext, names: list[str], reference: dict[str, str]) -> tuple[SuiteSpec, ...]:
+
+def suite_specs(ctx: ToolContext, names: list[str], reference: dict[str, str],
+                reserve: bool = False) -> tuple[SuiteSpec, ...]:
     """The job's suites; judge suites score holdout prompts against the `reference` completions
     (the incumbent's, from its calibration), battle suites without a file (battle_margin, reward_proxy) the
-    holdout's decisive battles. Raises MissingReference when one is not there yet."""
+    holdout's decisive battles; `reserve`: the reserve split's, as `<suite>@reserve`. Raises MissingReference when
+    one is not there yet."""
     specs = []
     for name in names:
         suite = ctx.lab.suite(name)
+        recorded = reserve_suite(name) if reserve else name
         if not suite.judged:
-            items = suite.file or holdout_battles(ctx, suite.sealed)
+            items = suite.file or holdout_battles(ctx, suite.sealed, reserve)
             if items is None:
                 raise MissingReference(f"{suite.scorer} suite {name} reads the holdout battles: ingest first")
-            specs.append(SuiteSpec(name=name, scorer=suite.scorer, items_path=items, sealed=suite.sealed,
+            specs.append(SuiteSpec(name=recorded, scorer=suite.scorer, items_path=items, sealed=suite.sealed,
                                    constraint_mode=suite.constraint_mode))
             continue
-        items = suite.file or holdout_items(ctx, suite.sealed)
+        items = suite.file or holdout_items(ctx, suite.sealed, reserve)
         if items is None or name not in reference:
             raise MissingReference(f"judge suite {name} needs the ingested split and the incumbent's reference "
                                    "completions (calibrate the incumbent first)")
-        specs.append(SuiteSpec(name=name, scorer="judge", items_path=items, sealed=suite.sealed,
+        specs.append(SuiteSpec(name=recorded, scorer="judge", items_path=items, sealed=suite.sealed,
                                incumbent_completions=reference[name]))
     return tuple(specs)
 
@@ -81,10 +107,11 @@ class MissingReference(ValueError):
 
 
 def eval_job(ctx: ToolContext, artifact_id: int, suite_names: list[str], decoding: Decoding, served: bool,
-             replicates: int, reference: dict[str, str] | None = None, first_replicate: int = 0) -> EvalJobConfig:
+             replicates: int, reference: dict[str, str] | None = None, first_replicate: int = 0,
+             reserve: bool = False) -> EvalJobConfig:
     """The eval job of an artifact; its output directory is named by weights, decoding, suites and references."""
     artifact = ctx.nb.artifact(artifact_id)
-    suites = suite_specs(ctx, suite_names, reference or {})
+    suites = suite_specs(ctx, suite_names, reference or {}, reserve)
     name = content_name("eval", {"weights": artifact.sha256, "decoding": decoding.fingerprint(),
                                  "suites": _portable(ctx, suites), "replicates": replicates,
                                  "served": served} | ({"first_replicate": first_replicate} if first_replicate else {}))
@@ -107,16 +134,17 @@ def engine_options(ctx: ToolContext, kind: str) -> dict[str, Any]:
 
 
 def reference_completions(ctx: ToolContext, artifact_id: int, names: list[str],
-                          nomination: bool = False) -> dict[str, str]:
+                          nomination: bool = False, reserve: bool = False) -> dict[str, str]:
     """Generate `artifact_id`'s answers to the judge suites' prompts at its served decoding (a job,
     not an eval: nothing is scored or recorded) and return suite -> completions file. `nomination`:
-    the sealed confirmation's references, which run on the reserve like the rest of the nomination."""
+    the sealed confirmation's references, which run on the budget's nomination reserve like the rest of the
+    nomination; `reserve`: the answers to the reserve split's prompts (a reserve look's reference)."""
     judged = [n for n in names if ctx.lab.suite(n).judged]
     if not judged:
         return {}
     specs = []
     for n in judged:
-        items = ctx.lab.suite(n).file or holdout_items(ctx, ctx.lab.suite(n).sealed)
+        items = ctx.lab.suite(n).file or holdout_items(ctx, ctx.lab.suite(n).sealed, reserve)
         if items is None:
             raise MissingReference(f"judge suite {n} reads the holdout split: ingest first")
         specs.append(SuiteSpec(name=f"{n}-reference", scorer="loops", items_path=items))
@@ -155,17 +183,18 @@ def eval_sizing(cfg: EvalJobConfig) -> dict[str, Any]:
                    Path(cfg.checkpoint))
 
 
-def planned_sizing(ctx: ToolContext, kind: str, artifact_id: int, names: list[str], replicates: int) -> dict[str, Any]:
+def planned_sizing(ctx: ToolContext, kind: str, artifact_id: int, names: list[str], replicates: int,
+                   reserve: bool = False) -> dict[str, Any]:
     """eval_sizing of the job a tool will submit, from what the job's config will be built from (the same items, the
     artifact's served cap, its checkpoint): the budget gate's forecast, before the config exists. `kind`: "eval", or
-    "reference" (the judge suites' prompts once, unscored)."""
+    "reference" (the judge suites' prompts once, unscored); `reserve`: on the reserve split's prompts."""
     if kind == "reference":
         names, replicates = [n for n in names if ctx.lab.suite(n).judged], 1
     items = []
     for n in names:
         suite = ctx.lab.suite(n)
         holdout = holdout_items if kind == "reference" or not suite.judged else holdout_battles
-        items.append(suite.file or holdout(ctx, suite.sealed))
+        items.append(suite.file or holdout(ctx, suite.sealed, reserve))
     return _sizing(items, replicates, served_of(ctx, artifact_id).max_new_tokens,
                    Path(ctx.nb.artifact(artifact_id).path))
 
@@ -234,6 +263,34 @@ def _enough(ctx: ToolContext, args: Args, names: list[str], decoding: Decoding) 
     return ToolOutcome(tool=NAME, status="done", summary=summary, data=data)
 
 
+def _reserve_body(ctx: ToolContext, args: Args, names: list[str]) -> ToolOutcome:
+    """One served draw of `names` on the reserve split's prompts (see the module docstring)."""
+    state = view(ctx.nb, ctx.session)
+    artifact, incumbent = ctx.nb.artifact(args.artifact), state.incumbent
+    own = [n for n in names if ctx.lab.suite(n).file is not None]
+    if state.split is None or not state.split.reserve or own:
+        why = f"suites {own} have items of their own" if own else "the session's split holds no reserve"
+        return ToolOutcome(tool=NAME, status="failed", summary=f"no reserve eval of {artifact.name}: {why}")
+    served = served_of(ctx, args.artifact)
+    if args.artifact != incumbent and any(not ctx.nb.evals(artifact_id=incumbent, suite=reserve_suite(n),
+                                                           session=ctx.session) for n in names):
+        return ToolOutcome(tool=NAME, status="failed", summary=f"no reserve eval of {artifact.name}: evaluate the "
+                           f"incumbent {ctx.nb.artifact(incumbent).name} on the reserve first (its answers are the "
+                           "reference)")
+    try:
+        reference = reference_completions(ctx, incumbent, names, reserve=True)
+        cfg = eval_job(ctx, args.artifact, names, served, True, 1, reference, reserve=True)
+    except MissingReference as exc:
+        return ToolOutcome(tool=NAME, status="failed", summary=str(exc))
+    evals, key = run_and_record(ctx, args.artifact, cfg)
+    prompts = ", ".join(f"{e.suite} {len(e.items)}" for e in evals if e.replicate == 0)
+    summary = (f"{artifact.name} on the reserve split (prompts: {prompts}; held out at ingest, read for no other "
+               f"step): {metrics_line(evals)}")
+    data = {"artifact_id": args.artifact, "eval_ids": [e.id for e in evals]}
+    record_once(ctx, "evaluate", summary, data | {"job_key": key})
+    return ToolOutcome(tool=NAME, status="done", summary=summary, data=data)
+
+
 def _body(ctx: ToolContext, args: Args) -> ToolOutcome:
     artifact = ctx.nb.artifact(args.artifact)
     names = args.suites or [s.name for s in ctx.lab.open_suites]
@@ -241,6 +298,8 @@ def _body(ctx: ToolContext, args: Args) -> ToolOutcome:
     if artifact.kind not in ("checkpoint", "adapter") or unknown:  # an adapter: through it (evals.generate.load)
         return ToolOutcome(tool=NAME, status="failed", summary=f"not evaluable: artifact kind {artifact.kind}, "
                            f"unknown or sealed suites {unknown}")
+    if args.reserve:
+        return _reserve_body(ctx, args, names)
     served = served_of(ctx, args.artifact)
     decoding = served.model_copy(update={"temperature": 0.0, "top_p": 1.0}) if args.diagnostic else served
     reference = references_of(ctx, incumbent_of(ctx.nb, ctx.session))

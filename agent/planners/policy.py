@@ -47,7 +47,12 @@ StageRule = Literal["judge_every", "first_cleared", "best_of_stage"]
 #      positions, against the same reference answers) and looks again, up to the registered looks, while the budget
 #      admits the draw; the comparison's p-value stays one member of the Holm family (min p/w over the looks). Under
 #      version 5 the small-holdout world's ~46-battle holdout refused the truly best arm in 2 of 10 sessions.
-VERSION = 6
+#   7: more prompts, not only more draws (issue 41): where the split holds a reserve ([feedback] reserve_fraction) and
+#      every p bar reads a suite of the dev holdout's prompts, the last registered look is the reserve look: a
+#      comparison still unresolved after the draws bought on the dev prompts draws the reserve's prompts (the
+#      incumbent's answers and first look at them, then the candidate's; each eval admitted by the budget) and is
+#      decided on the dev draws with them (evals/compare.py). Without a reserve it is version 6 step for step.
+VERSION = 7
 _RULES: dict[int, dict[str, str]] = {
     1: {"calibration": "at_promotion", "stage": "first_cleared", "arms": "fixed", "finalists": "above_incumbent",
         "evidence": "one_look"},
@@ -61,10 +66,12 @@ _RULES: dict[int, dict[str, str]] = {
         "evidence": "one_look"},
     6: {"calibration": "when_read", "stage": "best_of_stage", "arms": "train", "finalists": "best_screened",
         "evidence": "sequential"},
+    7: {"calibration": "when_read", "stage": "best_of_stage", "arms": "train", "finalists": "best_screened",
+        "evidence": "sequential_reserve"},
 }
 
 FinalistRule = Literal["above_incumbent", "best_screened"]
-EvidenceRule = Literal["one_look", "sequential"]
+EvidenceRule = Literal["one_look", "sequential", "sequential_reserve"]
 
 
 # The named policies: the combined playbook, and the five seeds' recipes (agent/planners/recipes.py).
@@ -121,7 +128,8 @@ class PlaybookSettings(BaseModel):
     evidence: EvidenceRule = Field(
         None, validate_default=True, description="How a comparison's p bar is read: `sequential` (version 6): look "
         "by look under bars that register looks, buying one more served draw of the judged holdout while a look "
-        "leaves it unresolved; `one_look` (versions 1-5): one look, decided. Unset: the version's rule.")
+        "leaves it unresolved; `sequential_reserve` (version 7): the same, the last look reading the split's reserve "
+        "prompts where it holds a reserve; `one_look` (versions 1-5): one look, decided. Unset: the version's rule.")
     fallbacks: int = Field(0, ge=0, description="Further screened candidates a stage judges, one for each of its "
                            "finalists the bars rejected (in screen order, under the same `finalist_rule`); "
                            "`comparisons()` counts them in the p-value family.")

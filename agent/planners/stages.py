@@ -170,15 +170,15 @@ def _best_of_stage(s: Summary, cfg: PlaybookSettings, ranked: list, judged: list
 
 def judge(s: Summary, cfg: PlaybookSettings, cand, suites: list[str] | None, why: str) -> Iterator[ToolCall]:
     """Evaluate the candidate on `suites` (None: every open suite), compare it with the incumbent, promote it. Under
-    the `sequential` evidence rule (version 6) the comparison goes look by look (`looked`)."""
+    the `sequential` evidence rules (versions 6 and 7) the comparison goes look by look (`looked`)."""
     ok = yield from evaluate_step(s, cand, suites, f"evaluate {cand.name} at its served decoding")
     if not ok:
         return
     ok = yield from replicated(s, cand)
     if not ok:
         return
-    if cfg.evidence == "sequential" and s.bars.spec.looks > 1:
-        decided = yield from looked(s, cand, why)
+    if cfg.evidence in ("sequential", "sequential_reserve") and s.bars.spec.looks > 1:
+        decided = yield from looked(s, cand, why, reserve_look(s, cfg))
         if not decided:
             return
     else:
@@ -196,13 +196,25 @@ def judge(s: Summary, cfg: PlaybookSettings, cand, suites: list[str] | None, why
         yield proposal("promote", {"candidate": cand.id}, f"{cand.name} cleared every bar: " + "; ".join(verdict.lines()))
 
 
-def looked(s: Summary, cand, why: str) -> Iterator[ToolCall]:
+def reserve_look(s: Summary, cfg: PlaybookSettings) -> bool:
+    """Whether a comparison's last registered look is the reserve look (version 7): the split holds a reserve and
+    every p bar reads a suite of the dev holdout's prompts, which the reserve's extend. Fixed by the split (made at
+    ingest, before any score) and the policy's version: never chosen after a look."""
+    split = s.split
+    return (cfg.evidence == "sequential_reserve" and split is not None and split.reserve > 0
+            and set(s.bars.suites()[1]) <= set(split.reserve_suites))
+
+
+def looked(s: Summary, cand, why: str, reserve: bool = False) -> Iterator[ToolCall]:
     """The candidate's comparison look by look (bars registering `looks` > 1): look 1 on its first draw; while a look
     leaves it unresolved, one more served draw of the judged holdout is bought (an eval replicate, admitted by the
-    budget like any job) and the next look asked. Returns whether a look decided (a verdict, or a refusal)."""
-    judged = s.bars.suites()[1]
-    for j in range(1, s.bars.spec.looks + 1):
-        args = {"candidate": cand.id, "look": j}
+    budget like any job) and the next look asked. With `reserve` the last look is the reserve look: instead of another
+    draw of the same prompts, the reserve's prompts are drawn (`_reserve_draw`). Returns whether a look decided (a
+    verdict, or a refusal)."""
+    judged, last = s.bars.suites()[1], s.bars.spec.looks
+    for j in range(1, last + 1):
+        at_reserve = reserve and j == last
+        args = {"candidate": cand.id, "look": j} | ({"reserve": True} if at_reserve else {})
         call = s.call("compare", args)
         if call is not None and call.status != "open":
             if call.data.get("unresolved"):
@@ -211,12 +223,34 @@ def looked(s: Summary, cand, why: str) -> Iterator[ToolCall]:
         if s.refused("compare", args) is not None or not s.view.p_family.fits_one_more:
             return False  # no p-value left in the pre-registered family (or refused): the candidate is not judged
         if j > 1:
-            ok = yield from _draw(s, cand, judged, j)
+            ok = yield from (_reserve_draw(s, cand, judged) if at_reserve else _draw(s, cand, judged, j))
             if not ok:
                 return False
         before = f"look {j - 1} left it unresolved, one more served draw bought; " if j > 1 else ""
+        if at_reserve:
+            before = (f"look {j - 1} left it unresolved after {j - 1} draw(s) of the dev holdout, so the reserve's "
+                      f"{s.split.reserve} battles were drawn; ")
         yield proposal("compare", args, f"compare {cand.name} ({why}) with incumbent {s.incumbent} under the bars: "
-                       f"{before}look {j} of {s.bars.spec.looks} of the registered sequential rule")
+                       f"{before}look {j} of {last} of the registered sequential rule"
+                       + (", the reserve look" if at_reserve else ""))
+        return False
+    return True
+
+
+def _reserve_draw(s: Summary, cand, suites: list[str]) -> Iterator[ToolCall]:
+    """The reserve look's evidence: the incumbent's first look at the reserve split's prompts (its answers there are
+    the judged suites' reference), then the candidate's; returns whether both are there. A draw the budget refuses or
+    whose eval failed ends the looks, as a draw of the dev holdout does: the candidate stays unjudged."""
+    for artifact, name in ((s.incumbent, f"incumbent {s.incumbent}"), (cand.id, cand.name)):
+        args = {"artifact": artifact, "suites": suites, "reserve": True}
+        done = s.call("evaluate", args)
+        if done is not None and done.status == "done":
+            continue
+        if (done is None or done.status == "open") and s.refused("evaluate", args) is None:
+            yield proposal("evaluate", args, f"buy evidence: {cand.name}'s comparison is unresolved after the draws "
+                           f"of the dev holdout, so draw more prompts: {name}'s served answers on {', '.join(suites)} "
+                           f"for the reserve split's {s.split.reserve} battles (held out at ingest, never read "
+                           "before)" + (", the incumbent's first: they are the reference" if artifact != cand.id else ""))
         return False
     return True
 

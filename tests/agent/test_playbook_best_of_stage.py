@@ -174,4 +174,4 @@ def test_version_5_the_screen_ranks_the_finalists_and_no_longer_gates_them():
     old.pop("evidence")  # recorded before version 6's key: read back as the version's rule
     assert PlaybookSettings.recorded(old, "s").finalist_rule == "above_incumbent"
     assert PlaybookSettings.recorded(old, "s").evidence == "one_look"
-    assert PlaybookSettings.short().finalist_rule == "best_screened" and PlaybookSettings().version == 6
+    assert PlaybookSettings.short().finalist_rule == "best_screened" and PlaybookSettings().version == 7

@@ -25,6 +25,7 @@ from agent.inputs import _split_config
 from agent.planners.policy import VERSION
 from evals import synthetic
 from evals.compare import _OPS
+from evals.decoding import Decoding
 from evals.judge import judged_prompt, parse_verdict
 from evals.records import served_draws
 from evals.types import Item
@@ -128,10 +129,16 @@ def test_noisy_judge_votes_30_percent_wrong_and_10_percent_ties(work):
     assert stated.count("B") / len(stated) < 0.15  # the default world's voters are not this careless
 
 
-def test_small_holdout_has_at_most_60_dev_battles(work):
+def test_small_holdout_has_at_most_60_dev_battles_and_a_reserve(work):
     lab = work / "small-holdout" / "world-0"
     _, split = split_file(lab / world.FEEDBACK, _split_config(load_lab_config(lab)))  # the split ingest makes
     assert 0 < sum(v == "dev" for v in split.assignment.values()) <= 60
+    # its reserve: more holdout prompts (read only by a reserve look), taken from what would have trained
+    reserve = variants.variant("small-holdout").reserve_fraction
+    assert reserve > 0 and len(split.ids("reserve")) == int(len(split.assignment) * reserve + 0.5)
+    _, default = split_file(work / "world-0" / world.FEEDBACK, _split_config(load_lab_config(work / "world-0")))
+    assert "reserve" not in default.counts and all(variants.variant(n).reserve_fraction == 0
+                                                   for n in variants.VARIANT_NAMES if n != "small-holdout")
     # the demo size's 480 battles: the share is cut from 0.3 (144 battles) to fit
     v = variants.variant("small-holdout")
     assert variants.dev_fraction(v, 480, 0.3) * 480 <= 50 and variants.dev_fraction(v, 64, 0.3) == 0.3
@@ -211,14 +218,16 @@ def test_the_reduced_variants_benchmark_writes_every_figure(bench):
 def check_looks_and_audit(nb: Notebook, session: str) -> dict[str, int]:
     """Issue 41's rules re-derived from a session's notebook: every comparison under sequential bars is read at a
     `decided` look preceded by its unresolved ones (look j after look j-1 left it open, on the candidate's served draws
-    0 .. j-1 of the judged suite), its recorded p-value is min p_i / w_i recomputed here from the eval rows, an
+    0 .. j-1 of the judged suite; a reserve look, the last registered one, on draws 0 .. j-2 and both sides' first
+    looks at the reserve's prompts), its recorded p-value is min p_i / w_i recomputed here from the eval rows, an
     unresolved look spends no p-value; an `audit` finding is recorded exactly when every p bar held and a guard not yet
     flagged failed at its registered margin, and from then on that guard reads the wider margin. Returns counts."""
     state = fold(nb, session)
     spec = state.bars.spec
     assert spec.looks > 1 and spec.audit_margin is not None  # the world's bars register both
     weights = spec.look_weights()
-    counts = {"comparisons": 0, "looks": len(state.looks), "unresolved": 0, "findings": len(state.findings)}
+    counts = {"comparisons": 0, "looks": len(state.looks), "unresolved": 0, "findings": len(state.findings),
+              "reserve_looks": 0}
     for v in state.verdicts:
         counts["comparisons"] += 1
         taken = [x for x in state.looks if (x.payload.candidate, x.payload.incumbent) == (v.candidate, v.incumbent)
@@ -229,16 +238,30 @@ def check_looks_and_audit(nb: Notebook, session: str) -> dict[str, int]:
         counts["unresolved"] += len(mine) - 1
         p_bar = next(b for b in v.bars if b.bar.statistic == "p")
         rule = p_bar.bar
-        draws = served_draws(nb, session, v.candidate, rule.suite,
-                             nb.evals(artifact_id=v.candidate, suite=rule.suite, session=session)[0].decoding_sha256)
+        first = nb.evals(artifact_id=v.candidate, suite=rule.suite, session=session)[0]
+        draws = served_draws(nb, session, v.candidate, rule.suite, first.decoding_sha256)
+        if Decoding.model_validate(first.decoding).greedy:  # a greedy look is exact: every draw is draw 0
+            draws = dict.fromkeys(range(spec.looks), draws[0])
         inc = next(e for e in nb.evals(artifact_id=v.incumbent, suite=rule.suite, session=session) if e.replicate == 0)
         inc_values = inc.values(rule.metric)
         ids = sorted(inc_values)
         ps = []
-        for j in range(1, len(mine) + 1):
-            mean = [sum(draws[k].values(rule.metric)[i] for k in range(j)) / j for i in ids]
-            ps.append(scipy_stats.ttest_rel(mean, [inc_values[i] for i in ids], alternative="greater").pvalue
-                      / weights[j - 1])
+        for j, look in enumerate(mine, start=1):
+            k = j - 1 if look.reserve is not None else j
+            mean = [sum(draws[x].values(rule.metric)[i] for x in range(k)) / k for i in ids]
+            base = [inc_values[i] for i in ids]
+            if look.reserve is not None:  # the reserve look: the last registered, both sides' first reserve looks
+                assert j == spec.looks == len(mine) and look.n == len(ids) + look.reserve
+                reserve_suite = f"{rule.suite}@reserve"
+                cand_r = next(e for e in nb.evals(artifact_id=v.candidate, suite=reserve_suite, session=session)
+                              if e.served and e.replicate == 0).values(rule.metric)
+                inc_r = next(e for e in nb.evals(artifact_id=v.incumbent, suite=reserve_suite, session=session)
+                             if e.served and e.replicate == 0).values(rule.metric)
+                assert sorted(cand_r) == sorted(inc_r) and len(inc_r) == look.reserve and not set(inc_r) & set(ids)
+                mean += [cand_r[i] for i in sorted(inc_r)]
+                base += [inc_r[i] for i in sorted(inc_r)]
+                counts["reserve_looks"] += 1
+            ps.append(scipy_stats.ttest_rel(mean, base, alternative="greater").pvalue / weights[j - 1])
         assert p_bar.raw_p == pytest.approx(min(1.0, min(ps)), rel=1e-9, abs=1e-12)
         start = taken[0].seq
         for b in v.bars:

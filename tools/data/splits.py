@@ -1,4 +1,6 @@
-"""Feedback splits: train, dev holdout (selection) and sealed confirmation (DESIGN.md invariant 1).
+"""Feedback splits: train, dev holdout (selection), sealed confirmation (DESIGN.md invariant 1) and, where the lab
+asks for one (`reserve_fraction` > 0), a reserve: more holdout prompts, never trained on and never read until a policy
+buys evidence with them for a comparison its dev holdout left unresolved (agent/planners/stages.py, evals/compare.py).
 
 The split is a pure function of the battles' content, never of file order:
 
@@ -11,20 +13,23 @@ The split is a pure function of the battles' content, never of file order:
    `split_problems` refuses a split that is empty or off its target share by more than SKEW of it.
 2. Each unit belongs to the stratum of its representative (the battle with the smallest id):
    the vote, and the value of the `stratify_by` meta tag when one is given (missing -> "").
-3. Each split's count is exact: round(N * sealed_fraction) battles of the N go to sealed and
-   round(N * dev_fraction) to dev, apportioned over the strata by largest remainder (each stratum
+3. Each split's count is exact: round(N * sealed_fraction) battles of the N go to sealed,
+   round(N * dev_fraction) to dev and round(N * reserve_fraction) to the reserve, apportioned
+   over the strata by largest remainder (each stratum
    gets the floor or the ceiling of its share; remainders tie-break by a hash of the stratum), so
    many small strata cannot round every holdout share down to nothing (64 battles over 8 families
    and 4 votes, each stratum rounding 10% of its 1-4 battles, once made a sealed set of 1 battle).
    Within a stratum, units are ordered by sha256 of the representative id; the first go to sealed up
-   to its count, the next to dev, the rest to train. A unit larger than one battle can overshoot
-   by its size minus one.
+   to its count, the next to dev, the next to the reserve, the rest to train. A unit larger than one battle can
+   overshoot by its size minus one. Without a reserve (the default) nothing of this differs from the split before
+   the key: the same assignment, counts and sha256, and no `reserve` key anywhere.
 4. Battles the lab's previous split already assigned are pinned to that split (a unit with pinned
    members takes the most guarded of their splits: sealed, then dev, then train), and the new
    battles fill each stratum's remaining targets in the same hash order. Without pins, cut points
    move when a grown feedback file is re-ingested: appending 10% more battles to 1000 moved 4 dev
    battles into train and 2 train battles into dev (a holdout leaking into training, or a trained-on
-   battle judging selection, across feedback rounds).
+   battle judging selection, across feedback rounds). So a reserve asked for later fills from new battles only: a
+   battle a parent may have trained on never becomes a reserve prompt (an empty reserve is refused, rule 1).
 
 Re-splitting the same battles, in any order, gives the same assignment and the same sha256.
 """
@@ -35,17 +40,26 @@ import hashlib
 import math
 from collections import defaultdict
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+    model_validator,
+)
 
 from core.util import canonical_json
 from memory.notebook import FeedbackSplit, Notebook
 from tools.data.feedback import Battle, load_feedback
 from tools.data.leak import DEFAULT_NGRAM, ngrams, normalized_hash, short_sequence
 
-SplitName = Literal["train", "dev", "sealed"]
-SPLITS: tuple[SplitName, ...] = ("train", "dev", "sealed")
+SplitName = Literal["train", "dev", "sealed", "reserve"]
+SPLITS: tuple[SplitName, ...] = ("train", "dev", "sealed")  # every split has these; "reserve" only when asked for
+# The most guarded first: a unit whose battles were pinned to several splits takes the first of them (rule 4).
+GUARDED: tuple[SplitName, ...] = ("sealed", "dev", "reserve", "train")
 # A group of colliding prompts holds at most this many battles (or MAX_UNIT_SHARE of the file, when more):
 # one battle sharing a 13-word run with many others must not carry them all out of train, nor one
 # template phrase put every battle into one unit (all sealed). The battles of a larger group are split
@@ -61,7 +75,7 @@ SKEW_SD = 2.0
 
 
 class SplitConfig(BaseModel):
-    """How feedback is split (lab.toml [feedback]: dev_fraction, sealed_fraction, stratify_by)."""
+    """How feedback is split (lab.toml [feedback]: dev_fraction, sealed_fraction, reserve_fraction, stratify_by)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -69,12 +83,32 @@ class SplitConfig(BaseModel):
     sealed_fraction: float = Field(gt=0, lt=1, description="Share of battles in the sealed confirmation set.")
     stratify_by: str | None = Field(None, description="Meta tag to stratify by on top of the vote.")
     ngram: int = Field(DEFAULT_NGRAM, ge=1, description="Battles sharing a word n-gram of this length stay together.")
+    reserve_fraction: float = Field(0.0, ge=0, lt=1, description="Share of battles held in reserve: holdout prompts "
+                                    "read only when a comparison buys evidence with them; 0: no reserve.")
 
     @model_validator(mode="after")
     def _leaves_train(self) -> SplitConfig:
-        if self.dev_fraction + self.sealed_fraction >= 1:
-            raise ValueError("dev_fraction + sealed_fraction must be below 1 (some battles must train)")
+        if self.dev_fraction + self.sealed_fraction + self.reserve_fraction >= 1:
+            names = "dev_fraction + sealed_fraction" + (" + reserve_fraction" if self.reserve_fraction else "")
+            raise ValueError(f"{names} must be below 1 (some battles must train)")
         return self
+
+    @model_serializer(mode="wrap")
+    def _without_no_reserve(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """Stored without `reserve_fraction` when there is none: the split file, the notebook's split config and the
+        ingest job's key (its arguments) stay those of the splits made before the key."""
+        data = handler(self)
+        return {k: v for k, v in data.items() if k != "reserve_fraction" or v}
+
+    @property
+    def names(self) -> tuple[SplitName, ...]:
+        """The splits this configuration makes: train, dev, sealed, and the reserve when it has one."""
+        return SPLITS + (("reserve",) if self.reserve_fraction else ())
+
+    def target(self, name: SplitName) -> float:
+        """A split's target share of the battles."""
+        shares = {"dev": self.dev_fraction, "sealed": self.sealed_fraction, "reserve": self.reserve_fraction}
+        return shares[name] if name in shares else 1 - sum(shares.values())
 
 
 class Split(BaseModel):
@@ -84,8 +118,9 @@ class Split(BaseModel):
 
     source_sha256: str = Field(description="sha256 of the feedback file's bytes.")
     config: SplitConfig = Field(description="The configuration that produced this split.")
-    assignment: dict[str, SplitName] = Field(description="Battle id -> train / dev / sealed, sorted by id.")
-    counts: dict[str, dict[str, int]] = Field(description="Per split, battles per vote.")
+    assignment: dict[str, SplitName] = Field(description="Battle id -> train / dev / sealed (/ reserve), sorted by id.")
+    counts: dict[str, dict[str, int]] = Field(description="Per split, battles per vote (a `reserve` key only when the "
+                                             "configuration asks for one).")
 
     @property
     def sha256(self) -> str:
@@ -159,10 +194,9 @@ def split_problems(split: Split) -> list[str]:
     more than SKEW of that target and more than SKEW_SD binomial standard deviations (a group of colliding prompts the bound let through, or a stratum too
     small to split). Each names the split, its share and its target."""
     total = sum(sum(c.values()) for c in split.counts.values())
-    targets = {"dev": split.config.dev_fraction, "sealed": split.config.sealed_fraction,
-               "train": 1 - split.config.dev_fraction - split.config.sealed_fraction}
+    targets = {name: split.config.target(name) for name in split.config.names}
     problems = []
-    for name in SPLITS:
+    for name in split.config.names:
         got = sum(split.counts[name].values())
         share = got / total if total else 0.0
         if got == 0:
@@ -183,7 +217,7 @@ def _stratum(battle: Battle, stratify_by: str | None) -> tuple[str, str]:
 
 def _pinned_split(unit: list[Battle], pinned: dict[str, str]) -> SplitName | None:
     names = [pinned[b.id] for b in unit if b.id in pinned]
-    return min(names, key=("sealed", "dev", "train").index) if names else None
+    return min(names, key=GUARDED.index) if names else None
 
 
 def _apportion(sizes: dict[tuple[str, str], int], fraction: float,
@@ -203,11 +237,12 @@ def _apportion(sizes: dict[tuple[str, str], int], fraction: float,
     return counts
 
 
-def _assign_stratum(units: list[list[Battle]], n_sealed: int, n_dev: int,
+def _assign_stratum(units: list[list[Battle]], targets: list[tuple[SplitName, int]],
                     pinned: dict[str, str]) -> dict[str, SplitName]:
-    """Pinned units keep their split; the others, in hash order, fill sealed (to n_sealed), then dev, then train."""
+    """Pinned units keep their split; the others, in hash order, fill each held-out split of `targets` in turn (sealed,
+    dev, reserve: up to the running sum of their counts), then train."""
     units = sorted(units, key=lambda u: _id_hash(u[0].id))
-    placed = {"sealed": 0, "dev": 0, "train": 0}
+    placed = dict.fromkeys(GUARDED, 0)
     assignment: dict[str, SplitName] = {}
     fresh = []
     for unit in units:
@@ -218,8 +253,13 @@ def _assign_stratum(units: list[list[Battle]], n_sealed: int, n_dev: int,
         assignment.update((b.id, name) for b in unit)
         placed[name] += len(unit)
     for unit in fresh:
-        held = placed["sealed"] + placed["dev"]
-        name = "sealed" if placed["sealed"] < n_sealed else "dev" if held < n_sealed + n_dev else "train"
+        name: SplitName = "train"
+        held = bound = 0
+        for split, n in targets:  # the first whose running total of battles is below the running total of the counts
+            held, bound = held + placed[split], bound + n
+            if held < bound:
+                name = split
+                break
         assignment.update((b.id, name) for b in unit)
         placed[name] += len(unit)
     return assignment
@@ -227,18 +267,23 @@ def _assign_stratum(units: list[list[Battle]], n_sealed: int, n_dev: int,
 
 def split_battles(battles: list[Battle], source_sha256: str, config: SplitConfig,
                   pinned: dict[str, str] | None = None) -> Split:
-    """Assign every battle to train, dev or sealed; `pinned` (id -> split) are kept. See the module docstring."""
+    """Assign every battle to train, dev, sealed (or the reserve); `pinned` (id -> split) are kept. See the module
+    docstring."""
     strata: dict[tuple[str, str], list[list[Battle]]] = defaultdict(list)
     for unit in _units(battles, config.ngram):
         strata[_stratum(unit[0], config.stratify_by)].append(unit)
     sizes = {k: sum(len(u) for u in units) for k, units in strata.items()}
     sealed = _apportion(sizes, config.sealed_fraction, sizes)
     dev = _apportion(sizes, config.dev_fraction, {k: n - sealed[k] for k, n in sizes.items()})
+    reserve = _apportion(sizes, config.reserve_fraction, {k: n - sealed[k] - dev[k] for k, n in sizes.items()})
     assignment: dict[str, SplitName] = {}
     for k, units in strata.items():
-        assignment.update(_assign_stratum(units, sealed[k], dev[k], pinned or {}))
+        targets: list[tuple[SplitName, int]] = [("sealed", sealed[k]), ("dev", dev[k]), ("reserve", reserve[k])]
+        assignment.update(_assign_stratum(units, targets, pinned or {}))
     votes = {b.id: b.vote for b in battles}
-    counts = {s: {v: 0 for v in ("own", "other", "tie", "both_bad")} for s in SPLITS}
+    # A reserve the lab no longer asks for keeps its pinned battles (held out, never trained on) and its count.
+    names = config.names if "reserve" not in assignment.values() else (*SPLITS, "reserve")
+    counts = {s: {v: 0 for v in ("own", "other", "tie", "both_bad")} for s in names}
     for battle_id, name in assignment.items():
         counts[name][votes[battle_id]] += 1
     return Split(source_sha256=source_sha256, config=config,

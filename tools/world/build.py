@@ -60,7 +60,7 @@ Size = Literal["demo", "test", "gpu", "gpu-test"]
 WorldTemplate = Literal["chatml", "llama3", "gemma"]
 WORLD_TEMPLATES: tuple[WorldTemplate, ...] = ("chatml", "llama3", "gemma")
 # Bump whenever anything a build writes changes (lab.toml values too): an older cache is then rebuilt.
-WORLD_VERSION = 8
+WORLD_VERSION = 9
 WORLD_DIR = "world"
 MANIFEST = "manifest.json"
 COMMIT = "manifest.sha256"
@@ -742,8 +742,8 @@ def gpu_lab_toml(text: str, shape) -> str:
 
 
 def variant_lab_toml(text: str, v: Variant, n_battles: int) -> str:
-    """The default lab.toml as variant `v` states it: the dev share it cuts (small-holdout), the learning rates it
-    sets per family (harmful-arms), and a header line naming the variant."""
+    """The default lab.toml as variant `v` states it: the dev share it cuts and the reserve it holds (small-holdout),
+    the learning rates it sets per family (harmful-arms), and a header line naming the variant."""
     if v.name == "default":
         return text
     text = _edited(text, "\nbars = ", f"\n# World variant: {v.name} (tools/world/variants.py).\nbars = ")
@@ -751,6 +751,9 @@ def variant_lab_toml(text: str, v: Variant, n_battles: int) -> str:
     if share != DEV_FRACTION:
         text = _edited(text, f"dev_fraction = {DEV_FRACTION}\n", f"dev_fraction = {share}  # at most {v.max_dev_battles} "
                                                               "dev battles (small-holdout)\n")
+    if v.reserve_fraction:
+        text = _edited(text, "sealed_fraction = 0.1\n", f"sealed_fraction = 0.1\nreserve_fraction = {v.reserve_fraction}"
+                       "  # more holdout prompts, drawn only for a comparison the dev holdout leaves unresolved\n")
     if not v.stratify_by_family:
         text = _edited(text, 'stratify_by = "family"\n', '# stratify_by = "family": not with votes this noisy (see '
                                                            'tools/world/variants.py)\n')

@@ -75,7 +75,8 @@ def _split(lab: Path, out: Path) -> Path:
     from tools.data.splits import SplitConfig, split_file
 
     feedback = tomllib.loads((lab / "lab.toml").read_text(encoding="utf-8"))["feedback"]
-    settings = {k: feedback[k] for k in ("dev_fraction", "sealed_fraction", "stratify_by")}
+    settings = {k: feedback[k] for k in ("dev_fraction", "sealed_fraction", "stratify_by", "reserve_fraction")
+                if k in feedback}
     battles, split = split_file(lab / world.FEEDBACK, SplitConfig(**settings))
     items = [Item(id=b.id, messages=tuple(b.messages)) for b in battles if split.assignment[b.id] == "dev"]
     (out / "items-dev.jsonl").write_text("".join(i.model_dump_json() + "\n" for i in items), encoding="utf-8")

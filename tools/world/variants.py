@@ -13,7 +13,9 @@ the same tokenizer and the same base model as the default world of its seed; wha
   sealed split empty or at 1 battle, and the agent refused to open a session on 6 of seeds 201-207 (all 6 split
   by vote alone pass).
 - `small-holdout`: the dev holdout (what selection reads) has at most `max_dev_battles` battles: lab.toml's
-  dev_fraction is cut to fit the feedback file (the test size's 64 battles already give 19).
+  dev_fraction is cut to fit the feedback file (the test size's 64 battles already give 19). Its lab holds a reserve
+  (`reserve_fraction`): more holdout prompts, read only when a comparison the small holdout leaves unresolved draws
+  them for its last look (rules version 7), as a team short of holdout prompts would keep some back.
 - `harmful-arms`: the lab's recipe ([train] in its lab.toml) holds settings that truly hurt: DPO and the
   KL-leashed CE at a learning rate of 0.1, 500x and 100x the lab's others (at the test size a DPO arm of 16
   steps at 0.1 won 33% against its parent, at 0.03 44%, at 0.01 49%), so half of the full playbook's first arms
@@ -47,6 +49,8 @@ class Variant(BaseModel):
     oracle_noise: OracleNoise = Field(OracleNoise(), description="The noise of the votes in the feedback file.")
     max_dev_battles: int | None = Field(None, ge=1, description="Most dev-holdout battles the split may hold "
                                                                 "(lab.toml's dev_fraction is cut to fit); None: as is.")
+    reserve_fraction: float = Field(0.0, ge=0.0, lt=0.5, description="lab.toml's [feedback] reserve_fraction (0: no "
+                                                                      "reserve, the key left out).")
     train_lr: dict[str, float] = Field(default_factory=dict, description="lab.toml [train.<family>] lr values.")
     stage1_steps_factor: int = Field(1, ge=1, description="Stage-1 SFT runs this many times the preset's steps.")
     stage1_clean: bool = Field(False, description="Stage-1 answers are the worked references and none runs on.")
@@ -60,7 +64,7 @@ VARIANTS: dict[str, Variant] = {
     "default": Variant(name="default"),
     "noisy-judge": Variant(name="noisy-judge", oracle_noise=OracleNoise(tie_rate=0.10, both_bad_rate=0.0, wrong_rate=0.30),
                            stratify_by_family=False),
-    "small-holdout": Variant(name="small-holdout", max_dev_battles=60),
+    "small-holdout": Variant(name="small-holdout", max_dev_battles=60, reserve_fraction=0.2),
     "harmful-arms": Variant(name="harmful-arms", train_lr={"dpo": 0.1, "klce": 0.1}),
     "strong-parent": Variant(name="strong-parent", stage1_steps_factor=6, stage1_clean=True),
     "misleading-screens": Variant(name="misleading-screens", screen_labels="parent"),
