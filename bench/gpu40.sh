@@ -35,8 +35,9 @@ WHEELS=$(ls .whl/*.whl 2>/dev/null)
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site $WHEELS || exit 3
 export PYTHONPATH=/tmp/site:$PWD
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; nproc
-  python3 -c "import torch, transformers, peft, mamba_ssm; print('torch', torch.__version__, 'cuda', torch.version.cuda,
-'transformers', transformers.__version__, 'peft', peft.__version__, 'mamba_ssm', mamba_ssm.__version__)"
+  python3 -c "import torch, transformers, peft; print('torch', torch.__version__, 'cuda', torch.version.cuda,
+'transformers', transformers.__version__, 'peft', peft.__version__)"
+  python3 -c "import mamba_ssm; print('mamba_ssm', mamba_ssm.__version__)" 2>&1 | tail -n 1
   git rev-parse HEAD 2>/dev/null; echo "install: $(( $(date +%s) - START ))s"
 } > "$R/env.txt" 2>&1
 cat "$R/env.txt"
