@@ -101,7 +101,8 @@ def lab_spec(config: LabConfig, chat_ref: ChatTemplateRef | None = None) -> LabS
         raise SessionError("lab.toml: [[evals]] needs at least one open (not sealed) suite it can score")
     return LabSpec(
         parent=parent, tokenizer=tokenizer, feedback=config.feedback.file, dev_fraction=config.feedback.dev_fraction,
-        sealed_fraction=config.feedback.sealed_fraction, stratify_by=config.feedback.stratify_by, suites=suites,
+        sealed_fraction=config.feedback.sealed_fraction, stratify_by=config.feedback.stratify_by,
+        reserve_fraction=config.feedback.reserve_fraction, suites=suites,
         replicates=max(e.replicates for e in config.evals),
         data=[ReplaySource(name=d.name, path=d.path, cap=d.cap) for d in config.data if d.kind == "chat"],
         verified=[VerifiedSource(name=d.name, path=d.path, verifier=d.verifier)

@@ -69,6 +69,7 @@ class LabSpec(BaseModel):
     dev_fraction: float = Field(description="Share of battles held out for selection.")
     sealed_fraction: float = Field(description="Share of battles sealed for the nominee's confirmation.")
     stratify_by: str | None = Field(None, description="Meta tag the split stratifies by, on top of the vote.")
+    reserve_fraction: float = Field(0.0, description="Share of battles held in reserve (0: none; tools/data/splits.py).")
     suites: list[LabSuite] = Field(min_length=1, description="Eval suites; sealed ones are scored once, for the nominee.")
     replicates: int = Field(3, ge=3, description="K replicates of an incumbent for its noise floor.")
     data: list[ReplaySource] = Field(default_factory=list, description="Local replay data sources.")

@@ -92,13 +92,10 @@ def holdout_battles(ctx: ToolContext, sealed: bool, reserve: bool = False) -> Pa
 
 
 def split_config(ctx: ToolContext) -> SplitConfig:
-    """The split the session's ingest makes: the lab's [feedback] fractions and stratification, and its reserve as the
-    session recorded lab.toml at its opening (its config snapshot, as the card reads [model] and [truth]; resume
-    refuses a changed [feedback], so it is the lab's as run; a snapshot without the key: no reserve)."""
+    """The split the session's ingest makes: the lab's [feedback] fractions, reserve and stratification."""
     lab = ctx.lab
-    recorded = (ctx.nb.session(ctx.session).config.get("lab") or {}).get("feedback") or {}
     return SplitConfig(dev_fraction=lab.dev_fraction, sealed_fraction=lab.sealed_fraction, stratify_by=lab.stratify_by,
-                       reserve_fraction=recorded.get("reserve_fraction", 0.0))
+                       reserve_fraction=lab.reserve_fraction)
 
 
 def counts_line(sizes: dict[str, int]) -> str:
