@@ -53,7 +53,8 @@ OWN_WORLD_FILES = {"tests/world/test_variants.py": "variants", "tests/world/test
 # together. The three shared units lead; the files after them took 40-130 s each in a clean-clone run at
 # load 4-8 (tests ran in collection order before, and test_distributed.py's ~110 s came last). A unit not
 # named here keeps its collection order after these.
-HEAVY_FIRST = ("finished", "slurm", "toy_world", "variants", "crash_resume", "tests/ownlab/test_own_lab.py",
+HEAVY_FIRST = ("finished", "slurm", "toy_world", "variants", "crash_resume", "checkpoint_trust", "reserve_session",
+               "tests/ownlab/test_own_lab.py",
                *(f"tests/ownlab/test_own_recipes.py::test_each_recipe_runs_to_a_checked_nomination_on_the_own_lab[{r}]"
                  for r in ("aspen", "islet", "delta", "brook", "ember")),
                "tests/hostile/test_lab_sessions.py", "tests/trainers/test_distributed.py", "tests/test_bench_scaling.py",

@@ -2,7 +2,7 @@
 A session's agent alone is SIGKILLed while its first gated step acts (calibration's reference job, which runs on to
 its end without it); the checkpoint is then edited as an attacker with write access to the lab would (the proposal's
 arguments or rationale, a line fed back to the planner, a counter). Each edit is refused by resume, naming the file,
-with nothing written. The unedited lab resumes to its nomination with the reference job attached, not run again
+with nothing written. The unedited lab resumes with the reference job attached, not run again
 (issue 44, item 2: the agent alone killed at the reference job; tests/hostile/test_crash_resume.py kills its group)."""
 
 from __future__ import annotations
@@ -125,15 +125,34 @@ def test_an_edited_checkpoint_is_refused_on_resume(killed, tmp_path, values, wor
     assert _contents(lab) == before
 
 
-def test_the_checkpoint_as_written_resumes_to_a_nomination_with_the_reference_job_attached(killed):
-    """The same check on the unedited checkpoint passes: resume gates the interrupted step again, attaches the
-    reference job the dead agent left (it ended on its own: attempt 1, completed, not launched again) and the session
-    ends in a nomination. Runs last: it writes the killed lab itself."""
-    out = subprocess.run([sys.executable, str(REPO / "run_agent.py"), "resume", "s1", "--lab", str(killed.lab)],
-                         cwd=REPO, capture_output=True, text=True, timeout=900)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert "(calibrate) again before acting" in out.stdout and "session s1: done" in out.stdout
+def _calibrated(lab: Path) -> bool:
+    try:
+        with Notebook.open(lab / "notebook.db", readonly=True) as nb:
+            return any(c.tool == "calibrate" and c.status == "done" for c in nb.tool_calls("s1"))
+    except NotebookError:
+        return False
+
+
+def test_the_checkpoint_as_written_resumes_with_the_reference_job_attached(killed):
+    """The same check on the unedited checkpoint passes: resume gates the interrupted step again and attaches the
+    reference job the dead agent left (it ended on its own: attempt 1, completed, not launched again); calibration
+    then finishes (tests/hostile/test_crash_resume.py takes such resumes on to a nomination). Runs last: it writes the
+    killed lab itself."""
+    log = killed.lab.parent / "resume.log"
+    with open(log, "w") as out:
+        agent = subprocess.Popen([sys.executable, str(REPO / "run_agent.py"), "resume", "s1", "--lab", str(killed.lab)],
+                                 cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 600
+    try:
+        while not _calibrated(killed.lab):
+            assert agent.poll() is None, log.read_text()
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+    finally:
+        if agent.poll() is None:
+            os.killpg(agent.pid, signal.SIGKILL)
+        agent.wait()
+    assert "(calibrate) again before acting" in log.read_text()
     with Notebook.open(killed.lab / "notebook.db", readonly=True) as nb:
         attempts = nb.jobs(session="s1", key=killed.key)
         assert [(a.attempt, a.state, a.failure_class) for a in attempts] == [(1, "completed", None)]
-        assert nb.verify().ok
