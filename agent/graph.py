@@ -309,7 +309,7 @@ def check_checkpoint(nb: Notebook, session: str, path: Path, checkpointer: Any) 
     where = f"{path}: the graph checkpoint of session {session}"
     fix = "; remove the file and resume plans the step again from the notebook"
     p = values.get("proposal")
-    if p is not None and set(snapshot.next) & {"gate", "act", "record"}:
+    if p is not None:  # whichever node is next: every proposal a checkpoint holds was recorded as a plan decision
         plan_seq = p.get("plan_seq") if isinstance(p, dict) else None
         d = {d.seq: d for d in nb.decisions(session, kind="plan")}.get(plan_seq) if type(plan_seq) is int else None
         recorded = None
