@@ -11,14 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from evals import bars as bars_mod
 from evals import compare as compare_mod
-from evals import noise
-from evals.records import record_result
 from memory.notebook import Notebook
 from memory.state import fold
-from tests.evals.test_bars_compare import BASE, SERVED, _result
-from tests.evals.test_sequential_audit import EVEN, SEQUENTIAL, _candidate, _win
+from tests.evals.test_bars_compare import BASE, SERVED
+from tests.evals.test_sequential_audit import SEQUENTIAL, _candidate, _win, calibrated_incumbent
 from tools.paths import LabPaths
 
 REPO = Path(__file__).resolve().parents[2]
@@ -32,12 +29,7 @@ def lab(tmp_path: Path) -> Path:
     with Notebook.open(tmp_path / "notebook.db") as nb:
         nb.open_session("s1", lab=str(tmp_path), budget_gpuh=10, reserve_gpuh=1, planner="playbook",
                         executor="local", config={})
-        inc = nb.add_artifact(kind="checkpoint", name="incumbent", path="/inc", sha256="a" * 64, session="s1",
-                              recipe={"role": "parent"}).id
-        reps = [BASE, [0, *BASE[1:]], [1, 1, *BASE[2:]]]
-        noise.calibrate(nb, "s1", [record_result(nb, "s1", inc, _result(r, replicate=k))[0] for k, r in enumerate(reps)])
-        record_result(nb, "s1", inc, _result(EVEN, suite="hold"))
-        bars = bars_mod.register(nb, "s1", bars_mod.load(tmp_path / "bars.toml").spec())
+        inc, bars = calibrated_incumbent(nb, tmp_path / "bars.toml")
         worse = [0 if k in (0, 2) else v for k, v in enumerate(BASE)]
         cand = _candidate(nb, "first", [_win(30, 0)], math=worse)
         assert compare_mod.compare(nb, "s1", cand, inc, bars.id, SERVED, look=1).cleared

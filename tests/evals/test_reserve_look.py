@@ -13,16 +13,15 @@ import random
 import pytest
 from scipy import stats as scipy_stats
 
-from evals import bars as bars_mod
 from evals import compare as compare_mod
-from evals import noise, stats
+from evals import stats
 from evals.job import reserve_suite
 from evals.records import record_result
 from memory.notebook import Notebook
 from memory.records import BarsSpec
 from memory.state import fold
 from tests.evals.test_bars_compare import BASE, SERVED, _result
-from tests.evals.test_sequential_audit import EVEN, HOLD_P, SEQUENTIAL, N, _win
+from tests.evals.test_sequential_audit import EVEN, HOLD_P, SEQUENTIAL, N, _win, calibrated_incumbent
 
 R = 30  # reserve prompts
 HOLD_R = reserve_suite("hold")
@@ -41,12 +40,7 @@ def _lab(tmp_path, reserve: int):
     counts = {"train": 100, "dev": N, "sealed": 10} | ({"reserve": reserve} if reserve else {})
     nb.record_decision("s1", "ingest", "feedback split", {"split_id": 1, "sha256": "0" * 64, "counts": counts}
                        | ({"reserve_suites": ["hold"]} if reserve else {}))
-    inc = nb.add_artifact(kind="checkpoint", name="incumbent", path="/inc", sha256="a" * 64, session="s1",
-                          recipe={"role": "parent"}).id
-    reps = [BASE, [0, *BASE[1:]], [1, 1, *BASE[2:]]]
-    noise.calibrate(nb, "s1", [record_result(nb, "s1", inc, _result(r, replicate=k))[0] for k, r in enumerate(reps)])
-    record_result(nb, "s1", inc, _result(EVEN, suite="hold"))
-    bars = bars_mod.register(nb, "s1", bars_mod.load(tmp_path / "bars.toml").spec())
+    inc, bars = calibrated_incumbent(nb, tmp_path / "bars.toml")
     return nb, inc, bars.id
 
 

@@ -7,6 +7,7 @@ margin until a person clears the suite, and never lets a loss past the wider mar
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 from scipy import stats as scipy_stats
@@ -48,6 +49,17 @@ def _win(wins: int, losses: int) -> list[float]:
     return [1.0] * wins + [0.0] * losses + [0.5] * (N - wins - losses)
 
 
+def calibrated_incumbent(nb: Notebook, bars_file: Path):
+    """Session s1's incumbent with its noise floors (three replicates), its answers on the holdout suite, and the bars
+    of `bars_file` registered: (incumbent id, bars record)."""
+    inc = nb.add_artifact(kind="checkpoint", name="incumbent", path="/inc", sha256="a" * 64, session="s1",
+                          recipe={"role": "parent"}).id
+    reps = [BASE, [0, *BASE[1:]], [1, 1, *BASE[2:]]]
+    noise.calibrate(nb, "s1", [record_result(nb, "s1", inc, _result(r, replicate=k))[0] for k, r in enumerate(reps)])
+    record_result(nb, "s1", inc, _result(EVEN, suite="hold"))
+    return inc, bars_mod.register(nb, "s1", bars_mod.load(bars_file).spec())
+
+
 @pytest.fixture
 def lab(tmp_path):
     """An incumbent calibrated on `math` (floor 1/30), its first look on `hold`, and the sequential bars registered
@@ -55,12 +67,7 @@ def lab(tmp_path):
     (tmp_path / "bars.toml").write_text(SEQUENTIAL)
     nb = Notebook.open(tmp_path / "notebook.db")
     nb.open_session("s1", lab="test", budget_gpuh=10, reserve_gpuh=1, planner="playbook", executor="local", config={})
-    inc = nb.add_artifact(kind="checkpoint", name="incumbent", path="/inc", sha256="a" * 64, session="s1",
-                          recipe={"role": "parent"}).id
-    reps = [BASE, [0, *BASE[1:]], [1, 1, *BASE[2:]]]
-    noise.calibrate(nb, "s1", [record_result(nb, "s1", inc, _result(r, replicate=k))[0] for k, r in enumerate(reps)])
-    record_result(nb, "s1", inc, _result(EVEN, suite="hold"))
-    bars = bars_mod.register(nb, "s1", bars_mod.load(tmp_path / "bars.toml").spec())
+    inc, bars = calibrated_incumbent(nb, tmp_path / "bars.toml")
     yield nb, inc, bars.id
     nb.close()
 

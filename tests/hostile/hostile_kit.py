@@ -97,6 +97,15 @@ def make_lab(root: Path) -> Path:
     return root
 
 
+def group_alive(pgid: int) -> bool:
+    """Whether any process of the group `pgid` is alive (an agent's, its jobs')."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def files(root: Path) -> dict[str, bytes | None]:
     """Every path under root with its bytes (None for directories and specials): 'nothing appeared or changed'."""
     out: dict[str, bytes | None] = {}

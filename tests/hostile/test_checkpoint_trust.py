@@ -25,7 +25,7 @@ from memory.notebook import Notebook, NotebookError
 from tools.world.testing import session_world
 
 sys.path.insert(0, str(Path(__file__).parent))
-from hostile_kit import assert_refused, files, run_cli  # noqa: E402
+from hostile_kit import assert_refused, files, group_alive, run_cli  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = {"configurable": {"thread_id": "s1"}}
@@ -46,14 +46,6 @@ def _running(lab: Path) -> str | None:
     return live[0] if live else None
 
 
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 @pytest.fixture(scope="module")
 def killed(tmp_path_factory: pytest.TempPathFactory) -> Killed:
     """A lab whose agent alone was SIGKILLed while calibration's reference job ran; returned once that job (the rest
@@ -70,7 +62,7 @@ def killed(tmp_path_factory: pytest.TempPathFactory) -> Killed:
         time.sleep(0.05)
     os.kill(agent.pid, signal.SIGKILL)
     agent.wait()
-    while _group_alive(agent.pid):
+    while group_alive(agent.pid):
         assert time.monotonic() < deadline
         time.sleep(0.1)
     return Killed(lab=lab, key=key)

@@ -24,6 +24,9 @@ from memory.notebook import Notebook, NotebookError
 from tools.jobs.failures import classify, decide
 from tools.world.testing import session_world
 
+sys.path.insert(0, str(Path(__file__).parent))
+from hostile_kit import group_alive  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[2]
 BUDGET = "5gpuh"
 DEADLINE_S = 1800
@@ -76,14 +79,6 @@ def _in_flight(lab: Path, kind: str, killed: dict[str, str]) -> str | None:
     return live[0] if live else None
 
 
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 def _agent(log: Path, *args: str) -> subprocess.Popen:
     with open(log, "w") as out:  # its own process group, as a terminal gives one
         return subprocess.Popen([sys.executable, str(REPO / "run_agent.py"), *args, "--quiet"], cwd=REPO, stdout=out,
@@ -104,7 +99,7 @@ def crashes(tmp_path_factory: pytest.TempPathFactory) -> Crashes:
             time.sleep(0.05)
         os.killpg(agent.pid, signal.SIGKILL)  # the whole group: the agent, its job controllers and their clients
         agent.wait()
-        while _group_alive(agent.pid) and time.monotonic() < deadline:
+        while group_alive(agent.pid) and time.monotonic() < deadline:
             time.sleep(0.2)
         killed[kind] = key
         logs.append(root / f"resume-{len(logs)}.log")
