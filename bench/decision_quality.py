@@ -5,6 +5,7 @@
         [--out bench/results/decision_quality.json]
     .venv/bin/python bench/decision_quality.py --variants noisy-judge,small-holdout,harmful-arms,strong-parent,misleading-screens
         [--seeds 10] [--first-seed 201] [--size test] ... [--out bench/results/decision_quality-variants.json]
+    .venv/bin/python bench/decision_quality.py --merge A.json B.json ... --out bench/results/decision_quality-variants.json
 
 `--variants` runs `--seeds` judged sessions per world variant (tools/world/variants.py), each on its own world:
 the seed's default world is built once in WORK/world-SEED and each variant of it in WORK/VARIANT/world-SEED,
@@ -613,6 +614,55 @@ def _variant_list(text: str) -> list[str]:
     return names
 
 
+class MergeRefused(Exception):
+    """A `--merge` input that cannot be merged: the message names the file and what was expected."""
+
+
+def merge_variants(paths: list[Path], out: Path) -> int:
+    """One variants result from several runs' (`--variants ... --out A.json`, each run one or more variants): every
+    run's entry kept under `runs`, and each variant's result taken from the one file that holds it. The runs must
+    agree on the settings that make their figures comparable (protocol, budget, truth sample; the world size may
+    differ, as strong-parent needs its own); a variant held by two files is refused rather than silently replaced.
+    Nothing is written unless every file merges (exit 2 with one line otherwise)."""
+    try:
+        merged, owner = merged_variants(paths)
+    except MergeRefused as exc:
+        print(f"decision_quality.py --merge: {exc}", file=sys.stderr)
+        return 2
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(merged, indent=1) + "\n")
+    for name, result in merged["variants"].items():
+        print(f"== {name} ({len(result['sessions'])} sessions, from {owner[name]})\n{result['table']}")
+    return 0
+
+
+def merged_variants(paths: list[Path]) -> tuple[dict[str, Any], dict[str, Path]]:
+    runs, variants, owner, keys = [], {}, {}, ("protocol", "budget", "truth_n", "truth_seed")
+    first: tuple[str, dict[str, Any]] | None = None
+    for path in paths:
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            file_runs = data["runs"] if "runs" in data else [{k: data[k] for k in ("command", "config", "host", "wall_s")}
+                                                             | {"variants": sorted(data["variants"])}]
+            file_variants = dict(data["variants"])
+            settings = [(run["command"], {k: run["config"].get(k) for k in keys}) for run in file_runs]
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise MergeRefused(f"{path}: expected a `--variants` result (JSON with `variants`, and `command` and "
+                               f"`config` or `runs`): {type(exc).__name__}: {exc}") from None
+        for command, config in settings:
+            if first is None:
+                first = (command, config)
+            elif config != first[1]:
+                raise MergeRefused(f"{path}: `{command}` ran with {config}, `{first[0]}` with {first[1]}: figures "
+                                   "from different settings are not merged")
+        runs.extend(file_runs)
+        for name, result in file_variants.items():
+            if name in owner:
+                raise MergeRefused(f"{path}: variant {name!r} is also in {owner[name]}; take each variant from one file")
+            owner[name], variants[name] = path, result
+    return {"runs": runs, "variants": variants}, owner
+
+
 def main_variants(args: argparse.Namespace, argv: list[str] | None) -> int:
     start = time.monotonic()
     result = {"command": "python bench/decision_quality.py " + " ".join(argv if argv is not None else sys.argv[1:]),
@@ -737,8 +787,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--variants", type=_variant_list,
                    help="comma-separated world variants (tools/world/variants.py): --seeds judged sessions on each, one "
                         "world per seed (written to --out, default bench/results/decision_quality-variants.json)")
+    p.add_argument("--merge", type=Path, nargs="+", metavar="JSON",
+                   help="merge `--variants` results (each variant from one file) into one file (--out)")
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
+    if args.merge:
+        if args.out is None:
+            p.error("--merge needs --out")
+        return merge_variants(args.merge, args.out)
     if args.out is None:
         args.out = REPO / ("bench/results/decision_quality-variants.json" if args.variants else
                            "bench/results/decision_quality.json")
