@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 from pydantic import BaseModel, ValidationError, model_validator
+from submitit.local.local import start_controller
 
 from memory.notebook import Notebook
+from tools.jobs import local
 from tools.jobs.executor import ExecutorSection, SlurmSection
 from tools.jobs.failures import classify, decide, smaller_batch_config
 from tools.jobs.launcher import BudgetRefused, JobFailed, Launcher, Resources, _sbatch_lines
@@ -164,6 +168,28 @@ def test_recorded_but_never_submitted_is_submitted_once_on_resume(tmp_path: Path
     assert len(list((tmp_path / "jobs" / "attempt-1").glob("*_submitted.pkl"))) == 1
     again = launcher.submit("probe", empty, config, Resources(time_limit_min=1, signal_delay_s=10))
     assert again.record.external_id == job.record.external_id and len(nb.jobs()) == 1
+
+
+def test_a_controller_started_but_never_given_its_pickle_is_stopped_before_the_attempt_runs_again(
+        tmp_path: Path) -> None:
+    # The agent died after submitit started the controller and before it wrote the job's pickle: the controller's
+    # task waits 60 s for that pickle and then fails into the folder, after the resumed agent ran the attempt there.
+    nb, launcher = _launcher(tmp_path, budget=1.0, reserve=0.0)
+    config, folder = EmptyConfig(tag="started, no pickle"), tmp_path / "jobs" / "attempt-1"
+    key = launcher.key("probe", empty, config)
+    nb.start_job(key, session="s1", kind="probe", executor="local", resources={}, forecast_gpuh=0.01,
+                 folder=str(folder))
+    folder.mkdir(parents=True)
+    stray = start_controller(folder, f"{sys.executable} -u -m submitit.core._submit {folder}", timeout_min=2)
+    deadline = time.monotonic() + 30
+    while not list(folder.glob(f"{stray.pid}_0_log.err")):  # its task started and opened its log
+        assert time.monotonic() < deadline and stray.poll() is None, "the stray controller's task never started"
+        time.sleep(0.05)
+    job = launcher.submit("probe", empty, config, Resources(time_limit_min=1, signal_delay_s=10))
+    assert stray.wait(timeout=5) == -signal.SIGKILL  # stopped before the attempt was submitted again
+    assert job.result(timeout_s=60).pid > 0 and job.record.external_id != str(stray.pid)
+    assert not local._using(folder)  # nothing is left to write into the folder
+    assert len(list(folder.glob("*_submitted.pkl"))) == 1 and len(nb.jobs()) == 1
 
 
 def test_failure_settled_but_not_followed_up_is_requeued_on_resume(tmp_path: Path) -> None:

@@ -278,7 +278,8 @@ class Launcher:
         if found:
             job_id = found[0].name.removesuffix(pattern.name.removeprefix("*"))
             self.nb.update_job(key, record.attempt, external_id=job_id)
-        else:
+        else:  # a controller started before the crash but never given its pickle is stopped first (local.py)
+            self.backend.stop_strays(folder)
             self._submit(key, spec, folder, record.attempt, retries.attempt_args(self.attempts(key), spec))
 
     def _policy_applied(self, key: str, record: JobRecord) -> bool:

@@ -151,6 +151,54 @@ class LocalBackend:
         for pid in _children(int(job_id)):
             os.kill(pid, signal.SIGKILL)
 
+    def stop_strays(self, folder: Path) -> list[int]:
+        """Kill (SIGKILL) every process still using `folder`: a controller started there, its tasks, or a task
+        the zygote forked for it (each holds its log files open). Called before an attempt recorded but never
+        submitted is submitted: an agent killed between the controller's start and submitit's writing of the
+        job's pickle leaves that controller running, its task waiting 60 s for a pickle that never comes and then
+        writing a traceback into the folder, after the attempt ran again there. Returns the pids killed; waits
+        until none is left (RuntimeError past _STRAY_WAIT_S)."""
+        deadline, killed = time.monotonic() + _STRAY_WAIT_S, set()
+        while strays := _using(folder) - {os.getpid()}:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"processes {sorted(strays)} still use {folder} {_STRAY_WAIT_S:.0f} s after SIGKILL")
+            for pid in strays - killed:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):  # gone meanwhile, or not ours to stop
+                    pass
+            killed |= strays
+            time.sleep(0.05)
+        return sorted(killed)
+
+
+_STRAY_WAIT_S = 10.0
+
+
+def _using(folder: Path) -> set[int]:
+    """Live processes (not zombies) that name `folder` or a path under it on their command line, or hold a file
+    under it open."""
+    roots, found = {str(folder.absolute()), str(folder.resolve())}, set()
+
+    def inside(path: str) -> bool:
+        return any(path == root or path.startswith(root + "/") for root in roots)
+
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                continue
+            args = [a.decode(errors="replace") for a in (proc / "cmdline").read_bytes().split(b"\0")]
+            if any(inside(a) for a in args):
+                found.add(int(proc.name))
+                continue
+            for fd in (proc / "fd").iterdir():
+                if inside(os.readlink(fd)):
+                    found.add(int(proc.name))
+                    break
+        except (FileNotFoundError, ProcessLookupError, PermissionError, NotADirectoryError):  # ended, or not ours
+            continue
+    return found
+
 
 def _runs_from_events(events: list[dict[str, Any]], devices: int) -> tuple[list[Run], float | None]:
     """Closed runs from the wrapper's events, and the start time of a run left open (or None)."""

@@ -110,6 +110,11 @@ class SlurmBackend:
     def cancel(self, job_id: str, folder: Path) -> None:
         subprocess.run(["scancel", job_id], check=True, timeout=60)
 
+    def stop_strays(self, folder: Path) -> list[int]:
+        # sbatch either returned the id (submitit then writes the pickle at once) or the job is unknown to this
+        # agent; a Slurm job whose pickle never came fails on its own after submitit's wait, on its node.
+        return []
+
     def need(self, resources: Resources) -> NodeNeed:
         """What one node of the job must have, as `executor` asks Slurm for it."""
         return NodeNeed(cpus=(resources.cpus or self.cpus_per_task) * self.tasks(resources),
