@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -170,8 +171,9 @@ def test_recorded_but_never_submitted_is_submitted_once_on_resume(tmp_path: Path
     assert again.record.external_id == job.record.external_id and len(nb.jobs()) == 1
 
 
+@pytest.mark.parametrize("through", ["python", "zygote"])
 def test_a_controller_started_but_never_given_its_pickle_is_stopped_before_the_attempt_runs_again(
-        tmp_path: Path) -> None:
+        tmp_path: Path, through: str) -> None:
     # The agent died after submitit started the controller and before it wrote the job's pickle: the controller's
     # task waits 60 s for that pickle and then fails into the folder, after the resumed agent ran the attempt there.
     nb, launcher = _launcher(tmp_path, budget=1.0, reserve=0.0)
@@ -180,13 +182,20 @@ def test_a_controller_started_but_never_given_its_pickle_is_stopped_before_the_a
     nb.start_job(key, session="s1", kind="probe", executor="local", resources={}, forecast_gpuh=0.01,
                  folder=str(folder))
     folder.mkdir(parents=True)
-    stray = start_controller(folder, f"{sys.executable} -u -m submitit.core._submit {folder}", timeout_min=2)
+    # The task as the launcher starts it: a plain python, or the zygote's client (its job forked by the zygote).
+    python = launcher.backend.zygote.prepare(os.environ) if through == "zygote" else sys.executable
+    assert python is not None
+    stray = start_controller(folder, f"{python} -u -m submitit.core._submit {folder}", timeout_min=2)
     deadline = time.monotonic() + 30
     while not list(folder.glob(f"{stray.pid}_0_log.err")):  # its task started and opened its log
         assert time.monotonic() < deadline and stray.poll() is None, "the stray controller's task never started"
         time.sleep(0.05)
+    bystander = subprocess.Popen(["tail", "-f", str(folder / f"{stray.pid}_0_log.err")], stdout=subprocess.DEVNULL)
     job = launcher.submit("probe", empty, config, Resources(time_limit_min=1, signal_delay_s=10))
     assert stray.wait(timeout=5) == -signal.SIGKILL  # stopped before the attempt was submitted again
+    assert bystander.poll() is None  # a user's `tail -f` on the job's log is no job process: left running
+    bystander.kill()
+    bystander.wait()
     assert job.result(timeout_s=60).pid > 0 and job.record.external_id != str(stray.pid)
     assert not local._using(folder)  # nothing is left to write into the folder
     assert len(list(folder.glob("*_submitted.pkl"))) == 1 and len(nb.jobs()) == 1

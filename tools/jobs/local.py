@@ -173,11 +173,19 @@ class LocalBackend:
 
 
 _STRAY_WAIT_S = 10.0
+# What a job's processes run: submitit's local controller, its task, or a task forked by the zygote (whose command
+# line stays the zygote server's). A bystander (a `tail -f` on a job's log) runs none of them and is left alone.
+_JOB_PROCESSES = ("submitit.local._local", "submitit.core._submit", "tools.jobs.zygote")
+
+
+def _stat_fields(stat: str) -> list[str]:
+    """/proc/PID/stat's fields after the command name (state first): the name may hold spaces and parentheses."""
+    return stat.rsplit(")", 1)[1].split()
 
 
 def _using(folder: Path) -> set[int]:
-    """Live processes (not zombies) that name `folder` or a path under it on their command line, or hold a file
-    under it open."""
+    """Live job processes (not zombies; see _JOB_PROCESSES) that name `folder` or a path under it on their command
+    line, or hold a file under it open."""
     roots, found = {str(folder.absolute()), str(folder.resolve())}, set()
 
     def inside(path: str) -> bool:
@@ -185,16 +193,11 @@ def _using(folder: Path) -> set[int]:
 
     for proc in Path("/proc").glob("[0-9]*"):
         try:
-            if (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
-                continue
             args = [a.decode(errors="replace") for a in (proc / "cmdline").read_bytes().split(b"\0")]
-            if any(inside(a) for a in args):
-                found.add(int(proc.name))
+            if not any(m in args for m in _JOB_PROCESSES) or _stat_fields((proc / "stat").read_text())[0] == "Z":
                 continue
-            for fd in (proc / "fd").iterdir():
-                if inside(os.readlink(fd)):
-                    found.add(int(proc.name))
-                    break
+            if any(inside(a) for a in args) or any(inside(os.readlink(fd)) for fd in (proc / "fd").iterdir()):
+                found.add(int(proc.name))
         except (FileNotFoundError, ProcessLookupError, PermissionError, NotADirectoryError):  # ended, or not ours
             continue
     return found
@@ -229,7 +232,7 @@ def _controller_alive(pid: int, folder: Path) -> bool:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
         except (FileNotFoundError, ProcessLookupError):
             return False
-        if stat.rsplit(")", 1)[1].split()[0] == "Z":
+        if _stat_fields(stat)[0] == "Z":
             return False
         # A process in the middle of its exec reads an empty cmdline for a moment (seen under load right after
         # the Popen that started it returned): read again rather than call a starting controller dead.
@@ -251,7 +254,7 @@ def _children(pid: int) -> list[int]:
     children = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
+            fields = _stat_fields(stat.read_text())
         except (FileNotFoundError, ProcessLookupError):  # exited while we looked
             continue
         if int(fields[1]) == pid and fields[0] != "Z":

@@ -111,8 +111,8 @@ class SlurmBackend:
         subprocess.run(["scancel", job_id], check=True, timeout=60)
 
     def stop_strays(self, folder: Path) -> list[int]:
-        # sbatch either returned the id (submitit then writes the pickle at once) or the job is unknown to this
-        # agent; a Slurm job whose pickle never came fails on its own after submitit's wait, on its node.
+        # Not done on Slurm: an agent killed after sbatch returned and before submitit wrote the pickle leaves a job
+        # this agent cannot name (no id was stored); it fails on its node after submitit's 60 s wait for the pickle.
         return []
 
     def need(self, resources: Resources) -> NodeNeed:
